@@ -1,0 +1,1 @@
+"""What every curvine process needs: config, errors, ids, logging and RPC plumbing."""

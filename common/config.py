@@ -1,0 +1,265 @@
+"""Typed configuration, read from one TOML file.
+
+Lookup order: ``--conf FILE``, then ``$CURVINE_CONF``, then ``/etc/curvine/curvine.toml``
+if it exists, else the defaults below.  Sizes may be written ``"64MiB"`` and durations
+``"2h"``.  An unknown section or key, or a bad value, is a ``ConfigError`` that names
+the key, the file and the line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+DEFAULT_PATH = "/etc/curvine/curvine.toml"
+
+
+class ConfigError(Exception):
+    pass
+
+
+class Size(int):
+    """A byte count; accepts ints and strings like '64MiB', '1.5GB', '512k'."""
+
+
+class Duration(float):
+    """Seconds; accepts numbers and strings like '500ms', '30s', '2h', '1d'."""
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
+               "mb": 1000**2, "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30,
+               "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40}
+_DUR_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_size(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected a size")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("size must not be negative")
+        return value
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"bad size {value!r} (use e.g. 64MiB, 10GiB, 4096)")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def parse_duration(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a duration")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError("duration must not be negative")
+        return float(value)
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _DUR_UNITS:
+        raise ValueError(f"bad duration {value!r} (use e.g. 500ms, 30s, 2h)")
+    return float(m.group(1)) * _DUR_UNITS[m.group(2).lower()]
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "curvine"
+    master_addr: str = "127.0.0.1:8995"  # host:port of the master's gRPC service
+    block_size: Size = Size(64 << 20)
+    replicas: int = 1
+    rpc_timeout: Duration = Duration(30.0)  # deadline of one RPC
+    master_wait: Duration = Duration(60.0)  # how long a client retries while the master is down
+
+
+@dataclass
+class MasterConfig:
+    host: str = "127.0.0.1"
+    port: int = 8995
+    http_port: int = 9001
+    meta_dir: str = "/var/lib/curvine/master"
+    rpc_threads: int = 64
+    worker_lost_after: Duration = Duration(30.0)
+    orphan_block_grace: Duration = Duration(300.0)  # unknown blocks younger than this are kept
+    retry_cache_entries: int = 200_000
+
+
+@dataclass
+class JournalConfig:
+    dir: str = "/var/lib/curvine/journal"
+    segment_size: Size = Size(64 << 20)
+    checkpoint_every: int = 1_000_000  # records between automatic checkpoints (0 = never)
+    fsync: bool = True
+
+
+@dataclass
+class WorkerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8997
+    http_port: int = 9002
+    data_dirs: list[str] = field(default_factory=lambda: ["/var/lib/curvine/data"])
+    capacity: Size = Size(0)  # 0 = free space of the data dirs' file systems
+    heartbeat_interval: Duration = Duration(1.0)
+    rpc_threads: int = 32
+
+
+@dataclass
+class ClientConfig:
+    short_circuit: bool = True  # read blocks on this host straight from their files
+    rpc_threads: int = 16
+    readahead_blocks: int = 4  # MiB in flight per remote read stream
+
+
+@dataclass
+class FuseConfig:
+    mountpoint: str = "/mnt/kv"
+    http_port: int = 9003
+    attr_timeout: Duration = Duration(1.0)
+    entry_timeout: Duration = Duration(0.0)  # 0: a name made on another mount is seen at once
+    writeback_cache: bool = True
+    allow_other: bool = False
+    readahead_kb: int = 1024
+    debug: bool = False
+
+
+@dataclass
+class SecurityConfig:
+    token_file: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+
+
+@dataclass
+class LogConfig:
+    level: str = "INFO"
+
+
+@dataclass
+class Config:
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    master: MasterConfig = field(default_factory=MasterConfig)
+    journal: JournalConfig = field(default_factory=JournalConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    fuse: FuseConfig = field(default_factory=FuseConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+def _line_of(text: str, section: str, key: str | None) -> int:
+    """Best-effort line number of ``key`` in ``[section]`` (tomllib gives none)."""
+    current = ""
+    for no, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        m = re.match(r"\[\s*([A-Za-z0-9_.]+)\s*\]", s)
+        if m:
+            current = m.group(1)
+            if key is None and current == section:
+                return no
+            continue
+        if key is not None and current == section and re.match(rf"{re.escape(key)}\s*=", s):
+            return no
+    return 0
+
+
+def _coerce(value: Any, typ: Any, where: str) -> Any:
+    try:
+        if typ is Size:
+            return Size(parse_size(value))
+        if typ is Duration:
+            return Duration(parse_duration(value))
+        if typ is bool:
+            if not isinstance(value, bool):
+                raise ValueError("expected true or false")
+            return value
+        if typ is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError("expected an integer")
+            return value
+        if typ is str:
+            if not isinstance(value, str):
+                raise ValueError("expected a string")
+            return value
+        if typ == list[str]:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError("expected a list of strings")
+            return list(value)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    raise ConfigError(f"{where}: unsupported type")
+
+
+def load(path: str | None = None) -> Config:
+    """Read the config: ``path``, else $CURVINE_CONF, else the default file if present."""
+    path = path or os.environ.get("CURVINE_CONF") or (
+        DEFAULT_PATH if os.path.exists(DEFAULT_PATH) else None)
+    cfg = Config()
+    if not path:
+        return cfg
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
+    text = raw.decode("utf-8", "replace")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return apply_dict(cfg, data, path, text)
+
+
+def apply_dict(cfg: Config, data: dict, path: str = "<config>", text: str = "") -> Config:
+    sections = {f.name: f for f in dataclasses.fields(cfg)}
+    for sec_name, sec_val in data.items():
+        if sec_name not in sections:
+            line = _line_of(text, sec_name, None)
+            raise ConfigError(f"{path}:{line}: unknown section [{sec_name}]")
+        if not isinstance(sec_val, dict):
+            raise ConfigError(f"{path}:{_line_of(text, '', sec_name)}: [{sec_name}] must be a table")
+        section = getattr(cfg, sec_name)
+        hints = get_type_hints(type(section))
+        for key, value in sec_val.items():
+            line = _line_of(text, sec_name, key)
+            where = f"{path}:{line}: {sec_name}.{key}"
+            if key not in hints:
+                raise ConfigError(f"{where}: unknown key")
+            setattr(section, key, _coerce(value, hints[key], where))
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    if cfg.cluster.block_size < (1 << 20) or cfg.cluster.block_size % (1 << 20):
+        raise ConfigError("cluster.block_size: must be a positive multiple of 1MiB")
+    if not 1 <= cfg.cluster.replicas <= 8:
+        raise ConfigError("cluster.replicas: must be between 1 and 8")
+    for name, port in (("master.port", cfg.master.port), ("worker.port", cfg.worker.port)):
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"{name}: {port} is not a port number")
+
+
+def to_toml(cfg: Config) -> str:
+    """Render a config back to TOML (used by `curvine local` to hand configs to daemons)."""
+    out = []
+    for sec in dataclasses.fields(cfg):
+        out.append(f"[{sec.name}]")
+        section = getattr(cfg, sec.name)
+        for f in dataclasses.fields(section):
+            v = getattr(section, f.name)
+            if isinstance(v, bool):
+                s = "true" if v else "false"
+            elif isinstance(v, (int, float)):
+                s = repr(int(v)) if isinstance(v, int) else repr(float(v))
+            elif isinstance(v, list):
+                s = "[" + ", ".join(_q(x) for x in v) + "]"
+            else:
+                s = _q(v)
+            out.append(f"{f.name} = {s}")
+        out.append("")
+    return "\n".join(out)
+
+
+def _q(s: str) -> str:
+    return '"' + str(s).replace("\\", "\\\\").replace('"', '\\"') + '"'

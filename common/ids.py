@@ -1,0 +1,63 @@
+"""Typed ids and name rules shared by every process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from typing import NewType
+
+from .errors import CurvineError, ErrorKind, invalid
+
+InodeId = NewType("InodeId", int)
+BlockId = NewType("BlockId", int)
+WorkerId = NewType("WorkerId", int)
+HandleId = NewType("HandleId", int)
+
+ROOT_INO = InodeId(1)  # equals pyfuse3.ROOT_INODE, so master inode ids are FUSE inode ids
+NAME_MAX = 255
+U64_MAX = (1 << 64) - 1
+MIB = 1 << 20
+
+
+def check_name(name: bytes, field: str = "name") -> bytes:
+    """Validate one path component: bytes, 1..255, no '/', no NUL, not '.' or '..'."""
+    if not isinstance(name, (bytes, bytearray)):
+        raise invalid(field, "must be bytes")
+    if len(name) == 0:
+        raise invalid(field, "empty")
+    if len(name) > NAME_MAX:
+        raise CurvineError(ErrorKind.NAME_TOO_LONG, f"{field}: longer than {NAME_MAX} bytes")
+    if b"/" in name or b"\0" in name:
+        raise invalid(field, "contains '/' or NUL")
+    if name in (b".", b".."):
+        raise invalid(field, "'.' and '..' are not names")
+    return bytes(name)
+
+
+def check_ino(ino: int, field: str = "ino") -> InodeId:
+    if not 1 <= ino <= U64_MAX:
+        raise invalid(field, f"inode id {ino} out of range")
+    return InodeId(ino)
+
+
+def new_request_id() -> bytes:
+    """A fresh id for a mutating RPC; retries of the same call reuse it."""
+    return uuid.uuid4().bytes
+
+
+def host_id() -> str:
+    """Identifies this machine, so a client can tell which workers are local.
+
+    CURVINE_HOST_ID overrides (containers sharing a node set the same value)."""
+    env = os.environ.get("CURVINE_HOST_ID")
+    if env:
+        return env
+    try:
+        with open("/etc/machine-id", encoding="ascii") as f:
+            mid = f.read().strip()
+        if mid:
+            return mid
+    except OSError:
+        pass
+    return socket.gethostname()

@@ -1,0 +1,147 @@
+"""gRPC plumbing shared by every process: servers, channels, error mapping, retries.
+
+Servicer methods are wrapped with :func:`handler`, which turns a ``CurvineError``
+into a gRPC status plus the ``curvine-error-kind`` trailer, and anything unexpected
+into INTERNAL after logging it once.  Clients call through :class:`RpcClient`, which
+puts a deadline on every call, retries idempotent calls while the peer is
+unavailable, and raises ``CurvineError``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import threading
+import time
+from concurrent import futures
+from typing import Any, Callable
+
+import grpc
+
+from .errors import ERROR_KIND_KEY, CurvineError, ErrorKind, from_rpc_error, status_code
+
+log = logging.getLogger(__name__)
+
+MESSAGE_LIMIT = 64 << 20  # block reports and big directory pages; data messages are 1 MiB
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MESSAGE_LIMIT),
+    ("grpc.max_send_message_length", MESSAGE_LIMIT),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.enable_retries", 0),  # we retry ourselves, with request ids
+]
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MESSAGE_LIMIT),
+    ("grpc.max_send_message_length", MESSAGE_LIMIT),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def abort(context: grpc.ServicerContext, err: CurvineError) -> None:
+    context.set_trailing_metadata(((ERROR_KIND_KEY, str(int(err.kind))),))
+    context.abort(status_code(err.kind), err.message)
+
+
+def handler(fn: Callable) -> Callable:
+    """Wrap a unary servicer method: domain errors become statuses, no tracebacks leak."""
+
+    @functools.wraps(fn)
+    def wrapper(self, request, context):
+        try:
+            return fn(self, request, context)
+        except CurvineError as e:
+            abort(context, e)
+        except Exception as e:  # noqa: BLE001 - the one place unknown errors become EIO
+            if isinstance(e, grpc.RpcError) or _is_abort(e):
+                raise
+            log.exception("%s failed", fn.__name__)
+            abort(context, CurvineError(ErrorKind.IO, f"internal error in {fn.__name__}: {e}"))
+
+    return wrapper
+
+
+def stream_handler(fn: Callable) -> Callable:
+    """Like :func:`handler` for server-streaming methods (generators)."""
+
+    @functools.wraps(fn)
+    def wrapper(self, request, context):
+        try:
+            yield from fn(self, request, context)
+        except CurvineError as e:
+            abort(context, e)
+        except Exception as e:  # noqa: BLE001
+            if isinstance(e, grpc.RpcError) or _is_abort(e):
+                raise
+            log.exception("%s failed", fn.__name__)
+            abort(context, CurvineError(ErrorKind.IO, f"internal error in {fn.__name__}: {e}"))
+
+    return wrapper
+
+
+def _is_abort(e: Exception) -> bool:
+    # grpc's context.abort raises a bare Exception subclass we cannot import by name.
+    return type(e).__name__ == "_AbortedError" or (type(e) is Exception and not e.args)
+
+
+def make_server(threads: int, interceptors: list | None = None) -> grpc.Server:
+    return grpc.server(
+        futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
+        interceptors=interceptors or [],
+        options=SERVER_OPTIONS,
+        maximum_concurrent_rpcs=threads * 4,
+    )
+
+
+def bind(server: grpc.Server, host: str, port: int) -> int:
+    """Bind insecurely (TLS arrives with the security work); returns the bound port."""
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise CurvineError(ErrorKind.UNAVAILABLE, f"cannot bind {host}:{port}")
+    return bound
+
+
+def make_channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+class RpcClient:
+    """A stub plus deadlines and retries; thread-safe.
+
+    ``call(name, request, idempotent=...)``: idempotent calls (reads, and mutations
+    carrying a request id) are retried with backoff while the peer is UNAVAILABLE,
+    for up to ``wait`` seconds in all.
+    """
+
+    def __init__(self, address: str, stub_cls: Any, timeout: float = 30.0, wait: float = 60.0):
+        self.address = address
+        self.timeout = timeout
+        self.wait = wait
+        self._channel = make_channel(address)
+        self._stub = stub_cls(self._channel)
+        self._closed = threading.Event()
+
+    @property
+    def stub(self) -> Any:
+        return self._stub
+
+    def call(self, method: str, request: Any, *, idempotent: bool = True,
+             timeout: float | None = None, wait: float | None = None) -> Any:
+        fn = getattr(self._stub, method)
+        deadline = time.monotonic() + (self.wait if wait is None else wait)
+        delay = 0.05
+        while True:
+            try:
+                return fn(request, timeout=timeout or self.timeout)
+            except grpc.RpcError as e:
+                err = from_rpc_error(e)
+                retry = idempotent and err.kind in (ErrorKind.UNAVAILABLE,) and not self._closed.is_set()
+                if not retry or time.monotonic() + delay > deadline:
+                    raise err from None
+                log.debug("%s to %s unavailable, retrying in %.2fs", method, self.address, delay)
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 2.0)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._channel.close()

@@ -1,0 +1,96 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FileType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FILE_TYPE_UNSPECIFIED: _ClassVar[FileType]
+    FILE: _ClassVar[FileType]
+    DIRECTORY: _ClassVar[FileType]
+
+class FileState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FILE_STATE_UNSPECIFIED: _ClassVar[FileState]
+    WRITING: _ClassVar[FileState]
+    COMPLETE: _ClassVar[FileState]
+FILE_TYPE_UNSPECIFIED: FileType
+FILE: FileType
+DIRECTORY: FileType
+FILE_STATE_UNSPECIFIED: FileState
+WRITING: FileState
+COMPLETE: FileState
+
+class Inode(_message.Message):
+    __slots__ = ("ino", "type", "mode", "uid", "gid", "size", "atime_ns", "mtime_ns", "ctime_ns", "nlink", "state", "ttl_ms", "version", "parent", "replicas")
+    INO_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    ATIME_NS_FIELD_NUMBER: _ClassVar[int]
+    MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    CTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    NLINK_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ino: int
+    type: FileType
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    nlink: int
+    state: FileState
+    ttl_ms: int
+    version: int
+    parent: int
+    replicas: int
+    def __init__(self, ino: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., nlink: _Optional[int] = ..., state: _Optional[_Union[FileState, str]] = ..., ttl_ms: _Optional[int] = ..., version: _Optional[int] = ..., parent: _Optional[int] = ..., replicas: _Optional[int] = ...) -> None: ...
+
+class Block(_message.Message):
+    __slots__ = ("block_id", "length", "checksum", "worker_ids")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    length: int
+    checksum: int
+    worker_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, block_id: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., worker_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class WorkerInfo(_message.Message):
+    __slots__ = ("worker_id", "uuid", "host_id", "address", "data_dirs", "capacity", "used", "lost")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DATA_DIRS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    uuid: str
+    host_id: str
+    address: str
+    data_dirs: _containers.RepeatedScalarFieldContainer[str]
+    capacity: int
+    used: int
+    lost: bool
+    def __init__(self, worker_id: _Optional[int] = ..., uuid: _Optional[str] = ..., host_id: _Optional[str] = ..., address: _Optional[str] = ..., data_dirs: _Optional[_Iterable[str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., lost: _Optional[bool] = ...) -> None: ...
+
+class Empty(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

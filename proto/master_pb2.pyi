@@ -1,0 +1,264 @@
+from curvine.proto import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class InodeReply(_message.Message):
+    __slots__ = ("inode",)
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    inode: _common_pb2.Inode
+    def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ...) -> None: ...
+
+class LookupRequest(_message.Message):
+    __slots__ = ("parent", "name")
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    parent: int
+    name: bytes
+    def __init__(self, parent: _Optional[int] = ..., name: _Optional[bytes] = ...) -> None: ...
+
+class GetAttrRequest(_message.Message):
+    __slots__ = ("ino",)
+    INO_FIELD_NUMBER: _ClassVar[int]
+    ino: int
+    def __init__(self, ino: _Optional[int] = ...) -> None: ...
+
+class SetAttrRequest(_message.Message):
+    __slots__ = ("request_id", "ino", "mode", "uid", "gid", "size", "atime_ns", "mtime_ns")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    ATIME_NS_FIELD_NUMBER: _ClassVar[int]
+    MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    ino: int
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ...) -> None: ...
+
+class MkdirRequest(_message.Message):
+    __slots__ = ("request_id", "parent", "name", "mode", "uid", "gid")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    parent: int
+    name: bytes
+    mode: int
+    uid: int
+    gid: int
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ...) -> None: ...
+
+class CreateRequest(_message.Message):
+    __slots__ = ("request_id", "parent", "name", "mode", "uid", "gid", "exclusive")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    parent: int
+    name: bytes
+    mode: int
+    uid: int
+    gid: int
+    exclusive: bool
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., exclusive: _Optional[bool] = ...) -> None: ...
+
+class UnlinkRequest(_message.Message):
+    __slots__ = ("request_id", "parent", "name")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    parent: int
+    name: bytes
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ...) -> None: ...
+
+class RmdirRequest(_message.Message):
+    __slots__ = ("request_id", "parent", "name")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    parent: int
+    name: bytes
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ...) -> None: ...
+
+class RenameRequest(_message.Message):
+    __slots__ = ("request_id", "parent", "name", "new_parent", "new_name", "no_replace")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NEW_PARENT_FIELD_NUMBER: _ClassVar[int]
+    NEW_NAME_FIELD_NUMBER: _ClassVar[int]
+    NO_REPLACE_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    parent: int
+    name: bytes
+    new_parent: int
+    new_name: bytes
+    no_replace: bool
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[bytes] = ..., no_replace: _Optional[bool] = ...) -> None: ...
+
+class ListDirRequest(_message.Message):
+    __slots__ = ("ino", "start_after", "limit")
+    INO_FIELD_NUMBER: _ClassVar[int]
+    START_AFTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    ino: int
+    start_after: bytes
+    limit: int
+    def __init__(self, ino: _Optional[int] = ..., start_after: _Optional[bytes] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class DirEntry(_message.Message):
+    __slots__ = ("name", "inode")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    name: bytes
+    inode: _common_pb2.Inode
+    def __init__(self, name: _Optional[bytes] = ..., inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ...) -> None: ...
+
+class ListDirReply(_message.Message):
+    __slots__ = ("entries", "has_more")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    HAS_MORE_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[DirEntry]
+    has_more: bool
+    def __init__(self, entries: _Optional[_Iterable[_Union[DirEntry, _Mapping]]] = ..., has_more: _Optional[bool] = ...) -> None: ...
+
+class StatFsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatFsReply(_message.Message):
+    __slots__ = ("capacity", "used", "files", "live_workers", "block_size", "workers")
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    LIVE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    capacity: int
+    used: int
+    files: int
+    live_workers: int
+    block_size: int
+    workers: _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]
+    def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., files: _Optional[int] = ..., live_workers: _Optional[int] = ..., block_size: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ...) -> None: ...
+
+class GetBlocksRequest(_message.Message):
+    __slots__ = ("ino",)
+    INO_FIELD_NUMBER: _ClassVar[int]
+    ino: int
+    def __init__(self, ino: _Optional[int] = ...) -> None: ...
+
+class GetBlocksReply(_message.Message):
+    __slots__ = ("inode", "blocks", "workers")
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    inode: _common_pb2.Inode
+    blocks: _containers.RepeatedCompositeFieldContainer[_common_pb2.Block]
+    workers: _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]
+    def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ...) -> None: ...
+
+class AddBlockRequest(_message.Message):
+    __slots__ = ("ino", "client_host_id", "size_hint", "exclude_workers")
+    INO_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_HINT_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    ino: int
+    client_host_id: str
+    size_hint: int
+    exclude_workers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ino: _Optional[int] = ..., client_host_id: _Optional[str] = ..., size_hint: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AddBlockReply(_message.Message):
+    __slots__ = ("block_id", "workers")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    workers: _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]
+    def __init__(self, block_id: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ...) -> None: ...
+
+class CompleteFileRequest(_message.Message):
+    __slots__ = ("request_id", "ino", "blocks", "size", "mtime_ns")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    ino: int
+    blocks: _containers.RepeatedCompositeFieldContainer[_common_pb2.Block]
+    size: int
+    mtime_ns: int
+    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ...) -> None: ...
+
+class RegisterWorkerRequest(_message.Message):
+    __slots__ = ("worker",)
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    worker: _common_pb2.WorkerInfo
+    def __init__(self, worker: _Optional[_Union[_common_pb2.WorkerInfo, _Mapping]] = ...) -> None: ...
+
+class RegisterWorkerReply(_message.Message):
+    __slots__ = ("worker_id", "block_size")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    block_size: int
+    def __init__(self, worker_id: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
+
+class BlockReportRequest(_message.Message):
+    __slots__ = ("worker_id", "block_ids", "block_mtimes_ns")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_MTIMES_NS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    block_mtimes_ns: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., block_mtimes_ns: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class BlockReportReply(_message.Message):
+    __slots__ = ("delete_block_ids",)
+    DELETE_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    delete_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, delete_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("worker_id", "capacity", "used", "num_blocks")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    capacity: int
+    used: int
+    num_blocks: int
+    def __init__(self, worker_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., num_blocks: _Optional[int] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("delete_block_ids", "reregister")
+    DELETE_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    REREGISTER_FIELD_NUMBER: _ClassVar[int]
+    delete_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    reregister: bool
+    def __init__(self, delete_block_ids: _Optional[_Iterable[int]] = ..., reregister: _Optional[bool] = ...) -> None: ...
