@@ -1,0 +1,246 @@
+"""The committer: the one thread that changes the master's state.
+
+Mutations are queued to it.  It takes everything queued (a batch), plans and applies
+each one inside a single LMDB write transaction (so later mutations of the batch see
+earlier ones), appends their records to the journal, makes the journal durable with
+ONE fsync, and only then commits the LMDB transaction and answers the callers.  The
+batch grows while an fsync is running: that is the group commit.  Readers use their
+own LMDB read transactions and so never see a mutation that is not yet durable.
+
+On start, records after LMDB's ``applied_seq`` are replayed through the same
+``Namespace.apply``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.journal import Journal, JournalError
+from curvine.journal.checkpoint import write_checkpoint
+from curvine.proto import journal_pb2
+
+from .namespace import Effects, Namespace
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+Plan = Callable[[Any], tuple[journal_pb2.JournalEntry | None, Any]]
+_OP_NUMBER = {f.name: f.number for f in journal_pb2.JournalEntry.DESCRIPTOR.oneofs_by_name["op"].fields}
+REPLAY_TXN_RECORDS = 5000
+
+
+@dataclass(frozen=True)
+class RetryHit:
+    """A mutation with this request id was already applied; ``ino`` is its result."""
+
+    ino: int
+
+
+class _Item:
+    __slots__ = ("plan", "request_id", "done", "result", "error")
+
+    def __init__(self, plan: Plan, request_id: bytes):
+        self.plan = plan
+        self.request_id = request_id
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: CurvineError | None = None
+
+
+def record_type(entry: journal_pb2.JournalEntry) -> int:
+    return _OP_NUMBER[entry.WhichOneof("op")]
+
+
+class Committer:
+    def __init__(self, store: Store, journal: Journal, ns: Namespace,
+                 on_effects: Callable[[Effects], None], checkpoint_root: str,
+                 checkpoint_every: int = 1_000_000, max_batch: int = 4096):
+        self.store = store
+        self.journal = journal
+        self.ns = ns
+        self.on_effects = on_effects
+        self.checkpoint_root = checkpoint_root
+        self.checkpoint_every = checkpoint_every
+        self.max_batch = max_batch
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._checkpoint_requested = threading.Event()
+        self.fatal: BaseException | None = None
+        self.applied_seq = 0
+        self._last_checkpoint_seq = 0
+        self.stats = {"batches": 0, "records": 0, "max_batch": 0}
+
+    # ------------------------------------------------------------------ recovery
+    def replay(self) -> int:
+        """Apply journal records after LMDB's applied_seq; returns how many."""
+        s = self.store
+        with s.env.begin() as txn:
+            applied = s.get_u64(txn, b"applied_seq")
+        if self.journal.last_seq < applied:
+            raise JournalError(
+                f"journal ends at seq {self.journal.last_seq} but the metadata in {s.path} "
+                f"has applied seq {applied}: the journal directory is not this master's")
+        started = time.monotonic()
+        count = 0
+        fx = Effects()
+        txn = s.env.begin(write=True)
+        try:
+            # Records LMDB already holds only refill the retry cache.
+            for rec in self.journal.records(min(applied, self.journal.first_seq - 1)):
+                entry = journal_pb2.JournalEntry()
+                entry.ParseFromString(rec.payload)
+                self.ns.remember(entry)
+                if rec.seq <= applied:
+                    continue
+                self.ns.apply(txn, entry, fx)
+                applied = rec.seq
+                count += 1
+                if count % REPLAY_TXN_RECORDS == 0:
+                    s.put_u64(txn, b"applied_seq", applied)
+                    txn.commit()
+                    txn = s.env.begin(write=True)
+            s.put_u64(txn, b"applied_seq", applied)
+            txn.commit()
+        except BaseException:
+            txn.abort()
+            raise
+        self.applied_seq = applied
+        self._last_checkpoint_seq = applied if count == 0 else self._last_checkpoint_seq
+        self.on_effects(fx)
+        if count:
+            log.info("replayed %d journal records in %.2fs (applied seq %d)",
+                     count, time.monotonic() - started, applied)
+        return count
+
+    # ------------------------------------------------------------------ live path
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="committer", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def submit(self, plan: Plan, request_id: bytes = b"", timeout: float = 30.0) -> Any:
+        """Run ``plan`` in the committer; return its value once durable (or a RetryHit)."""
+        if self.fatal is not None:
+            raise CurvineError(ErrorKind.UNAVAILABLE, "master is shutting down after a journal failure")
+        item = _Item(plan, request_id)
+        self._queue.put(item)
+        if not item.done.wait(timeout):
+            raise CurvineError(ErrorKind.TIMEOUT, "mutation not durable within the deadline")
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    def request_checkpoint(self) -> None:
+        self._checkpoint_requested.set()
+        self._queue.put(_Item(lambda txn: (None, None), b""))
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            items = [first]
+            stop = False
+            while len(items) < self.max_batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                items.append(nxt)
+            self._commit_batch(items)
+            self._maybe_checkpoint()
+            if stop or self.fatal is not None:
+                return
+
+    def _commit_batch(self, items: list[_Item]) -> None:
+        s = self.store
+        batch_fx = Effects()
+        appended = 0
+        txn = s.env.begin(write=True)
+        try:
+            for it in items:
+                hit = self.ns.retry.get(it.request_id)
+                if hit is not None:
+                    it.result = RetryHit(hit)
+                    continue
+                try:
+                    entry, value = it.plan(txn)
+                    if entry is not None:
+                        fx = Effects()
+                        sub = s.env.begin(write=True, parent=txn)
+                        try:
+                            self.ns.apply(sub, entry, fx)
+                            sub.commit()
+                        except BaseException:
+                            sub.abort()
+                            raise
+                        self.journal.append(record_type(entry), entry.SerializeToString())
+                        self.ns.remember(entry)
+                        appended += 1
+                        batch_fx.freed += fx.freed
+                        batch_fx.completed += fx.completed
+                        batch_fx.workers += fx.workers
+                    it.result = value
+                except CurvineError as e:
+                    it.error = e
+                except Exception as e:  # noqa: BLE001 - a bug in plan/apply fails one call
+                    log.exception("mutation failed")
+                    it.error = CurvineError(ErrorKind.IO, f"internal error: {e}")
+            if appended:
+                self.journal.sync()
+                s.put_u64(txn, b"applied_seq", self.journal.last_seq)
+            txn.commit()
+        except BaseException as e:  # journal write/fsync failed: durability unknown, stop
+            txn.abort()
+            self.fatal = e
+            log.critical("journal commit failed, the master stops: %s", e)
+            for it in items:
+                it.error = CurvineError(ErrorKind.UNAVAILABLE, "journal failure")
+                it.done.set()
+            return
+        if appended:
+            self.applied_seq = self.journal.last_seq
+            self.stats["batches"] += 1
+            self.stats["records"] += appended
+            self.stats["max_batch"] = max(self.stats["max_batch"], appended)
+        try:
+            self.on_effects(batch_fx)
+        finally:
+            for it in items:
+                it.done.set()
+
+    def _maybe_checkpoint(self) -> None:
+        due = self.checkpoint_every and self.applied_seq - self._last_checkpoint_seq >= self.checkpoint_every
+        if not (due or self._checkpoint_requested.is_set()):
+            return
+        self._checkpoint_requested.clear()
+        self.checkpoint()
+
+    def checkpoint(self) -> str | None:
+        """Copy LMDB and retire the journal segments it covers (committer thread only,
+        or before start)."""
+        seq = self.applied_seq
+        if seq == 0:
+            return None
+        started = time.monotonic()
+        self.store.env.sync(True)
+        path = write_checkpoint(self.store.env, self.checkpoint_root, seq)
+        retired = self.journal.retire(seq)
+        self._last_checkpoint_seq = seq
+        log.info("checkpoint at seq %d in %.2fs (%s), %d journal segments retired",
+                 seq, time.monotonic() - started, path, retired)
+        return path

@@ -1,0 +1,300 @@
+"""The master: assembles store, journal, namespace, committer and worker registry.
+
+Reads run on the caller's thread with an LMDB read transaction.  Mutations go to the
+committer (see committer.py) and return once durable.  Block ids are handed out from
+a journaled reservation, so no id is ever given twice, even across restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+
+from curvine.common.config import Config
+from curvine.common.errors import CurvineError, ErrorKind, invalid
+from curvine.common.ids import check_ino, check_name
+from curvine.journal import Journal
+from curvine.journal.checkpoint import latest_checkpoint
+from curvine.proto import common_pb2, journal_pb2, master_pb2
+
+from .committer import Committer, RetryHit
+from .namespace import DIRECTORY, FILE, Effects, Namespace, RetryCache, now_ns
+from .store import Store
+from .workers import WorkerRegistry
+
+log = logging.getLogger(__name__)
+
+BLOCK_ID_CHUNK = 10_000  # ids reserved per journal record
+MAX_LIST = 10_000
+DEFAULT_LIST = 1000
+
+
+class Master:
+    def __init__(self, cfg: Config, meta_dir: str | None = None, journal_dir: str | None = None):
+        self.cfg = cfg
+        self.meta_dir = os.path.abspath(meta_dir or cfg.master.meta_dir)
+        self.journal_dir = os.path.abspath(journal_dir or cfg.journal.dir)
+        self.block_size = int(cfg.cluster.block_size)
+        self.ckpt_root = os.path.join(self.meta_dir, "checkpoints")
+        self.journal = Journal(self.journal_dir, segment_size=int(cfg.journal.segment_size),
+                               fsync=cfg.journal.fsync)
+        self.store = self._open_store()
+        self.retry = RetryCache(cfg.master.retry_cache_entries)
+        self.ns = Namespace(self.store, self.retry, self.block_size)
+        self.registry = WorkerRegistry(float(cfg.master.worker_lost_after))
+        self._pending: dict[int, tuple[int, float, list[int]]] = {}  # block -> (ino, time, workers)
+        self._pending_lock = threading.Lock()
+        with self.store.read() as txn:
+            for w in self.store.workers(txn):
+                self.registry.upsert(w)
+        self.committer = Committer(self.store, self.journal, self.ns, self._on_effects,
+                                   self.ckpt_root, cfg.journal.checkpoint_every)
+        self.committer.replay()
+        with self.store.read() as txn:
+            self._reserved = self.store.get_u64(txn, b"block_ids_reserved", 1)
+        self._next_block = max(self._reserved, 1)  # skip ids a previous run may have used
+        self._alloc_lock = threading.Lock()
+        self.started = time.monotonic()
+        self.committer.start()
+        self.submit(self.ns.plan_root)
+
+    def _open_store(self) -> Store:
+        """Open LMDB; if it is older than the oldest journal record, restore the newest
+        checkpoint first (LMDB is synced lazily, so an OS crash can take it back)."""
+        lmdb_dir = os.path.join(self.meta_dir, "lmdb")
+        store = Store(lmdb_dir)
+        with store.read() as txn:
+            applied = store.get_u64(txn, b"applied_seq")
+        j = self.journal
+        if j.last_seq >= j.first_seq and applied + 1 < j.first_seq:
+            ckpt = latest_checkpoint(self.ckpt_root)
+            if ckpt is None or ckpt[0] + 1 < j.first_seq:
+                store.env.close()
+                raise CurvineError(ErrorKind.IO,
+                                   f"metadata in {lmdb_dir} is at seq {applied} but the journal "
+                                   f"starts at seq {j.first_seq} and no checkpoint covers the gap")
+            log.warning("metadata at seq %d is older than the journal (first seq %d): "
+                        "restoring checkpoint %s", applied, j.first_seq, ckpt[1])
+            store.env.close()
+            shutil.rmtree(lmdb_dir)
+            shutil.copytree(ckpt[1], lmdb_dir)
+            store = Store(lmdb_dir)
+        return store
+
+    def close(self) -> None:
+        self.committer.stop()
+        self.journal.close()
+        self.store.close()
+
+    # ------------------------------------------------------------------ plumbing
+    def submit(self, plan, request_id: bytes = b"", timeout: float | None = None):
+        return self.committer.submit(plan, request_id, timeout or float(self.cfg.cluster.rpc_timeout))
+
+    def _on_effects(self, fx: Effects) -> None:
+        for w in fx.workers:
+            self.registry.upsert(w)
+        if fx.freed:
+            self.registry.queue_deletes(fx.freed)
+        if fx.completed:
+            with self._pending_lock:
+                for b in fx.completed:
+                    self._pending.pop(b, None)
+
+    def _inode_reply(self, value) -> master_pb2.InodeReply:
+        if isinstance(value, RetryHit):
+            return master_pb2.InodeReply(inode=self.getattr(value.ino))
+        return master_pb2.InodeReply(inode=value)
+
+    # ------------------------------------------------------------------ namespace reads
+    def lookup(self, parent: int, name: bytes) -> common_pb2.Inode:
+        with self.store.read() as txn:
+            return self.ns.lookup(txn, check_ino(parent, "parent"), name)
+
+    def getattr(self, ino: int) -> common_pb2.Inode:
+        with self.store.read() as txn:
+            return self.ns.inode(txn, ino)
+
+    def listdir(self, ino: int, start_after: bytes, limit: int) -> master_pb2.ListDirReply:
+        if limit > MAX_LIST:
+            raise invalid("limit", f"at most {MAX_LIST}")
+        if start_after:
+            check_name(start_after, "start_after")
+        limit = limit or DEFAULT_LIST
+        reply = master_pb2.ListDirReply()
+        with self.store.read() as txn:
+            self.ns.directory(txn, ino, "ino")
+            for name, child in self.store.list_dir(txn, ino, start_after):
+                if len(reply.entries) >= limit:
+                    reply.has_more = True
+                    break
+                node = self.store.get_inode(txn, child)
+                if node is not None:
+                    reply.entries.add(name=name, inode=node)
+        return reply
+
+    def statfs(self) -> master_pb2.StatFsReply:
+        reply = master_pb2.StatFsReply(block_size=self.block_size)
+        for info, alive in self.registry.snapshot():
+            reply.workers.append(info)
+            if alive:
+                reply.live_workers += 1
+                reply.capacity += info.capacity
+                reply.used += info.used
+        with self.store.read() as txn:
+            reply.files = self.store.get_u64(txn, b"inode_count")
+        return reply
+
+    def get_blocks(self, ino: int) -> master_pb2.GetBlocksReply:
+        reply = master_pb2.GetBlocksReply()
+        with self.store.read() as txn:
+            node = self.ns.inode(txn, ino)
+            reply.inode.CopyFrom(node)
+            blocks = self.store.get_blocks(txn, node.ino) if node.type == FILE else []
+        reply.blocks.extend(blocks)
+        wids = {w for b in blocks for w in b.worker_ids}
+        for wid in sorted(wids):
+            info = self.registry.info(wid)
+            if info is not None:
+                reply.workers.append(info)
+        return reply
+
+    # ------------------------------------------------------------------ namespace writes
+    def mkdir(self, req) -> master_pb2.InodeReply:
+        return self._inode_reply(self.submit(lambda t: self.ns.plan_mkdir(t, req), req.request_id))
+
+    def create(self, req) -> master_pb2.InodeReply:
+        return self._inode_reply(self.submit(lambda t: self.ns.plan_create(t, req), req.request_id))
+
+    def unlink(self, req, rmdir: bool) -> None:
+        self.submit(lambda t: self.ns.plan_unlink(t, req, rmdir), req.request_id)
+
+    def rename(self, req) -> None:
+        self.submit(lambda t: self.ns.plan_rename(t, req), req.request_id)
+
+    def setattr(self, req) -> master_pb2.InodeReply:
+        check_ino(req.ino)
+        value = self.submit(lambda t: self.ns.plan_setattr(t, req), req.request_id)
+        return master_pb2.InodeReply(inode=self.getattr(req.ino if not isinstance(value, RetryHit) else value.ino))
+
+    def complete(self, req) -> master_pb2.InodeReply:
+        check_ino(req.ino)
+        try:
+            value = self.submit(lambda t: self.ns.plan_complete(t, req, self._reserved),
+                                req.request_id)
+        except CurvineError as e:
+            if e.kind == ErrorKind.NOT_FOUND:
+                self._free_pending(b.block_id for b in req.blocks)
+            raise
+        return master_pb2.InodeReply(inode=self.getattr(value.ino if isinstance(value, RetryHit) else req.ino))
+
+    # ------------------------------------------------------------------ blocks
+    def add_block(self, req: master_pb2.AddBlockRequest) -> master_pb2.AddBlockReply:
+        node = self.getattr(req.ino)
+        if node.type != FILE:
+            raise CurvineError(ErrorKind.IS_DIR, "ino: not a regular file")
+        if req.size_hint > self.block_size:
+            raise invalid("size_hint", f"larger than the block size {self.block_size}")
+        replicas = node.replicas or self.cfg.cluster.replicas
+        size = req.size_hint or self.block_size
+        workers = self.registry.choose(replicas, req.client_host_id, size, set(req.exclude_workers))
+        if not workers:
+            if not any(alive for _, alive in self.registry.snapshot()):
+                raise CurvineError(ErrorKind.UNAVAILABLE, "no live workers")
+            raise CurvineError(ErrorKind.NO_SPACE, "no worker has room for another block")
+        block_id = self._allocate_block_id()
+        with self._pending_lock:
+            self._pending[block_id] = (node.ino, time.time(), [w.worker_id for w in workers])
+        return master_pb2.AddBlockReply(block_id=block_id, workers=workers)
+
+    def _allocate_block_id(self) -> int:
+        with self._alloc_lock:
+            if self._next_block >= self._reserved:
+                upto = max(self._reserved, self._next_block) + BLOCK_ID_CHUNK
+
+                def plan(txn):
+                    rec = journal_pb2.ReserveBlockIdsRecord(upto=upto)
+                    return journal_pb2.JournalEntry(reserve_block_ids=rec), upto
+
+                self._reserved = self.submit(plan)
+            block_id = self._next_block
+            self._next_block += 1
+            return block_id
+
+    def _free_pending(self, block_ids) -> None:
+        pairs = []
+        with self._pending_lock:
+            for b in block_ids:
+                p = self._pending.pop(b, None)
+                if p is not None:
+                    pairs.extend((w, b) for w in p[2])
+        self.registry.queue_deletes(pairs)
+
+    def is_pending(self, block_id: int) -> bool:
+        with self._pending_lock:
+            return block_id in self._pending
+
+    # ------------------------------------------------------------------ workers
+    def register_worker(self, info: common_pb2.WorkerInfo) -> master_pb2.RegisterWorkerReply:
+        if not info.uuid or len(info.uuid) > 64:
+            raise invalid("worker.uuid", "required, at most 64 characters")
+        if not info.address or len(info.address) > 255 or ":" not in info.address:
+            raise invalid("worker.address", "must be host:port")
+        known = self.registry.by_uuid(info.uuid)
+        wid = known.worker_id if known is not None else 0
+        record = common_pb2.WorkerInfo(worker_id=wid, uuid=info.uuid, host_id=info.host_id,
+                                       address=info.address, data_dirs=info.data_dirs)
+        if known is None or (known.address, known.host_id, list(known.data_dirs)) != (
+                info.address, info.host_id, list(info.data_dirs)):
+            def plan(txn):
+                if not record.worker_id:
+                    record.worker_id = self.registry.next_id()
+                return journal_pb2.JournalEntry(
+                    register_worker=journal_pb2.RegisterWorkerRecord(worker=record)), record.worker_id
+            wid = self.submit(plan)
+            log.info("worker %d registered: %s (host %s)", wid, info.address, info.host_id)
+        self.registry.heartbeat(wid, info.capacity, info.used, 0)
+        return master_pb2.RegisterWorkerReply(worker_id=wid, block_size=self.block_size)
+
+    def block_report(self, req: master_pb2.BlockReportRequest) -> master_pb2.BlockReportReply:
+        if not self.registry.known(req.worker_id):
+            raise CurvineError(ErrorKind.NOT_FOUND, f"worker_id: {req.worker_id} is not registered")
+        if req.block_mtimes_ns and len(req.block_mtimes_ns) != len(req.block_ids):
+            raise invalid("block_mtimes_ns", "must be parallel to block_ids")
+        reported = set(req.block_ids)
+        wid = req.worker_id
+        now = time.time_ns()
+        grace_ns = int(float(self.cfg.master.orphan_block_grace) * 1e9)
+        deletes = []
+        with self.store.read() as txn:
+            missing = [b for b in self.store.blocks_on_worker(txn, wid) if b not in reported]
+            for i, b in enumerate(req.block_ids):
+                if self.store.block_owner(txn, b) is not None or self.is_pending(b):
+                    continue
+                mtime = req.block_mtimes_ns[i] if req.block_mtimes_ns else 0
+                if b >= self._reserved or now - mtime > grace_ns:
+                    deletes.append(b)
+        if missing:
+            log.warning("worker %d did not report %d blocks the master expected there; "
+                        "dropping those locations", wid, len(missing))
+
+            def plan(txn):
+                still = [b for b in missing if self.store.block_owner(txn, b) is not None]
+                if not still:
+                    return None, None
+                rec = journal_pb2.DropLocationsRecord(worker_id=wid, block_ids=still, time_ns=now_ns())
+                return journal_pb2.JournalEntry(drop_locations=rec), None
+
+            self.submit(plan)
+        if deletes:
+            log.info("worker %d holds %d blocks no file uses; asking it to delete them",
+                     wid, len(deletes))
+        return master_pb2.BlockReportReply(delete_block_ids=deletes)
+
+    def heartbeat(self, req: master_pb2.HeartbeatRequest) -> master_pb2.HeartbeatReply:
+        deletes = self.registry.heartbeat(req.worker_id, req.capacity, req.used, req.num_blocks)
+        if deletes is None:
+            return master_pb2.HeartbeatReply(reregister=True)
+        return master_pb2.HeartbeatReply(delete_block_ids=deletes)

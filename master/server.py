@@ -1,0 +1,85 @@
+"""`curvine-master`: serve the namespace over gRPC until SIGTERM.
+
+Exit codes: 0 clean shutdown, 1 runtime failure, 2 bad configuration or a journal /
+metadata that cannot be recovered (the message names the file and offset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from curvine.common import config as config_mod
+from curvine.common import daemon, log as log_mod, rpc
+from curvine.common.errors import CurvineError
+from curvine.journal import JournalError
+from curvine.proto import master_pb2_grpc
+
+from .master import Master
+from .service import MasterServicer
+
+log = logging.getLogger("curvine.master")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="curvine-master", description="curvine metadata master")
+    p.add_argument("--conf", help="TOML config file (default: $CURVINE_CONF or /etc/curvine/curvine.toml)")
+    p.add_argument("--host", help="address to bind (config master.host)")
+    p.add_argument("--port", type=int, help="gRPC port (config master.port)")
+    p.add_argument("--meta-dir", help="LMDB and checkpoints (config master.meta_dir)")
+    p.add_argument("--journal-dir", help="write-ahead journal, on a durable volume (config journal.dir)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = config_mod.load(args.conf)
+    except config_mod.ConfigError as e:
+        print(f"curvine-master: {e}", file=sys.stderr)
+        return 2
+    if args.host:
+        cfg.master.host = args.host
+    if args.port is not None:
+        cfg.master.port = args.port
+    if args.meta_dir:
+        cfg.master.meta_dir = args.meta_dir
+    if args.journal_dir:
+        cfg.journal.dir = args.journal_dir
+    log_mod.setup(cfg.log.level, "master")
+    stop = daemon.stop_event()
+    try:
+        master = Master(cfg)
+    except JournalError as e:
+        log.critical("cannot recover the journal: %s", e)
+        return 2
+    except CurvineError as e:
+        log.critical("cannot start: %s", e)
+        return 2
+    server = rpc.make_server(cfg.master.rpc_threads)
+    master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(master), server)
+    try:
+        port = rpc.bind(server, cfg.master.host, cfg.master.port)
+    except CurvineError as e:
+        log.critical("%s", e)
+        master.close()
+        return 1
+    server.start()
+    log.info("master serving on %s:%d (meta %s, journal %s, applied seq %d)", cfg.master.host,
+             port, master.meta_dir, master.journal_dir, master.committer.applied_seq)
+    daemon.notify("READY=1")
+    while not stop.wait(1.0):
+        if master.committer.fatal is not None:
+            log.critical("stopping: journal failure")
+            server.stop(0)
+            return 1
+    daemon.notify("STOPPING=1")
+    server.stop(grace=5).wait(6)
+    master.close()
+    log.info("master stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The master's metadata store: LMDB, a materialised view of the journal.
+
+Key schema (all integers fixed-width big-endian, so LMDB's byte order is numeric order):
+
+    db        key                                 value
+    --------  ----------------------------------  ------------------------------------
+    meta      b"applied_seq"                      u64: last journal seq applied here
+              b"next_ino"                         u64: next inode id to hand out
+              b"block_ids_reserved"               u64: block ids below this may be in use
+              b"inode_count"                      u64: inodes in the namespace
+              b"format"                           u32: schema version (1)
+    inode     ino u64                             Inode (protobuf)
+    dentry    parent ino u64 + name bytes         child ino u64
+    fblocks   ino u64                             BlockList (protobuf): the file's blocks
+    block     block id u64                        ino u64 owning the block
+    wblock    worker id u32 + block id u64        b"" (index: blocks located on a worker)
+    worker    worker id u32                       WorkerInfo (protobuf): registrations
+
+A directory lists as one range scan of ``dentry`` over its 8-byte prefix, in name
+order, so one directory can hold millions of entries and pages resume by name.
+Every write transaction that applies journal records also stores ``applied_seq``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Iterator
+
+import lmdb
+
+from curvine.proto import common_pb2
+
+U32 = struct.Struct(">I")
+U64 = struct.Struct(">Q")
+WBLOCK = struct.Struct(">IQ")
+FORMAT = 1
+
+_DBS = ("meta", "inode", "dentry", "fblocks", "block", "wblock", "worker")
+
+
+def k64(n: int) -> bytes:
+    return U64.pack(n)
+
+
+class Store:
+    """Typed access to the LMDB environment; methods take an open transaction."""
+
+    def __init__(self, path: str, map_size: int = 1 << 36):
+        os.makedirs(path, exist_ok=True)
+        # sync=False: the journal is the durable truth; LMDB is synced at checkpoints
+        # and at shutdown, and replay covers whatever an OS crash takes back.
+        self.path = path
+        self.env = lmdb.open(path, map_size=map_size, max_dbs=len(_DBS) + 1, sync=False,
+                             metasync=False, readahead=False, max_readers=512)
+        self.db = {name: self.env.open_db(name.encode()) for name in _DBS}
+        with self.env.begin(write=True) as txn:
+            fmt = txn.get(b"format", db=self.db["meta"])
+            if fmt is None:
+                txn.put(b"format", U32.pack(FORMAT), db=self.db["meta"])
+            elif U32.unpack(fmt)[0] != FORMAT:
+                raise RuntimeError(f"{path}: unsupported metadata format {U32.unpack(fmt)[0]}")
+
+    def close(self) -> None:
+        self.env.sync(True)
+        self.env.close()
+
+    def read(self) -> lmdb.Transaction:
+        return self.env.begin(buffers=False)
+
+    # -- meta counters -------------------------------------------------------------
+    def get_u64(self, txn, key: bytes, default: int = 0) -> int:
+        v = txn.get(key, db=self.db["meta"])
+        return U64.unpack(v)[0] if v is not None else default
+
+    def put_u64(self, txn, key: bytes, value: int) -> None:
+        txn.put(key, U64.pack(value), db=self.db["meta"])
+
+    # -- inodes --------------------------------------------------------------------
+    def get_inode(self, txn, ino: int) -> common_pb2.Inode | None:
+        v = txn.get(k64(ino), db=self.db["inode"])
+        if v is None:
+            return None
+        node = common_pb2.Inode()
+        node.ParseFromString(v)
+        return node
+
+    def put_inode(self, txn, node: common_pb2.Inode) -> None:
+        txn.put(k64(node.ino), node.SerializeToString(), db=self.db["inode"])
+
+    def del_inode(self, txn, ino: int) -> None:
+        txn.delete(k64(ino), db=self.db["inode"])
+
+    # -- directory entries ---------------------------------------------------------
+    def lookup(self, txn, parent: int, name: bytes) -> int | None:
+        v = txn.get(k64(parent) + name, db=self.db["dentry"])
+        return U64.unpack(v)[0] if v is not None else None
+
+    def put_dentry(self, txn, parent: int, name: bytes, ino: int) -> None:
+        txn.put(k64(parent) + name, k64(ino), db=self.db["dentry"])
+
+    def del_dentry(self, txn, parent: int, name: bytes) -> None:
+        txn.delete(k64(parent) + name, db=self.db["dentry"])
+
+    def list_dir(self, txn, parent: int, start_after: bytes = b"") -> Iterator[tuple[bytes, int]]:
+        prefix = k64(parent)
+        cur = txn.cursor(db=self.db["dentry"])
+        if not cur.set_range(prefix + start_after):
+            return
+        for key, val in cur:
+            if not key.startswith(prefix):
+                return
+            name = key[8:]
+            if start_after and name == start_after:
+                continue
+            yield name, U64.unpack(val)[0]
+
+    def dir_is_empty(self, txn, ino: int) -> bool:
+        for _ in self.list_dir(txn, ino):
+            return False
+        return True
+
+    # -- blocks --------------------------------------------------------------------
+    def get_blocks(self, txn, ino: int) -> list[common_pb2.Block]:
+        v = txn.get(k64(ino), db=self.db["fblocks"])
+        if v is None:
+            return []
+        bl = common_pb2.BlockList()
+        bl.ParseFromString(v)
+        return list(bl.blocks)
+
+    def put_blocks(self, txn, ino: int, blocks: list[common_pb2.Block]) -> None:
+        if not blocks:
+            txn.delete(k64(ino), db=self.db["fblocks"])
+            return
+        txn.put(k64(ino), common_pb2.BlockList(blocks=blocks).SerializeToString(),
+                db=self.db["fblocks"])
+
+    def block_owner(self, txn, block_id: int) -> int | None:
+        v = txn.get(k64(block_id), db=self.db["block"])
+        return U64.unpack(v)[0] if v is not None else None
+
+    def index_block(self, txn, block: common_pb2.Block, ino: int) -> None:
+        txn.put(k64(block.block_id), k64(ino), db=self.db["block"])
+        for wid in block.worker_ids:
+            txn.put(WBLOCK.pack(wid, block.block_id), b"", db=self.db["wblock"])
+
+    def unindex_block(self, txn, block: common_pb2.Block) -> None:
+        txn.delete(k64(block.block_id), db=self.db["block"])
+        for wid in block.worker_ids:
+            txn.delete(WBLOCK.pack(wid, block.block_id), db=self.db["wblock"])
+
+    def unindex_location(self, txn, worker_id: int, block_id: int) -> None:
+        txn.delete(WBLOCK.pack(worker_id, block_id), db=self.db["wblock"])
+
+    def blocks_on_worker(self, txn, worker_id: int) -> Iterator[int]:
+        prefix = U32.pack(worker_id)
+        cur = txn.cursor(db=self.db["wblock"])
+        if not cur.set_range(prefix):
+            return
+        for key in cur.iternext(keys=True, values=False):
+            if not key.startswith(prefix):
+                return
+            yield WBLOCK.unpack(key)[1]
+
+    # -- workers -------------------------------------------------------------------
+    def workers(self, txn) -> Iterator[common_pb2.WorkerInfo]:
+        for _, v in txn.cursor(db=self.db["worker"]):
+            w = common_pb2.WorkerInfo()
+            w.ParseFromString(v)
+            yield w
+
+    def has_worker(self, txn, worker_id: int) -> bool:
+        return txn.get(U32.pack(worker_id), db=self.db["worker"]) is not None
+
+    def put_worker(self, txn, w: common_pb2.WorkerInfo) -> None:
+        txn.put(U32.pack(w.worker_id), w.SerializeToString(), db=self.db["worker"])

@@ -1,0 +1,419 @@
+"""The master's namespace and block map, in-process (no FUSE, no network).
+
+Every operation and its errors, versions published by CompleteFile, journal replay
+after a restart, the retry cache, group commit and checkpoint restore.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+
+import pytest
+
+from curvine.common.config import Config
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.ids import ROOT_INO, new_request_id
+from curvine.master.master import Master
+from curvine.proto import common_pb2, master_pb2
+
+MiB = 1 << 20
+
+
+def make_master(tmp_path, **journal) -> Master:
+    cfg = Config()
+    cfg.master.meta_dir = str(tmp_path / "meta")
+    cfg.journal.dir = str(tmp_path / "journal")
+    cfg.cluster.block_size = 4 * MiB
+    cfg.master.orphan_block_grace = 0.0
+    for k, v in journal.items():
+        setattr(cfg.journal, k, v)
+    return Master(cfg)
+
+
+@pytest.fixture
+def master(tmp_path):
+    m = make_master(tmp_path)
+    yield m
+    m.close()
+
+
+def kind_of(fn, *args):
+    with pytest.raises(CurvineError) as e:
+        fn(*args)
+    return e.value.kind
+
+
+def mkdir(m, parent, name, mode=0o755, rid=None):
+    return m.mkdir(master_pb2.MkdirRequest(request_id=rid or new_request_id(), parent=parent,
+                                           name=name, mode=mode, uid=0, gid=0)).inode
+
+
+def create(m, parent, name, exclusive=False, rid=None):
+    return m.create(master_pb2.CreateRequest(request_id=rid or new_request_id(), parent=parent,
+                                             name=name, mode=0o644, exclusive=exclusive)).inode
+
+
+def unlink(m, parent, name, rmdir=False, rid=None):
+    cls = master_pb2.RmdirRequest if rmdir else master_pb2.UnlinkRequest
+    m.unlink(cls(request_id=rid or new_request_id(), parent=parent, name=name), rmdir=rmdir)
+
+
+def rename(m, parent, name, new_parent, new_name, no_replace=False, rid=None):
+    m.rename(master_pb2.RenameRequest(request_id=rid or new_request_id(), parent=parent, name=name,
+                                      new_parent=new_parent, new_name=new_name,
+                                      no_replace=no_replace))
+
+
+def add_worker(m, uuid="w1", host="h1") -> int:
+    wid = m.register_worker(common_pb2.WorkerInfo(uuid=uuid, host_id=host, address="127.0.0.1:1",
+                                                  data_dirs=["/d"], capacity=1 << 40)).worker_id
+    m.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=1 << 40, used=0))
+    return wid
+
+
+def publish(m, ino, lengths, rid=None) -> tuple[common_pb2.Inode, list[int]]:
+    blocks, ids = [], []
+    for n in lengths:
+        r = m.add_block(master_pb2.AddBlockRequest(ino=ino, client_host_id="h1", size_hint=n))
+        ids.append(r.block_id)
+        blocks.append(common_pb2.Block(block_id=r.block_id, length=n, checksum=1,
+                                       worker_ids=[w.worker_id for w in r.workers]))
+    node = m.complete(master_pb2.CompleteFileRequest(request_id=rid or new_request_id(), ino=ino,
+                                                     blocks=blocks, size=sum(lengths))).inode
+    return node, ids
+
+
+def names(m, ino=ROOT_INO, limit=0):
+    out, after = [], b""
+    while True:
+        page = m.listdir(ino, after, limit)
+        out += [e.name for e in page.entries]
+        if not page.has_more:
+            return out
+        after = out[-1]
+
+
+# ---------------------------------------------------------------------- namespace
+def test_root_exists(master):
+    root = master.getattr(ROOT_INO)
+    assert root.type == common_pb2.DIRECTORY and root.mode == 0o755
+
+
+def test_mkdir_lookup_and_errors(master):
+    d = mkdir(master, ROOT_INO, b"a")
+    assert master.lookup(ROOT_INO, b"a").ino == d.ino
+    assert master.getattr(ROOT_INO).nlink == 3
+    assert kind_of(mkdir, master, ROOT_INO, b"a") == ErrorKind.EXISTS
+    assert kind_of(master.lookup, ROOT_INO, b"missing") == ErrorKind.NOT_FOUND
+    f = create(master, d.ino, b"f")
+    assert kind_of(mkdir, master, f.ino, b"x") == ErrorKind.NOT_DIR  # a path through a file
+    assert kind_of(master.lookup, f.ino, b"x") == ErrorKind.NOT_DIR
+    assert kind_of(mkdir, master, 999999, b"x") == ErrorKind.NOT_FOUND
+
+
+@pytest.mark.parametrize("name,kind", [
+    (b"x" * 256, ErrorKind.NAME_TOO_LONG), (b"", ErrorKind.INVALID), (b"a/b", ErrorKind.INVALID),
+    (b"a\0b", ErrorKind.INVALID), (b".", ErrorKind.INVALID), (b"..", ErrorKind.INVALID)])
+def test_bad_names(master, name, kind):
+    assert kind_of(create, master, ROOT_INO, name) == kind
+    assert kind_of(mkdir, master, ROOT_INO, name) == kind
+    if name:
+        assert kind_of(master.lookup, ROOT_INO, name) == kind
+
+
+def test_name_of_255_bytes_and_binary_names(master):
+    long = b"k" * 255
+    create(master, ROOT_INO, long)
+    binary = bytes(range(1, 47)) + b"\xff\xfe"
+    create(master, ROOT_INO, binary)
+    assert master.lookup(ROOT_INO, long).name == long
+    assert sorted(names(master)) == sorted([long, binary])
+
+
+def test_create_semantics(master):
+    f = create(master, ROOT_INO, b"f")
+    assert f.state == common_pb2.WRITING and f.size == 0
+    assert create(master, ROOT_INO, b"f").ino == f.ino  # open existing for write
+    assert kind_of(create, master, ROOT_INO, b"f", True) == ErrorKind.EXISTS
+    mkdir(master, ROOT_INO, b"d")
+    assert kind_of(create, master, ROOT_INO, b"d") == ErrorKind.IS_DIR
+
+
+def test_unlink_and_rmdir(master):
+    d = mkdir(master, ROOT_INO, b"d")
+    create(master, d.ino, b"f")
+    assert kind_of(unlink, master, ROOT_INO, b"d") == ErrorKind.IS_DIR
+    assert kind_of(unlink, master, ROOT_INO, b"d", True) == ErrorKind.NOT_EMPTY
+    assert kind_of(unlink, master, d.ino, b"f", True) == ErrorKind.NOT_DIR
+    assert kind_of(unlink, master, d.ino, b"nope") == ErrorKind.NOT_FOUND
+    unlink(master, d.ino, b"f")
+    unlink(master, ROOT_INO, b"d", True)
+    assert names(master) == []
+    assert master.getattr(ROOT_INO).nlink == 2
+    assert kind_of(master.getattr, d.ino) == ErrorKind.NOT_FOUND
+
+
+def test_rename_rules(master):
+    a = mkdir(master, ROOT_INO, b"a")
+    b = mkdir(master, a.ino, b"b")
+    f = create(master, ROOT_INO, b"f")
+    g = create(master, ROOT_INO, b"g")
+    # into itself / below itself
+    assert kind_of(rename, master, ROOT_INO, b"a", a.ino, b"x") == ErrorKind.INVALID
+    assert kind_of(rename, master, ROOT_INO, b"a", b.ino, b"x") == ErrorKind.INVALID
+    # type clashes
+    assert kind_of(rename, master, ROOT_INO, b"f", ROOT_INO, b"a") == ErrorKind.IS_DIR
+    assert kind_of(rename, master, a.ino, b"b", ROOT_INO, b"f") == ErrorKind.NOT_DIR
+    c = mkdir(master, ROOT_INO, b"c")
+    create(master, c.ino, b"inside")
+    assert kind_of(rename, master, a.ino, b"b", ROOT_INO, b"c") == ErrorKind.NOT_EMPTY
+    assert kind_of(rename, master, ROOT_INO, b"f", ROOT_INO, b"g", True) == ErrorKind.EXISTS
+    assert kind_of(rename, master, ROOT_INO, b"zz", ROOT_INO, b"g") == ErrorKind.NOT_FOUND
+    # replace a file atomically
+    rename(master, ROOT_INO, b"f", ROOT_INO, b"g")
+    assert master.lookup(ROOT_INO, b"g").ino == f.ino
+    assert kind_of(master.getattr, g.ino) == ErrorKind.NOT_FOUND
+    assert kind_of(master.lookup, ROOT_INO, b"f") == ErrorKind.NOT_FOUND
+    rename(master, ROOT_INO, b"g", ROOT_INO, b"g")  # onto itself: no-op
+    # move a directory: link counts follow
+    rename(master, a.ino, b"b", c.ino, b"b2")
+    assert master.getattr(a.ino).nlink == 2 and master.getattr(c.ino).nlink == 3
+    assert master.getattr(b.ino).parent == c.ino and master.getattr(b.ino).name == b"b2"
+    # empty dir replaces empty dir
+    e = mkdir(master, ROOT_INO, b"e")
+    rename(master, c.ino, b"b2", ROOT_INO, b"e")
+    assert master.lookup(ROOT_INO, b"e").ino == b.ino
+    assert kind_of(master.getattr, e.ino) == ErrorKind.NOT_FOUND
+
+
+def test_listdir_pages_in_name_order(master):
+    want = sorted(b"f%05d" % i for i in range(2500))
+    for n in want[::-1]:
+        create(master, ROOT_INO, n)
+    assert names(master, limit=1000) == want
+    page = master.listdir(ROOT_INO, b"", 7)
+    assert [e.name for e in page.entries] == want[:7] and page.has_more
+    assert kind_of(master.listdir, ROOT_INO, b"", 10**6) == ErrorKind.INVALID
+    f = master.lookup(ROOT_INO, want[0])
+    assert kind_of(master.listdir, f.ino, b"", 0) == ErrorKind.NOT_DIR
+
+
+def test_setattr(master):
+    f = create(master, ROOT_INO, b"f")
+    r = master.setattr(master_pb2.SetAttrRequest(request_id=new_request_id(), ino=f.ino, mode=0o600,
+                                                 uid=7, gid=8, mtime_ns=123))
+    assert (r.inode.mode, r.inode.uid, r.inode.gid, r.inode.mtime_ns) == (0o600, 7, 8, 123)
+    with pytest.raises(CurvineError) as e:
+        master.setattr(master_pb2.SetAttrRequest(ino=f.ino, mode=0o170000))
+    assert e.value.kind == ErrorKind.INVALID and "mode" in str(e.value)
+    d = mkdir(master, ROOT_INO, b"d")
+    with pytest.raises(CurvineError) as e:
+        master.setattr(master_pb2.SetAttrRequest(ino=d.ino, size=0))
+    assert e.value.kind == ErrorKind.IS_DIR
+
+
+# ---------------------------------------------------------------------- data versions
+def test_complete_publishes_and_last_writer_wins(master):
+    wid = add_worker(master)
+    f = create(master, ROOT_INO, b"k.tmp")
+    v1, ids1 = publish(master, f.ino, [4 * MiB, MiB])
+    assert v1.size == 5 * MiB and v1.state == common_pb2.COMPLETE and v1.version == 1
+    got = master.get_blocks(f.ino)
+    assert [b.block_id for b in got.blocks] == ids1 and [w.worker_id for w in got.workers] == [wid]
+    v2, ids2 = publish(master, f.ino, [3 * MiB])
+    assert v2.version == 2 and v2.size == 3 * MiB
+    assert [b.block_id for b in master.get_blocks(f.ino).blocks] == ids2
+    # the first version's blocks go to the worker as deletes
+    deletes = master.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=1 << 40)).delete_block_ids
+    assert sorted(deletes) == sorted(ids1)
+
+
+def test_complete_validation(master):
+    add_worker(master)
+    f = create(master, ROOT_INO, b"f")
+    g = create(master, ROOT_INO, b"g")
+    _, ids = publish(master, f.ino, [MiB])
+
+    def complete(ino, blocks, size):
+        return master.complete(master_pb2.CompleteFileRequest(request_id=new_request_id(), ino=ino,
+                                                              blocks=blocks, size=size))
+
+    wid = master.get_blocks(f.ino).blocks[0].worker_ids[0]
+    stolen = common_pb2.Block(block_id=ids[0], length=MiB, worker_ids=[wid])
+    for blocks, size, field in [
+        ([stolen], MiB, "belongs to another file"),
+        ([common_pb2.Block(block_id=10**12, length=MiB, worker_ids=[wid])], MiB, "never allocated"),
+        ([common_pb2.Block(block_id=0, length=MiB)], 2 * MiB, "size"),
+        ([common_pb2.Block(block_id=0, length=8 * MiB)], 8 * MiB, "length"),
+    ]:
+        with pytest.raises(CurvineError) as e:
+            complete(g.ino, blocks, size)
+        assert e.value.kind == ErrorKind.INVALID and field in str(e.value)
+    # holes are fine
+    assert complete(g.ino, [common_pb2.Block(block_id=0, length=MiB)], MiB).inode.size == MiB
+
+
+def test_complete_after_unlink_frees_blocks(master):
+    wid = add_worker(master)
+    f = create(master, ROOT_INO, b"f")
+    r = master.add_block(master_pb2.AddBlockRequest(ino=f.ino, client_host_id="h1"))
+    unlink(master, ROOT_INO, b"f")
+    with pytest.raises(CurvineError) as e:
+        master.complete(master_pb2.CompleteFileRequest(
+            request_id=new_request_id(), ino=f.ino, size=MiB,
+            blocks=[common_pb2.Block(block_id=r.block_id, length=MiB, worker_ids=[wid])]))
+    assert e.value.kind == ErrorKind.NOT_FOUND
+    deletes = master.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=1 << 40)).delete_block_ids
+    assert list(deletes) == [r.block_id]
+
+
+def test_truncate_and_extend(master):
+    add_worker(master)
+    f = create(master, ROOT_INO, b"f")
+    publish(master, f.ino, [4 * MiB, 4 * MiB])
+    r = master.setattr(master_pb2.SetAttrRequest(request_id=new_request_id(), ino=f.ino, size=5 * MiB))
+    assert r.inode.size == 5 * MiB
+    blocks = master.get_blocks(f.ino).blocks
+    assert [b.length for b in blocks] == [4 * MiB, MiB]
+    r = master.setattr(master_pb2.SetAttrRequest(request_id=new_request_id(), ino=f.ino, size=10 * MiB))
+    blocks = master.get_blocks(f.ino).blocks
+    assert sum(b.length for b in blocks) == 10 * MiB and blocks[-1].block_id == 0
+
+
+def test_add_block_without_workers(master):
+    f = create(master, ROOT_INO, b"f")
+    with pytest.raises(CurvineError) as e:
+        master.add_block(master_pb2.AddBlockRequest(ino=f.ino))
+    assert e.value.kind == ErrorKind.UNAVAILABLE
+
+
+def test_block_report_reconciles(master):
+    wid = add_worker(master)
+    f = create(master, ROOT_INO, b"keep")
+    g = create(master, ROOT_INO, b"lost")
+    _, keep = publish(master, f.ino, [MiB])
+    _, lost = publish(master, g.ino, [MiB])
+    reply = master.block_report(master_pb2.BlockReportRequest(
+        worker_id=wid, block_ids=[keep[0], 424242 % 1000 + 1],
+        block_mtimes_ns=[0, 0]))
+    # the unknown block is deleted, the unreported block's file is gone (clean miss)
+    assert list(reply.delete_block_ids) == [424242 % 1000 + 1]
+    assert kind_of(master.lookup, ROOT_INO, b"lost") == ErrorKind.NOT_FOUND
+    assert master.lookup(ROOT_INO, b"keep").ino == f.ino
+    with pytest.raises(CurvineError) as e:
+        master.block_report(master_pb2.BlockReportRequest(worker_id=99, block_ids=[1]))
+    assert e.value.kind == ErrorKind.NOT_FOUND
+
+
+# ---------------------------------------------------------------------- durability
+def snapshot(m):
+    out = {}
+
+    def walk(ino, path):
+        for name in names(m, ino):
+            node = m.lookup(ino, name)
+            blocks = [(b.block_id, b.length) for b in m.get_blocks(node.ino).blocks]
+            out[path + name] = (node.ino, node.type, node.size, node.version, blocks)
+            if node.type == common_pb2.DIRECTORY:
+                walk(node.ino, path + name + b"/")
+
+    walk(ROOT_INO, b"/")
+    return out
+
+
+def populate(m):
+    add_worker(m)
+    d = mkdir(m, ROOT_INO, b"dir")
+    for i in range(20):
+        f = create(m, d.ino, b"c%d.tmp" % i)
+        publish(m, f.ino, [MiB + i])
+        rename(m, d.ino, b"c%d.tmp" % i, d.ino, b"c%d.data" % i)
+    unlink(m, d.ino, b"c3.data")
+    m.setattr(master_pb2.SetAttrRequest(request_id=new_request_id(),
+                                        ino=m.lookup(d.ino, b"c4.data").ino, size=10))
+
+
+def test_restart_replays_to_identical_state(tmp_path):
+    m = make_master(tmp_path)
+    populate(m)
+    before = snapshot(m)
+    m.close()
+    m = make_master(tmp_path)
+    assert snapshot(m) == before
+    # and from the journal alone, with the LMDB view deleted
+    m.close()
+    shutil.rmtree(tmp_path / "meta")
+    m = make_master(tmp_path)
+    try:
+        assert snapshot(m) == before
+        f = create(m, ROOT_INO, b"after")  # new ids do not collide with replayed ones
+        assert f.ino not in {v[0] for v in before.values()}
+    finally:
+        m.close()
+
+
+def test_checkpoint_retires_segments_and_restores(tmp_path):
+    m = make_master(tmp_path, segment_size=4096)
+    populate(m)
+    before = snapshot(m)
+    m.committer.request_checkpoint()
+    create(m, ROOT_INO, b"after-checkpoint")  # waits behind the checkpoint
+    before[b"/after-checkpoint"] = None
+    m.close()
+    segs = os.listdir(tmp_path / "journal")
+    # LMDB lost (OS crash): restore from the checkpoint, replay the rest
+    shutil.rmtree(tmp_path / "meta" / "lmdb")
+    m = make_master(tmp_path, segment_size=4096)
+    try:
+        after = snapshot(m)
+        assert after.pop(b"/after-checkpoint")[2] == 0
+        before.pop(b"/after-checkpoint")
+        assert after == before
+        assert m.journal.first_seq > 1, segs
+    finally:
+        m.close()
+
+
+def test_retry_cache_survives_restart(tmp_path):
+    m = make_master(tmp_path)
+    rid_create, rid_rename = new_request_id(), new_request_id()
+    f = create(m, ROOT_INO, b"x", exclusive=True, rid=rid_create)
+    rename(m, ROOT_INO, b"x", ROOT_INO, b"y", rid=rid_rename)
+    # a retry after a lost reply returns the first result instead of EEXIST / ENOENT
+    assert create(m, ROOT_INO, b"x", exclusive=True, rid=rid_create).ino == f.ino
+    rename(m, ROOT_INO, b"x", ROOT_INO, b"y", rid=rid_rename)
+    m.close()
+    m = make_master(tmp_path)
+    try:
+        assert create(m, ROOT_INO, b"x", exclusive=True, rid=rid_create).ino == f.ino
+        rename(m, ROOT_INO, b"x", ROOT_INO, b"y", rid=rid_rename)
+        assert kind_of(rename, m, ROOT_INO, b"x", ROOT_INO, b"y") == ErrorKind.NOT_FOUND
+    finally:
+        m.close()
+
+
+def test_group_commit_batches_concurrent_mutations(master):
+    syncs_before = master.journal.stats["syncs"]
+    errors = []
+    barrier = threading.Barrier(32)
+
+    def work(i):
+        try:
+            barrier.wait()
+            for j in range(10):
+                mkdir(master, ROOT_INO, b"d%d-%d" % (i, j))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(names(master)) == 320
+    syncs = master.journal.stats["syncs"] - syncs_before
+    assert syncs < 320, "every mutation paid its own fsync: no group commit"
+    assert master.committer.stats["max_batch"] > 1
