@@ -1,0 +1,746 @@
+"""A whole cluster on one machine: master, workers and FUSE mounts on 127.0.0.1.
+
+``LocalCluster`` is what ``curvine local``, ``curvine demo``, the benchmark and the
+integration tests use.  Everything lives under one base directory::
+
+    BASE/cluster.json          state: ports, pids, argv and env extras of every process
+    BASE/conf.toml             copy of the user's --conf (if given)
+    BASE/conf/<role>-<i>.toml  config handed to each daemon (user conf + its own HTTP port)
+    BASE/master/meta           master LMDB
+    BASE/master/journal        master write-ahead journal
+    BASE/worker/<i>/data       block files of worker i
+    BASE/mnt/<i>               FUSE mount i
+    BASE/logs/<role>-<i>.log   stdout+stderr of each daemon (appended across restarts)
+
+Daemons run in their own sessions, so they outlive the ``curvine local up`` that
+started them; ``cluster.json`` is how a later ``curvine local down`` finds them.
+Readiness uses systemd's protocol: every daemon gets its own NOTIFY_SOCKET and is up
+when it sends READY=1 (a worker sends it once registered with the master, a mount
+once mounted).  A pid in the state file counts as alive only while its start time
+matches, so a recycled pid is never mistaken for (or killed as) one of ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import secrets
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from curvine.common import config as _config
+
+STATE_FILE = "cluster.json"
+STATE_VERSION = 1
+ROLES = ("master", "worker", "fuse")
+LOG_TAIL_LINES = 30
+HOST = "127.0.0.1"
+
+
+class ClusterError(Exception):
+    """Starting, stopping or finding a local cluster failed; ``str()`` says why."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+def free_ports(n: int, host: str = HOST) -> list[int]:
+    """``n`` distinct free TCP ports on ``host`` (bound to port 0 together, then closed)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot, or None if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # comm (field 2) may contain spaces and parentheses: split after the last ')'.
+    fields = data[data.rfind(b")") + 2:].split()
+    if not fields or fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])  # field 22 overall
+
+
+def pid_alive(pid: int | None, start_time: int | None = None) -> bool:
+    if not pid:
+        return False
+    st = proc_start_time(pid)
+    if st is None:
+        return False
+    return start_time is None or st == start_time
+
+
+def _unescape_mount(path: str) -> str:
+    # /proc/mounts escapes space, tab, newline and backslash as octal.
+    for code, ch in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        path = path.replace(code, ch)
+    return path
+
+
+def mounted_paths() -> set[str]:
+    """Mount points currently listed in /proc/mounts (never touches the file systems)."""
+    try:
+        with open("/proc/mounts", encoding="utf-8", errors="surrogateescape") as f:
+            return {_unescape_mount(line.split()[1]) for line in f if line.strip()}
+    except OSError:
+        return set()
+
+
+def is_mounted(path: str) -> bool:
+    return os.path.realpath(path) in mounted_paths()
+
+
+def _answers(path: str, timeout: float) -> bool:
+    """True if ``stat(path)`` returns within ``timeout`` (a hung FUSE daemon never does)."""
+    done = threading.Event()
+    result: list[bool] = []
+
+    def probe():
+        try:
+            os.stat(path)
+            result.append(True)
+        except OSError:
+            result.append(False)
+        done.set()
+
+    threading.Thread(target=probe, daemon=True, name="mount-probe").start()
+    return done.wait(timeout) and result[0]
+
+
+def fusermount_unmount(path: str, timeout: float = 10.0) -> bool:
+    """Unmount ``path``: ``fusermount3 -u``, then the lazy ``-uz``. True if it is gone."""
+    if not is_mounted(path):
+        return True
+    exe = shutil.which("fusermount3") or shutil.which("fusermount")
+    attempts = [[exe, "-u", path], [exe, "-uz", path]] if exe else []
+    if os.geteuid() == 0:
+        attempts.append(["umount", "-l", path])
+    for argv in attempts:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=timeout, check=False)
+        if not is_mounted(path):
+            return True
+    return False
+
+
+START_MARKER = "--- curvine local: starting "
+
+
+def log_tail(path: str, lines: int = LOG_TAIL_LINES, last_run: bool = False) -> str:
+    """The last ``lines`` lines of a log, indented; ``last_run``: only the latest start."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read()
+    except OSError as e:
+        return f"    (cannot read {path}: {e.strerror})"
+    text = data.decode("utf-8", "replace").splitlines()
+    if last_run:
+        starts = [i for i, line in enumerate(text) if line.startswith(START_MARKER)]
+        if starts:
+            text = text[starts[-1] + 1:]
+    text = text[-lines:]
+    return "\n".join("    " + line for line in text) if text else "    (log is empty)"
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class _Notify:
+    """A systemd-style notification socket (abstract namespace: no path length limit)."""
+
+    def __init__(self):
+        self.name = f"curvine-local-{os.getpid()}-{secrets.token_hex(6)}"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self.sock.bind("\0" + self.name)
+        self.sock.setblocking(False)
+        self.ready = False
+        self.status = ""
+
+    @property
+    def env_value(self) -> str:
+        return "@" + self.name
+
+    def poll(self, timeout: float) -> bool:
+        """Read pending messages (waiting up to ``timeout``); True once READY=1 arrived."""
+        r, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
+        while r:
+            try:
+                msg = self.sock.recv(4096)
+            except BlockingIOError:
+                break
+            for line in msg.decode("utf-8", "replace").splitlines():
+                if line == "READY=1":
+                    self.ready = True
+                elif line.startswith("STATUS="):
+                    self.status = line[7:]
+        return self.ready
+
+    def close(self):
+        self.sock.close()
+
+
+@dataclasses.dataclass
+class _Proc:
+    """One daemon as recorded in the state file."""
+
+    role: str
+    index: int
+    argv: list[str]
+    log: str
+    address: str | None = None  # gRPC host:port (master, worker)
+    http_port: int | None = None
+    mount: str | None = None
+    pid: int | None = None
+    start_time: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} {self.index}"
+
+    def alive(self) -> bool:
+        return pid_alive(self.pid, self.start_time)
+
+
+# --------------------------------------------------------------------------- cluster
+
+class LocalCluster:
+    """Master, workers and FUSE mounts on 127.0.0.1, all kept under ``base``."""
+
+    # argv prefix of each role; tests may point these at stand-ins.
+    COMMANDS: dict[str, list[str]] = {
+        "master": [sys.executable, "-m", "curvine.master.server"],
+        "worker": [sys.executable, "-m", "curvine.worker.server"],
+        "fuse": [sys.executable, "-m", "curvine.fuse_client.main"],
+    }
+
+    def __init__(self, base: str, workers: int = 2, mounts: int = 2, conf: str | None = None,
+                 short_circuit: list[bool] | None = None, env: dict | None = None):
+        if workers < 0 or mounts < 0:
+            raise ClusterError("workers and mounts must not be negative")
+        if short_circuit is not None and len(short_circuit) != mounts:
+            raise ClusterError(f"short_circuit has {len(short_circuit)} entries for {mounts} mounts")
+        self.base = os.path.realpath(base)
+        self.n_workers = workers
+        self.n_mounts = mounts
+        self.conf = os.path.abspath(conf) if conf else None
+        self.short_circuit = list(short_circuit) if short_circuit is not None else [True] * mounts
+        self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.master_addr = ""
+        self.mounts: list[str] = [self._path("mnt", str(i)) for i in range(mounts)]
+        self._procs: dict[tuple[str, int], _Proc] = {}
+        self._popen: dict[tuple[str, int], subprocess.Popen] = {}
+        self._lock = threading.RLock()
+
+    # ----------------------------------------------------------------- paths & state
+    def _path(self, *parts: str) -> str:
+        return os.path.join(self.base, *parts)
+
+    @property
+    def state_path(self) -> str:
+        return self._path(STATE_FILE)
+
+    def log_path(self, role: str, index: int = 0) -> str:
+        self._check_role(role)
+        return self._path("logs", f"{role}-{index}.log")
+
+    def logs(self) -> list[str]:
+        """Every daemon log file that exists under ``base/logs``."""
+        d = self._path("logs")
+        try:
+            return sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".log"))
+        except OSError:
+            return []
+
+    @staticmethod
+    def _check_role(role: str) -> None:
+        if role not in ROLES:
+            raise ClusterError(f"unknown role {role!r} (use one of {', '.join(ROLES)})")
+
+    def _state(self) -> dict:
+        return {
+            "version": STATE_VERSION,
+            "base": self.base,
+            "master_addr": self.master_addr,
+            "workers": self.n_workers,
+            "mounts": self.n_mounts,
+            "conf": self.conf,
+            "short_circuit": self.short_circuit,
+            "env": self.env,
+            "updated": time.time(),
+            "procs": [dataclasses.asdict(p) for p in self._procs.values()],
+        }
+
+    def _save(self) -> None:
+        with self._lock:
+            _write_atomic(self.state_path,
+                          (json.dumps(self._state(), indent=2) + "\n").encode())
+
+    @staticmethod
+    def _read_state(base: str) -> dict | None:
+        path = os.path.join(base, STATE_FILE)
+        try:
+            with open(path, "rb") as f:
+                state = json.loads(f.read())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise ClusterError(f"cannot read {path}: {e}") from None
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ClusterError(f"{path}: not a curvine local state file (version "
+                               f"{state.get('version') if isinstance(state, dict) else '?'})")
+        return state
+
+    @classmethod
+    def attach(cls, base: str) -> "LocalCluster":
+        """The cluster recorded in ``base/cluster.json`` (for `curvine local down/status`)."""
+        base = os.path.realpath(base)
+        state = cls._read_state(base)
+        if state is None:
+            raise ClusterError(f"no cluster in {base} ({STATE_FILE} not found)")
+        try:
+            c = cls(base, workers=int(state["workers"]), mounts=int(state["mounts"]),
+                    conf=state.get("conf"), short_circuit=state.get("short_circuit"),
+                    env=state.get("env") or {})
+            c.master_addr = str(state.get("master_addr", ""))
+            for rec in state["procs"]:
+                p = _Proc(**rec)
+                c._procs[(p.role, p.index)] = p
+        except (KeyError, TypeError, ValueError, ClusterError) as e:
+            raise ClusterError(f"{os.path.join(base, STATE_FILE)}: damaged state file ({e})"
+                               ) from None
+        return c
+
+    @contextlib.contextmanager
+    def _exclusive(self):
+        """Only one `up`/`down` at a time per base (two `up`s must not both start)."""
+        os.makedirs(self.base, exist_ok=True)
+        fd = os.open(self._path(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ClusterError(f"another `curvine local` command is working on {self.base}; "
+                                   "wait for it to finish") from None
+            yield
+        finally:
+            os.close(fd)
+
+    # ----------------------------------------------------------------- queries
+    def status(self) -> list[dict]:
+        """One dict per process: role, index, pid, alive, address, mount, log."""
+        if not self._procs:
+            state = self._read_state(self.base)
+            if state is None:
+                raise ClusterError(f"no cluster in {self.base} ({STATE_FILE} not found)")
+            procs = [_Proc(**rec) for rec in state["procs"]]
+        else:
+            procs = list(self._procs.values())
+        return [{"role": p.role, "index": p.index, "pid": p.pid, "alive": p.alive(),
+                 "address": p.address, "mount": p.mount, "log": p.log} for p in procs]
+
+    def pids(self) -> list[int]:
+        """Pids of the processes of this cluster that are alive now."""
+        return [p.pid for p in self._procs.values() if p.alive()]
+
+    def _proc(self, role: str, index: int) -> _Proc:
+        self._check_role(role)
+        try:
+            return self._procs[(role, index)]
+        except KeyError:
+            raise ClusterError(f"this cluster has no {role} {index}") from None
+
+    # ----------------------------------------------------------------- up
+    def up(self, timeout: float = 60.0) -> list[str]:
+        """Start master, workers and mounts; return the mount paths once they answer.
+
+        If anything fails to come up, everything started so far is stopped and a
+        ``ClusterError`` names the process and shows the tail of its log."""
+        deadline = time.monotonic() + timeout
+        with self._exclusive():
+            self._refuse_if_running()
+            try:
+                self._layout()
+                self._plan()
+                self._save()
+                self._start_and_wait([("master", 0)], deadline)
+                self._start_and_wait([("worker", i) for i in range(self.n_workers)], deadline)
+                self._start_and_wait([("fuse", i) for i in range(self.n_mounts)], deadline)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self._down_locked(timeout=10.0)
+                raise
+        return list(self.mounts)
+
+    def _refuse_if_running(self) -> None:
+        state = self._read_state(self.base)
+        if state is not None:
+            old = LocalCluster.attach(self.base)
+            live = old.pids()
+            if live:
+                raise ClusterError(
+                    f"a cluster is already running in {self.base} (pids "
+                    f"{', '.join(map(str, live))}); run `curvine local down --base "
+                    f"{self.base}` first")
+            # Stale: every pid is gone. Clear what a crash may have left behind.
+            old._down_locked(timeout=5.0)
+        for m in self.mounts:
+            if is_mounted(m) and not fusermount_unmount(m):
+                raise ClusterError(f"{m} is still mounted and cannot be unmounted; "
+                                   f"run `fusermount3 -uz {m}`")
+
+    def _layout(self) -> None:
+        for d in (("master", "meta"), ("master", "journal"), ("logs",), ("conf",)):
+            os.makedirs(self._path(*d), exist_ok=True)
+        for i in range(self.n_workers):
+            os.makedirs(self._path("worker", str(i), "data"), exist_ok=True)
+        for m in self.mounts:
+            os.makedirs(m, exist_ok=True)
+            with contextlib.suppress(OSError):
+                if os.listdir(m):
+                    raise ClusterError(f"mount point {m} is not empty")
+
+    def _plan(self) -> None:
+        """Pick ports and build every daemon's argv and config file."""
+        try:
+            cfg = _config.load(self.conf) if self.conf else _config.Config()
+        except _config.ConfigError as e:
+            raise ClusterError(f"bad config: {e}") from None
+        if self.conf:
+            shutil.copyfile(self.conf, self._path("conf.toml"))
+        n = 1 + self.n_workers
+        ports = free_ports(2 * n + self.n_mounts)
+        grpc_ports, http_ports = ports[:n], ports[n:]
+        self.master_addr = f"{HOST}:{grpc_ports[0]}"
+        self._procs.clear()
+
+        def conf_file(role: str, index: int, http_port: int) -> str:
+            c = dataclasses.replace(cfg)
+            section = {"master": "master", "worker": "worker", "fuse": "fuse"}[role]
+            setattr(c, section, dataclasses.replace(getattr(cfg, section), http_port=http_port))
+            c.cluster = dataclasses.replace(cfg.cluster, master_addr=self.master_addr)
+            path = self._path("conf", f"{role}-{index}.toml")
+            _write_atomic(path, _config.to_toml(c).encode())
+            return path
+
+        mp = grpc_ports[0]
+        self._add("master", 0, [
+            "--conf", conf_file("master", 0, http_ports[0]), "--host", HOST, "--port", str(mp),
+            "--meta-dir", self._path("master", "meta"),
+            "--journal-dir", self._path("master", "journal")],
+            address=self.master_addr, http_port=http_ports[0])
+        for i in range(self.n_workers):
+            port, http = grpc_ports[1 + i], http_ports[1 + i]
+            self._add("worker", i, [
+                "--conf", conf_file("worker", i, http), "--master", self.master_addr,
+                "--host", HOST, "--port", str(port),
+                "--data-dir", self._path("worker", str(i), "data")],
+                address=f"{HOST}:{port}", http_port=http)
+        for i, mnt in enumerate(self.mounts):
+            http = http_ports[n + i]
+            argv = [mnt, "--conf", conf_file("fuse", i, http), "--master", self.master_addr]
+            if not self.short_circuit[i]:
+                argv.append("--no-short-circuit")
+            self._add("fuse", i, argv, mount=mnt, http_port=http)
+
+    def _add(self, role: str, index: int, args: list[str], **kw) -> None:
+        self._procs[(role, index)] = _Proc(role=role, index=index,
+                                           argv=[*self.COMMANDS[role], *args],
+                                           log=self.log_path(role, index), **kw)
+
+    # ----------------------------------------------------------------- processes
+    def _environ(self, notify: _Notify | None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "CURVINE_CONF")}
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.env)
+        if notify is not None:
+            env["NOTIFY_SOCKET"] = notify.env_value
+        return env
+
+    def _spawn(self, p: _Proc, notify: _Notify | None) -> None:
+        if p.mount:
+            # A killed mount daemon leaves a dead mount ("transport endpoint is not
+            # connected"); a new daemon cannot mount over it.
+            if is_mounted(p.mount) and not fusermount_unmount(p.mount):
+                raise ClusterError(f"{p.mount} is still mounted and cannot be unmounted")
+        with open(p.log, "ab") as log:
+            log.write(f"{START_MARKER}{p.name} at "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(p.argv)}\n".encode())
+            log.flush()
+            try:
+                proc = subprocess.Popen(p.argv, stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, env=self._environ(notify),
+                                        cwd=self.base, start_new_session=True, close_fds=True)
+            except OSError as e:
+                raise ClusterError(f"cannot start {p.name} ({p.argv[0]}): {e.strerror}") from None
+        p.pid = proc.pid
+        p.start_time = proc_start_time(proc.pid)
+        self._popen[(p.role, p.index)] = proc
+        self._save()
+
+    def _exited(self, p: _Proc) -> int | None:
+        """Exit code if ``p`` has exited (None while it runs)."""
+        proc = self._popen.get((p.role, p.index))
+        if proc is not None and proc.pid == p.pid:
+            return proc.poll()
+        return None if p.alive() else -1
+
+    def _failure(self, p: _Proc, what: str) -> ClusterError:
+        return ClusterError(f"{p.name} {what}; last lines of {p.log}:\n{log_tail(p.log, last_run=True)}")
+
+    def _start_and_wait(self, keys: list[tuple[str, int]], deadline: float,
+                        wait_ready: bool = True) -> None:
+        notes: dict[tuple[str, int], _Notify] = {}
+        try:
+            for key in keys:
+                notes[key] = _Notify() if wait_ready else None
+                self._spawn(self._procs[key], notes[key])
+            if wait_ready:
+                for key in keys:
+                    self._wait_ready(self._procs[key], notes[key], deadline)
+        finally:
+            for n in notes.values():
+                if n is not None:
+                    n.close()
+
+    def _wait_ready(self, p: _Proc, note: _Notify, deadline: float) -> None:
+        while not note.ready:
+            rc = self._exited(p)
+            if rc is not None:
+                how = (f"exited with code {rc}" if rc >= 0 else
+                       f"was killed by {signal.Signals(-rc).name}" if rc < -1 else "exited")
+                raise self._failure(p, f"{how} while starting")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._failure(p, "did not report READY=1 in time"
+                                    + (f" (last status: {note.status})" if note.status else ""))
+            note.poll(min(left, 0.1))
+        if p.mount:
+            while not is_mounted(p.mount):
+                if self._exited(p) is not None:
+                    raise self._failure(p, "exited right after start-up")
+                if time.monotonic() > deadline:
+                    raise self._failure(p, f"reported ready but {p.mount} is not mounted")
+                time.sleep(0.05)
+            if not _answers(p.mount, max(1.0, deadline - time.monotonic())):
+                raise self._failure(p, f"is mounted on {p.mount} but stat() on it fails or hangs")
+
+    # ----------------------------------------------------------------- fault tests
+    def kill(self, role: str, index: int = 0, sig: int = signal.SIGKILL,
+             timeout: float = 30.0) -> None:
+        """Send ``sig`` to one daemon and wait for it to exit."""
+        p = self._proc(role, index)
+        if not p.alive():
+            raise ClusterError(f"{p.name} is not running")
+        self._signal(p, sig)
+        if not self._wait_exit([p], time.monotonic() + timeout):
+            raise ClusterError(f"{p.name} (pid {p.pid}) did not exit within {timeout:g}s "
+                               f"of {signal.Signals(sig).name}")
+
+    def start(self, role: str, index: int = 0, wait_ready: bool = True,
+              timeout: float = 60.0) -> None:
+        """Start one daemon again with its original argv and environment."""
+        p = self._proc(role, index)
+        if p.alive():
+            raise ClusterError(f"{p.name} is already running (pid {p.pid})")
+        self._start_and_wait([(role, index)], time.monotonic() + timeout, wait_ready)
+
+    def restart(self, role: str, index: int = 0, sig: int = signal.SIGKILL) -> None:
+        self.kill(role, index, sig)
+        self.start(role, index)
+
+    def _signal(self, p: _Proc, sig: int) -> None:
+        if not p.alive():
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            # Each daemon leads its own session: signal its group, which is only it
+            # and anything it spawned.
+            if os.getpgid(p.pid) == p.pid:
+                os.killpg(p.pid, sig)
+            else:
+                os.kill(p.pid, sig)
+
+    def _wait_exit(self, procs: list[_Proc], deadline: float) -> bool:
+        """Wait until every process in ``procs`` is gone (reaping our children)."""
+        while True:
+            left = [p for p in procs if self._exited(p) is None and p.alive()]
+            if not left:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+    # ----------------------------------------------------------------- down
+    def down(self, timeout: float = 30.0) -> None:
+        """Unmount every mount and stop every process; leaves neither behind.
+
+        Idempotent.  SIGTERM first, SIGKILL for whatever is still alive after
+        ``timeout``; raises ``ClusterError`` if a process or mount survives that."""
+        with self._exclusive():
+            if not self._procs:
+                with contextlib.suppress(ClusterError):
+                    other = LocalCluster.attach(self.base)
+                    self._procs, self.master_addr = other._procs, other.master_addr
+            self._down_locked(timeout)
+
+    def _down_locked(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        procs = list(self._procs.values())
+        # Also anything still mounted under base/mnt (e.g. from a crashed `up`).
+        mnt_root = self._path("mnt") + os.sep
+        mounts = sorted({p.mount for p in procs if p.mount} | set(self.mounts)
+                        | {m for m in mounted_paths() if m.startswith(mnt_root)})
+        fuse = [p for p in procs if p.role == "fuse"]
+        servers = [p for p in procs if p.role != "fuse"]
+        # Mounts first, while master and workers can still serve a final flush.
+        for m in mounts:
+            if is_mounted(m):
+                fusermount_unmount(m, timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+        for group in (fuse, servers):
+            for p in group:
+                self._signal(p, signal.SIGTERM)
+            if not self._wait_exit(group, deadline):
+                for p in group:
+                    self._signal(p, signal.SIGKILL)
+                self._wait_exit(group, time.monotonic() + 10.0)
+        for m in mounts:
+            fusermount_unmount(m)
+        alive = [f"{p.name} (pid {p.pid})" for p in procs if p.alive()]
+        stuck = [m for m in mounts if is_mounted(m)]
+        if alive or stuck:
+            raise ClusterError("could not stop everything in " + self.base + ": "
+                               + ", ".join(alive + [f"mount {m}" for m in stuck]))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.state_path)
+
+    # ----------------------------------------------------------------- context manager
+    def __enter__(self) -> "LocalCluster":
+        self.up()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.down()
+
+
+# --------------------------------------------------------------------------- `curvine local`
+
+def register(subparsers) -> None:
+    """Add the `curvine local` command group."""
+    p = subparsers.add_parser("local", help="run a whole cluster on this machine",
+                              description="Run master, workers and FUSE mounts on 127.0.0.1, "
+                                          "in the background, all under one directory.")
+    sub = p.add_subparsers(dest="local_cmd", metavar="{up,down,status}", required=True)
+
+    up = sub.add_parser("up", help="start a cluster and print its mount paths")
+    up.add_argument("--base", required=True, help="directory for state, data, logs and mounts")
+    up.add_argument("--workers", type=_non_negative, default=2, metavar="N",
+                    help="number of workers (default 2)")
+    up.add_argument("--mounts", type=_non_negative, default=2, metavar="M",
+                    help="number of FUSE mounts, at BASE/mnt/0 ... (default 2)")
+    up.add_argument("--conf", metavar="FILE", help="config file passed to every daemon")
+    up.add_argument("--no-short-circuit-mount", type=int, nargs="+", action="extend",
+                    default=[], metavar="K",
+                    help="mount K reads local blocks through the worker instead of the file")
+    up.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                    help="how long to wait for everything to come up (default 60)")
+    up.set_defaults(func=_cmd_up, _parser=up)
+
+    down = sub.add_parser("down", help="unmount and stop everything a cluster started")
+    down.add_argument("--base", required=True)
+    down.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                      help="SIGKILL what is still running after this long (default 30)")
+    down.set_defaults(func=_cmd_down, _parser=down)
+
+    st = sub.add_parser("status", help="list the processes of a cluster")
+    st.add_argument("--base", required=True)
+    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    st.set_defaults(func=_cmd_status, _parser=st)
+
+
+def _non_negative(text: str) -> int:
+    import argparse
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is negative")
+    return n
+
+
+def _cmd_up(args, parser) -> int:
+    bad = [k for k in args.no_short_circuit_mount if not 0 <= k < args.mounts]
+    if bad:
+        parser.error(f"--no-short-circuit-mount {bad[0]}: there are only {args.mounts} mounts "
+                     f"(0..{args.mounts - 1})" if args.mounts else
+                     "--no-short-circuit-mount: there are no mounts")
+    if args.conf and not os.path.isfile(args.conf):
+        raise ClusterError(f"config file {args.conf} not found")
+    sc = [i not in args.no_short_circuit_mount for i in range(args.mounts)]
+    cluster = LocalCluster(args.base, workers=args.workers, mounts=args.mounts,
+                           conf=args.conf, short_circuit=sc)
+    for m in cluster.up(timeout=args.timeout):
+        print(m)
+    return 0
+
+
+def _cmd_down(args, parser) -> int:
+    base = os.path.realpath(args.base)
+    if not os.path.isdir(base):
+        raise ClusterError(f"{base} does not exist")
+    try:
+        cluster = LocalCluster.attach(base)
+    except ClusterError:
+        if os.path.exists(os.path.join(base, STATE_FILE)):
+            raise
+        cluster = LocalCluster(base, workers=0, mounts=0)  # still sweeps stray mounts
+        cluster.down(timeout=args.timeout)
+        print(f"no cluster running in {base}", file=sys.stderr)
+        return 0
+    cluster.down(timeout=args.timeout)
+    return 0
+
+
+def _cmd_status(args, parser) -> int:
+    rows = LocalCluster.attach(args.base).status()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = [("ROLE", "INDEX", "PID", "STATE", "ADDRESS", "MOUNT")]
+    for r in rows:
+        table.append((r["role"], str(r["index"]), str(r["pid"] or "-"),
+                      "running" if r["alive"] else "dead", r["address"] or "-",
+                      r["mount"] or "-"))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0

@@ -1,0 +1,74 @@
+"""`curvine`: the admin command line.
+
+One module per command group, each with ``register(subparsers)`` that adds its parser
+and sets ``func(args, parser) -> exit code``.  Errors reach the user as one line,
+``curvine: error: ...``, with exit code 1 (2 for usage errors); never a traceback
+(set CURVINE_DEBUG=1 to see one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import traceback
+
+# Command groups, in help order: (name, module under curvine.cli).
+COMMAND_GROUPS = [
+    ("local", "curvine.cli.local"),
+    ("demo", "curvine.cli.demo"),
+]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="curvine", description="curvine-py: a distributed cache file system for KV caches.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for _name, module in COMMAND_GROUPS:
+        importlib.import_module(module).register(sub)
+    return parser
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    from curvine.cli.local import ClusterError
+    from curvine.common.config import ConfigError
+    from curvine.common.errors import CurvineError
+    return (ClusterError, ConfigError, CurvineError, OSError)
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # usage errors: message + exit 2, from argparse
+    sub_parser = getattr(args, "_parser", parser)
+    try:
+        return int(args.func(args, sub_parser) or EXIT_OK)
+    except KeyboardInterrupt:
+        print("curvine: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # stdout closed early (e.g. `| head`): not an error worth a message.
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), sys.stdout.fileno())
+        return EXIT_OK
+    except Exception as e:  # noqa: BLE001 - the CLI's one error exit
+        if os.environ.get("CURVINE_DEBUG"):
+            traceback.print_exc()
+        if isinstance(e, _known_errors()):
+            print(f"curvine: error: {_message(e)}", file=sys.stderr)
+        else:
+            print(f"curvine: error: internal error: {type(e).__name__}: {_message(e)}",
+                  file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
