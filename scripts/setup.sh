@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Install everything curvine-py needs on a fresh Debian/Ubuntu machine, then the
+# package itself into .venv (editable, with the test extras). Safe to run again:
+# it only calls apt-get when something is missing and pip when pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(fuse3 libfuse3-dev pkg-config gcc python3-venv)
+
+missing=()
+if command -v dpkg >/dev/null 2>&1; then
+  for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+else
+  # Not Debian: check for the tools instead of the packages.
+  for cmd in fusermount3 pkg-config gcc; do
+    command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
+  done
+fi
+
+if ((${#missing[@]})); then
+  echo "setup: missing: ${missing[*]}" >&2
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "setup: no apt-get here; install fuse3, libfuse3 headers, pkg-config and gcc yourself" >&2
+    exit 1
+  fi
+  sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 || { echo "setup: run as root or install sudo" >&2; exit 1; }
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y "${APT_PACKAGES[@]}"
+fi
+
+PYTHON="${PYTHON:-python3}"
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "setup: curvine-py needs Python >= 3.11 (found: $("$PYTHON" -V 2>&1 || echo none));" \
+       "set PYTHON=/path/to/python3.11" >&2
+  exit 1
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+
+# Reinstall only when pyproject.toml changed or an import is broken.
+stamp=.venv/.curvine-installed
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] ||
+   ! .venv/bin/python -c 'import curvine.cli.main, pyfuse3, trio, grpc, lmdb, pytest, grpc_tools' 2>/dev/null; then
+  .venv/bin/pip install -q -e '.[test]'
+  echo "$want" > "$stamp"
+fi
