@@ -395,9 +395,12 @@ class LocalCluster:
                 self._start_and_wait([("master", 0)], deadline)
                 self._start_and_wait([("worker", i) for i in range(self.n_workers)], deadline)
                 self._start_and_wait([("fuse", i) for i in range(self.n_mounts)], deadline)
-            except BaseException:
-                with contextlib.suppress(Exception):
+            except BaseException as e:
+                try:
                     self._down_locked(timeout=10.0)
+                except Exception as cleanup:  # noqa: BLE001 - report both failures
+                    if isinstance(e, ClusterError):
+                        raise ClusterError(f"{e}\n(cleaning up also failed: {cleanup})") from None
                 raise
         return list(self.mounts)
 
@@ -443,31 +446,41 @@ class LocalCluster:
         self.master_addr = f"{HOST}:{grpc_ports[0]}"
         self._procs.clear()
 
-        def conf_file(role: str, index: int, http_port: int) -> str:
-            c = dataclasses.replace(cfg)
-            section = {"master": "master", "worker": "worker", "fuse": "fuse"}[role]
-            setattr(c, section, dataclasses.replace(getattr(cfg, section), http_port=http_port))
-            c.cluster = dataclasses.replace(cfg.cluster, master_addr=self.master_addr)
+        def conf_file(role: str, index: int, **section_values) -> str:
+            # The flags below win anyway; the file repeats them so that it reads as the
+            # daemon's whole effective configuration.
+            c = dataclasses.replace(cfg, cluster=dataclasses.replace(
+                cfg.cluster, master_addr=self.master_addr))
+            short_circuit = section_values.pop("short_circuit", None)
+            if short_circuit is not None:
+                c.client = dataclasses.replace(cfg.client, short_circuit=short_circuit)
+            setattr(c, role, dataclasses.replace(getattr(cfg, role), **section_values))
+            if role == "master":
+                c.journal = dataclasses.replace(cfg.journal,
+                                                dir=self._path("master", "journal"))
             path = self._path("conf", f"{role}-{index}.toml")
             _write_atomic(path, _config.to_toml(c).encode())
             return path
 
-        mp = grpc_ports[0]
-        self._add("master", 0, [
-            "--conf", conf_file("master", 0, http_ports[0]), "--host", HOST, "--port", str(mp),
-            "--meta-dir", self._path("master", "meta"),
-            "--journal-dir", self._path("master", "journal")],
-            address=self.master_addr, http_port=http_ports[0])
+        mport, mhttp = grpc_ports[0], http_ports[0]
+        meta, journal = self._path("master", "meta"), self._path("master", "journal")
+        mconf = conf_file("master", 0, host=HOST, port=mport, http_port=mhttp, meta_dir=meta)
+        self._add("master", 0, ["--conf", mconf, "--host", HOST, "--port", str(mport),
+                                "--meta-dir", meta, "--journal-dir", journal],
+                  address=self.master_addr, http_port=mhttp)
         for i in range(self.n_workers):
             port, http = grpc_ports[1 + i], http_ports[1 + i]
-            self._add("worker", i, [
-                "--conf", conf_file("worker", i, http), "--master", self.master_addr,
-                "--host", HOST, "--port", str(port),
-                "--data-dir", self._path("worker", str(i), "data")],
-                address=f"{HOST}:{port}", http_port=http)
+            data = self._path("worker", str(i), "data")
+            wconf = conf_file("worker", i, host=HOST, port=port, http_port=http,
+                              data_dirs=[data])
+            self._add("worker", i, ["--conf", wconf, "--master", self.master_addr,
+                                    "--host", HOST, "--port", str(port), "--data-dir", data],
+                      address=f"{HOST}:{port}", http_port=http)
         for i, mnt in enumerate(self.mounts):
             http = http_ports[n + i]
-            argv = [mnt, "--conf", conf_file("fuse", i, http), "--master", self.master_addr]
+            fconf = conf_file("fuse", i, mountpoint=mnt, http_port=http,
+                              short_circuit=self.short_circuit[i] and cfg.client.short_circuit)
+            argv = [mnt, "--conf", fconf, "--master", self.master_addr]
             if not self.short_circuit[i]:
                 argv.append("--no-short-circuit")
             self._add("fuse", i, argv, mount=mnt, http_port=http)

@@ -97,6 +97,15 @@ def test_state_file_records_every_process(tmp_path):
         assert cfg.cluster.master_addr == c.master_addr
         section = {"master": cfg.master, "worker": cfg.worker, "fuse": cfg.fuse}[p["role"]]
         assert section.http_port == p["http_port"]
+        if p["address"]:
+            assert f"{section.host}:{section.port}" == p["address"]
+    assert config.load(f0[f0.index("--conf") + 1]).client.short_circuit is True
+    assert config.load(f1[f1.index("--conf") + 1]).client.short_circuit is False
+    assert config.load(f1[f1.index("--conf") + 1]).fuse.mountpoint == f"{base}/mnt/1"
+    assert config.load(w[w.index("--conf") + 1]).worker.data_dirs == [f"{base}/worker/2/data"]
+    mconf = config.load(m[m.index("--conf") + 1])
+    assert (mconf.master.meta_dir, mconf.journal.dir) == (f"{base}/master/meta",
+                                                          f"{base}/master/journal")
 
 
 def test_user_config_is_copied_and_passed_on(tmp_path):
