@@ -336,8 +336,8 @@ class LocalCluster:
                 p = _Proc(**rec)
                 c._procs[(p.role, p.index)] = p
         except (KeyError, TypeError, ValueError, ClusterError) as e:
-            raise ClusterError(f"{os.path.join(base, STATE_FILE)}: damaged state file ({e})"
-                               ) from None
+            raise ClusterError(f"{os.path.join(base, STATE_FILE)}: damaged state file ({e}); "
+                               "stop its processes by hand and remove it") from None
         return c
 
     @contextlib.contextmanager

@@ -404,3 +404,37 @@ def test_cluster_fixture_restarts(make_cluster):
     c.kill("fuse")
     c.start("fuse")
     assert os.path.getsize(os.path.join(m, "a.data")) == 3 << 20
+
+
+# --------------------------------------------------------------------------- demo
+
+def test_demo_workload_on_plain_directories(tmp_path):
+    from curvine.cli import demo
+    keys = demo.chunk_keys(4)
+    assert len(set(keys)) == 4 and keys == demo.chunk_keys(4)  # seeded
+    assert all(k.startswith("vllm@Qwen2.5-7B@1@0@") for k in keys)
+    r = demo.run_phase("plain", str(tmp_path / "a"), str(tmp_path / "a"), keys, 1 << 20)
+    assert (r.hits, r.bad, len(r.read_ms)) == (4, [], 4)
+    assert sorted(os.listdir(tmp_path / "a")) == sorted(k + ".data" for k in keys)
+    # A reader that finds other bytes, or nothing, is reported.
+    with open(tmp_path / "a" / (keys[1] + ".data"), "r+b") as f:
+        f.write(b"X")
+    os.remove(tmp_path / "a" / (keys[2] + ".data"))
+    os.makedirs(tmp_path / "b")
+    _, digests = demo.write_chunks(str(tmp_path / "b"), keys, 1 << 20)
+    r2 = demo.PhaseResult("again", 4, 1 << 20)
+    demo.read_chunks(str(tmp_path / "a"), keys, digests, 1 << 20, r2)
+    assert r2.hits == 3 and r2.bad == [keys[1]]
+    table = demo.format_results([r, r2])
+    assert "hit rate" in table and "4/4 (100%)" in table and "3/4 (75%)" in table
+
+
+@needs_fuse
+@pytest.mark.fuse
+def test_curvine_demo_runs_and_cleans_up(tmp_path):
+    base = str(tmp_path / "demo")
+    r = _run_cli("demo", "--base", base, "--chunks", "3", "--chunk-size", "3MiB", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "3/3 (100%)" in r.stdout and "identical bytes" in r.stdout
+    assert _mounts_under(base) == [] and not os.path.exists(os.path.join(base, STATE_FILE))
+    assert tracebacks_in_logs(LocalCluster(base)) == []
