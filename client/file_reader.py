@@ -1,0 +1,340 @@
+"""Reading one published version of a file: its blocks, fetched once at open.
+
+A block stored by a worker on this host is read straight from its file
+(short-circuit).  The file is opened once and the descriptor kept: an open
+descriptor keeps reading the bytes it opened even if the block is deleted later
+(DESIGN consistency rule 4).  Other blocks are streamed from a worker with
+readahead; a sequential reader continues its stream, a jump restarts it, and any
+worker error fails over to another replica.
+
+Thread-safe: FUSE issues several reads of one handle at once, possibly slightly out
+of order (kernel readahead), which the stream absorbs with a small window of chunks
+kept behind and fetched ahead of its position.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import threading
+from collections import OrderedDict
+from typing import Iterable, Mapping
+
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.ids import MIB, host_id
+from curvine.proto import common_pb2
+
+from . import block_client
+
+log = logging.getLogger(__name__)
+
+Block = common_pb2.Block
+WorkerInfo = common_pb2.WorkerInfo
+
+_ZEROS = bytes(MIB)
+MAX_LOCAL_FDS = 256  # local block files opened eagerly per reader; later ones lazily
+MAX_STREAMS = 2  # remote streams kept open per reader (the current and the next block)
+
+
+def zeros(n: int) -> bytes | memoryview:
+    return memoryview(_ZEROS)[:n] if n <= MIB else bytes(n)
+
+
+def join(parts: list) -> bytes | memoryview:
+    if not parts:
+        return b""
+    if len(parts) == 1:
+        return parts[0]
+    return b"".join(parts)
+
+
+class _Stream:
+    """A remote ReadBlock stream of one block plus a window of recent chunks."""
+
+    def __init__(self, block: Block, worker: WorkerInfo, offset: int, timeout: float,
+                 readahead: int):
+        self.block = block
+        self.worker = worker
+        self.reader = block_client.BlockReader(worker, block.block_id, offset, 0,
+                                               timeout=timeout, readahead=readahead)
+        self.it = iter(self.reader)
+        self.pos = offset  # block offset of the next byte the stream will deliver
+        self.chunks: list[tuple[int, bytes]] = []  # contiguous, ending at pos
+        self.lock = threading.Lock()
+
+    @property
+    def start(self) -> int:
+        return self.chunks[0][0] if self.chunks else self.pos
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def pull(self, keep_behind: int) -> bool:
+        """Receive the next chunk; False at the end of the block."""
+        try:
+            data = next(self.it)
+        except StopIteration:
+            return False
+        if not data:
+            return False
+        self.chunks.append((self.pos, data))
+        self.pos += len(data)
+        while self.chunks and self.chunks[0][0] + len(self.chunks[0][1]) < self.pos - keep_behind:
+            self.chunks.pop(0)
+        return True
+
+    def slice(self, offset: int, end: int) -> bytes | memoryview:
+        """[offset, end) from the kept chunks (the caller checked they cover it)."""
+        starts = [c[0] for c in self.chunks]
+        i = bisect.bisect_right(starts, offset) - 1
+        parts = []
+        while offset < end and i < len(self.chunks):
+            cstart, data = self.chunks[i]
+            lo = offset - cstart
+            hi = min(len(data), end - cstart)
+            if lo == 0 and hi == len(data):
+                parts.append(data)
+            else:
+                parts.append(memoryview(data)[lo:hi])
+            offset = cstart + hi
+            i += 1
+        return join(parts)
+
+
+class BlockFetcher:
+    """Reads byte ranges of immutable blocks from local files or worker streams."""
+
+    def __init__(self, workers: Mapping[int, WorkerInfo], short_circuit: bool = True,
+                 timeout: float = 30.0, readahead: int = block_client.DEFAULT_READAHEAD):
+        self.workers: dict[int, WorkerInfo] = dict(workers)
+        self.short_circuit = short_circuit
+        self.timeout = timeout
+        self.readahead = max(1, readahead)
+        self._host = host_id()
+        self._lock = threading.Lock()
+        self._fds: dict[int, int] = {}  # block id -> descriptor of its local file
+        self._no_local: set[int] = set()
+        self._streams: OrderedDict[int, _Stream] = OrderedDict()
+        self._bad_workers: set[int] = set()
+        self._closed = False
+
+    def add_workers(self, workers: Mapping[int, WorkerInfo]) -> None:
+        with self._lock:
+            self.workers.update(workers)
+
+    # -- short-circuit --------------------------------------------------------
+
+    def open_local(self, block: Block) -> int | None:
+        """The descriptor of the block's local file, opened once; None if not local."""
+        bid = block.block_id
+        with self._lock:
+            fd = self._fds.get(bid)
+            if fd is not None or bid in self._no_local or not self.short_circuit or self._closed:
+                return fd
+        fd = None
+        for wid in block.worker_ids:
+            w = self.workers.get(wid)
+            if w is None or w.host_id != self._host:
+                continue
+            path = block_client.local_block_path(w, bid)
+            if path is None:
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                break
+            except OSError as e:
+                log.debug("short-circuit open of %s failed: %s", path, e)
+        with self._lock:
+            if fd is None:
+                self._no_local.add(bid)
+                return None
+            if self._closed or bid in self._fds:
+                os.close(fd)
+                return self._fds.get(bid)
+            self._fds[bid] = fd
+            return fd
+
+    # -- reads ----------------------------------------------------------------
+
+    def read(self, block: Block, offset: int, size: int) -> bytes | memoryview:
+        """Up to ``size`` bytes at ``offset`` of ``block`` (short only at its end)."""
+        size = max(0, min(size, block.length - offset))
+        if size == 0:
+            return b""
+        if block.block_id == 0:
+            return zeros(size)
+        if self.short_circuit:
+            fd = self.open_local(block)
+            if fd is not None:
+                data = os.pread(fd, size, offset)
+                if len(data) == size:
+                    return data
+                log.warning("local file of block %016x is short (%d of %d bytes at %d); "
+                            "reading remotely", block.block_id, len(data), size, offset)
+        return self._read_remote(block, offset, size)
+
+    def read_all(self, block: Block) -> bytes | memoryview:
+        """The whole block (used to modify it into a new one)."""
+        if block.block_id == 0:
+            return bytes(block.length)
+        if self.short_circuit:
+            fd = self.open_local(block)
+            if fd is not None:
+                data = os.pread(fd, block.length, 0)
+                if len(data) == block.length:
+                    return data
+        last: CurvineError | None = None
+        for w in self._candidates(block):
+            try:
+                return block_client.read_block(w, block.block_id, 0, block.length,
+                                               timeout=self.timeout)
+            except CurvineError as e:
+                last = e
+                self._mark_bad(w, block, e)
+        raise self._no_replica(block, last)
+
+    def _candidates(self, block: Block) -> list[WorkerInfo]:
+        """Replicas to try: local first, known-bad workers last."""
+        with self._lock:
+            ws = [self.workers[w] for w in block.worker_ids if w in self.workers]
+            bad = set(self._bad_workers)
+        ws.sort(key=lambda w: (w.worker_id in bad, w.lost, w.host_id != self._host))
+        return ws
+
+    def _mark_bad(self, w: WorkerInfo, block: Block, e: CurvineError) -> None:
+        log.info("reading block %016x from worker %d (%s) failed: %s", block.block_id,
+                 w.worker_id, w.address, e)
+        with self._lock:
+            self._bad_workers.add(w.worker_id)
+
+    def _no_replica(self, block: Block, last: CurvineError | None) -> CurvineError:
+        if last is None:
+            return CurvineError(ErrorKind.IO, f"block {block.block_id:016x}: no worker "
+                                              f"holds a replica")
+        return CurvineError(last.kind, f"block {block.block_id:016x}: no replica "
+                                       f"readable: {last.message}")
+
+    def _stream_for(self, block: Block) -> _Stream | None:
+        with self._lock:
+            s = self._streams.get(block.block_id)
+            if s is not None:
+                self._streams.move_to_end(block.block_id)
+            return s
+
+    def _new_stream(self, block: Block, offset: int) -> _Stream:
+        last: CurvineError | None = None
+        for w in self._candidates(block):
+            try:
+                s = _Stream(block, w, offset, self.timeout, self.readahead)
+            except CurvineError as e:
+                last = e
+                self._mark_bad(w, block, e)
+                continue
+            with self._lock:
+                old = self._streams.pop(block.block_id, None)
+                self._streams[block.block_id] = s
+                evicted = []
+                while len(self._streams) > MAX_STREAMS:
+                    evicted.append(self._streams.popitem(last=False)[1])
+            for o in ([old] if old else []) + evicted:
+                o.close()
+            return s
+        raise self._no_replica(block, last)
+
+    def _read_remote(self, block: Block, offset: int, size: int) -> bytes | memoryview:
+        end = offset + size
+        window = self.readahead * MIB
+        tried: set[int] = set()
+        while True:
+            s = self._stream_for(block)
+            if s is None:
+                s = self._new_stream(block, offset)
+            with s.lock:
+                try:
+                    if not (s.start <= offset <= s.pos + window):
+                        # A jump: restart the stream where the reader is now.
+                        s.close()
+                        with self._lock:
+                            if self._streams.get(block.block_id) is s:
+                                del self._streams[block.block_id]
+                        continue
+                    while s.pos < end:
+                        if not s.pull(keep_behind=window + size):
+                            break
+                    if s.pos < end:
+                        raise CurvineError(ErrorKind.IO, f"worker {s.worker.address}: block "
+                                           f"{block.block_id:016x} ended at {s.pos}, "
+                                           f"expected {block.length} bytes")
+                    return s.slice(offset, end)
+                except CurvineError as e:
+                    tried.add(s.worker.worker_id)
+                    self._mark_bad(s.worker, block, e)
+                    s.close()
+                    with self._lock:
+                        if self._streams.get(block.block_id) is s:
+                            del self._streams[block.block_id]
+                    if not [w for w in block.worker_ids if w not in tried]:
+                        raise self._no_replica(block, e) from None
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            fds = list(self._fds.values())
+            self._fds.clear()
+            streams = list(self._streams.values())
+            self._streams.clear()
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        for s in streams:
+            s.close()
+
+
+class FileReader:
+    """Reads one version of a file: ``read(offset, size)`` from any thread."""
+
+    def __init__(self, blocks: Iterable[Block], workers: Mapping[int, WorkerInfo],
+                 short_circuit: bool = True, timeout: float = 30.0,
+                 readahead: int = block_client.DEFAULT_READAHEAD):
+        self.blocks = list(blocks)
+        self._starts = []
+        pos = 0
+        for b in self.blocks:
+            self._starts.append(pos)
+            pos += b.length
+        self.size = pos
+        self._fetcher = BlockFetcher(workers, short_circuit, timeout, readahead)
+        if short_circuit:
+            # Open local block files now, so that an unlink or eviction after open()
+            # cannot take the data away from this reader.
+            for b in self.blocks[:MAX_LOCAL_FDS]:
+                if b.block_id:
+                    self._fetcher.open_local(b)
+
+    def read(self, offset: int, size: int) -> bytes | memoryview:
+        if offset >= self.size or size <= 0:
+            return b""
+        end = min(self.size, offset + size)
+        i = bisect.bisect_right(self._starts, offset) - 1
+        parts = []
+        while offset < end:
+            b = self.blocks[i]
+            start = self._starts[i]
+            if b.length == 0:
+                i += 1
+                continue
+            n = min(end, start + b.length) - offset
+            data = self._fetcher.read(b, offset - start, n)
+            if len(data) != n:
+                raise CurvineError(ErrorKind.IO, f"block {b.block_id:016x}: read "
+                                                 f"{len(data)} of {n} bytes")
+            parts.append(data)
+            offset += n
+            i += 1
+        return join(parts)
+
+    def close(self) -> None:
+        self._fetcher.close()

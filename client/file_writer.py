@@ -1,0 +1,353 @@
+"""Writing one version of a file.
+
+Every open-for-write gets its own ``FileWriter``: a private version of the file
+that nobody else sees until ``publish()`` hands its blocks to the master
+(CompleteFile).  Several writers of the same path may work at once; the last to
+publish wins and readers never see a mix (DESIGN consistency rule 1).
+
+The version is a list of extents covering [0, size): uploaded blocks (immutable,
+reusable from the base version), holes (block id 0, never written) and at most one
+block being written, kept in memory.  That block is uploaded in the background when
+the writes move past it, and synchronously at publish.  A write into an uploaded
+block reads it back, modifies it and uploads it later as a new block.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Iterable, Mapping
+
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.proto import common_pb2
+
+from . import block_client
+from .file_reader import BlockFetcher, join, zeros
+
+log = logging.getLogger(__name__)
+
+Block = common_pb2.Block
+WorkerInfo = common_pb2.WorkerInfo
+
+UPLOAD_ATTEMPTS = 3  # block allocations tried (excluding failed workers) per upload
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def _upload_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="block-upload")
+        return _pool
+
+
+class _Extent:
+    """[start, start+length) of the version: an uploaded block/hole, or a buffer."""
+
+    __slots__ = ("start", "block", "buf", "upload")
+
+    def __init__(self, start: int, block: Block | None = None, buf: bytearray | None = None):
+        self.start = start
+        self.block = block  # set once uploaded (or a hole / base block)
+        self.buf = buf  # the bytes while in memory
+        self.upload: Future | None = None  # a background upload of buf in flight
+
+    @property
+    def length(self) -> int:
+        return len(self.buf) if self.buf is not None else self.block.length
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+class FileWriter:
+    """One version of file ``ino`` being written; thread-safe."""
+
+    def __init__(self, master, ino: int, block_size: int, base_blocks: Iterable[Block],
+                 host_id: str, *, workers: Mapping[int, WorkerInfo] | None = None,
+                 short_circuit: bool = True, timeout: float = 30.0):
+        self.master = master
+        self.ino = ino
+        self.block_size = block_size
+        self.host_id = host_id
+        self.timeout = timeout
+        self._fetcher = BlockFetcher(workers or {}, short_circuit, timeout)
+        self._lock = threading.RLock()
+        self._extents: list[_Extent] = []
+        self._size = 0
+        for b in base_blocks:
+            if b.length:
+                self._extents.append(_Extent(self._size, block=b))
+                self._size += b.length
+        self._cur: _Extent | None = None  # the one buffer being written
+        self._uploading: _Extent | None = None  # at most one background upload
+        self.dirty = False  # changed since open or the last publish
+        self.mtime_ns = 0  # explicit mtime to publish with (0 = the master's now)
+        self._closed = False
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    # -- public operations ----------------------------------------------------
+
+    def write(self, offset: int, data: bytes | bytearray | memoryview) -> int:
+        view = memoryview(data).cast("B")
+        n = len(view)
+        if offset < 0:
+            raise CurvineError(ErrorKind.INVALID, "offset: negative")
+        if n == 0:
+            return 0
+        with self._lock:
+            self._check_open()
+            if offset > self._size:
+                self._grow(offset, for_write=True)
+            pos = 0
+            while pos < n:
+                off = offset + pos
+                ext = self._buffer_at(off)
+                rel = off - ext.start
+                k = min(n - pos, self._capacity_end(ext) - off)
+                # A slice assignment past the end grows the buffer (rel <= len(buf)).
+                ext.buf[rel:rel + k] = view[pos:pos + k]
+                if ext.end > self._size:
+                    self._size = ext.end
+                pos += k
+            self.dirty = True
+            self.mtime_ns = 0
+            return n
+
+    def truncate(self, size: int) -> None:
+        if size < 0:
+            raise CurvineError(ErrorKind.INVALID, "size: negative")
+        with self._lock:
+            self._check_open()
+            try:
+                self._wait_upload()
+            except CurvineError:
+                pass  # the bytes stay in memory for the next publish
+            if size > self._size:
+                self._grow(size, for_write=False)
+            elif size < self._size:
+                i = self._index(size)
+                ext = self._extents[i]
+                keep = i + 1 if ext.start < size else i
+                for dropped in self._extents[keep:]:
+                    if dropped is self._cur:
+                        self._cur = None
+                del self._extents[keep:]
+                self._size = self._extents[-1].end if self._extents else 0
+                if ext.start < size:
+                    if ext.buf is None and ext.block.block_id == 0:
+                        ext.block = Block(block_id=0, length=size - ext.start)
+                    else:
+                        self._make_current(ext)
+                        del ext.buf[size - ext.start:]
+                self._size = size
+            self.dirty = True
+            self.mtime_ns = 0
+
+    def read(self, offset: int, size: int) -> bytes | memoryview:
+        """Read this version (what this handle wrote, over its base)."""
+        with self._lock:
+            self._check_open()
+            end = min(self._size, offset + size)
+            if offset >= end:
+                return b""
+            parts = []
+            i = self._index(offset)
+            while offset < end:
+                ext = self._extents[i]
+                n = min(end, ext.end) - offset
+                rel = offset - ext.start
+                if ext.buf is not None:
+                    parts.append(bytes(memoryview(ext.buf)[rel:rel + n]))
+                else:
+                    data = self._fetcher.read(ext.block, rel, n)
+                    if len(data) != n:
+                        raise CurvineError(ErrorKind.IO, f"block {ext.block.block_id:016x}: "
+                                                         f"read {len(data)} of {n} bytes")
+                    parts.append(data)
+                offset += n
+                i += 1
+            return join(parts)
+
+    def blocks(self) -> list[Block]:
+        """Upload what is in memory and return the version's blocks in order."""
+        with self._lock:
+            self._check_open()
+            try:
+                self._wait_upload()
+            except CurvineError:
+                pass  # the bytes are still in memory: uploaded again below
+            for ext in self._extents:
+                if ext.buf is not None:
+                    ext.block = self._upload(ext.buf)
+                    ext.buf = None
+                    if ext is self._cur:
+                        self._cur = None
+            return [e.block for e in self._extents]
+
+    def publish(self):
+        """Make this version the file's content (CompleteFile); returns the new Inode.
+
+        The writer then continues from the published blocks as its base."""
+        with self._lock:
+            blocks = self.blocks()
+            inode = self.master.complete_file(self.ino, blocks, self._size,
+                                              mtime_ns=self.mtime_ns)
+            self.dirty = False
+            self.mtime_ns = 0
+            return inode
+
+    def flush(self):
+        """Publish if anything changed since the last publish; the new Inode or None."""
+        with self._lock:
+            return self.publish() if self.dirty else None
+
+    def close(self) -> None:
+        """Forget the version (unpublished blocks are the master's to collect)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            up = self._uploading
+            self._uploading = None
+            if up is not None and up.upload is not None:
+                up.upload.cancel()
+            self._extents = []
+            self._cur = None
+            self._fetcher.close()
+
+    # -- extents ----------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CurvineError(ErrorKind.STALE, "file handle is closed")
+
+    def _index(self, offset: int) -> int:
+        """Index of the extent holding ``offset`` (< size)."""
+        exts = self._extents
+        if exts and exts[-1].start <= offset:  # the common case: writing at the end
+            return len(exts) - 1
+        starts = [e.start for e in self._extents]
+        return bisect.bisect_right(starts, offset) - 1
+
+    def _capacity_end(self, ext: _Extent) -> int:
+        """How far the extent's buffer may grow: only the last one grows, to a block."""
+        if ext is self._extents[-1]:
+            return ext.start + max(len(ext.buf), self.block_size)
+        return ext.end
+
+    def _grow(self, size: int, for_write: bool) -> None:
+        """Extend the version with zeros to ``size``: holes, or zeros in the buffer."""
+        last = self._extents[-1] if self._extents else None
+        if for_write and last is not None and last is self._cur:
+            if size <= self._capacity_end(last):
+                last.buf.extend(bytes(size - last.end))
+                self._size = size
+                return
+        pos = self._size
+        while pos < size:
+            n = min(self.block_size, size - pos)
+            self._extents.append(_Extent(pos, block=Block(block_id=0, length=n)))
+            pos += n
+        self._size = size
+
+    def _buffer_at(self, off: int) -> _Extent:
+        """The in-memory extent that takes a write at ``off`` (<= size)."""
+        if off < self._size:
+            ext = self._extents[self._index(off)]
+        else:  # appending
+            ext = self._extents[-1] if self._extents else None
+            if ext is not None and ext is not self._cur:
+                # Re-open a short last block (e.g. after a publish) rather than start
+                # a new one after it, so that appends do not fragment the file.
+                if ext.buf is None and ext.block.block_id == 0 or ext.length >= self.block_size:
+                    ext = None
+            elif ext is not None and off >= self._capacity_end(ext):
+                ext = None
+            if ext is None:
+                ext = _Extent(off, buf=bytearray())
+                self._extents.append(ext)
+                prev, self._cur = self._cur, ext
+                if prev is not None:
+                    self._start_upload(prev)
+                return ext
+        self._make_current(ext)
+        return ext
+
+    def _make_current(self, ext: _Extent) -> None:
+        """Bring ``ext`` into memory as the buffer being written; send the previous
+        buffer off to be uploaded."""
+        if ext is self._cur:
+            return
+        if ext is self._uploading:
+            # Modified again while uploading: keep the bytes, forget that upload.
+            self._uploading = None
+            try:
+                ext.upload.result()
+            except CurvineError:
+                pass
+            ext.upload = None
+            ext.block = None
+            ext.buf = bytearray(ext.buf)  # a copy the finished upload cannot pin
+        elif ext.buf is None:
+            if ext.block.block_id:
+                ext.buf = bytearray(self._fetcher.read_all(ext.block))
+            else:
+                ext.buf = bytearray(ext.block.length)
+            ext.block = None
+        prev, self._cur = self._cur, ext
+        if prev is not None:
+            self._start_upload(prev)
+
+    def _start_upload(self, ext: _Extent) -> None:
+        # One upload in flight per writer bounds its memory to two blocks.
+        self._wait_upload()
+        ext.upload = _upload_pool().submit(self._upload, ext.buf)
+        self._uploading = ext
+
+    def _wait_upload(self) -> None:
+        ext = self._uploading
+        if ext is None:
+            return
+        self._uploading = None
+        try:
+            block = ext.upload.result()
+        except BaseException:
+            ext.upload = None  # keeps its bytes; the next publish uploads them again
+            raise
+        ext.upload = None
+        ext.block = block
+        ext.buf = None
+
+    def _upload(self, data: bytearray) -> Block:
+        """Store ``data`` as a new block on the workers the master picks."""
+        length = len(data)
+        exclude: list[int] = []
+        last: CurvineError | None = None
+        for _ in range(UPLOAD_ATTEMPTS):
+            block_id, targets = self.master.add_block(self.ino, self.host_id, length, exclude)
+            if not targets:
+                raise CurvineError(ErrorKind.NO_SPACE, "the master found no worker to write to")
+            stored, crc = [], 0
+            for w in targets:
+                try:
+                    _, crc = block_client.write_block(w, block_id, data, timeout=self.timeout)
+                    stored.append(w)
+                except CurvineError as e:
+                    log.info("writing block %016x to worker %d (%s) failed: %s", block_id,
+                             w.worker_id, w.address, e)
+                    last = e
+                    exclude.append(w.worker_id)
+            if stored:
+                self._fetcher.add_workers({w.worker_id: w for w in stored})
+                return Block(block_id=block_id, length=length, checksum=crc,
+                             worker_ids=[w.worker_id for w in stored])
+        raise last or CurvineError(ErrorKind.IO, "block upload failed")

@@ -1,0 +1,446 @@
+"""The FUSE request handlers: one ``Operations`` class, thin handlers.
+
+Each handler resolves its handle or inode, checks what the kernel cannot, and
+delegates to the client library (master_client, file_reader, file_writer).  Master
+inode numbers are the FUSE inode numbers (root = 1).  Every master or worker call
+and every disk read runs in a thread through one capacity limiter, so the trio
+loop never blocks.  Errors leave a handler only as ``FUSEError(errno)``, translated
+in one place (:func:`_fuse_op`).
+
+Publication follows DESIGN consistency rule 1: each open-for-write is its own
+version (direct_io, so the kernel page cache never merges two handles), published
+by CompleteFile at flush (close), fsync and release.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import itertools
+import logging
+import os
+import stat
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import pyfuse3
+import trio
+
+from curvine.client.file_reader import FileReader
+from curvine.client.file_writer import FileWriter
+from curvine.client.master_client import MasterClient
+from curvine.common.config import Config
+from curvine.common.errors import CurvineError, ErrorKind, to_errno
+from curvine.common.ids import MIB, check_name, host_id
+from curvine.proto import common_pb2
+
+log = logging.getLogger(__name__)
+
+Inode = common_pb2.Inode
+DIRECTORY = common_pb2.DIRECTORY
+COMPLETE = common_pb2.COMPLETE
+
+STATFS_BLOCK = 4096
+LISTDIR_PAGE = 1000
+VERSION_CACHE = 100_000  # inodes whose last opened version this mount remembers
+_LOUD_KINDS = {ErrorKind.IO, ErrorKind.UNAVAILABLE, ErrorKind.CHECKSUM, ErrorKind.TIMEOUT,
+               ErrorKind.UNAUTHENTICATED}
+
+
+def _fuse_op(fn):
+    """The one place where failures become errnos.
+
+    User errors (ENOENT, EEXIST, ...) are logged at DEBUG; cluster trouble as one
+    WARNING line; anything unexpected once with its traceback, as EIO."""
+
+    @functools.wraps(fn)
+    async def wrapper(self, *args):
+        try:
+            return await fn(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except CurvineError as e:
+            level = logging.WARNING if e.kind in _LOUD_KINDS else logging.DEBUG
+            log.log(level, "%s%s: %s", fn.__name__, _brief(args), e)
+            raise pyfuse3.FUSEError(to_errno(e.kind)) from None
+        except Exception:  # noqa: BLE001 - a bug must not take the mount down
+            log.exception("%s%s failed", fn.__name__, _brief(args))
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+def _brief(args) -> str:
+    shown = [a for a in args if isinstance(a, (int, bytes))][:3]
+    return "(" + ", ".join(repr(a) for a in shown) + ")"
+
+
+@dataclass
+class _File:
+    ino: int
+    reader: FileReader | None = None
+    writer: FileWriter | None = None
+
+
+@dataclass
+class _Dir:
+    ino: int
+    entries: list = field(default_factory=list)  # (name, Inode), in listing order
+    after: bytes = b""  # the last name loaded from the master
+    done: bool = False
+
+
+class Operations(pyfuse3.Operations):
+    """curvine as a FUSE file system."""
+
+    supports_dot_lookup = True
+
+    def __init__(self, cfg: Config, master: MasterClient | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.enable_writeback_cache = cfg.fuse.writeback_cache
+        self.master = master or MasterClient(cfg.cluster.master_addr,
+                                             timeout=cfg.cluster.rpc_timeout,
+                                             wait=cfg.cluster.master_wait)
+        self.limiter = trio.CapacityLimiter(max(1, cfg.client.rpc_threads))
+        self.host = host_id()
+        self._fh = itertools.count(1)
+        self._files: dict[int, _File] = {}
+        self._dirs: dict[int, _Dir] = {}
+        self._writers: dict[int, list[int]] = {}  # ino -> write handles, last used last
+        self._versions: OrderedDict[int, int] = OrderedDict()  # ino -> version last opened
+
+    # -- helpers --------------------------------------------------------------
+
+    async def _run(self, fn, *args, **kwargs):
+        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs),
+                                             limiter=self.limiter)
+
+    def _writer_of(self, ino: int, fh: int | None = None) -> FileWriter | None:
+        """The write handle ``fh`` if given, else the last-used one of ``ino`` here."""
+        if fh is not None:
+            f = self._files.get(fh)
+            if f is not None and f.writer is not None:
+                return f.writer
+        fhs = self._writers.get(ino)
+        return self._files[fhs[-1]].writer if fhs else None
+
+    def _touch_writer(self, fh: int, ino: int) -> None:
+        fhs = self._writers.setdefault(ino, [])
+        if not fhs or fhs[-1] != fh:
+            if fh in fhs:
+                fhs.remove(fh)
+            fhs.append(fh)
+
+    def _attrs(self, inode: Inode, size: int | None = None) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        is_dir = inode.type == DIRECTORY
+        if size is None:
+            size = inode.size
+            if not is_dir and inode.state != COMPLETE:
+                # Nothing is published yet (readers see an empty file): show the size
+                # this mount is writing, as a local file system would.  Once a version
+                # is published its size is reported, never a writer's partial one, or
+                # a reader here would be cut short (consistency rule 1).
+                w = self._writer_of(inode.ino)
+                if w is not None:
+                    size = w.size
+        e.st_ino = inode.ino
+        e.generation = 0
+        e.entry_timeout = self.cfg.fuse.entry_timeout
+        e.attr_timeout = self.cfg.fuse.attr_timeout
+        e.st_mode = (stat.S_IFDIR if is_dir else stat.S_IFREG) | (inode.mode & 0o7777)
+        e.st_nlink = inode.nlink or (2 if is_dir else 1)
+        e.st_uid = inode.uid
+        e.st_gid = inode.gid
+        e.st_rdev = 0
+        e.st_size = size
+        e.st_blksize = MIB
+        e.st_blocks = (size + 511) // 512
+        e.st_atime_ns = inode.atime_ns
+        e.st_mtime_ns = inode.mtime_ns
+        e.st_ctime_ns = inode.ctime_ns
+        return e
+
+    def _remember_version(self, ino: int, version: int) -> bool:
+        """Record the version opened; True if it equals the one opened before."""
+        same = self._versions.get(ino) == version
+        self._versions[ino] = version
+        self._versions.move_to_end(ino)
+        while len(self._versions) > VERSION_CACHE:
+            self._versions.popitem(last=False)
+        return same
+
+    def _new_writer(self, ino: int, truncate: bool) -> FileWriter:
+        """A private version of ``ino``: empty, or starting from its current blocks.
+        Runs in a thread."""
+        blocks, workers = [], {}
+        if not truncate:
+            inode, blocks, workers = self.master.get_blocks(ino)
+            if inode.type == DIRECTORY:
+                raise CurvineError(ErrorKind.IS_DIR, f"inode {ino} is a directory")
+        w = FileWriter(self.master, ino, self.cfg.cluster.block_size, blocks, self.host,
+                       workers=workers, short_circuit=self.cfg.client.short_circuit,
+                       timeout=self.cfg.cluster.rpc_timeout)
+        # An emptied (or new) file is published at close even without writes.
+        w.dirty = truncate
+        return w
+
+    def _new_reader(self, ino: int) -> tuple[Inode, FileReader]:
+        inode, blocks, workers = self.master.get_blocks(ino)
+        if inode.type == DIRECTORY:
+            raise CurvineError(ErrorKind.IS_DIR, f"inode {ino} is a directory")
+        reader = FileReader(blocks, workers, short_circuit=self.cfg.client.short_circuit,
+                            timeout=self.cfg.cluster.rpc_timeout,
+                            readahead=self.cfg.client.readahead_blocks)
+        return inode, reader
+
+    def _add_file(self, f: _File) -> int:
+        fh = next(self._fh)
+        self._files[fh] = f
+        if f.writer is not None:
+            self._touch_writer(fh, f.ino)
+        return fh
+
+    def _file(self, fh: int) -> _File:
+        f = self._files.get(fh)
+        if f is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        return f
+
+    async def _publish(self, f: _File) -> None:
+        if f.writer is not None and f.writer.dirty:
+            await self._run(f.writer.flush)
+
+    # -- names and attributes ----------------------------------------------------
+
+    @_fuse_op
+    async def lookup(self, parent_inode, name, ctx=None):
+        if name == b".":
+            inode = await self._run(self.master.getattr, parent_inode)
+        elif name == b"..":
+            inode = await self._run(self.master.getattr, parent_inode)
+            inode = await self._run(self.master.getattr, inode.parent or parent_inode)
+        else:
+            check_name(name)
+            inode = await self._run(self.master.lookup, parent_inode, name)
+        return self._attrs(inode)
+
+    @_fuse_op
+    async def getattr(self, inode, ctx=None):
+        return self._attrs(await self._run(self.master.getattr, inode))
+
+    @_fuse_op
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        w = self._writer_of(inode, fh)
+        size = None
+        changes = {}
+        if fields.update_size:
+            if w is not None:
+                await self._run(w.truncate, attr.st_size)
+                size = w.size
+            else:
+                changes["size"] = attr.st_size
+        if fields.update_mode:
+            changes["mode"] = attr.st_mode & 0o7777
+        if fields.update_uid:
+            changes["uid"] = attr.st_uid
+        if fields.update_gid:
+            changes["gid"] = attr.st_gid
+        if fields.update_atime:
+            changes["atime_ns"] = attr.st_atime_ns
+        if fields.update_mtime:
+            changes["mtime_ns"] = attr.st_mtime_ns
+            if w is not None:
+                w.mtime_ns = attr.st_mtime_ns  # kept when the handle publishes
+        if changes:
+            node = await self._run(self.master.setattr, inode, **changes)
+        else:
+            node = await self._run(self.master.getattr, inode)
+        return self._attrs(node, size)
+
+    @_fuse_op
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        check_name(name)
+        inode = await self._run(self.master.mkdir, parent_inode, name, mode & 0o7777,
+                                ctx.uid, ctx.gid)
+        return self._attrs(inode)
+
+    @_fuse_op
+    async def rmdir(self, parent_inode, name, ctx):
+        check_name(name)
+        await self._run(self.master.rmdir, parent_inode, name)
+
+    @_fuse_op
+    async def unlink(self, parent_inode, name, ctx):
+        check_name(name)
+        await self._run(self.master.unlink, parent_inode, name)
+
+    @_fuse_op
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        if flags & pyfuse3.RENAME_EXCHANGE or flags & ~pyfuse3.RENAME_NOREPLACE:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        check_name(name_old)
+        check_name(name_new)
+        await self._run(self.master.rename, parent_inode_old, name_old, parent_inode_new,
+                        name_new, no_replace=bool(flags & pyfuse3.RENAME_NOREPLACE))
+
+    @_fuse_op
+    async def statfs(self, ctx):
+        r = await self._run(self.master.statfs)
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = STATFS_BLOCK
+        s.f_frsize = STATFS_BLOCK
+        s.f_blocks = r.capacity // STATFS_BLOCK
+        s.f_bfree = max(0, r.capacity - r.used) // STATFS_BLOCK
+        s.f_bavail = s.f_bfree
+        free_inodes = 1 << 32
+        s.f_files = r.files + free_inodes
+        s.f_ffree = free_inodes
+        s.f_favail = free_inodes
+        s.f_namemax = 255
+        return s
+
+    async def forget(self, inode_list):
+        # Inode ids are the master's and stable: nothing to release.
+        pass
+
+    # -- files ----------------------------------------------------------------
+
+    @_fuse_op
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        check_name(name)
+        inode = await self._run(self.master.create, parent_inode, name, mode & 0o7777,
+                                ctx.uid, ctx.gid, bool(flags & os.O_EXCL))
+        # Normally a new, empty file.  If another client created the name meanwhile,
+        # O_CREAT without O_TRUNC opens its content.
+        empty = bool(flags & os.O_TRUNC) or inode.size == 0
+        writer = await self._run(self._new_writer, inode.ino, empty)
+        writer.dirty = True
+        fh = self._add_file(_File(inode.ino, writer=writer))
+        return pyfuse3.FileInfo(fh=fh, direct_io=True), self._attrs(inode)
+
+    @_fuse_op
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        if not stat.S_ISREG(mode):
+            raise pyfuse3.FUSEError(errno.EPERM)  # no devices, FIFOs or sockets
+        check_name(name)
+        inode = await self._run(self.master.create, parent_inode, name, mode & 0o7777,
+                                ctx.uid, ctx.gid, True)
+        inode = await self._run(self.master.complete_file, inode.ino, [], 0)
+        return self._attrs(inode)
+
+    @_fuse_op
+    async def open(self, inode, flags, ctx):
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            node, reader = await self._run(self._new_reader, inode)
+            keep = node.state == COMPLETE and self._remember_version(inode, node.version)
+            fh = self._add_file(_File(inode, reader=reader))
+            return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+        writer = await self._run(self._new_writer, inode, bool(flags & os.O_TRUNC))
+        fh = self._add_file(_File(inode, writer=writer))
+        return pyfuse3.FileInfo(fh=fh, direct_io=True)
+
+    @_fuse_op
+    async def read(self, fh, off, size):
+        f = self._file(fh)
+        if f.writer is not None:
+            return await self._run(f.writer.read, off, size)
+        return await self._run(f.reader.read, off, size)
+
+    @_fuse_op
+    async def write(self, fh, off, buf):
+        f = self._file(fh)
+        if f.writer is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        n = await self._run(f.writer.write, off, buf)
+        self._touch_writer(fh, f.ino)
+        return n
+
+    @_fuse_op
+    async def flush(self, fh):
+        # close(2): publish before it returns (close-to-open).
+        await self._publish(self._file(fh))
+
+    @_fuse_op
+    async def fsync(self, fh, datasync):
+        await self._publish(self._file(fh))
+
+    @_fuse_op
+    async def release(self, fh):
+        f = self._files.pop(fh, None)
+        if f is None:
+            return
+        try:
+            await self._publish(f)
+        finally:
+            if f.writer is not None:
+                fhs = self._writers.get(f.ino, [])
+                if fh in fhs:
+                    fhs.remove(fh)
+                if not fhs:
+                    self._writers.pop(f.ino, None)
+                f.writer.close()
+            if f.reader is not None:
+                f.reader.close()
+
+    # -- directories ----------------------------------------------------------------
+
+    @_fuse_op
+    async def opendir(self, inode, ctx):
+        fh = next(self._fh)
+        self._dirs[fh] = _Dir(inode)
+        return fh
+
+    @_fuse_op
+    async def readdir(self, fh, start_id, token):
+        d = self._dirs.get(fh)
+        if d is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        i = start_id
+        while True:
+            if i >= len(d.entries):
+                if d.done:
+                    return
+                page, more = await self._run(self.master.listdir, d.ino, d.after, LISTDIR_PAGE)
+                d.entries.extend((e.name, e.inode) for e in page)
+                if page:
+                    d.after = page[-1].name
+                d.done = not more or not page
+                continue
+            name, inode = d.entries[i]
+            if not pyfuse3.readdir_reply(token, name, self._attrs(inode), i + 1):
+                return
+            i += 1
+
+    @_fuse_op
+    async def releasedir(self, fh):
+        self._dirs.pop(fh, None)
+
+    @_fuse_op
+    async def fsyncdir(self, fh, datasync):
+        pass  # namespace changes are durable when the master acknowledges them
+
+    # -- not supported ----------------------------------------------------------------
+
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        raise pyfuse3.FUSEError(errno.EPERM)  # no hard links (one parent per inode)
+
+    async def symlink(self, parent_inode, name, target, ctx):
+        raise pyfuse3.FUSEError(errno.EPERM)  # symlink(2): fs does not support them
+
+    async def readlink(self, inode, ctx):
+        raise pyfuse3.FUSEError(errno.EINVAL)  # nothing here is a symlink
+
+    # xattrs keep pyfuse3's ENOSYS: the kernel then stops asking and answers
+    # EOPNOTSUPP itself (notably the security.capability probe on every write).
+
+    def close(self) -> None:
+        for f in self._files.values():
+            if f.writer is not None:
+                f.writer.close()
+            if f.reader is not None:
+                f.reader.close()
+        self._files.clear()
+        self._dirs.clear()
+        self.master.close()

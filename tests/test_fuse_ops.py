@@ -1,0 +1,772 @@
+"""The FUSE client without a cluster: FileWriter/FileReader logic against an
+in-process fake master and fake workers, and Operations called directly (errno
+mapping, readdir paging, publication at flush).
+
+The cross-mount tests against a real cluster live elsewhere (``curvine local``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import stat
+import zlib
+
+import pyfuse3
+import pytest
+import trio
+
+from curvine.client import block_client, file_reader, file_writer
+from curvine.client.file_reader import FileReader
+from curvine.client.file_writer import FileWriter
+from curvine.common.config import Config
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.ids import check_name
+from curvine.fuse_client import operations as ops_mod
+from curvine.fuse_client.operations import Operations
+from curvine.proto import common_pb2, master_pb2
+
+KIB = 1024
+BS = 64 * KIB  # small blocks keep the tests fast
+
+# -- fakes ---------------------------------------------------------------------------
+
+
+class FakeWorkers:
+    """Block files of fake workers; patched into client.block_client."""
+
+    def __init__(self, tmp_path, host="test-host"):
+        self.blocks: dict[int, bytes] = {}
+        self.dir = tmp_path / "data"
+        self.dir.mkdir()
+        self.failing: set[int] = set()  # worker ids that raise UNAVAILABLE
+        self.reads: list[tuple[int, int, int]] = []  # (worker, block, offset) streams
+        self.workers = {
+            1: common_pb2.WorkerInfo(worker_id=1, host_id=host, address="w1",
+                                     data_dirs=[str(self.dir)]),
+            2: common_pb2.WorkerInfo(worker_id=2, host_id="other-host", address="w2",
+                                     data_dirs=["/nonexistent"]),
+        }
+
+    def path(self, block_id: int) -> str:
+        return str(self.dir / f"{block_id:016x}.blk")
+
+    def _check(self, worker):
+        if worker.worker_id in self.failing:
+            raise CurvineError(ErrorKind.UNAVAILABLE, f"worker {worker.address}: down")
+
+    def write_block(self, worker, block_id, data, timeout=30.0):
+        self._check(worker)
+        data = bytes(data)
+        self.blocks[block_id] = data
+        if worker.worker_id == 1:
+            with open(self.path(block_id), "wb") as f:
+                f.write(data)
+        return len(data), zlib.crc32(data)
+
+    def read_block(self, worker, block_id, offset, length, timeout=30.0):
+        self._check(worker)
+        data = self.blocks[block_id]
+        return data[offset:offset + length] if length else data[offset:]
+
+    def local_block_path(self, worker, block_id):
+        p = self.path(block_id)
+        return p if worker.worker_id == 1 and os.path.exists(p) else None
+
+    def delete(self, block_id):
+        self.blocks.pop(block_id, None)
+        if os.path.exists(self.path(block_id)):
+            os.unlink(self.path(block_id))
+
+    def reader_class(self):
+        fake = self
+
+        class FakeBlockReader:
+            def __init__(self, worker, block_id, offset=0, length=0, timeout=30.0, readahead=4):
+                fake._check(worker)
+                fake.reads.append((worker.worker_id, block_id, offset))
+                self.worker, self.block_id, self.offset = worker, block_id, offset
+
+            def __iter__(self):
+                data = fake.blocks.get(self.block_id)
+                if data is None:
+                    raise CurvineError(ErrorKind.NOT_FOUND, "no such block")
+                pos = self.offset
+                while pos < len(data):
+                    fake._check(self.worker)
+                    yield data[pos:pos + 16 * KIB]
+                    pos += 16 * KIB
+
+            def close(self):
+                pass
+
+        return FakeBlockReader
+
+
+class FakeMaster:
+    """The master's API semantics (proto/master.proto comments), in memory."""
+
+    def __init__(self, workers: FakeWorkers, replicas=(1,)):
+        self.w = workers
+        self.replicas = list(replicas)
+        self.inodes: dict[int, common_pb2.Inode] = {}
+        self.blocks: dict[int, list] = {}
+        self.dentries: dict[int, dict[bytes, int]] = {1: {}}
+        self.next_ino = 2
+        self.next_block = 100
+        self.completes = 0
+        self.inodes[1] = common_pb2.Inode(ino=1, type=common_pb2.DIRECTORY, mode=0o755,
+                                          nlink=2, state=common_pb2.COMPLETE, parent=1)
+
+    def _err(self, kind, msg=""):
+        raise CurvineError(kind, msg)
+
+    def _dir(self, ino):
+        if ino not in self.inodes:
+            self._err(ErrorKind.NOT_FOUND, f"inode {ino}")
+        if self.inodes[ino].type != common_pb2.DIRECTORY:
+            self._err(ErrorKind.NOT_DIR, f"inode {ino}")
+        return self.dentries[ino]
+
+    def lookup(self, parent, name):
+        check_name(name)
+        ino = self._dir(parent).get(name)
+        if ino is None:
+            self._err(ErrorKind.NOT_FOUND, repr(name))
+        return self.getattr(ino)
+
+    def getattr(self, ino):
+        if ino not in self.inodes:
+            self._err(ErrorKind.NOT_FOUND, f"inode {ino}")
+        i = common_pb2.Inode()
+        i.CopyFrom(self.inodes[ino])
+        return i
+
+    def setattr(self, ino, **f):
+        i = self.inodes[ino]
+        for k, v in f.items():
+            if k == "size":
+                self._truncate(ino, v)
+            else:
+                setattr(i, k, v)
+        return self.getattr(ino)
+
+    def _truncate(self, ino, size):
+        blocks, out, pos = self.blocks.get(ino, []), [], 0
+        for b in blocks:
+            if pos >= size:
+                break
+            if pos + b.length > size:
+                b = common_pb2.Block(block_id=0, length=size - pos)  # good enough here
+            out.append(b)
+            pos += b.length
+        if pos < size:
+            out.append(common_pb2.Block(block_id=0, length=size - pos))
+        self.blocks[ino] = out
+        self.inodes[ino].size = size
+        self.inodes[ino].version += 1
+
+    def _new(self, parent, name, typ, mode, uid, gid):
+        d = self._dir(parent)
+        ino = self.next_ino
+        self.next_ino += 1
+        self.inodes[ino] = common_pb2.Inode(
+            ino=ino, type=typ, mode=mode, uid=uid, gid=gid, parent=parent, name=name,
+            nlink=2 if typ == common_pb2.DIRECTORY else 1,
+            state=common_pb2.COMPLETE if typ == common_pb2.DIRECTORY else common_pb2.WRITING)
+        d[name] = ino
+        if typ == common_pb2.DIRECTORY:
+            self.dentries[ino] = {}
+        else:
+            self.blocks[ino] = []
+        return self.getattr(ino)
+
+    def mkdir(self, parent, name, mode=0o755, uid=0, gid=0):
+        check_name(name)
+        if name in self._dir(parent):
+            self._err(ErrorKind.EXISTS, repr(name))
+        return self._new(parent, name, common_pb2.DIRECTORY, mode, uid, gid)
+
+    def create(self, parent, name, mode=0o644, uid=0, gid=0, exclusive=False):
+        check_name(name)
+        ino = self._dir(parent).get(name)
+        if ino is not None:
+            if exclusive:
+                self._err(ErrorKind.EXISTS, repr(name))
+            if self.inodes[ino].type == common_pb2.DIRECTORY:
+                self._err(ErrorKind.IS_DIR, repr(name))
+            return self.getattr(ino)
+        return self._new(parent, name, common_pb2.FILE, mode, uid, gid)
+
+    def unlink(self, parent, name):
+        d = self._dir(parent)
+        ino = d.get(name)
+        if ino is None:
+            self._err(ErrorKind.NOT_FOUND, repr(name))
+        if self.inodes[ino].type == common_pb2.DIRECTORY:
+            self._err(ErrorKind.IS_DIR, repr(name))
+        del d[name]
+        for b in self.blocks.pop(ino, []):
+            self.w.delete(b.block_id)
+        del self.inodes[ino]
+
+    def rmdir(self, parent, name):
+        d = self._dir(parent)
+        ino = d.get(name)
+        if ino is None:
+            self._err(ErrorKind.NOT_FOUND, repr(name))
+        if self.inodes[ino].type != common_pb2.DIRECTORY:
+            self._err(ErrorKind.NOT_DIR, repr(name))
+        if self.dentries[ino]:
+            self._err(ErrorKind.NOT_EMPTY, repr(name))
+        del d[name], self.dentries[ino], self.inodes[ino]
+
+    def rename(self, parent, name, new_parent, new_name, no_replace=False):
+        src, dst = self._dir(parent), self._dir(new_parent)
+        ino = src.get(name)
+        if ino is None:
+            self._err(ErrorKind.NOT_FOUND, repr(name))
+        p = new_parent
+        while True:  # a directory must not move into itself
+            if p == ino:
+                self._err(ErrorKind.INVALID, "new_parent: inside the source")
+            if p == 1:
+                break
+            p = self.inodes[p].parent
+        if new_name in dst:
+            if no_replace:
+                self._err(ErrorKind.EXISTS, repr(new_name))
+            old = dst[new_name]
+            if self.inodes[old].type == common_pb2.DIRECTORY:
+                self.rmdir(new_parent, new_name)
+            else:
+                self.unlink(new_parent, new_name)
+        del src[name]
+        dst[new_name] = ino
+        self.inodes[ino].parent = new_parent
+        self.inodes[ino].name = new_name
+
+    def listdir(self, ino, start_after=b"", limit=1000):
+        names = sorted(n for n in self._dir(ino) if n > start_after)
+        page = names[:limit]
+        entries = [master_pb2.DirEntry(name=n, inode=self.getattr(self.dentries[ino][n]))
+                   for n in page]
+        return entries, len(names) > limit
+
+    def statfs(self):
+        return master_pb2.StatFsReply(capacity=1 << 40, used=1 << 30, files=len(self.inodes),
+                                      live_workers=1, block_size=BS)
+
+    def get_blocks(self, ino):
+        inode = self.getattr(ino)
+        blocks = [common_pb2.Block(block_id=b.block_id, length=b.length, checksum=b.checksum,
+                                   worker_ids=list(b.worker_ids))
+                  for b in self.blocks.get(ino, [])]
+        return inode, blocks, dict(self.w.workers)
+
+    def add_block(self, ino, client_host_id, size_hint=0, exclude=()):
+        if ino not in self.inodes:
+            self._err(ErrorKind.NOT_FOUND, f"inode {ino}")
+        self.next_block += 1
+        targets = [self.w.workers[r] for r in self.replicas if r not in exclude]
+        if not targets:
+            targets = [w for i, w in self.w.workers.items() if i not in exclude]
+        return self.next_block, targets
+
+    def complete_file(self, ino, blocks, size, mtime_ns=0):
+        if ino not in self.inodes:
+            self._err(ErrorKind.NOT_FOUND, f"inode {ino}")
+        if sum(b.length for b in blocks) != size:
+            self._err(ErrorKind.INVALID, "size: not the sum of the block lengths")
+        for b in blocks:
+            if b.block_id and b.block_id not in self.w.blocks:
+                self._err(ErrorKind.NOT_FOUND, f"block {b.block_id}")
+        keep = {b.block_id for b in blocks}
+        for b in self.blocks.get(ino, []):
+            if b.block_id not in keep:
+                self.w.delete(b.block_id)
+        self.blocks[ino] = [common_pb2.Block(block_id=b.block_id, length=b.length,
+                                             checksum=b.checksum, worker_ids=list(b.worker_ids))
+                            for b in blocks]
+        i = self.inodes[ino]
+        i.size, i.state = size, common_pb2.COMPLETE
+        i.version += 1
+        self.completes += 1
+        return self.getattr(ino)
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    workers = FakeWorkers(tmp_path)
+    monkeypatch.setenv("CURVINE_HOST_ID", "test-host")
+    monkeypatch.setattr(block_client, "write_block", workers.write_block)
+    monkeypatch.setattr(block_client, "read_block", workers.read_block)
+    monkeypatch.setattr(block_client, "local_block_path", workers.local_block_path)
+    monkeypatch.setattr(block_client, "BlockReader", workers.reader_class())
+    return FakeMaster(workers), workers
+
+
+def new_file(master, name=b"f"):
+    return master.create(1, name).ino
+
+
+def writer(master, ino, base=(), short_circuit=True):
+    return FileWriter(master, ino, BS, base, "test-host", workers=master.w.workers,
+                      short_circuit=short_circuit)
+
+
+def published(master, ino, short_circuit=True) -> bytes:
+    inode, blocks, workers = master.get_blocks(ino)
+    r = FileReader(blocks, workers, short_circuit=short_circuit)
+    try:
+        data = bytes(r.read(0, inode.size + 10))
+    finally:
+        r.close()
+    assert len(data) == inode.size
+    return data
+
+
+def rand_bytes(rng, n):
+    return rng.randbytes(n)
+
+
+# -- FileWriter ------------------------------------------------------------------------
+
+
+def test_sequential_write_publish_blocks(cluster):
+    master, workers = cluster
+    ino = new_file(master)
+    w = writer(master, ino)
+    data = rand_bytes(random.Random(1), 3 * BS + 1234)
+    for i in range(0, len(data), 10_000):
+        assert w.write(i, data[i:i + 10_000]) == len(data[i:i + 10_000])
+    inode = w.publish()
+    assert inode.size == len(data) and inode.state == common_pb2.COMPLETE
+    lengths = [b.length for b in master.blocks[ino]]
+    assert lengths == [BS, BS, BS, 1234]
+    assert all(b.checksum == zlib.crc32(workers.blocks[b.block_id]) for b in master.blocks[ino])
+    assert published(master, ino) == data
+    assert published(master, ino, short_circuit=False) == data
+    w.close()
+
+
+def test_nothing_visible_before_publish(cluster):
+    master, _ = cluster
+    ino = new_file(master)
+    w = writer(master, ino)
+    w.write(0, b"x" * (2 * BS + 5))  # two blocks already went to the workers
+    assert master.getattr(ino).size == 0 and master.completes == 0
+    assert w.read(0, 10) == b"x" * 10  # the handle reads its own version
+    w.publish()
+    assert published(master, ino) == b"x" * (2 * BS + 5)
+
+
+def test_holes_between_written_ranges(cluster):
+    master, _ = cluster
+    ino = new_file(master)
+    w = writer(master, ino)
+    w.write(0, b"a" * 100)
+    w.write(5 * BS + 7, b"b" * 10)
+    w.publish()
+    blocks = master.blocks[ino]
+    assert blocks[0].block_id != 0 and blocks[0].length == 100
+    assert any(b.block_id == 0 for b in blocks)  # never-written ranges are holes
+    expect = b"a" * 100 + bytes(5 * BS + 7 - 100) + b"b" * 10
+    assert published(master, ino) == expect
+    # a hole is free: the data uploaded is only what was written (plus a block's tail)
+    assert sum(b.length for b in blocks if b.block_id) < 2 * BS
+
+
+def test_random_offset_writes_truncates_and_publishes_match_a_model(cluster):
+    master, _ = cluster
+    rng = random.Random(42)
+    ino = new_file(master)
+    w = writer(master, ino)
+    model = bytearray()
+    for step in range(300):
+        op = rng.random()
+        if op < 0.6:
+            off = rng.randrange(0, max(1, len(model) + 2 * BS))
+            n = rng.choice([1, 17, 4096, BS - 1, BS, BS + 3, 3 * BS])
+            data = rand_bytes(rng, n)
+            assert w.write(off, data) == n
+            if off > len(model):
+                model.extend(bytes(off - len(model)))
+            model[off:off + n] = data
+        elif op < 0.75:
+            size = rng.randrange(0, len(model) + BS + 1)
+            w.truncate(size)
+            if size < len(model):
+                del model[size:]
+            else:
+                model.extend(bytes(size - len(model)))
+        elif op < 0.9:
+            off = rng.randrange(0, len(model) + 10)
+            n = rng.randrange(1, 2 * BS)
+            assert bytes(w.read(off, n)) == bytes(model[off:off + n])
+        else:
+            w.publish()
+            assert published(master, ino) == bytes(model)
+        assert w.size == len(model)
+    w.publish()
+    assert published(master, ino) == bytes(model)
+    assert published(master, ino, short_circuit=False) == bytes(model)
+    w.close()
+
+
+def test_truncate_into_an_uploaded_block_makes_a_new_block(cluster):
+    master, _ = cluster
+    ino = new_file(master)
+    w = writer(master, ino)
+    w.write(0, b"z" * (2 * BS))
+    w.publish()
+    first = [b.block_id for b in master.blocks[ino]]
+    w.truncate(BS + 10)
+    w.publish()
+    after = master.blocks[ino]
+    assert after[0].block_id == first[0]  # untouched block reused
+    assert after[1].block_id not in first and after[1].length == 10  # blocks are immutable
+    assert published(master, ino) == b"z" * (BS + 10)
+    w.truncate(3 * BS)  # extending adds a hole
+    w.publish()
+    assert published(master, ino) == b"z" * (BS + 10) + bytes(3 * BS - BS - 10)
+    assert master.blocks[ino][-1].block_id == 0
+
+
+def test_writes_after_publish_start_from_the_published_version(cluster):
+    master, _ = cluster
+    ino = new_file(master)
+    w = writer(master, ino)
+    w.write(0, b"1" * (BS + 100))
+    v1 = w.publish().version
+    w.write(10, b"2" * 5)
+    v2 = w.publish()
+    assert v2.version > v1
+    assert published(master, ino) == b"1" * 10 + b"2" * 5 + b"1" * (BS + 100 - 15)
+    w.write(BS + 100, b"3")  # appending to a short last block re-opens it
+    w.publish()
+    assert [b.length for b in master.blocks[ino]] == [BS, 101]
+
+
+def test_open_without_truncate_modifies_the_base(cluster):
+    master, _ = cluster
+    ino = new_file(master)
+    w = writer(master, ino)
+    w.write(0, b"a" * (2 * BS))
+    w.publish()
+    w.close()
+    inode, blocks, _ = master.get_blocks(ino)
+    w2 = writer(master, ino, blocks)
+    assert w2.size == 2 * BS
+    w2.write(BS + 1, b"b")
+    w2.publish()
+    assert published(master, ino) == b"a" * (BS + 1) + b"b" + b"a" * (BS - 2)
+
+
+def test_two_writers_of_one_file_last_publish_wins(cluster):
+    master, _ = cluster
+    ino = new_file(master)
+    a, b = writer(master, ino), writer(master, ino)
+    da, db = b"A" * (3 * BS + 1), b"B" * (2 * BS + 7)
+    for i in range(0, max(len(da), len(db)), 5000):  # interleaved
+        if i < len(da):
+            a.write(i, da[i:i + 5000])
+        if i < len(db):
+            b.write(i, db[i:i + 5000])
+    b.publish()
+    assert published(master, ino) == db
+    a.publish()
+    assert published(master, ino) == da
+
+
+def test_upload_fails_over_to_another_worker(cluster):
+    master, workers = cluster
+    workers.failing.add(1)
+    ino = new_file(master)
+    w = writer(master, ino)
+    w.write(0, b"q" * (BS + 1))
+    w.publish()
+    assert all(b.worker_ids == [2] for b in master.blocks[ino])
+    workers.failing.clear()
+    assert published(master, ino) == b"q" * (BS + 1)
+
+
+def test_unpublished_writer_close_frees_memory(cluster):
+    master, _ = cluster
+    ino = new_file(master)
+    w = writer(master, ino)
+    w.write(0, b"x" * (3 * BS))
+    w.close()
+    assert w._extents == [] and w._cur is None
+    with pytest.raises(CurvineError):
+        w.write(0, b"y")
+
+
+# -- FileReader ------------------------------------------------------------------------
+
+
+def _publish_bytes(master, data, name=b"r"):
+    ino = new_file(master, name)
+    w = writer(master, ino)
+    w.write(0, data)
+    w.publish()
+    w.close()
+    return ino
+
+
+def test_short_circuit_reader_keeps_reading_after_the_block_is_deleted(cluster):
+    master, workers = cluster
+    data = rand_bytes(random.Random(3), 2 * BS + 99)
+    ino = _publish_bytes(master, data)
+    inode, blocks, ws = master.get_blocks(ino)
+    r = FileReader(blocks, ws, short_circuit=True)
+    master.unlink(1, b"r")  # deletes the block files
+    assert not os.listdir(workers.dir)
+    assert bytes(r.read(0, len(data))) == data  # consistency rule 4
+    assert workers.reads == []  # never went remote
+    r.close()
+
+
+def test_remote_reader_streams_sequentially_and_restarts_on_a_jump(cluster):
+    master, workers = cluster
+    data = rand_bytes(random.Random(4), BS)
+    ino = _publish_bytes(master, data)
+    inode, blocks, ws = master.get_blocks(ino)
+    r = FileReader(blocks, ws, short_circuit=False)
+    for off in range(0, BS, 4096):
+        assert bytes(r.read(off, 4096)) == data[off:off + 4096]
+    assert len(workers.reads) == 1  # one stream for the sequential pass
+    assert bytes(r.read(100, 50)) == data[100:150]  # behind the kept window? still right
+    assert bytes(r.read(BS - 10, 100)) == data[BS - 10:]
+    assert r.read(BS, 10) == b""
+    r.close()
+
+
+def test_reader_fails_over_to_another_replica(cluster):
+    master, workers = cluster
+    master.replicas = [1, 2]
+    data = rand_bytes(random.Random(5), BS + 5)
+    ino = _publish_bytes(master, data)
+    inode, blocks, ws = master.get_blocks(ino)
+    assert all(sorted(b.worker_ids) == [1, 2] for b in blocks)
+    workers.failing.add(1)
+    r = FileReader(blocks, ws, short_circuit=False)
+    assert bytes(r.read(0, BS + 5)) == data
+    assert {w for w, _, _ in workers.reads} == {1, 2} or {w for w, _, _ in workers.reads} == {2}
+    r.close()
+
+
+def test_reader_holes_are_zeros(cluster):
+    master, _ = cluster
+    blocks = [common_pb2.Block(block_id=0, length=BS), common_pb2.Block(block_id=0, length=10)]
+    r = FileReader(blocks, {}, short_circuit=True)
+    assert bytes(r.read(BS - 5, 100)) == bytes(15)
+    assert r.size == BS + 10
+
+
+def test_reader_all_replicas_gone_is_a_clean_error(cluster):
+    master, workers = cluster
+    ino = _publish_bytes(master, b"k" * 100)
+    inode, blocks, ws = master.get_blocks(ino)
+    workers.delete(blocks[0].block_id)
+    r = FileReader(blocks, ws, short_circuit=True)
+    with pytest.raises(CurvineError):
+        r.read(0, 100)
+
+
+# -- Operations -----------------------------------------------------------------------
+
+
+class Ctx:
+    uid = os.getuid()
+    gid = os.getgid()
+    pid = os.getpid()
+    umask = 0o022
+
+
+def make_ops(master) -> Operations:
+    cfg = Config()
+    cfg.cluster.block_size = BS
+    return Operations(cfg, master=master)
+
+
+def run(fn, *args):
+    return trio.run(fn, *args)
+
+
+def errno_of(coro_fn, *args):
+    async def go():
+        try:
+            await coro_fn(*args)
+        except pyfuse3.FUSEError as e:
+            return e.errno
+        return 0
+    return trio.run(go)
+
+
+def test_ops_errno_mapping(cluster):
+    master, _ = cluster
+    ops = make_ops(master)
+    ctx = Ctx()
+    run(ops.mkdir, 1, b"d", 0o755, ctx)
+    d = master.lookup(1, b"d").ino
+    master.create(d, b"inner")
+    assert errno_of(ops.lookup, 1, b"x" * 256, ctx) == errno.ENAMETOOLONG
+    assert errno_of(ops.create, 1, b"x" * 256, 0o100644, os.O_WRONLY, ctx) == errno.ENAMETOOLONG
+    assert errno_of(ops.lookup, 1, b"missing", ctx) == errno.ENOENT
+    assert errno_of(ops.rmdir, 1, b"d", ctx) == errno.ENOTEMPTY
+    assert errno_of(ops.mkdir, 1, b"d", 0o755, ctx) == errno.EEXIST
+    f = master.lookup(d, b"inner").ino
+    assert errno_of(ops.lookup, f, b"below", ctx) == errno.ENOTDIR  # a path through a file
+    assert errno_of(ops.rename, 1, b"d", d, b"sub", 0, ctx) == errno.EINVAL  # into itself
+    assert errno_of(ops.rename, 1, b"d", 1, b"e", pyfuse3.RENAME_EXCHANGE, ctx) == errno.EINVAL
+    master.create(1, b"taken")
+    assert errno_of(ops.rename, d, b"inner", 1, b"taken", pyfuse3.RENAME_NOREPLACE,
+                    ctx) == errno.EEXIST
+    assert errno_of(ops.rename, d, b"inner", 1, b"taken", 0, ctx) == 0
+    assert errno_of(ops.link, f, 1, b"hard", ctx) == errno.EPERM
+    assert errno_of(ops.symlink, 1, b"sym", b"target", ctx) == errno.EPERM
+    assert errno_of(ops.mknod, 1, b"fifo", stat.S_IFIFO | 0o644, 0, ctx) == errno.EPERM
+    assert errno_of(ops.mknod, 1, b"plain", stat.S_IFREG | 0o644, 0, ctx) == 0
+    assert master.lookup(1, b"plain").state == common_pb2.COMPLETE
+    assert errno_of(ops.unlink, 1, b"missing", ctx) == errno.ENOENT
+    assert errno_of(ops.read, 12345, 0, 10) == errno.EBADF
+
+
+def test_ops_unexpected_exception_is_eio_and_logged_once(cluster, caplog):
+    master, _ = cluster
+    ops = make_ops(master)
+
+    def boom(*a):
+        raise ValueError("bug")
+
+    master.getattr = boom
+    assert errno_of(ops.getattr, 1, Ctx()) == errno.EIO
+    assert sum("getattr" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_ops_user_errors_log_no_tracebacks(cluster, caplog):
+    master, _ = cluster
+    ops = make_ops(master)
+    caplog.set_level("DEBUG")
+    errno_of(ops.lookup, 1, b"missing", Ctx())
+    assert all(r.exc_info is None and r.levelname == "DEBUG" for r in caplog.records)
+
+
+def test_ops_write_publishes_at_flush_and_each_handle_is_a_version(cluster):
+    master, _ = cluster
+    ops = make_ops(master)
+    ctx = Ctx()
+
+    async def go():
+        fi, attr = await ops.create(1, b"k.tmp", 0o100644, os.O_WRONLY | os.O_CREAT, ctx)
+        assert fi.direct_io and stat.S_ISREG(attr.st_mode)
+        ino = attr.st_ino
+        fi2 = await ops.open(ino, os.O_WRONLY | os.O_TRUNC, ctx)
+        await ops.write(fi.fh, 0, b"a" * (BS + 3))
+        await ops.write(fi2.fh, 0, b"b" * 10)
+        assert (await ops.getattr(ino, ctx)).st_size in (BS + 3, 10)  # unpublished: local size
+        assert master.getattr(ino).size == 0
+        await ops.flush(fi.fh)
+        assert published(master, ino) == b"a" * (BS + 3)
+        assert (await ops.getattr(ino, ctx)).st_size == BS + 3  # published size wins now
+        await ops.flush(fi2.fh)
+        await ops.release(fi.fh)
+        await ops.release(fi2.fh)
+        assert published(master, ino) == b"b" * 10
+        await ops.rename(1, b"k.tmp", 1, b"k.data", 0, ctx)
+        entry = await ops.lookup(1, b"k.data", ctx)
+        assert entry.st_size == 10 and entry.st_ino == ino
+        # read handle: keep_cache only when this mount opened the same version before
+        r1 = await ops.open(ino, os.O_RDONLY, ctx)
+        assert not r1.keep_cache and not r1.direct_io
+        assert bytes(await ops.read(r1.fh, 0, 100)) == b"b" * 10
+        r2 = await ops.open(ino, os.O_RDONLY, ctx)
+        assert r2.keep_cache
+        await ops.release(r1.fh)
+        await ops.release(r2.fh)
+        # O_RDWR without O_TRUNC continues from the published version and reads it
+        w = await ops.open(ino, os.O_RDWR, ctx)
+        await ops.write(w.fh, 2, b"XY")
+        assert bytes(await ops.read(w.fh, 0, 100)) == b"bbXY" + b"b" * 6
+        # ftruncate on the handle applies to its version, not the master's file
+        fields = Fields(update_size=True)
+        a = pyfuse3.EntryAttributes()
+        a.st_size = 3
+        attr = await ops.setattr(ino, a, fields, w.fh, ctx)
+        assert attr.st_size == 3 and master.getattr(ino).size == 10
+        await ops.fsync(w.fh, False)
+        assert published(master, ino) == b"bbX"
+        await ops.release(w.fh)
+        r3 = await ops.open(ino, os.O_RDONLY, ctx)
+        assert not r3.keep_cache  # the version changed since this mount opened it
+        await ops.release(r3.fh)
+
+    trio.run(go)
+
+
+class Fields:
+    """Stands in for pyfuse3.SetattrFields (read-only from Python)."""
+
+    def __init__(self, **set_):
+        for k in ("atime", "mtime", "ctime", "mode", "uid", "gid", "size"):
+            setattr(self, "update_" + k, set_.get("update_" + k, False))
+
+
+def test_ops_readdir_pages_large_directories(cluster, monkeypatch):
+    master, _ = cluster
+    n = 2500
+    for i in range(n):
+        master.create(1, b"e%05d" % i)
+    ops = make_ops(master)
+    seen = []
+
+    def reply(token, name, attr, next_id):
+        if len(token) >= 37:  # the kernel's buffer is full
+            return False
+        token.append(name)
+        seen.append((name, next_id))
+        return True
+
+    monkeypatch.setattr(ops_mod.pyfuse3, "readdir_reply", reply)
+
+    async def go():
+        fh = await ops.opendir(1, Ctx())
+        off = 0
+        while True:
+            token = []
+            await ops.readdir(fh, off, token)
+            if not token:
+                break
+            off = seen[-1][1]
+        await ops.releasedir(fh)
+
+    trio.run(go)
+    names = [s[0] for s in seen]
+    assert names == sorted(b"e%05d" % i for i in range(n))
+
+
+def test_ops_statfs(cluster):
+    master, _ = cluster
+    ops = make_ops(master)
+    s = run(ops.statfs, Ctx())
+    assert s.f_frsize == 4096 and s.f_blocks == (1 << 40) // 4096
+    assert s.f_bfree == ((1 << 40) - (1 << 30)) // 4096 and s.f_namemax == 255
+
+
+def test_ops_unlinked_file_still_readable_through_an_open_handle(cluster):
+    master, _ = cluster
+    ino = _publish_bytes(master, b"m" * (BS + 1), name=b"gone")
+    ops = make_ops(master)
+
+    async def go():
+        fi = await ops.open(ino, os.O_RDONLY, Ctx())
+        await ops.unlink(1, b"gone", Ctx())
+        assert bytes(await ops.read(fi.fh, 0, 2 * BS)) == b"m" * (BS + 1)
+        await ops.release(fi.fh)
+
+    trio.run(go)
