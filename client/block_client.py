@@ -1,0 +1,248 @@
+"""Block I/O against workers: streamed writes, streamed reads with readahead, and the
+short-circuit path to block files on this host.
+
+Blocking calls, safe from many threads (the FUSE client runs them through
+``trio.to_thread``).  One gRPC channel per worker address is shared by the whole
+process.  Every failure is a ``CurvineError`` whose message names the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import zlib
+
+import grpc
+
+from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error, invalid
+from curvine.common.ids import MIB
+from curvine.common.rpc import make_channel
+from curvine.proto import common_pb2, worker_pb2, worker_pb2_grpc
+# The block file layout and the data framing have one definition each, in the worker.
+from curvine.worker import wire
+from curvine.worker.blockstore import block_relpath, check_block_id
+
+CHUNK = MIB  # data per gRPC message (MEASURED.md: 1 MiB is the sweet spot)
+DEFAULT_READAHEAD = 4  # messages buffered ahead of the reader (client.readahead_blocks)
+
+WorkerInfo = common_pb2.WorkerInfo
+
+_lock = threading.Lock()
+_workers: dict[str, "_WorkerCalls"] = {}
+
+
+class _WorkerCalls:
+    """A channel plus the data-path calls, framed by hand (see curvine.worker.wire)."""
+
+    def __init__(self, address: str):
+        self.channel = make_channel(address)
+        self.stub = worker_pb2_grpc.WorkerStub(self.channel)
+        self.write = self.channel.stream_unary(
+            "/curvine.Worker/WriteBlock",
+            request_serializer=None,  # requests are already serialised bytes
+            response_deserializer=worker_pb2.WriteBlockReply.FromString,
+            _registered_method=True)
+        self.read = self.channel.unary_stream(
+            "/curvine.Worker/ReadBlock",
+            request_serializer=worker_pb2.ReadBlockRequest.SerializeToString,
+            response_deserializer=wire.decode_read_reply,  # yields views of the data
+            _registered_method=True)
+
+
+def get_channel(address: str) -> grpc.Channel:
+    """The process-wide channel to ``address`` (created on first use)."""
+    return _calls(address).channel
+
+
+def _calls(address: str) -> _WorkerCalls:
+    with _lock:
+        calls = _workers.get(address)
+        if calls is None:
+            calls = _workers[address] = _WorkerCalls(address)
+        return calls
+
+
+def close_channels() -> None:
+    """Close every cached channel (calls in flight fail; later calls reconnect)."""
+    with _lock:
+        entries = list(_workers.values())
+        _workers.clear()
+    for calls in entries:
+        calls.channel.close()
+
+
+def _error(worker: WorkerInfo, e: grpc.RpcError) -> CurvineError:
+    err = from_rpc_error(e)
+    return CurvineError(err.kind, f"worker {worker.address}: {err.message}")
+
+
+def _write_requests(block_id: int, data: memoryview, result: dict):
+    n = len(data)
+    crc = 0
+    pos = 0
+    while True:
+        end = min(pos + CHUNK, n)
+        piece = data[pos:end]
+        crc = zlib.crc32(piece, crc)
+        last = end >= n
+        if last:
+            result["crc"] = crc
+        yield wire.encode_write_request(
+            piece, block_id=block_id if pos == 0 else 0, expected_length=n,
+            finish=last, checksum=crc if last else 0)
+        if last:
+            return
+        pos = end
+
+
+def _check(block_id: int, offset: int = 0, length: int = 0) -> None:
+    # Fail here with INVALID rather than deep in protobuf or gRPC's sender thread.
+    check_block_id(block_id)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise invalid("offset", f"{offset!r} is not a byte offset")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        raise invalid("length", f"{length!r} is not a byte count")
+
+
+def write_block(worker: WorkerInfo, block_id: int, data: bytes | bytearray | memoryview,
+                timeout: float = 30.0) -> tuple[int, int]:
+    """Stream ``data`` as block ``block_id`` to ``worker``; returns (length, crc32).
+
+    The worker checks the crc32 before finalising; any failure leaves no block."""
+    _check(block_id)
+    view = memoryview(data).cast("B")
+    result: dict = {}
+    try:
+        reply = _calls(worker.address).write(
+            _write_requests(block_id, view, result), timeout=timeout)
+    except grpc.RpcError as e:
+        raise _error(worker, e) from None
+    crc = result.get("crc")
+    if reply.length != len(view) or reply.checksum != crc:
+        raise CurvineError(ErrorKind.CHECKSUM,
+                           f"worker {worker.address}: block {block_id:016x} stored as "
+                           f"{reply.length} bytes crc32 {reply.checksum:08x}, sent "
+                           f"{len(view)} bytes crc32 {crc or 0:08x}")
+    return reply.length, reply.checksum
+
+
+def read_block(worker: WorkerInfo, block_id: int, offset: int, length: int,
+               timeout: float = 30.0) -> bytes:
+    """[offset, offset+length) of a block (length 0 = to the end), in one bytes object."""
+    _check(block_id, offset, length)
+    stream = _calls(worker.address).read(
+        worker_pb2.ReadBlockRequest(block_id=block_id, offset=offset, length=length),
+        timeout=timeout)
+    try:
+        parts = list(stream)  # memoryviews into the received messages
+    except grpc.RpcError as e:
+        raise _error(worker, e) from None
+    data = b"".join(parts)  # the one copy
+    if length and len(data) != length:
+        raise CurvineError(ErrorKind.IO, f"worker {worker.address}: block {block_id:016x}: "
+                                         f"got {len(data)} of {length} bytes")
+    return data
+
+
+_END = object()
+
+
+def _pump(stream, q: queue.Queue, closed: threading.Event, address: str) -> None:
+    def put(item) -> bool:
+        while not closed.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        for view in stream:
+            if not put(bytes(view)):
+                return
+        put(_END)
+    except grpc.RpcError as e:
+        if not closed.is_set():
+            err = from_rpc_error(e)
+            put(CurvineError(err.kind, f"worker {address}: {err.message}"))
+    except BaseException as e:  # noqa: BLE001 - hand everything to the consumer
+        put(CurvineError(ErrorKind.IO, f"worker {address}: {e}"))
+
+
+class BlockReader:
+    """Sequential reader of [offset, offset+length) of one block (length 0 = to the end).
+
+    Iterate once: it yields bytes chunks (<= 1 MiB) in order.  A background thread keeps up
+    to ``readahead`` chunks received ahead of the consumer; ``close()`` cancels the
+    stream.  Use as a context manager or call ``close()``.
+    """
+
+    def __init__(self, worker: WorkerInfo, block_id: int, offset: int = 0, length: int = 0,
+                 timeout: float = 30.0, readahead: int = DEFAULT_READAHEAD):
+        _check(block_id, offset, length)
+        self.worker = worker
+        self.block_id = block_id
+        self.length = length
+        self._received = 0
+        self._closed = threading.Event()
+        self._stream = _calls(worker.address).read(
+            worker_pb2.ReadBlockRequest(block_id=block_id, offset=offset, length=length),
+            timeout=timeout)
+        self._queue: queue.Queue = queue.Queue(maxsize=max(readahead, 1))
+        # The pump gets no reference to self, so an abandoned reader is collected and
+        # its __del__ stops the pump.
+        threading.Thread(target=_pump, name="block-readahead", daemon=True,
+                         args=(self._stream, self._queue, self._closed, worker.address)).start()
+
+    def __iter__(self):
+        while not self._closed.is_set():
+            try:
+                item = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if item is _END:
+                self._check_complete()
+                return
+            if isinstance(item, CurvineError):
+                self.close()
+                raise item
+            self._received += len(item)
+            yield item
+
+    def _check_complete(self) -> None:
+        if self.length and self._received != self.length:
+            raise CurvineError(ErrorKind.IO, f"worker {self.worker.address}: block "
+                                             f"{self.block_id:016x}: got {self._received} of "
+                                             f"{self.length} bytes")
+
+    def close(self) -> None:
+        closed = getattr(self, "_closed", None)  # __del__ of a half-built reader
+        if closed is None or closed.is_set():
+            return
+        closed.set()
+        self._stream.cancel()
+
+    def __enter__(self) -> "BlockReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def local_block_path(worker: WorkerInfo, block_id: int) -> str | None:
+    """The finalised file of a block under one of ``worker.data_dirs``, if it exists here.
+
+    Only meaningful when ``worker.host_id == curvine.common.ids.host_id()``."""
+    rel = block_relpath(block_id)
+    for d in worker.data_dirs:
+        if not os.path.isabs(d):
+            continue
+        path = os.path.join(d, rel)
+        if os.path.exists(path):
+            return path
+    return None

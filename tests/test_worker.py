@@ -1,0 +1,658 @@
+"""Worker: block store, block service through the block client, and the daemon.
+
+Levels: BlockStore on real directories -> a real WorkerServicer on an in-process gRPC
+server driven through curvine.client.block_client -> `curvine-worker` as a
+subprocess against a small fake master that records what the worker tells it,
+including SIGTERM and SIGKILL-mid-write recovery.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from concurrent import futures
+
+import grpc
+import pytest
+
+from curvine.client import block_client
+from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error
+from curvine.common.ids import MIB
+from curvine.common.rpc import bind, make_channel, make_server
+from curvine.proto import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
+from curvine.worker import wire
+from curvine.worker.blockstore import MAX_BLOCK_ID, BlockStore, block_path, check_block_id
+from curvine.worker.service import WorkerServicer, add_to_server
+
+VENV_BIN = os.path.dirname(sys.executable)
+
+
+def _blk(block_id: int) -> str:
+    return f"{block_id:016x}.blk"
+
+
+def _kind(exc_info) -> ErrorKind:
+    return exc_info.value.kind
+
+
+def _write(store: BlockStore, block_id: int, data: bytes, chunk: int = MIB) -> tuple[int, int]:
+    with store.begin_write(block_id, len(data)) as w:
+        for i in range(0, len(data), chunk):
+            w.append(data[i:i + chunk])
+        return w.finish(zlib.crc32(data))
+
+
+def _staging(d) -> list[str]:
+    return os.listdir(os.path.join(d, "staging"))
+
+
+def wait_until(pred, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# -- BlockStore ----------------------------------------------------------------------------
+
+
+def test_write_finalise_read(tmp_path):
+    store = BlockStore([tmp_path])
+    data = os.urandom(3 * MIB + 123)
+    length, crc = _write(store, 0x1234, data, chunk=300_000)
+    assert (length, crc) == (len(data), zlib.crc32(data))
+    path = tmp_path / "blocks" / "34" / _blk(0x1234)
+    assert path.read_bytes() == data
+    assert store.info(0x1234) == (len(data), str(path))
+    assert _staging(tmp_path) == []
+    assert store.used == len(data) and len(store) == 1
+    assert [b for b, _ in store.report()] == [0x1234]
+
+    chunks = list(store.read(0x1234))
+    assert all(len(c) <= MIB for c in chunks) and b"".join(chunks) == data
+    assert b"".join(store.read(0x1234, MIB - 5, MIB + 10)) == data[MIB - 5:2 * MIB + 5]
+    assert b"".join(store.read(0x1234, 10, 100, chunk=7)) == data[10:110]
+    assert b"".join(store.read(0x1234, len(data))) == b""
+    with pytest.raises(CurvineError) as e:
+        store.read(0x1234, len(data) + 1)
+    assert _kind(e) == ErrorKind.INVALID and "offset" in str(e.value)
+    with pytest.raises(CurvineError) as e:
+        store.read(0x1234, 10, len(data))
+    assert _kind(e) == ErrorKind.INVALID and "length" in str(e.value)
+    with pytest.raises(CurvineError) as e:
+        store.read(0x999)
+    assert _kind(e) == ErrorKind.NOT_FOUND
+
+    # Reopening scans the block back in.
+    again = BlockStore([tmp_path])
+    assert again.info(0x1234)[0] == len(data) and again.used == len(data)
+
+    # A reader keeps the data it opened after a delete; later opens miss; deleting
+    # something absent is fine.
+    reader = store.read(0x1234, 0, 10)
+    assert store.delete([0x1234, 0x777]) == 1
+    assert next(reader) == data[:10]
+    assert not path.exists() and store.used == 0 and len(store) == 0
+    with pytest.raises(CurvineError) as e:
+        store.read(0x1234)
+    assert _kind(e) == ErrorKind.NOT_FOUND
+
+
+def test_checksum_mismatch_leaves_nothing(tmp_path):
+    store = BlockStore([tmp_path])
+    w = store.begin_write(5, 0)
+    w.append(b"hello")
+    with pytest.raises(CurvineError) as e:
+        w.finish(zlib.crc32(b"hellO"))
+    assert _kind(e) == ErrorKind.CHECKSUM
+    assert _staging(tmp_path) == [] and 5 not in store and store.used == 0
+    assert not os.path.exists(block_path(str(tmp_path), 5))
+
+
+def test_capacity_no_space(tmp_path):
+    store = BlockStore([tmp_path], capacity=3 * MIB)
+    with pytest.raises(CurvineError) as e:
+        store.begin_write(1, 4 * MIB)
+    assert _kind(e) == ErrorKind.NO_SPACE
+    _write(store, 2, b"x" * 2 * MIB)
+    # Unknown length: refused on the append that would cross the capacity.
+    w = store.begin_write(3)
+    w.append(b"y" * MIB)
+    with pytest.raises(CurvineError) as e:
+        w.append(b"y")
+    assert _kind(e) == ErrorKind.NO_SPACE
+    assert _staging(tmp_path) == [] and store.used == 2 * MIB
+    # A reservation counts against the capacity while its write is in progress.
+    w = store.begin_write(4, MIB)
+    with pytest.raises(CurvineError) as e:
+        store.begin_write(5, 1)
+    assert _kind(e) == ErrorKind.NO_SPACE
+    w.abort()
+    assert store.stats() == (3 * MIB, 2 * MIB, 1)
+    _write(store, 5, b"z" * MIB)
+
+
+def test_disk_full_is_no_space(tmp_path):
+    """A real ENOSPC from the kernel (/dev/full under the staging fd) -> NO_SPACE."""
+    store = BlockStore([tmp_path])
+    w = store.begin_write(9, 0)
+    full = os.open("/dev/full", os.O_WRONLY)
+    try:
+        os.dup2(full, w._fd)
+    finally:
+        os.close(full)
+    with pytest.raises(CurvineError) as e:
+        w.append(b"a" * 4096)
+    assert _kind(e) == ErrorKind.NO_SPACE
+    assert _staging(tmp_path) == [] and store.used == 0
+
+
+def test_auto_capacity_is_free_plus_used(tmp_path):
+    store = BlockStore([tmp_path])
+    st = os.statvfs(tmp_path)
+    assert abs(store.capacity - st.f_bavail * st.f_frsize) < 64 * MIB
+    _write(store, 1, b"q" * MIB)
+    capacity, used, n = store.stats()
+    assert used == MIB and n == 1 and abs(capacity - store.capacity) < 64 * MIB
+
+
+def test_start_removes_staging_and_ignores_strays(tmp_path):
+    store = BlockStore([tmp_path])
+    _write(store, 0x42, b"data")
+    (tmp_path / "staging" / f"{0x43:016x}.abc.tmp").write_bytes(b"partial")
+    (tmp_path / "staging" / "junk").write_bytes(b"?")
+    (tmp_path / "blocks" / "42" / "notes.txt").write_bytes(b"?")
+    (tmp_path / "blocks" / "00" / _blk(0x42)).write_bytes(b"misplaced")
+    store = BlockStore([tmp_path])
+    assert _staging(tmp_path) == []
+    assert [b for b, _ in store.report()] == [0x42] and store.used == 4
+    assert (tmp_path / "blocks" / "42" / "notes.txt").exists()  # not ours: left alone
+
+
+def test_several_data_dirs(tmp_path):
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    store = BlockStore(dirs)
+    for i in range(1, 9):
+        _write(store, i, bytes([i]) * 1000)
+    found = {int(name[:16], 16) for d in dirs for sub in os.listdir(d / "blocks")
+             for name in os.listdir(d / "blocks" / sub)}
+    assert found == set(range(1, 9))
+    assert BlockStore(dirs).used == 8000
+    with pytest.raises(CurvineError):
+        BlockStore([tmp_path / "a", tmp_path / "a" / ".." / "a"])
+
+
+@pytest.mark.parametrize("bad", [0, -1, -(1 << 70), 1 << 63, 1 << 64, 10 ** 40, True, "1", 1.0])
+def test_block_ids_never_escape(tmp_path, bad):
+    store = BlockStore([tmp_path])
+    for call in (lambda: store.begin_write(bad), lambda: store.read(bad),
+                 lambda: store.delete([bad]), lambda: store.info(bad),
+                 lambda: block_client.local_block_path(
+                     common_pb2.WorkerInfo(data_dirs=[str(tmp_path)]), bad)):
+        with pytest.raises(CurvineError) as e:
+            call()
+        assert _kind(e) == ErrorKind.INVALID
+    assert sorted(os.listdir(tmp_path)) == ["blocks", "staging"]
+
+
+def test_largest_block_id_stays_inside(tmp_path):
+    store = BlockStore([tmp_path])
+    _write(store, MAX_BLOCK_ID, b"top")
+    path = store.info(MAX_BLOCK_ID)[1]
+    assert path == os.path.join(str(tmp_path), "blocks", "ff", "7fffffffffffffff.blk")
+    assert check_block_id(1) == 1
+
+
+def test_concurrent_writers(tmp_path):
+    store = BlockStore([tmp_path], capacity=64 * MIB)
+    payloads = {i: os.urandom(MIB + i) for i in range(1, 17)}
+    with futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: _write(store, i, payloads[i], chunk=256 * 1024), payloads))
+    assert store.used == sum(len(p) for p in payloads.values()) and len(store) == 16
+    for i, p in payloads.items():
+        assert b"".join(store.read(i)) == p
+
+
+# -- the block service through block_client ------------------------------------------------
+
+
+@pytest.fixture
+def worker(tmp_path):
+    data_dir = tmp_path / "data"
+    store = BlockStore([data_dir])
+    servicer = WorkerServicer(store, block_size=64 * MIB)
+    server = make_server(8)
+    add_to_server(servicer, server)
+    port = bind(server, "127.0.0.1", 0)
+    server.start()
+    info = common_pb2.WorkerInfo(worker_id=1, address=f"127.0.0.1:{port}",
+                                 data_dirs=[str(data_dir)], host_id="here")
+    yield info, store, servicer
+    block_client.close_channels()
+    server.stop(None)
+
+
+def _raw_write(info, messages, timeout=10.0):
+    stub = worker_pb2_grpc.WorkerStub(block_client.get_channel(info.address))
+    try:
+        return stub.WriteBlock(iter(messages), timeout=timeout)
+    except grpc.RpcError as e:
+        raise from_rpc_error(e) from None
+
+
+def test_write_and_read_32mib(worker):
+    info, store, _ = worker
+    data = os.urandom(32 * MIB + 17)
+    assert block_client.write_block(info, 77, data) == (len(data), zlib.crc32(data))
+    assert block_client.read_block(info, 77, 0, 0) == data
+    assert block_client.read_block(info, 77, 0, len(data)) == data
+    with block_client.BlockReader(info, 77) as reader:
+        chunks = list(reader)
+    assert all(len(c) <= MIB for c in chunks) and b"".join(chunks) == data
+    # Ranged reads, across message boundaries.
+    for off, n in [(0, 1), (MIB - 3, 6), (5 * MIB + 1, 3 * MIB), (len(data) - 10, 10),
+                   (len(data) - 10, 0)]:
+        expect = data[off:off + n] if n else data[off:]
+        assert block_client.read_block(info, 77, off, n) == expect
+        assert b"".join(block_client.BlockReader(info, 77, off, n)) == expect
+    # memoryview and bytearray inputs; an empty block.
+    assert block_client.write_block(info, 78, memoryview(data)[:MIB]) == (MIB, zlib.crc32(data[:MIB]))
+    assert block_client.write_block(info, 79, bytearray(b"")) == (0, 0)
+    assert block_client.read_block(info, 79, 0, 0) == b""
+    assert len(store) == 3
+
+
+def test_read_errors(worker):
+    info, _, _ = worker
+    with pytest.raises(CurvineError) as e:
+        block_client.read_block(info, 12345, 0, 0)
+    assert _kind(e) == ErrorKind.NOT_FOUND and info.address in str(e.value)
+    with pytest.raises(CurvineError) as e:
+        list(block_client.BlockReader(info, 12345))
+    assert _kind(e) == ErrorKind.NOT_FOUND
+    block_client.write_block(info, 5, b"abc")
+    for off, n, field in [(4, 0, "offset"), (1, 3, "length")]:
+        with pytest.raises(CurvineError) as e:
+            block_client.read_block(info, 5, off, n)
+        assert _kind(e) == ErrorKind.INVALID and field in str(e.value)
+    for args, field in [((0, 0, 0), "block_id"), ((1 << 64, 0, 0), "block_id"),
+                        ((5, -1, 0), "offset"), ((5, 0, -2), "length")]:
+        for call in (lambda: block_client.read_block(info, *args),
+                     lambda: block_client.BlockReader(info, *args)):
+            with pytest.raises(CurvineError) as e:
+                call()
+            assert _kind(e) == ErrorKind.INVALID and field in str(e.value)
+    with pytest.raises(CurvineError) as e:
+        block_client.write_block(info, -5, b"x")
+    assert _kind(e) == ErrorKind.INVALID
+    stub = worker_pb2_grpc.WorkerStub(block_client.get_channel(info.address))
+    for bad, field in [(worker_pb2.ReadBlockRequest(block_id=5, chunk_size=2 * MIB), "chunk_size"),
+                       (worker_pb2.ReadBlockRequest(block_id=0), "block_id"),
+                       (worker_pb2.ReadBlockRequest(block_id=1 << 63), "block_id")]:
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.ReadBlock(bad, timeout=5))
+        err = from_rpc_error(e.value)
+        assert err.kind == ErrorKind.INVALID and err.message.startswith(field + ":")
+
+
+def test_generated_stub_interoperates(worker):
+    """The hand-framed data messages are plain protobuf on the wire."""
+    info, _, _ = worker
+    stub = worker_pb2_grpc.WorkerStub(block_client.get_channel(info.address))
+    data = os.urandom(MIB + 5)
+    reply = stub.WriteBlock(iter([
+        worker_pb2.WriteBlockRequest(header=worker_pb2.WriteBlockHeader(block_id=3),
+                                     data=data[:MIB]),
+        worker_pb2.WriteBlockRequest(data=data[MIB:], finish=True, checksum=zlib.crc32(data)),
+    ]), timeout=10)
+    assert (reply.block_id, reply.length, reply.checksum) == (3, len(data), zlib.crc32(data))
+    got = b"".join(r.data for r in stub.ReadBlock(worker_pb2.ReadBlockRequest(block_id=3)))
+    assert got == data
+    assert wire.decode_read_reply(worker_pb2.ReadBlockReply(data=b"xy").SerializeToString()) == b"xy"
+
+
+def test_generated_registration_still_works(tmp_path):
+    """WorkerServicer registered with the generated helper sends ReadBlockReply messages."""
+    store = BlockStore([tmp_path])
+    server = make_server(4)
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(store), server)
+    port = bind(server, "127.0.0.1", 0)
+    server.start()
+    try:
+        info = common_pb2.WorkerInfo(address=f"127.0.0.1:{port}")
+        data = os.urandom(2 * MIB + 1)
+        block_client.write_block(info, 4, data)
+        assert block_client.read_block(info, 4, 0, 0) == data
+    finally:
+        block_client.close_channels()
+        server.stop(None)
+
+
+def test_bad_writes_are_refused(worker):
+    info, store, servicer = worker
+    hdr = worker_pb2.WriteBlockHeader
+    req = worker_pb2.WriteBlockRequest
+    cases = [
+        ([req(data=b"x", finish=True, checksum=zlib.crc32(b"x"))], "header"),
+        ([req(header=hdr(block_id=0), finish=True)], "header.block_id"),
+        ([req(header=hdr(block_id=1 << 63), finish=True)], "header.block_id"),
+        ([req(header=hdr(block_id=1, expected_length=65 * MIB), finish=True)],
+         "header.expected_length"),
+        ([req(header=hdr(block_id=1, expected_length=5), data=b"abc", finish=True,
+              checksum=zlib.crc32(b"abc"))], "header.expected_length"),
+        ([req(header=hdr(block_id=1), data=b"a"), req(header=hdr(block_id=2), finish=True)],
+         "header"),
+        ([req(header=hdr(block_id=1), data=b"a")], "finish"),
+        ([], "header"),
+        # Oversized message: 2 MiB of data in one message.
+        ([req(header=hdr(block_id=1), data=b"z" * 2 * MIB, finish=True,
+              checksum=zlib.crc32(b"z" * 2 * MIB))], "data"),
+    ]
+    for messages, field in cases:
+        with pytest.raises(CurvineError) as e:
+            _raw_write(info, messages)
+        assert _kind(e) == ErrorKind.INVALID, (field, e.value)
+        assert str(e.value).startswith(field + ":"), (field, e.value)
+    with pytest.raises(CurvineError) as e:
+        _raw_write(info, [req(header=hdr(block_id=1), data=b"abc", finish=True, checksum=1)])
+    assert _kind(e) == ErrorKind.CHECKSUM
+    # The master's block size limits the total.
+    servicer.block_size = 2 * MIB
+    with pytest.raises(CurvineError) as e:
+        block_client.write_block(info, 1, b"b" * (2 * MIB + 1))
+    assert _kind(e) == ErrorKind.INVALID
+    assert len(store) == 0 and store.used == 0 and _staging(store.data_dirs[0]) == []
+
+
+def test_no_space_reaches_the_client(tmp_path):
+    store = BlockStore([tmp_path], capacity=2 * MIB)
+    server = make_server(4)
+    add_to_server(WorkerServicer(store), server)
+    port = bind(server, "127.0.0.1", 0)
+    server.start()
+    try:
+        info = common_pb2.WorkerInfo(address=f"127.0.0.1:{port}")
+        block_client.write_block(info, 1, b"a" * MIB)
+        with pytest.raises(CurvineError) as e:
+            block_client.write_block(info, 2, b"a" * (MIB + 1))
+        assert _kind(e) == ErrorKind.NO_SPACE and e.value.errno == 28
+        assert store.used == MIB and _staging(tmp_path) == []
+    finally:
+        block_client.close_channels()
+        server.stop(None)
+
+
+def test_block_info_delete_and_short_circuit(worker):
+    info, store, _ = worker
+    block_client.write_block(info, 0x1FF, b"local")
+    stub = worker_pb2_grpc.WorkerStub(block_client.get_channel(info.address))
+    reply = stub.GetBlockInfo(worker_pb2.GetBlockInfoRequest(block_id=0x1FF), timeout=5)
+    path = block_client.local_block_path(info, 0x1FF)
+    assert reply.length == 5 and reply.path == path and path.endswith("/blocks/ff/" + _blk(0x1FF))
+    assert open(path, "rb").read() == b"local"
+    assert block_client.local_block_path(info, 0x200) is None
+    stub.DeleteBlocks(worker_pb2.DeleteBlocksRequest(block_ids=[0x1FF, 0x200]), timeout=5)
+    assert block_client.local_block_path(info, 0x1FF) is None and len(store) == 0
+    with pytest.raises(grpc.RpcError) as e:
+        stub.DeleteBlocks(worker_pb2.DeleteBlocksRequest(block_ids=[1, 0]), timeout=5)
+    err = from_rpc_error(e.value)
+    assert err.kind == ErrorKind.INVALID and "block_ids[1]" in err.message
+    with pytest.raises(grpc.RpcError) as e:
+        stub.GetBlockInfo(worker_pb2.GetBlockInfoRequest(block_id=0x1FF), timeout=5)
+    assert from_rpc_error(e.value).kind == ErrorKind.NOT_FOUND
+
+
+def test_reader_close_cancels(worker):
+    info, _, _ = worker
+    block_client.write_block(info, 8, os.urandom(16 * MIB))
+    reader = block_client.BlockReader(info, 8, readahead=2)
+    it = iter(reader)
+    assert len(next(it)) == MIB
+    reader.close()
+    assert list(it) == []
+    # Many abandoned readers do not pile up threads.
+    for _ in range(5):
+        r = block_client.BlockReader(info, 8, readahead=1)
+        next(iter(r))
+        del r
+    wait_until(lambda: sum(t.name == "block-readahead" for t in threading.enumerate()) == 0,
+               5, "readahead threads to stop")
+
+
+def test_unreachable_worker_is_unavailable():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    info = common_pb2.WorkerInfo(address=f"127.0.0.1:{port}")
+    with pytest.raises(CurvineError) as e:
+        block_client.write_block(info, 1, b"x", timeout=5)
+    assert _kind(e) == ErrorKind.UNAVAILABLE
+    with pytest.raises(CurvineError) as e:
+        block_client.read_block(info, 1, 0, 0, timeout=5)
+    assert _kind(e) == ErrorKind.UNAVAILABLE
+    block_client.close_channels()
+
+
+# -- curvine-worker against a fake master --------------------------------------------------
+
+
+class FakeMaster(master_pb2_grpc.MasterServicer):
+    """RegisterWorker, BlockReport and WorkerHeartbeat only; records every call."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.registrations: list = []
+        self.reports: list = []
+        self.heartbeats: list = []
+        self.delete_on_report: list[int] = []
+        self.delete_on_heartbeat: list[int] = []
+        self.reregister = False
+
+    def RegisterWorker(self, request, context):
+        with self.lock:
+            self.registrations.append(request.worker)
+        return master_pb2.RegisterWorkerReply(worker_id=7, block_size=64 * MIB)
+
+    def BlockReport(self, request, context):
+        with self.lock:
+            self.reports.append((request.worker_id, dict(zip(request.block_ids,
+                                                             request.block_mtimes_ns))))
+            ids, self.delete_on_report = self.delete_on_report, []
+        return master_pb2.BlockReportReply(delete_block_ids=ids)
+
+    def WorkerHeartbeat(self, request, context):
+        with self.lock:
+            self.heartbeats.append(request)
+            ids, self.delete_on_heartbeat = self.delete_on_heartbeat, []
+            again, self.reregister = self.reregister, False
+        return master_pb2.HeartbeatReply(delete_block_ids=ids, reregister=again)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_master(port: int):
+    fake = FakeMaster()
+    server = make_server(4)
+    master_pb2_grpc.add_MasterServicer_to_server(fake, server)
+    bind(server, "127.0.0.1", port)
+    server.start()
+    return fake, server
+
+
+class WorkerProcess:
+    def __init__(self, tmp_path, data_dir, master_port, name):
+        conf = tmp_path / "curvine.toml"
+        conf.write_text('[worker]\nheartbeat_interval = "100ms"\n'
+                        '[cluster]\nrpc_timeout = "5s"\n')
+        self.log_path = tmp_path / f"{name}.log"
+        self.notify_path = str(tmp_path / f"{name}.notify")
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind(self.notify_path)
+        env = {k: v for k, v in os.environ.items() if k != "CURVINE_CONF"}
+        env.update(CURVINE_HOST_ID="test-host", NOTIFY_SOCKET=self.notify_path)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [os.path.join(VENV_BIN, "curvine-worker"), "--conf", str(conf),
+                 "--master", f"127.0.0.1:{master_port}", "--host", "127.0.0.1", "--port", "0",
+                 "--data-dir", str(data_dir), "--capacity", "1GiB"],
+                stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self, timeout=15.0) -> None:
+        self.notify.settimeout(timeout)
+        try:
+            while True:
+                msg = self.notify.recv(4096)
+                if msg == b"READY=1":
+                    return
+        except socket.timeout:
+            raise AssertionError(f"worker not READY; log:\n{self.log()}") from None
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.notify.close()
+
+
+def _plant(data_dir, block_id: int, data: bytes) -> None:
+    path = data_dir / "blocks" / f"{block_id % 256:02x}" / _blk(block_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def test_worker_daemon_against_fake_master(tmp_path):
+    data_dir = tmp_path / "data"
+    for b in (0x101, 0x102, 0x103):
+        _plant(data_dir, b, b"planted %d" % b)
+    (data_dir / "staging").mkdir(parents=True)
+    (data_dir / "staging" / f"{0x104:016x}.dead.tmp").write_bytes(b"torn")
+
+    # The worker starts before its master is up and waits for it quietly.
+    master_port = _free_port()
+    worker = WorkerProcess(tmp_path, data_dir, master_port, "w1")
+    master = None
+    try:
+        wait_until(lambda: "unavailable" in worker.log(), 10, "the worker to miss its master")
+        assert worker.proc.poll() is None
+        fake, master = _start_master(master_port)
+        fake.delete_on_report = [0x102]
+        worker.wait_ready()
+
+        reg = fake.registrations[0]
+        assert reg.worker_id == 0 and reg.host_id == "test-host"
+        assert reg.data_dirs == [str(data_dir)] and reg.capacity == 1 << 30
+        assert reg.used == sum(len(b"planted %d" % b) for b in (0x101, 0x102, 0x103))
+        assert reg.uuid == (data_dir / "worker.uuid").read_text().strip()
+        assert reg.address.startswith("127.0.0.1:")
+        worker_id, reported = fake.reports[0]
+        assert worker_id == 7 and set(reported) == {0x101, 0x102, 0x103}
+        assert all(m > 0 for m in reported.values())
+        assert os.listdir(data_dir / "staging") == []
+        assert not (data_dir / "blocks" / "02" / _blk(0x102)).exists()
+
+        # Serving: a block written now shows up in the heartbeats.
+        info = common_pb2.WorkerInfo(address=reg.address, data_dirs=list(reg.data_dirs))
+        block_client.write_block(info, 0x200, b"fresh")
+        wait_until(lambda: any(h.num_blocks == 3 and h.worker_id == 7 for h in fake.heartbeats),
+                   5, "a heartbeat with 3 blocks")
+
+        fake.delete_on_heartbeat = [0x103]
+        wait_until(lambda: not (data_dir / "blocks" / "03" / _blk(0x103)).exists(), 5,
+                   "block 0x103 to be deleted")
+        fake.reregister = True
+        wait_until(lambda: len(fake.reports) >= 2, 5, "a second block report")
+        assert len(fake.registrations) == 2
+        assert fake.registrations[1].uuid == reg.uuid and fake.registrations[1].worker_id == 7
+        assert set(fake.reports[1][1]) == {0x101, 0x200}
+
+        # The master goes away and comes back (a fresh one, on the same port): the
+        # worker keeps serving, says so once each way, and carries on heartbeating.
+        master.stop(None).wait()
+        wait_until(lambda: worker.log().count("WARNING") == 2, 10, "a second WARNING")
+        assert block_client.read_block(info, 0x200, 0, 0) == b"fresh"
+        time.sleep(0.5)
+        fake, master = _start_master(master_port)
+        wait_until(lambda: fake.heartbeats, 10, "heartbeats to a restarted master")
+        assert worker.proc.poll() is None
+
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(10) == 0
+        log = worker.log()
+        assert "Traceback" not in log and "ERROR" not in log
+        assert log.count("WARNING") == 2  # master away at start, and once later
+        assert log.count("reachable again") == 2
+        assert "removed 1 staging leftovers" in log
+    finally:
+        worker.close()
+        block_client.close_channels()
+        if master is not None:
+            master.stop(None)
+
+
+def test_worker_killed_mid_write_recovers(tmp_path):
+    data_dir = tmp_path / "data"
+    master_port = _free_port()
+    fake, master = _start_master(master_port)
+    worker = WorkerProcess(tmp_path, data_dir, master_port, "w1")
+    try:
+        worker.wait_ready()
+        info = common_pb2.WorkerInfo(address=fake.registrations[0].address)
+        block_client.write_block(info, 0x11, b"kept" * 1000)
+
+        # A write that stalls after its first message: the staging file exists.
+        release = threading.Event()
+
+        def stalled():
+            yield wire.encode_write_request(b"p" * MIB, block_id=0x12, expected_length=4 * MIB)
+            release.wait(20)
+
+        call = block_client._calls(info.address).write.future(stalled(), timeout=20)
+        wait_until(lambda: os.listdir(data_dir / "staging"), 10, "a staging file")
+        worker.proc.kill()
+        worker.proc.wait(10)
+        release.set()
+        with pytest.raises(grpc.RpcError):
+            call.result()
+        assert os.listdir(data_dir / "staging")  # the crash left it behind
+        worker.close()
+
+        worker = WorkerProcess(tmp_path, data_dir, master_port, "w2")
+        worker.wait_ready()
+        assert os.listdir(data_dir / "staging") == []
+        assert set(fake.reports[-1][1]) == {0x11}
+        assert fake.registrations[-1].uuid == fake.registrations[0].uuid
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(10) == 0
+        assert "Traceback" not in worker.log()
+    finally:
+        worker.close()
+        block_client.close_channels()
+        master.stop(None)
+
+
+def test_bad_flags_and_config_exit_2(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[worker]\nno_such_key = 1\n")
+    for args in (["--capacity", "lots"], ["--conf", str(bad)]):
+        proc = subprocess.run([os.path.join(VENV_BIN, "curvine-worker"), *args,
+                               "--data-dir", str(tmp_path / "d")],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert "no_such_key" in proc.stderr

@@ -1,0 +1,494 @@
+"""Block files on a worker's local disks: the worker's only state, no database.
+
+Layout under each data dir (the contract in docs/CONTRACTS.md)::
+
+    <data_dir>/blocks/<block_id % 256 as 2 hex>/<block_id as 16 hex>.blk   finalised
+    <data_dir>/staging/<block_id as 16 hex>.<random>.tmp                  being written
+
+A block is written to a staging file while its crc32 is computed, compared with the
+client's checksum and renamed into place (os.replace), so a reader never sees a
+partial block.  Staging files left by a crash are removed on start, and the finalised
+files are scanned into an in-memory index that feeds the full block report.
+
+Paths are built only from validated integer block ids, so no request can name a
+file outside the data dirs.  fsync is off by default: this is a cache (LMCache never
+fsyncs either) and a block lost in a crash is a cache miss, not data loss.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import secrets
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import Iterable
+
+from curvine.common.errors import CurvineError, ErrorKind, invalid
+from curvine.common.ids import MIB, BlockId
+
+log = logging.getLogger(__name__)
+
+MAX_BLOCK_ID = (1 << 63) - 1  # ids fit a signed 64-bit integer (LMDB keys, journal)
+READ_CHUNK = MIB  # the data unit: largest chunk a read yields
+_BLOCK_NAME = re.compile(r"([0-9a-f]{16})\.blk")
+_STAGING_SUFFIX = ".tmp"
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def check_block_id(block_id: object, field: str = "block_id") -> BlockId:
+    """A block id is an int in 1..2^63-1 (0 is a hole and never stored)."""
+    if isinstance(block_id, bool) or not isinstance(block_id, int) or not 1 <= block_id <= MAX_BLOCK_ID:
+        raise invalid(field, f"{block_id!r} is not a block id (1..2^63-1)")
+    return BlockId(block_id)
+
+
+def block_relpath(block_id: int) -> str:
+    """``blocks/<id % 256 as 2 hex>/<id as 16 hex>.blk``: the one definition of the layout."""
+    b = check_block_id(block_id)
+    return os.path.join("blocks", f"{b % 256:02x}", f"{b:016x}.blk")
+
+
+def block_path(data_dir: str, block_id: int) -> str:
+    return os.path.join(data_dir, block_relpath(block_id))
+
+
+@dataclass(frozen=True)
+class BlockEntry:
+    dir_index: int
+    size: int
+    mtime_ns: int
+
+
+class BlockStore:
+    """Finalised blocks plus in-progress writes over one or more data dirs; thread-safe.
+
+    ``capacity`` is the byte limit (0 = what the data dirs' file systems could give:
+    their free space plus what the blocks already use).  ``used`` counts finalised
+    and staging bytes.  Opening the store removes staging leftovers and scans blocks.
+    """
+
+    def __init__(self, data_dirs: Iterable[str], capacity: int = 0, fsync: bool = False):
+        dirs = [os.path.abspath(d) for d in data_dirs]
+        if not dirs:
+            raise invalid("data_dirs", "at least one data dir is needed")
+        if len({os.path.realpath(d) for d in dirs}) != len(dirs):
+            raise invalid("data_dirs", "a data dir is listed twice")
+        if capacity < 0:
+            raise invalid("capacity", "must not be negative")
+        self.data_dirs: list[str] = dirs
+        self.fsync = fsync
+        self._configured_capacity = capacity
+        self._lock = threading.Lock()
+        self._blocks: dict[int, BlockEntry] = {}
+        self._used = 0  # finalised + staging bytes
+        self._reserved = 0  # announced but not yet written bytes of writes in progress
+        self._pending_by_dir = [0] * len(dirs)  # the same, per data dir (for placement)
+        for d in dirs:
+            try:
+                os.makedirs(os.path.join(d, "staging"), exist_ok=True)
+                for i in range(256):
+                    os.makedirs(os.path.join(d, "blocks", f"{i:02x}"), exist_ok=True)
+            except OSError as e:
+                raise CurvineError(ErrorKind.IO, f"data dir {d}: {e.strerror}") from None
+        self._clean_staging()
+        self._scan()
+        self.capacity = capacity or self._auto_capacity()
+        log.info("block store: %d blocks, %d bytes used, capacity %d bytes, data dirs %s",
+                 len(self._blocks), self._used, self.capacity, ", ".join(dirs))
+
+    # -- start-up ---------------------------------------------------------------------
+
+    def _clean_staging(self) -> None:
+        removed = 0
+        for d in self.data_dirs:
+            staging = os.path.join(d, "staging")
+            with os.scandir(staging) as it:
+                for ent in it:
+                    try:
+                        os.unlink(ent.path)
+                        removed += 1
+                    except IsADirectoryError:
+                        log.warning("ignoring directory %s in the staging area", ent.path)
+                    except FileNotFoundError:
+                        pass
+        if removed:
+            log.info("removed %d staging leftovers of interrupted writes", removed)
+
+    def _scan(self) -> None:
+        stray = 0
+        for di, d in enumerate(self.data_dirs):
+            blocks = os.path.join(d, "blocks")
+            with os.scandir(blocks) as subdirs:
+                for sub in subdirs:
+                    if not sub.is_dir(follow_symlinks=False):
+                        stray += 1
+                        continue
+                    with os.scandir(sub.path) as files:
+                        for ent in files:
+                            m = _BLOCK_NAME.fullmatch(ent.name)
+                            block_id = int(m.group(1), 16) if m else 0
+                            if (not m or not 1 <= block_id <= MAX_BLOCK_ID
+                                    or sub.name != f"{block_id % 256:02x}"
+                                    or not ent.is_file(follow_symlinks=False)):
+                                stray += 1
+                                continue
+                            st = ent.stat(follow_symlinks=False)
+                            old = self._blocks.get(block_id)
+                            if old is not None:
+                                # Only manual copying makes duplicates; the content of a
+                                # block id never changes, so keep one and drop the other.
+                                log.warning("block %016x is in two data dirs; removing %s",
+                                            block_id, ent.path)
+                                os.unlink(ent.path)
+                                continue
+                            self._blocks[block_id] = BlockEntry(di, st.st_size, st.st_mtime_ns)
+                            self._used += st.st_size
+        if stray:
+            log.warning("ignored %d files in the block directories that are not block files",
+                        stray)
+
+    def _auto_capacity(self) -> int:
+        """Free space of the data dirs' distinct file systems plus what blocks use."""
+        seen = set()
+        free = 0
+        for d in self.data_dirs:
+            dev = os.stat(d).st_dev
+            if dev in seen:
+                continue
+            seen.add(dev)
+            st = os.statvfs(d)
+            free += st.f_bavail * st.f_frsize
+        return free + self._used
+
+    # -- queries ------------------------------------------------------------------------
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self._blocks
+
+    def stats(self) -> tuple[int, int, int]:
+        """(capacity, used, number of blocks); refreshes an automatic capacity."""
+        if not self._configured_capacity:
+            try:
+                self.capacity = self._auto_capacity()
+            except OSError as e:
+                log.warning("cannot stat data dirs: %s", e)
+        with self._lock:
+            return self.capacity, self._used, len(self._blocks)
+
+    def report(self) -> list[tuple[int, int]]:
+        """(block id, mtime ns) of every finalised block, for the full block report."""
+        with self._lock:
+            return [(b, e.mtime_ns) for b, e in self._blocks.items()]
+
+    def info(self, block_id: int) -> tuple[int, str]:
+        """(length, absolute path) of a finalised block; NOT_FOUND if absent."""
+        block_id = check_block_id(block_id)
+        with self._lock:
+            entry = self._blocks.get(block_id)
+        if entry is None:
+            raise CurvineError(ErrorKind.NOT_FOUND, f"block {block_id:016x} not on this worker")
+        return entry.size, block_path(self.data_dirs[entry.dir_index], block_id)
+
+    # -- write --------------------------------------------------------------------------
+
+    def begin_write(self, block_id: int, expected_length: int = 0) -> "BlockWriter":
+        """Start writing a block into a staging file (NO_SPACE if it cannot fit)."""
+        block_id = check_block_id(block_id)
+        if expected_length < 0:
+            raise invalid("expected_length", "must not be negative")
+        with self._lock:
+            if self._used + self._reserved + expected_length > self.capacity:
+                raise CurvineError(
+                    ErrorKind.NO_SPACE,
+                    f"worker full: {self._used} of {self.capacity} bytes used, "
+                    f"{expected_length} more requested")
+            di = self._pick_dir(max(expected_length, 1))
+            self._reserved += expected_length
+            self._pending_by_dir[di] += expected_length
+        path = os.path.join(self.data_dirs[di], "staging",
+                            f"{block_id:016x}.{secrets.token_hex(8)}{_STAGING_SUFFIX}")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            with self._lock:
+                self._reserved -= expected_length
+                self._pending_by_dir[di] -= expected_length
+            raise _disk_error(e, path) from None
+        return BlockWriter(self, block_id, di, path, fd, expected_length)
+
+    def _pick_dir(self, need: int) -> int:
+        """The data dir with the most free space that has room for ``need`` bytes."""
+        best, best_free = -1, -1
+        for di, d in enumerate(self.data_dirs):
+            try:
+                st = os.statvfs(d)
+            except OSError as e:
+                log.warning("data dir %s unusable: %s", d, e)
+                continue
+            free = st.f_bavail * st.f_frsize - self._pending_by_dir[di]
+            if free >= need and free > best_free:
+                best, best_free = di, free
+        if best < 0:
+            raise CurvineError(ErrorKind.NO_SPACE, f"no data dir has {need} bytes free")
+        return best
+
+    def _grow(self, writer: "BlockWriter", n: int) -> None:
+        covered = min(n, writer._reserved_left)
+        extra = n - covered
+        with self._lock:
+            if extra and self._used + self._reserved + extra > self.capacity:
+                raise CurvineError(
+                    ErrorKind.NO_SPACE,
+                    f"worker full: {self._used} of {self.capacity} bytes used")
+            self._used += n
+            self._reserved -= covered
+            self._pending_by_dir[writer.dir_index] -= covered
+        writer._reserved_left -= covered
+
+    def _release(self, writer: "BlockWriter", drop_written: bool) -> None:
+        with self._lock:
+            self._reserved -= writer._reserved_left
+            self._pending_by_dir[writer.dir_index] -= writer._reserved_left
+            if drop_written:
+                self._used -= writer.length
+        writer._reserved_left = 0
+
+    def _publish(self, writer: "BlockWriter", mtime_ns: int) -> None:
+        """Index a block that was just renamed into place (replacing an older copy)."""
+        stale = None
+        with self._lock:
+            old = self._blocks.get(writer.block_id)
+            if old is not None:
+                self._used -= old.size
+                if old.dir_index != writer.dir_index:
+                    stale = block_path(self.data_dirs[old.dir_index], writer.block_id)
+            self._blocks[writer.block_id] = BlockEntry(writer.dir_index, writer.length, mtime_ns)
+        if stale:
+            _unlink(stale)
+
+    # -- read and delete ----------------------------------------------------------------
+
+    def read(self, block_id: int, offset: int = 0, length: int = 0,
+             chunk: int = READ_CHUNK) -> "BlockChunks":
+        """Chunks (<= ``chunk`` bytes) of [offset, offset+length) of a finalised block.
+
+        ``length`` 0 means to the end.  Errors (NOT_FOUND, INVALID) are raised here,
+        before iteration; the open file keeps the data readable even if the block is
+        deleted meanwhile.
+        """
+        block_id = check_block_id(block_id)
+        if not 1 <= chunk <= READ_CHUNK:
+            raise invalid("chunk_size", f"must be 1..{READ_CHUNK}")
+        if offset < 0:
+            raise invalid("offset", "must not be negative")
+        if length < 0:
+            raise invalid("length", "must not be negative")
+        with self._lock:
+            entry = self._blocks.get(block_id)
+        if entry is None:
+            raise CurvineError(ErrorKind.NOT_FOUND, f"block {block_id:016x} not on this worker")
+        path = block_path(self.data_dirs[entry.dir_index], block_id)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise CurvineError(ErrorKind.NOT_FOUND,
+                               f"block {block_id:016x} not on this worker") from None
+        except OSError as e:
+            raise _disk_error(e, path) from None
+        try:
+            size = os.fstat(fd).st_size
+            if offset > size:
+                raise invalid("offset", f"{offset} is beyond the end of the block ({size} bytes)")
+            if length == 0:
+                length = size - offset
+            elif offset + length > size:
+                raise invalid("length", f"{offset}+{length} is beyond the end of the block "
+                                        f"({size} bytes)")
+        except BaseException:
+            os.close(fd)
+            raise
+        return BlockChunks(fd, block_id, offset, length, chunk)
+
+    def delete(self, block_ids: Iterable[int]) -> int:
+        """Unlink blocks; ids that are not here are fine.  Returns how many were removed."""
+        ids = [check_block_id(b, "block_ids") for b in block_ids]
+        paths = []
+        with self._lock:
+            for b in ids:
+                entry = self._blocks.pop(b, None)
+                if entry is not None:
+                    self._used -= entry.size
+                    paths.append(block_path(self.data_dirs[entry.dir_index], b))
+        for p in paths:
+            _unlink(p)
+        return len(paths)
+
+
+class BlockWriter:
+    """One block being written: ``append`` data, then ``finish(crc)`` or ``abort()``.
+
+    Used by one thread at a time.  As a context manager it aborts on any exception
+    (and if the block was not finished), so a failed write leaves no staging file.
+    """
+
+    def __init__(self, store: BlockStore, block_id: int, dir_index: int, path: str, fd: int,
+                 reserved: int):
+        self.store = store
+        self.block_id = block_id
+        self.dir_index = dir_index
+        self.staging_path = path
+        self.length = 0
+        self.crc = 0
+        self._fd: int | None = fd
+        self._reserved_left = reserved
+        self._done = False
+
+    def append(self, data: bytes | bytearray | memoryview) -> None:
+        if self._done:
+            raise CurvineError(ErrorKind.INVALID, "data: block already finished")
+        n = len(data)
+        if not n:
+            return
+        try:
+            self.store._grow(self, n)
+        except CurvineError:
+            self.abort()
+            raise
+        self.length += n  # counted in used from here on, released by abort
+        view = memoryview(data)
+        try:
+            written = 0
+            while written < n:
+                written += os.write(self._fd, view[written:])
+        except OSError as e:
+            self.abort()
+            raise _disk_error(e, self.staging_path) from None
+        self.crc = zlib.crc32(view, self.crc)
+
+    def finish(self, checksum: int) -> tuple[int, int]:
+        """Compare the client's crc32, rename into place; returns (length, crc32)."""
+        if self._done:
+            raise CurvineError(ErrorKind.INVALID, "finish: block already finished")
+        if checksum != self.crc:
+            self.abort()
+            raise CurvineError(
+                ErrorKind.CHECKSUM,
+                f"checksum: block {self.block_id:016x} arrived with crc32 {self.crc:08x}, "
+                f"the client sent {checksum:08x}")
+        store = self.store
+        final = block_path(store.data_dirs[self.dir_index], self.block_id)
+        try:
+            if store.fsync:
+                os.fsync(self._fd)
+            mtime_ns = os.fstat(self._fd).st_mtime_ns
+            os.close(self._fd)
+            self._fd = None
+            try:
+                os.replace(self.staging_path, final)
+            except FileNotFoundError:
+                # The block subdir vanished (someone cleaned up by hand): recreate it.
+                os.makedirs(os.path.dirname(final), exist_ok=True)
+                os.replace(self.staging_path, final)
+            if store.fsync:
+                _fsync_dir(os.path.dirname(final))
+        except OSError as e:
+            self.abort()
+            raise _disk_error(e, final) from None
+        self._done = True
+        store._release(self, drop_written=False)
+        store._publish(self, mtime_ns)
+        return self.length, self.crc
+
+    def abort(self) -> None:
+        """Drop the staging file (idempotent)."""
+        if self._done:
+            return
+        self._done = True
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+        _unlink(self.staging_path)
+        self.store._release(self, drop_written=True)
+
+    def __enter__(self) -> "BlockWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.abort()
+
+
+class BlockChunks:
+    """Iterator over a byte range of an open block file; owns (and closes) the fd.
+
+    A class, not a generator: a generator that is never started would not run its
+    ``finally`` and would leak the descriptor."""
+
+    def __init__(self, fd: int, block_id: int, offset: int, length: int, chunk: int):
+        self._fd: int | None = fd
+        self._block_id = block_id
+        self._pos = offset
+        self._end = offset + length
+        self._chunk = chunk
+
+    def __iter__(self) -> "BlockChunks":
+        return self
+
+    def __next__(self) -> bytes:
+        if self._fd is None or self._pos >= self._end:
+            self.close()
+            raise StopIteration
+        try:
+            data = os.pread(self._fd, min(self._chunk, self._end - self._pos), self._pos)
+        except OSError as e:
+            self.close()
+            raise _disk_error(e, f"block {self._block_id:016x}") from None
+        if not data:
+            self.close()
+            raise CurvineError(ErrorKind.IO, f"block {self._block_id:016x} shrank while being read")
+        self._pos += len(data)
+        return data
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _disk_error(e: OSError, path: str) -> CurvineError:
+    if e.errno in _NO_SPACE_ERRNOS:
+        return CurvineError(ErrorKind.NO_SPACE, f"disk full: {path}: {e.strerror}")
+    return CurvineError(ErrorKind.IO, f"{path}: {e.strerror or e}")
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.warning("cannot remove %s: %s", path, e)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,146 @@
+"""The worker's gRPC block service (``Worker`` in proto/worker.proto): the data path.
+
+Thin handlers: validate the request (a bad field is INVALID naming it), call the
+BlockStore, convert the result.  Data travels in messages of at most 1 MiB.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from curvine.common.errors import invalid
+from curvine.common.ids import MIB
+from curvine.common.rpc import handler, stream_handler
+from curvine.proto import common_pb2, worker_pb2, worker_pb2_grpc
+
+from . import wire
+from .blockstore import READ_CHUNK, BlockStore, check_block_id
+
+log = logging.getLogger(__name__)
+
+# Data bytes one WriteBlock message may carry: the 1 MiB unit plus a little slack for
+# clients that do not cut exactly at 1 MiB.  The transport accepts larger messages
+# (common.rpc.MESSAGE_LIMIT, for block reports), so the limit is enforced here.
+MAX_WRITE_MESSAGE = MIB + 64 * 1024
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    """Serves one BlockStore.  ``block_size`` is the largest block accepted; the
+    worker sets it from the master's RegisterWorkerReply."""
+
+    def __init__(self, store: BlockStore, block_size: int = 64 * MIB):
+        self.store = store
+        self.block_size = block_size
+        # add_to_server frames ReadBlock replies by hand and sets this; registered
+        # with the generated add_WorkerServicer_to_server, replies stay messages.
+        self.raw_read_replies = False
+
+    def _authorize(self, context: grpc.ServicerContext, block_id: int, access: str) -> None:
+        """Check the master-issued block token for ``access`` ("read"/"write"/"delete").
+
+        Block tokens arrive with the security work; until then every well-formed block
+        id is accepted (the cluster token, when configured, guards the whole service).
+        """
+
+    @handler
+    def WriteBlock(self, request_iterator, context):
+        requests = iter(request_iterator)
+        req = next(requests, None)
+        if req is None:
+            raise invalid("header", "empty stream")
+        if not req.HasField("header"):
+            raise invalid("header", "missing from the first message")
+        block_id = check_block_id(req.header.block_id, "header.block_id")
+        expected = req.header.expected_length
+        limit = self.block_size
+        if expected > limit:
+            raise invalid("header.expected_length",
+                          f"{expected} exceeds the block size {limit}")
+        self._authorize(context, block_id, "write")
+        with self.store.begin_write(block_id, expected) as writer:
+            while True:
+                data = req.data  # each access copies the field: read it once
+                n = len(data)
+                if n > MAX_WRITE_MESSAGE:
+                    raise invalid("data", f"a message carries {n} bytes, at most "
+                                          f"{MAX_WRITE_MESSAGE} are allowed")
+                if writer.length + n > limit:
+                    raise invalid("data", f"block {block_id:016x} grows beyond the block "
+                                          f"size {limit}")
+                writer.append(data)
+                del data
+                if req.finish:
+                    break
+                req = next(requests, None)
+                if req is None:
+                    raise invalid("finish", "the stream ended without a finish message")
+                if req.HasField("header"):
+                    raise invalid("header", "allowed only in the first message")
+            if expected and writer.length != expected:
+                raise invalid("header.expected_length",
+                              f"announced {expected} bytes, received {writer.length}")
+            length, crc = writer.finish(req.checksum)
+        log.debug("wrote block %016x: %d bytes", block_id, length)
+        return worker_pb2.WriteBlockReply(block_id=block_id, length=length, checksum=crc)
+
+    @stream_handler
+    def ReadBlock(self, request, context):
+        block_id = check_block_id(request.block_id, "block_id")
+        chunk = request.chunk_size or READ_CHUNK
+        if chunk > READ_CHUNK:
+            raise invalid("chunk_size", f"{chunk} is larger than {READ_CHUNK}")
+        self._authorize(context, block_id, "read")
+        chunks = self.store.read(block_id, request.offset, request.length, chunk)
+        try:
+            if self.raw_read_replies:
+                yield from chunks  # framed by wire.encode_read_reply
+            else:
+                for data in chunks:
+                    yield worker_pb2.ReadBlockReply(data=data)
+        finally:
+            chunks.close()
+
+    @handler
+    def DeleteBlocks(self, request, context):
+        ids = [check_block_id(b, f"block_ids[{i}]") for i, b in enumerate(request.block_ids)]
+        for b in ids:
+            self._authorize(context, b, "delete")
+        removed = self.store.delete(ids)
+        log.debug("deleted %d of %d blocks on request", removed, len(ids))
+        return common_pb2.Empty()
+
+    @handler
+    def GetBlockInfo(self, request, context):
+        block_id = check_block_id(request.block_id, "block_id")
+        self._authorize(context, block_id, "read")
+        length, path = self.store.info(block_id)
+        return worker_pb2.BlockInfoReply(block_id=block_id, length=length, path=path)
+
+
+
+def add_to_server(servicer: WorkerServicer, server: grpc.Server) -> None:
+    """Register the Worker service (instead of the generated add_WorkerServicer_to_server)
+    with ReadBlock replies framed by hand: the servicer yields raw data bytes."""
+    servicer.raw_read_replies = True
+    handlers = {
+        "WriteBlock": grpc.stream_unary_rpc_method_handler(
+            servicer.WriteBlock,
+            request_deserializer=worker_pb2.WriteBlockRequest.FromString,
+            response_serializer=worker_pb2.WriteBlockReply.SerializeToString),
+        "ReadBlock": grpc.unary_stream_rpc_method_handler(
+            servicer.ReadBlock,
+            request_deserializer=worker_pb2.ReadBlockRequest.FromString,
+            response_serializer=wire.encode_read_reply),
+        "DeleteBlocks": grpc.unary_unary_rpc_method_handler(
+            servicer.DeleteBlocks,
+            request_deserializer=worker_pb2.DeleteBlocksRequest.FromString,
+            response_serializer=common_pb2.Empty.SerializeToString),
+        "GetBlockInfo": grpc.unary_unary_rpc_method_handler(
+            servicer.GetBlockInfo,
+            request_deserializer=worker_pb2.GetBlockInfoRequest.FromString,
+            response_serializer=worker_pb2.BlockInfoReply.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("curvine.Worker", handlers),))
+    server.add_registered_method_handlers("curvine.Worker", handlers)
