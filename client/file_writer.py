@@ -84,6 +84,9 @@ class FileWriter:
             if b.length:
                 self._extents.append(_Extent(self._size, block=b))
                 self._size += b.length
+        # Blocks this version shares with the file's published version.  Another
+        # writer's publish frees them, so publish checks they are still live.
+        self._shared = {e.block.block_id for e in self._extents if e.block.block_id}
         self._cur: _Extent | None = None  # the one buffer being written
         self._uploading: _Extent | None = None  # at most one background upload
         self.dirty = False  # changed since open or the last publish
@@ -199,11 +202,26 @@ class FileWriter:
         The writer then continues from the published blocks as its base."""
         with self._lock:
             blocks = self.blocks()
+            self._check_shared(blocks)
             inode = self.master.complete_file(self.ino, blocks, self._size,
                                               mtime_ns=self.mtime_ns)
+            self._shared = {b.block_id for b in blocks if b.block_id}
             self.dirty = False
             self.mtime_ns = 0
             return inode
+
+    def _check_shared(self, blocks: list[Block]) -> None:
+        """Refuse to publish blocks of an old version that another writer replaced
+        (the master freed them): better ESTALE at close than a file that fails later."""
+        reused = {b.block_id for b in blocks if b.block_id} & self._shared
+        if not reused:
+            return
+        _, current, _ = self.master.get_blocks(self.ino)
+        gone = reused - {b.block_id for b in current}
+        if gone:
+            raise CurvineError(ErrorKind.STALE, f"inode {self.ino} was replaced by another "
+                                                f"writer while this handle modified it "
+                                                f"({len(gone)} shared blocks freed)")
 
     def flush(self):
         """Publish if anything changed since the last publish; the new Inode or None."""

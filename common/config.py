@@ -116,7 +116,7 @@ class FuseConfig:
     http_port: int = 9003
     attr_timeout: Duration = Duration(1.0)
     entry_timeout: Duration = Duration(0.0)  # 0: a name made on another mount is seen at once
-    writeback_cache: bool = True
+    writeback_cache: bool = False  # on, the kernel ignores file sizes from other mounts
     allow_other: bool = False
     readahead_kb: int = 1024
     debug: bool = False

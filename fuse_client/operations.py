@@ -109,6 +109,7 @@ class Operations(pyfuse3.Operations):
         self._dirs: dict[int, _Dir] = {}
         self._writers: dict[int, list[int]] = {}  # ino -> write handles, last used last
         self._versions: OrderedDict[int, int] = OrderedDict()  # ino -> version last opened
+        self._block_size: int | None = None  # the master's, asked for at the first write
 
     # -- helpers --------------------------------------------------------------
 
@@ -179,7 +180,10 @@ class Operations(pyfuse3.Operations):
             inode, blocks, workers = self.master.get_blocks(ino)
             if inode.type == DIRECTORY:
                 raise CurvineError(ErrorKind.IS_DIR, f"inode {ino} is a directory")
-        w = FileWriter(self.master, ino, self.cfg.cluster.block_size, blocks, self.host,
+        if self._block_size is None:
+            # Block lengths must not exceed the master's block size.
+            self._block_size = self.master.statfs().block_size or self.cfg.cluster.block_size
+        w = FileWriter(self.master, ino, self._block_size, blocks, self.host,
                        workers=workers, short_circuit=self.cfg.client.short_circuit,
                        timeout=self.cfg.cluster.rpc_timeout)
         # An emptied (or new) file is published at close even without writes.
@@ -209,8 +213,17 @@ class Operations(pyfuse3.Operations):
         return f
 
     async def _publish(self, f: _File) -> None:
-        if f.writer is not None and f.writer.dirty:
+        if f.writer is None or not f.writer.dirty:
+            return
+        try:
             await self._run(f.writer.flush)
+        except CurvineError as e:
+            if e.kind != ErrorKind.NOT_FOUND:
+                raise
+            # The file was unlinked (or replaced by a rename) while being written:
+            # like writes to an unlinked local file, the data just goes away.
+            log.debug("inode %d is gone, dropping its unpublished version: %s", f.ino, e)
+            f.writer.dirty = False
 
     # -- names and attributes ----------------------------------------------------
 

@@ -20,6 +20,7 @@ import trio
 from curvine.client import block_client, file_reader, file_writer
 from curvine.client.file_reader import FileReader
 from curvine.client.file_writer import FileWriter
+from curvine.client.master_client import MasterClient
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import check_name
@@ -253,6 +254,8 @@ class FakeMaster:
         entries = [master_pb2.DirEntry(name=n, inode=self.getattr(self.dentries[ino][n]))
                    for n in page]
         return entries, len(names) > limit
+
+    iterdir = MasterClient.iterdir
 
     def statfs(self):
         return master_pb2.StatFsReply(capacity=1 << 40, used=1 << 30, files=len(self.inodes),
@@ -770,3 +773,30 @@ def test_ops_unlinked_file_still_readable_through_an_open_handle(cluster):
         await ops.release(fi.fh)
 
     trio.run(go)
+
+
+# -- fs.py ------------------------------------------------------------------------------
+
+
+def test_fs_path_api(cluster, tmp_path):
+    from curvine.client.fs import CurvineFS
+    master, _ = cluster
+    fs = CurvineFS(master=master)
+    fs.mkdir("/a/b", parents=True)
+    src = tmp_path / "src.bin"
+    data = random.Random(7).randbytes(3 * BS + 11)
+    src.write_bytes(data)
+    node = fs.put(str(src), "/a/b/x.tmp")
+    assert node.size == len(data)
+    fs.rename("/a/b/x.tmp", "/a/b/x.data")
+    assert [n for n, _ in fs.listdir("/a/b")] == [b"x.data"]
+    assert fs.read_bytes("/a/b/x.data") == data
+    out = tmp_path / "out.bin"
+    assert fs.get("/a/b/x.data", str(out)) == len(data) and out.read_bytes() == data
+    with pytest.raises(CurvineError) as e:
+        fs.stat("/a/b/x.data/below")
+    assert e.value.kind == ErrorKind.NOT_DIR
+    assert not fs.exists("/a/nope")
+    fs.unlink("/a/b/x.data")
+    fs.rmdir("/a/b")
+    assert fs.listdir("/a") == []

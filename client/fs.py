@@ -1,0 +1,220 @@
+"""A small synchronous, path-based API over the client library (CLI and tests).
+
+    fs = CurvineFS("127.0.0.1:8995")
+    fs.mkdir("/l2cache", parents=True)
+    fs.put("/tmp/chunk.bin", "/l2cache/chunk.data")
+    data = fs.read_bytes("/l2cache/chunk.data")
+
+Paths are absolute, ``str`` (encoded with the file system encoding) or ``bytes``.
+Every failure is a ``CurvineError``.  Writes follow the FUSE client's rules: one
+private version per write, published atomically at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+from curvine.common.config import Config
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.ids import MIB, ROOT_INO, check_name, host_id
+from curvine.proto import common_pb2
+
+from .file_reader import FileReader
+from .file_writer import FileWriter
+from .master_client import MasterClient
+
+Inode = common_pb2.Inode
+CHUNK = MIB
+
+
+def split(path: str | bytes) -> list[bytes]:
+    p = os.fsencode(path)
+    if not p.startswith(b"/"):
+        raise CurvineError(ErrorKind.INVALID, f"path: {os.fsdecode(p)!r} is not absolute")
+    return [check_name(c, "path") for c in p.split(b"/") if c and c != b"."]
+
+
+class CurvineFS:
+    """Path operations against one master; thread-safe like the clients it wraps."""
+
+    def __init__(self, master_addr: str | None = None, cfg: Config | None = None,
+                 master: MasterClient | None = None):
+        self.cfg = cfg or Config()
+        self.master = master or MasterClient(master_addr or self.cfg.cluster.master_addr,
+                                             timeout=self.cfg.cluster.rpc_timeout,
+                                             wait=self.cfg.cluster.master_wait)
+        self.host = host_id()
+        self._block_size: int | None = None
+
+    def __enter__(self) -> "CurvineFS":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.master.close()
+
+    # -- names ------------------------------------------------------------------
+
+    def resolve(self, path: str | bytes) -> Inode:
+        """The inode at ``path`` (one Lookup per component)."""
+        parts = split(path)
+        node = self.master.getattr(ROOT_INO)
+        for name in parts:
+            if name == b"..":
+                node = self.master.getattr(node.parent or ROOT_INO)
+                continue
+            if node.type != common_pb2.DIRECTORY:
+                raise CurvineError(ErrorKind.NOT_DIR, f"{os.fsdecode(path)}: not a directory")
+            node = self.master.lookup(node.ino, name)
+        return node
+
+    def _parent(self, path: str | bytes) -> tuple[Inode, bytes]:
+        parts = split(path)
+        if not parts:
+            raise CurvineError(ErrorKind.INVALID, "path: the root has no parent")
+        parent = self.resolve(b"/" + b"/".join(parts[:-1]))
+        if parent.type != common_pb2.DIRECTORY:
+            raise CurvineError(ErrorKind.NOT_DIR, f"{os.fsdecode(path)}: parent is not a "
+                                                  f"directory")
+        return parent, parts[-1]
+
+    def stat(self, path: str | bytes) -> Inode:
+        return self.resolve(path)
+
+    def exists(self, path: str | bytes) -> bool:
+        try:
+            self.resolve(path)
+            return True
+        except CurvineError as e:
+            if e.kind in (ErrorKind.NOT_FOUND, ErrorKind.NOT_DIR):
+                return False
+            raise
+
+    def listdir(self, path: str | bytes = "/") -> list[tuple[bytes, Inode]]:
+        """(name, inode) of every entry, in name order."""
+        node = self.resolve(path)
+        if node.type != common_pb2.DIRECTORY:
+            raise CurvineError(ErrorKind.NOT_DIR, f"{os.fsdecode(path)}: not a directory")
+        return [(e.name, e.inode) for e in self.master.iterdir(node.ino)]
+
+    def mkdir(self, path: str | bytes, mode: int = 0o755, parents: bool = False,
+              exist_ok: bool = False) -> Inode:
+        if parents:
+            node = self.master.getattr(ROOT_INO)
+            for name in split(path):
+                try:
+                    node = self.master.lookup(node.ino, name)
+                except CurvineError as e:
+                    if e.kind != ErrorKind.NOT_FOUND:
+                        raise
+                    try:
+                        node = self.master.mkdir(node.ino, name, mode, os.getuid(),
+                                                 os.getgid())
+                    except CurvineError as e2:  # made meanwhile by someone else
+                        if e2.kind != ErrorKind.EXISTS:
+                            raise
+                        node = self.master.lookup(node.ino, name)
+            if node.type != common_pb2.DIRECTORY:
+                raise CurvineError(ErrorKind.NOT_DIR, f"{os.fsdecode(path)}: not a directory")
+            return node
+        parent, name = self._parent(path)
+        try:
+            return self.master.mkdir(parent.ino, name, mode, os.getuid(), os.getgid())
+        except CurvineError as e:
+            if exist_ok and e.kind == ErrorKind.EXISTS:
+                node = self.master.lookup(parent.ino, name)
+                if node.type == common_pb2.DIRECTORY:
+                    return node
+            raise
+
+    def unlink(self, path: str | bytes) -> None:
+        parent, name = self._parent(path)
+        self.master.unlink(parent.ino, name)
+
+    def rmdir(self, path: str | bytes) -> None:
+        parent, name = self._parent(path)
+        self.master.rmdir(parent.ino, name)
+
+    def rename(self, src: str | bytes, dst: str | bytes, no_replace: bool = False) -> None:
+        sp, sn = self._parent(src)
+        dp, dn = self._parent(dst)
+        self.master.rename(sp.ino, sn, dp.ino, dn, no_replace=no_replace)
+
+    # -- data -------------------------------------------------------------------
+
+    def block_size(self) -> int:
+        if self._block_size is None:
+            self._block_size = self.master.statfs().block_size or self.cfg.cluster.block_size
+        return self._block_size
+
+    def open_reader(self, path: str | bytes) -> FileReader:
+        """A reader of the file's current version (close it when done)."""
+        node = self.resolve(path)
+        if node.type == common_pb2.DIRECTORY:
+            raise CurvineError(ErrorKind.IS_DIR, f"{os.fsdecode(path)}: is a directory")
+        _, blocks, workers = self.master.get_blocks(node.ino)
+        return FileReader(blocks, workers, short_circuit=self.cfg.client.short_circuit,
+                          timeout=self.cfg.cluster.rpc_timeout,
+                          readahead=self.cfg.client.readahead_blocks)
+
+    def iter_read(self, path: str | bytes, chunk: int = CHUNK) -> Iterator[bytes]:
+        reader = self.open_reader(path)
+        try:
+            off = 0
+            while off < reader.size:
+                data = reader.read(off, chunk)
+                if not data:
+                    break
+                yield bytes(data)
+                off += len(data)
+        finally:
+            reader.close()
+
+    def read_bytes(self, path: str | bytes) -> bytes:
+        return b"".join(self.iter_read(path))
+
+    def open_writer(self, path: str | bytes, mode: int = 0o644) -> FileWriter:
+        """An empty new version of ``path`` (created if missing); ``publish()`` it."""
+        parent, name = self._parent(path)
+        node = self.master.create(parent.ino, name, mode, os.getuid(), os.getgid())
+        return FileWriter(self.master, node.ino, self.block_size(), [], self.host,
+                          short_circuit=self.cfg.client.short_circuit,
+                          timeout=self.cfg.cluster.rpc_timeout)
+
+    def write_bytes(self, path: str | bytes, data: bytes, mode: int = 0o644) -> Inode:
+        w = self.open_writer(path, mode)
+        try:
+            w.write(0, data)
+            return w.publish()
+        finally:
+            w.close()
+
+    def put(self, local_path: str, remote_path: str | bytes, mode: int | None = None) -> Inode:
+        """Copy a local file in; published when complete, so readers see all or nothing."""
+        with open(local_path, "rb") as f:
+            perm = mode if mode is not None else os.fstat(f.fileno()).st_mode & 0o7777
+            w = self.open_writer(remote_path, perm)
+            try:
+                off = 0
+                buf = bytearray(CHUNK)
+                while True:
+                    n = f.readinto(buf)
+                    if not n:
+                        break
+                    w.write(off, memoryview(buf)[:n])
+                    off += n
+                return w.publish()
+            finally:
+                w.close()
+
+    def get(self, remote_path: str | bytes, local_path: str) -> int:
+        """Copy a file out; returns the bytes written."""
+        n = 0
+        with open(local_path, "wb") as f:
+            for data in self.iter_read(remote_path):
+                f.write(data)
+                n += len(data)
+        return n
