@@ -31,7 +31,7 @@ if ((${#missing[@]})); then
     sudo=(sudo)
   fi
   "${sudo[@]}" apt-get update
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y "${APT_PACKAGES[@]}"
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${APT_PACKAGES[@]}"
 fi
 
 PYTHON="${PYTHON:-python3}"
