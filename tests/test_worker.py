@@ -24,7 +24,7 @@ import pytest
 from curvine.client import block_client
 from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error
 from curvine.common.ids import MIB
-from curvine.common.rpc import bind, make_channel, make_server
+from curvine.common.rpc import bind, make_server
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 from curvine.worker import wire
 from curvine.worker.blockstore import MAX_BLOCK_ID, BlockStore, block_path, check_block_id
@@ -265,7 +265,8 @@ def test_write_and_read_32mib(worker):
         assert block_client.read_block(info, 77, off, n) == expect
         assert b"".join(block_client.BlockReader(info, 77, off, n)) == expect
     # memoryview and bytearray inputs; an empty block.
-    assert block_client.write_block(info, 78, memoryview(data)[:MIB]) == (MIB, zlib.crc32(data[:MIB]))
+    assert (block_client.write_block(info, 78, memoryview(data)[:MIB])
+            == (MIB, zlib.crc32(data[:MIB])))
     assert block_client.write_block(info, 79, bytearray(b"")) == (0, 0)
     assert block_client.read_block(info, 79, 0, 0) == b""
     assert len(store) == 3
@@ -317,7 +318,8 @@ def test_generated_stub_interoperates(worker):
     assert (reply.block_id, reply.length, reply.checksum) == (3, len(data), zlib.crc32(data))
     got = b"".join(r.data for r in stub.ReadBlock(worker_pb2.ReadBlockRequest(block_id=3)))
     assert got == data
-    assert wire.decode_read_reply(worker_pb2.ReadBlockReply(data=b"xy").SerializeToString()) == b"xy"
+    framed = worker_pb2.ReadBlockReply(data=b"xy").SerializeToString()
+    assert wire.decode_read_reply(framed) == b"xy"
 
 
 def test_generated_registration_still_works(tmp_path):

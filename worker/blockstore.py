@@ -41,7 +41,8 @@ _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 def check_block_id(block_id: object, field: str = "block_id") -> BlockId:
     """A block id is an int in 1..2^63-1 (0 is a hole and never stored)."""
-    if isinstance(block_id, bool) or not isinstance(block_id, int) or not 1 <= block_id <= MAX_BLOCK_ID:
+    if (isinstance(block_id, bool) or not isinstance(block_id, int)
+            or not 1 <= block_id <= MAX_BLOCK_ID):
         raise invalid(field, f"{block_id!r} is not a block id (1..2^63-1)")
     return BlockId(block_id)
 

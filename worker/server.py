@@ -47,7 +47,8 @@ def _size_arg(value: str) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="curvine-worker",
                                 description="Serve this node's cache blocks to curvine clients.")
-    p.add_argument("--conf", help="config file (default $CURVINE_CONF or /etc/curvine/curvine.toml)")
+    p.add_argument("--conf",
+                   help="config file (default $CURVINE_CONF or /etc/curvine/curvine.toml)")
     p.add_argument("--master", metavar="H:P", help="master gRPC address (cluster.master_addr)")
     p.add_argument("--host", help="address to listen on and to advertise (worker.host)")
     p.add_argument("--port", type=int, help="gRPC port, 0 = any free port (worker.port)")

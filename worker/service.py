@@ -142,5 +142,6 @@ def add_to_server(servicer: WorkerServicer, server: grpc.Server) -> None:
             request_deserializer=worker_pb2.GetBlockInfoRequest.FromString,
             response_serializer=worker_pb2.BlockInfoReply.SerializeToString),
     }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("curvine.Worker", handlers),))
+    generic = grpc.method_handlers_generic_handler("curvine.Worker", handlers)
+    server.add_generic_rpc_handlers((generic,))
     server.add_registered_method_handlers("curvine.Worker", handlers)
