@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 import traceback
 
@@ -45,10 +46,16 @@ def _message(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # usage errors: message + exit 2, from argparse
     sub_parser = getattr(args, "_parser", parser)
+    # SIGTERM unwinds like Ctrl-C, so a half-started `local up` or demo cleans up.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         return int(args.func(args, sub_parser) or EXIT_OK)
     except KeyboardInterrupt:

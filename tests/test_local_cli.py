@@ -438,3 +438,30 @@ def test_curvine_demo_runs_and_cleans_up(tmp_path):
     assert "3/3 (100%)" in r.stdout and "identical bytes" in r.stdout
     assert _mounts_under(base) == [] and not os.path.exists(os.path.join(base, STATE_FILE))
     assert tracebacks_in_logs(LocalCluster(base)) == []
+
+
+@needs_fuse
+@pytest.mark.fuse
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_up_leaves_nothing_behind(tmp_path, sig):
+    base = str(tmp_path / "cl")
+    p = subprocess.Popen([sys.executable, "-m", "curvine.cli.main", "local", "up", "--base", base],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Interrupt once the first daemon has been started.
+        wait_for(lambda: os.path.exists(os.path.join(base, "logs", "master-0.log")),
+                 timeout=30, what="the master to be started")
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+        if p.returncode == 0:
+            pytest.skip("`up` finished before the signal arrived")
+        assert p.returncode == 130 and "interrupted" in err and "Traceback" not in err
+        assert not os.path.exists(os.path.join(base, STATE_FILE))
+        assert _mounts_under(base) == []
+        out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert base not in out
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        _run_cli("local", "down", "--base", base)
