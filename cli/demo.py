@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from curvine.common.config import parse_size
 
-from .local import ClusterError, LocalCluster, mounted_paths
+from .local import LocalCluster, mounted_paths
 
 MODEL = "Qwen2.5-7B"
 SEED = 20240601
@@ -225,9 +225,4 @@ def _size(text: str) -> int:
 def _cmd_demo(args, parser) -> int:
     with contextlib.suppress(AttributeError):
         sys.stdout.reconfigure(line_buffering=True)
-    if args.base and os.path.exists(os.path.join(args.base, "cluster.json")):
-        with contextlib.suppress(ClusterError):
-            if LocalCluster.attach(args.base).pids():
-                raise ClusterError(f"a cluster is already running in {args.base}; "
-                                   f"run `curvine local down --base {args.base}` first")
     return run_demo(args.base, args.chunks, args.chunk_size, args.keep)

@@ -19,7 +19,6 @@ import time
 import pytest
 
 from cluster_util import fake_commands, fuse_available, tracebacks_in_logs, wait_for
-from curvine.cli import main as cli_main
 from curvine.cli.local import (STATE_FILE, ClusterError, LocalCluster, free_ports,
                                is_mounted, mounted_paths, pid_alive, proc_start_time)
 from curvine.common import config
