@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import mmap
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterable, Mapping
@@ -45,12 +46,95 @@ def _upload_pool() -> ThreadPoolExecutor:
         return _pool
 
 
+IDLE_BUFFER_BYTES = 256 << 20  # block buffers kept mapped for reuse, per process
+
+
+class _BufferPool:
+    """Anonymous mappings of block size, reused: pages that are already faulted in
+    take a copy ~10x faster than fresh ones (MEASURED.md), and a mapping only
+    costs the pages actually written (a 32 MiB file in a 64 MiB block)."""
+
+    def __init__(self, idle_bytes: int):
+        self.idle_bytes = idle_bytes
+        self._lock = threading.Lock()
+        self._free: dict[int, list[mmap.mmap]] = {}
+        self._idle = 0
+
+    def get(self, size: int) -> mmap.mmap:
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                self._idle -= size
+                return free.pop()
+        return mmap.mmap(-1, size)
+
+    def put(self, mem: mmap.mmap) -> None:
+        size = len(mem)
+        with self._lock:
+            if self._idle + size <= self.idle_bytes:
+                self._free.setdefault(size, []).append(mem)
+                self._idle += size
+                return
+        try:
+            mem.close()
+        except BufferError:
+            pass  # a view still exists somewhere; the mapping goes with it
+
+
+_buffers = _BufferPool(IDLE_BUFFER_BYTES)
+
+
+class _Buffer:
+    """A block's bytes in memory: a mapping of block size and a fill length.
+    Bytes past the length are garbage; growing always writes them."""
+
+    __slots__ = ("mem", "len")
+
+    def __init__(self, capacity: int, data: bytes | memoryview = b""):
+        self.mem = _buffers.get(capacity)
+        self.len = 0
+        if data:
+            self.write(0, data)
+
+    def __len__(self) -> int:
+        return self.len
+
+    @property
+    def capacity(self) -> int:
+        return len(self.mem)
+
+    def write(self, rel: int, data) -> None:
+        n = len(data)
+        self.mem[rel:rel + n] = data
+        if rel + n > self.len:
+            self.len = rel + n
+
+    def zero_extend(self, size: int) -> None:
+        while self.len < size:
+            n = min(size - self.len, 1 << 20)
+            self.write(self.len, zeros(n))
+
+    def truncate(self, size: int) -> None:
+        self.len = min(self.len, size)
+
+    def read(self, rel: int, n: int) -> bytes:
+        return self.mem[rel:min(rel + n, self.len)]
+
+    def view(self) -> memoryview:
+        return memoryview(self.mem)[:self.len]
+
+    def release(self) -> None:
+        if self.mem is not None:
+            mem, self.mem = self.mem, None
+            _buffers.put(mem)
+
+
 class _Extent:
     """[start, start+length) of the version: an uploaded block/hole, or a buffer."""
 
     __slots__ = ("start", "block", "buf", "upload")
 
-    def __init__(self, start: int, block: Block | None = None, buf: bytearray | None = None):
+    def __init__(self, start: int, block: Block | None = None, buf: _Buffer | None = None):
         self.start = start
         self.block = block  # set once uploaded (or a hole / base block)
         self.buf = buf  # the bytes while in memory
@@ -116,8 +200,7 @@ class FileWriter:
                 ext = self._buffer_at(off)
                 rel = off - ext.start
                 k = min(n - pos, self._capacity_end(ext) - off)
-                # A slice assignment past the end grows the buffer (rel <= len(buf)).
-                ext.buf[rel:rel + k] = view[pos:pos + k]
+                ext.buf.write(rel, view[pos:pos + k])  # rel <= len(buf): no gap
                 if ext.end > self._size:
                     self._size = ext.end
                 pos += k
@@ -150,7 +233,7 @@ class FileWriter:
                         ext.block = Block(block_id=0, length=size - ext.start)
                     else:
                         self._make_current(ext)
-                        del ext.buf[size - ext.start:]
+                        ext.buf.truncate(size - ext.start)
                 self._size = size
             self.dirty = True
             self.mtime_ns = 0
@@ -169,7 +252,7 @@ class FileWriter:
                 n = min(end, ext.end) - offset
                 rel = offset - ext.start
                 if ext.buf is not None:
-                    parts.append(bytes(memoryview(ext.buf)[rel:rel + n]))
+                    parts.append(ext.buf.read(rel, n))
                 else:
                     data = self._fetcher.read(ext.block, rel, n)
                     if len(data) != n:
@@ -191,6 +274,7 @@ class FileWriter:
             for ext in self._extents:
                 if ext.buf is not None:
                     ext.block = self._upload(ext.buf)
+                    ext.buf.release()
                     ext.buf = None
                     if ext is self._cur:
                         self._cur = None
@@ -236,8 +320,14 @@ class FileWriter:
             self._closed = True
             up = self._uploading
             self._uploading = None
-            if up is not None and up.upload is not None:
-                up.upload.cancel()
+            for ext in self._extents:
+                if ext.buf is None:
+                    continue
+                if ext is up and up.upload is not None and not up.upload.cancel():
+                    # Still being sent: give the buffer back when that is over.
+                    up.upload.add_done_callback(lambda _f, b=ext.buf: b.release())
+                else:
+                    ext.buf.release()
             self._extents = []
             self._cur = None
             self._fetcher.close()
@@ -259,7 +349,7 @@ class FileWriter:
     def _capacity_end(self, ext: _Extent) -> int:
         """How far the extent's buffer may grow: only the last one grows, to a block."""
         if ext is self._extents[-1]:
-            return ext.start + max(len(ext.buf), self.block_size)
+            return ext.start + ext.buf.capacity
         return ext.end
 
     def _grow(self, size: int, for_write: bool) -> None:
@@ -267,7 +357,7 @@ class FileWriter:
         last = self._extents[-1] if self._extents else None
         if for_write and last is not None and last is self._cur:
             if size <= self._capacity_end(last):
-                last.buf.extend(bytes(size - last.end))
+                last.buf.zero_extend(size - last.start)
                 self._size = size
                 return
         pos = self._size
@@ -291,7 +381,7 @@ class FileWriter:
             elif ext is not None and off >= self._capacity_end(ext):
                 ext = None
             if ext is None:
-                ext = _Extent(off, buf=bytearray())
+                ext = _Extent(off, buf=_Buffer(self.block_size))
                 self._extents.append(ext)
                 prev, self._cur = self._cur, ext
                 if prev is not None:
@@ -314,12 +404,17 @@ class FileWriter:
                 pass
             ext.upload = None
             ext.block = None
-            ext.buf = bytearray(ext.buf)  # a copy the finished upload cannot pin
         elif ext.buf is None:
-            if ext.block.block_id:
-                ext.buf = bytearray(self._fetcher.read_all(ext.block))
-            else:
-                ext.buf = bytearray(ext.block.length)
+            buf = _Buffer(max(self.block_size, ext.block.length))
+            try:
+                if ext.block.block_id:
+                    buf.write(0, self._fetcher.read_all(ext.block))
+                else:
+                    buf.zero_extend(ext.block.length)
+            except BaseException:
+                buf.release()
+                raise
+            ext.buf = buf
             ext.block = None
         prev, self._cur = self._cur, ext
         if prev is not None:
@@ -343,10 +438,12 @@ class FileWriter:
             raise
         ext.upload = None
         ext.block = block
+        ext.buf.release()
         ext.buf = None
 
-    def _upload(self, data: bytearray) -> Block:
-        """Store ``data`` as a new block on the workers the master picks."""
+    def _upload(self, buf: _Buffer) -> Block:
+        """Store the buffer as a new block on the workers the master picks."""
+        data = buf.view()
         length = len(data)
         exclude: list[int] = []
         last: CurvineError | None = None

@@ -71,8 +71,14 @@ def _fuse_op(fn):
 
 
 def _brief(args) -> str:
-    shown = [a for a in args if isinstance(a, (int, bytes))][:3]
-    return "(" + ", ".join(repr(a) for a in shown) + ")"
+    """Inode/handle numbers and names of a request, for a log line (never data)."""
+    shown = []
+    for a in args[:3]:
+        if isinstance(a, int):
+            shown.append(str(a))
+        elif isinstance(a, bytes):
+            shown.append(repr(a) if len(a) <= 255 else f"<{len(a)} bytes>")
+    return "(" + ", ".join(shown) + ")"
 
 
 @dataclass
