@@ -18,7 +18,6 @@ import bisect
 import logging
 import os
 import threading
-from collections import OrderedDict
 from typing import Iterable, Mapping
 
 from curvine.common.errors import CurvineError, ErrorKind
@@ -34,7 +33,7 @@ WorkerInfo = common_pb2.WorkerInfo
 
 _ZEROS = bytes(MIB)
 MAX_LOCAL_FDS = 256  # local block files opened eagerly per reader; later ones lazily
-MAX_STREAMS = 2  # remote streams kept open per reader (the current and the next block)
+MAX_STREAMS = 4  # remote streams kept open per reader (sequential runs being followed)
 
 
 def zeros(n: int) -> bytes | memoryview:
@@ -61,13 +60,19 @@ class _Stream:
         self.it = iter(self.reader)
         self.pos = offset  # block offset of the next byte the stream will deliver
         self.chunks: list[tuple[int, bytes]] = []  # contiguous, ending at pos
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # held while reading from the stream
+        self.closed = False
 
     @property
     def start(self) -> int:
         return self.chunks[0][0] if self.chunks else self.pos
 
+    def covers(self, block_id: int, offset: int, window: int) -> bool:
+        return (not self.closed and self.block.block_id == block_id
+                and self.start <= offset <= self.pos + window)
+
     def close(self) -> None:
+        self.closed = True
         self.reader.close()
 
     def pull(self, keep_behind: int) -> bool:
@@ -113,9 +118,10 @@ class BlockFetcher:
         self.readahead = max(1, readahead)
         self._host = host_id()
         self._lock = threading.Lock()
+        self._open_lock = threading.Lock()
         self._fds: dict[int, int] = {}  # block id -> descriptor of its local file
         self._no_local: set[int] = set()
-        self._streams: OrderedDict[int, _Stream] = OrderedDict()
+        self._streams: list[_Stream] = []  # least recently used first
         self._bad_workers: set[int] = set()
         self._closed = False
 
@@ -215,16 +221,36 @@ class BlockFetcher:
         return CurvineError(last.kind, f"block {block.block_id:016x}: no replica "
                                        f"readable: {last.message}")
 
-    def _stream_for(self, block: Block) -> _Stream | None:
-        with self._lock:
-            s = self._streams.get(block.block_id)
-            if s is not None:
-                self._streams.move_to_end(block.block_id)
+    def _stream_at(self, block: Block, offset: int, window: int,
+                   avoid: set[int]) -> _Stream:
+        """A stream of ``block`` whose window holds ``offset``, else a new one there
+        (from a replica not in ``avoid`` if possible)."""
+        if self._closed:
+            raise CurvineError(ErrorKind.STALE, "the file handle is closed")
+        s = self._find_stream(block, offset, window)
+        if s is not None:
             return s
+        with self._open_lock:  # threads arriving together share one new stream
+            s = self._find_stream(block, offset, window)
+            if s is not None:
+                return s
+            return self._open_stream(block, offset, avoid)
 
-    def _new_stream(self, block: Block, offset: int) -> _Stream:
+    def _find_stream(self, block: Block, offset: int, window: int) -> _Stream | None:
+        with self._lock:
+            for s in reversed(self._streams):
+                if s.covers(block.block_id, offset, window):
+                    self._streams.remove(s)
+                    self._streams.append(s)
+                    return s
+        return None
+
+    def _open_stream(self, block: Block, offset: int, avoid: set[int]) -> _Stream:
+        evicted = []
         last: CurvineError | None = None
-        for w in self._candidates(block):
+        candidates = self._candidates(block)
+        candidates.sort(key=lambda w: w.worker_id in avoid)
+        for w in candidates:
             try:
                 s = _Stream(block, w, offset, self.timeout, self.readahead)
             except CurvineError as e:
@@ -232,49 +258,50 @@ class BlockFetcher:
                 self._mark_bad(w, block, e)
                 continue
             with self._lock:
-                old = self._streams.pop(block.block_id, None)
-                self._streams[block.block_id] = s
-                evicted = []
+                self._streams.append(s)
                 while len(self._streams) > MAX_STREAMS:
-                    evicted.append(self._streams.popitem(last=False)[1])
-            for o in ([old] if old else []) + evicted:
-                o.close()
+                    evicted.append(self._streams.pop(0))
+            # Another thread may be reading an evicted stream: close it when done.
+            for old in evicted:
+                with old.lock:
+                    old.close()
             return s
         raise self._no_replica(block, last)
+
+    def _drop_stream(self, s: _Stream) -> None:
+        s.close()
+        with self._lock:
+            if s in self._streams:
+                self._streams.remove(s)
 
     def _read_remote(self, block: Block, offset: int, size: int) -> bytes | memoryview:
         end = offset + size
         window = self.readahead * MIB
-        tried: set[int] = set()
+        failed: set[int] = set()
+        attempts = 0
         while True:
-            s = self._stream_for(block)
-            if s is None:
-                s = self._new_stream(block, offset)
+            s = self._stream_at(block, offset, window, failed)
             with s.lock:
+                if not s.covers(block.block_id, offset, window):
+                    continue  # moved on (or closed) while this thread waited
                 try:
-                    if not (s.start <= offset <= s.pos + window):
-                        # A jump: restart the stream where the reader is now.
-                        s.close()
-                        with self._lock:
-                            if self._streams.get(block.block_id) is s:
-                                del self._streams[block.block_id]
-                        continue
                     while s.pos < end:
                         if not s.pull(keep_behind=window + size):
                             break
+                    if s.closed:
+                        continue  # evicted mid-read: not the worker's fault
                     if s.pos < end:
                         raise CurvineError(ErrorKind.IO, f"worker {s.worker.address}: block "
                                            f"{block.block_id:016x} ended at {s.pos}, "
                                            f"expected {block.length} bytes")
                     return s.slice(offset, end)
                 except CurvineError as e:
-                    tried.add(s.worker.worker_id)
+                    self._drop_stream(s)
+                    failed.add(s.worker.worker_id)
                     self._mark_bad(s.worker, block, e)
-                    s.close()
-                    with self._lock:
-                        if self._streams.get(block.block_id) is s:
-                            del self._streams[block.block_id]
-                    if not [w for w in block.worker_ids if w not in tried]:
+                    attempts += 1
+                    # Every replica once, plus one more try (a transient failure).
+                    if attempts > len(block.worker_ids):
                         raise self._no_replica(block, e) from None
 
     def close(self) -> None:
@@ -282,7 +309,7 @@ class BlockFetcher:
             self._closed = True
             fds = list(self._fds.values())
             self._fds.clear()
-            streams = list(self._streams.values())
+            streams = list(self._streams)
             self._streams.clear()
         for fd in fds:
             try:
