@@ -88,6 +88,13 @@ class _File:
     writer: FileWriter | None = None
 
 
+def _close_file(f: _File) -> None:
+    if f.writer is not None:
+        f.writer.close()
+    if f.reader is not None:
+        f.reader.close()
+
+
 @dataclass
 class _Dir:
     ino: int
@@ -399,9 +406,7 @@ class Operations(pyfuse3.Operations):
                     fhs.remove(fh)
                 if not fhs:
                     self._writers.pop(f.ino, None)
-                f.writer.close()
-            if f.reader is not None:
-                f.reader.close()
+            await self._run(_close_file, f)
 
     # -- directories ----------------------------------------------------------------
 
@@ -455,11 +460,9 @@ class Operations(pyfuse3.Operations):
     # EOPNOTSUPP itself (notably the security.capability probe on every write).
 
     def close(self) -> None:
+        """Drop every handle (unpublished versions are lost) and the master link."""
         for f in self._files.values():
-            if f.writer is not None:
-                f.writer.close()
-            if f.reader is not None:
-                f.reader.close()
+            _close_file(f)
         self._files.clear()
         self._dirs.clear()
         self.master.close()
