@@ -86,6 +86,7 @@ class _File:
     ino: int
     reader: FileReader | None = None
     writer: FileWriter | None = None
+    inode: Inode | None = None  # as of open (or the handle's last publish)
 
 
 def _close_file(f: _File) -> None:
@@ -121,6 +122,7 @@ class Operations(pyfuse3.Operations):
         self._files: dict[int, _File] = {}
         self._dirs: dict[int, _Dir] = {}
         self._writers: dict[int, list[int]] = {}  # ino -> write handles, last used last
+        self._handles: dict[int, set[int]] = {}  # ino -> every open file handle
         self._versions: OrderedDict[int, int] = OrderedDict()  # ino -> version last opened
         self._block_size: int | None = None  # the master's, asked for at the first write
 
@@ -215,9 +217,23 @@ class Operations(pyfuse3.Operations):
     def _add_file(self, f: _File) -> int:
         fh = next(self._fh)
         self._files[fh] = f
+        self._handles.setdefault(f.ino, set()).add(fh)
         if f.writer is not None:
             self._touch_writer(fh, f.ino)
         return fh
+
+    def _open_snapshot(self, ino: int) -> pyfuse3.EntryAttributes | None:
+        """Attributes of an inode that is gone from the namespace but still open here:
+        its readers keep going (DESIGN consistency rule 4), and the kernel asks for
+        attributes before it reads past what it has cached."""
+        for fh in self._handles.get(ino, ()):
+            f = self._files[fh]
+            if f.inode is not None:
+                size = f.reader.size if f.reader is not None else f.writer.size
+                attrs = self._attrs(f.inode, size)
+                attrs.st_nlink = 0
+                return attrs
+        return None
 
     def _file(self, fh: int) -> _File:
         f = self._files.get(fh)
@@ -229,7 +245,9 @@ class Operations(pyfuse3.Operations):
         if f.writer is None or not f.writer.dirty:
             return
         try:
-            await self._run(f.writer.flush)
+            inode = await self._run(f.writer.flush)
+            if inode is not None:
+                f.inode = inode
         except CurvineError as e:
             if e.kind != ErrorKind.NOT_FOUND:
                 raise
@@ -254,7 +272,13 @@ class Operations(pyfuse3.Operations):
 
     @_fuse_op
     async def getattr(self, inode, ctx=None):
-        return self._attrs(await self._run(self.master.getattr, inode))
+        try:
+            return self._attrs(await self._run(self.master.getattr, inode))
+        except CurvineError as e:
+            attrs = self._open_snapshot(inode) if e.kind == ErrorKind.NOT_FOUND else None
+            if attrs is None:
+                raise
+            return attrs
 
     @_fuse_op
     async def setattr(self, inode, attr, fields, fh, ctx):
@@ -343,7 +367,7 @@ class Operations(pyfuse3.Operations):
         empty = bool(flags & os.O_TRUNC) or inode.size == 0
         writer = await self._run(self._new_writer, inode.ino, empty)
         writer.dirty = True
-        fh = self._add_file(_File(inode.ino, writer=writer))
+        fh = self._add_file(_File(inode.ino, writer=writer, inode=inode))
         return pyfuse3.FileInfo(fh=fh, direct_io=True), self._attrs(inode)
 
     @_fuse_op
@@ -361,7 +385,7 @@ class Operations(pyfuse3.Operations):
         if flags & os.O_ACCMODE == os.O_RDONLY:
             node, reader = await self._run(self._new_reader, inode)
             keep = node.state == COMPLETE and self._remember_version(inode, node.version)
-            fh = self._add_file(_File(inode, reader=reader))
+            fh = self._add_file(_File(inode, reader=reader, inode=node))
             return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
         writer = await self._run(self._new_writer, inode, bool(flags & os.O_TRUNC))
         fh = self._add_file(_File(inode, writer=writer))
@@ -400,6 +424,11 @@ class Operations(pyfuse3.Operations):
         try:
             await self._publish(f)
         finally:
+            fhs = self._handles.get(f.ino)
+            if fhs is not None:
+                fhs.discard(fh)
+                if not fhs:
+                    del self._handles[f.ino]
             if f.writer is not None:
                 fhs = self._writers.get(f.ino, [])
                 if fh in fhs:

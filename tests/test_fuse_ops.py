@@ -800,8 +800,13 @@ def test_ops_unlinked_file_still_readable_through_an_open_handle(cluster):
     async def go():
         fi = await ops.open(ino, os.O_RDONLY, Ctx())
         await ops.unlink(1, b"gone", Ctx())
+        # the kernel asks for attributes before reading past its cache: still there
+        attr = await ops.getattr(ino, Ctx())
+        assert attr.st_size == BS + 1 and attr.st_nlink == 0
         assert bytes(await ops.read(fi.fh, 0, 2 * BS)) == b"m" * (BS + 1)
         await ops.release(fi.fh)
+        with pytest.raises(pyfuse3.FUSEError):
+            await ops.getattr(ino, Ctx())  # gone once nobody has it open
 
     trio.run(go)
 
