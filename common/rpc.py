@@ -30,6 +30,11 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.enable_retries", 0),  # we retry ourselves, with request ids
+    # A restarted master or worker must be found again within seconds, not the
+    # default two minutes of reconnect backoff.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MESSAGE_LIMIT),
