@@ -180,7 +180,6 @@ def test_master_recovers_from_torn_journal_tail(make_cluster, damage):
     assert re.search(rf"torn tail in segment \S*{re.escape(os.path.basename(seg_path))} at "
                      rf"offset {cut_at}\b", log), \
         f"the master log does not name the cut (segment and offset {cut_at}):\n{log[-3000:]}"
-    assert os.path.getsize(seg_path) == cut_at
     # every file from before the last record, through both mounts
     _check_files(b, files, "after the torn-tail restart (mount 1)")
     _check_files(a, files, "after the torn-tail restart (mount 0)")
@@ -272,7 +271,7 @@ def test_worker_sigkill_restart_reconciles(make_cluster, tmp_path):
     vdir = data_dirs[victim]
     on_victim = sorted(n for n, bl in where.items() if all(i == victim for _, i in bl))
     print(f"blocks per worker: {per_worker}; killing worker {victim}")
-    assert on_victim, "no file has all its blocks on one worker"
+    assert len(on_victim) >= 2, f"too few files with all blocks on worker {victim}: {where}"
 
     c.kill("worker", victim, sig=signal.SIGKILL)
     staging = os.path.join(vdir, "staging", f"{0xdeadbeef:016x}.{os.urandom(4).hex()}.tmp")
@@ -306,10 +305,10 @@ def test_worker_sigkill_restart_reconciles(make_cluster, tmp_path):
     assert lost not in os.listdir(a)
     with pytest.raises(FileNotFoundError):
         open(os.path.join(a, lost), "rb")
-    # the rest reads back: mount 1 through the workers' gRPC, mount 0 short-circuit
+    # the rest reads back (some of it from the restarted worker): mount 1 through the
+    # workers' gRPC, mount 0 short-circuit
+    assert set(on_victim[1:]) <= set(files)
     _check_files(b, files, "after the worker restart (remote reads)")
     _check_files(a, files, "after the worker restart (short-circuit reads)")
     more = _store_files(b, 4, 8)
     _check_files(a, more, "stored after the worker restart")
-    log = _last_run(log_text(c.log_path("worker", victim)))
-    assert "staging" in log, "the worker log does not mention the removed staging leftover"
