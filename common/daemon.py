@@ -23,7 +23,9 @@ def notify(state: str) -> None:
             s.connect(addr)
             s.sendall(state.encode())
     except OSError as e:
-        log.warning("sd_notify(%s) failed: %s", state, e)
+        # Like systemd's own sd_notify: the notifier may be gone (e.g. `curvine local up`
+        # has exited by the time a daemon stops); that is not the daemon's problem.
+        log.debug("sd_notify(%s) failed: %s", state, e)
 
 
 def stop_event() -> threading.Event:
