@@ -87,6 +87,19 @@ class _File:
     reader: FileReader | None = None
     writer: FileWriter | None = None
     inode: Inode | None = None  # as of open (or the handle's last publish)
+    tgid: int = 0  # the process that opened it (writers)
+
+
+def _tgid(pid: int) -> int:
+    """The process (thread group) of a request's thread id."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return pid
 
 
 def _close_file(f: _File) -> None:
@@ -332,8 +345,25 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EINVAL)
         check_name(name_old)
         check_name(name_new)
+        src = await self._run(self.master.lookup, parent_inode_old, name_old)
+        if src.type != DIRECTORY and src.state != COMPLETE:
+            await self._guard_unpublished_rename(src, ctx)
         await self._run(self.master.rename, parent_inode_old, name_old, parent_inode_new,
                         name_new, no_replace=bool(flags & pyfuse3.RENAME_NOREPLACE))
+
+    async def _guard_unpublished_rename(self, src: Inode, ctx) -> None:
+        """Refuse to move a file nobody has published yet, unless the caller is
+        writing it.  LMCache writers all write <key>.tmp, close and rename it: a
+        writer whose .tmp was already moved by another one would otherwise move the
+        next writer's new, still empty .tmp onto <key>.data, and readers would see
+        an empty file (consistency rule 1).  For that writer its file is gone: ENOENT,
+        as when another writer renamed it first."""
+        caller = await self._run(_tgid, ctx.pid)
+        for fh in self._writers.get(src.ino, ()):
+            if self._files[fh].tgid == caller:
+                return
+        log.debug("rename of unpublished inode %d by pid %d refused", src.ino, ctx.pid)
+        raise pyfuse3.FUSEError(errno.ENOENT)
 
     @_fuse_op
     async def statfs(self, ctx):
@@ -367,7 +397,8 @@ class Operations(pyfuse3.Operations):
         empty = bool(flags & os.O_TRUNC) or inode.size == 0
         writer = await self._run(self._new_writer, inode.ino, empty)
         writer.dirty = True
-        fh = self._add_file(_File(inode.ino, writer=writer, inode=inode))
+        tgid = await self._run(_tgid, ctx.pid)
+        fh = self._add_file(_File(inode.ino, writer=writer, inode=inode, tgid=tgid))
         return pyfuse3.FileInfo(fh=fh, direct_io=True), self._attrs(inode)
 
     @_fuse_op
@@ -386,9 +417,15 @@ class Operations(pyfuse3.Operations):
             node, reader = await self._run(self._new_reader, inode)
             keep = node.state == COMPLETE and self._remember_version(inode, node.version)
             fh = self._add_file(_File(inode, reader=reader, inode=node))
+            if self._writers.get(inode):
+                # This mount also writes the inode: its O_TRUNC opens and direct
+                # writes set the kernel's file size, which would cut this reader's
+                # version short.  Without the page cache the size does not matter.
+                return pyfuse3.FileInfo(fh=fh, direct_io=True)
             return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
         writer = await self._run(self._new_writer, inode, bool(flags & os.O_TRUNC))
-        fh = self._add_file(_File(inode, writer=writer))
+        tgid = await self._run(_tgid, ctx.pid)
+        fh = self._add_file(_File(inode, writer=writer, tgid=tgid))
         return pyfuse3.FileInfo(fh=fh, direct_io=True)
 
     @_fuse_op

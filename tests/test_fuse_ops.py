@@ -659,6 +659,7 @@ def test_ops_errno_mapping(cluster):
     assert errno_of(ops.rename, 1, b"d", d, b"sub", 0, ctx) == errno.EINVAL  # into itself
     assert errno_of(ops.rename, 1, b"d", 1, b"e", pyfuse3.RENAME_EXCHANGE, ctx) == errno.EINVAL
     master.create(1, b"taken")
+    master.complete_file(f, [], 0)
     assert errno_of(ops.rename, d, b"inner", 1, b"taken", pyfuse3.RENAME_NOREPLACE,
                     ctx) == errno.EEXIST
     assert errno_of(ops.rename, d, b"inner", 1, b"taken", 0, ctx) == 0
@@ -669,6 +670,36 @@ def test_ops_errno_mapping(cluster):
     assert master.lookup(1, b"plain").state == common_pb2.COMPLETE
     assert errno_of(ops.unlink, 1, b"missing", ctx) == errno.ENOENT
     assert errno_of(ops.read, 12345, 0, 10) == errno.EBADF
+
+
+def test_ops_rename_of_a_file_someone_else_is_still_creating_is_refused(cluster):
+    """LMCache: writer 1 closed its <key>.tmp, another writer renamed it already and
+    writer 2 created a new, unpublished <key>.tmp.  Writer 1's rename must not move
+    writer 2's empty file onto <key>.data."""
+    master, _ = cluster
+    ops = make_ops(master)
+    ctx = Ctx()
+
+    async def go():
+        master.create(1, b"k.tmp")  # created by a writer on another mount
+        assert await aerrno(ops.rename, 1, b"k.tmp", 1, b"k.data", 0, ctx) == errno.ENOENT
+        assert master.lookup(1, b"k.tmp")
+        # the process writing the file may rename it before closing
+        fi, attr = await ops.create(1, b"mine.tmp", 0o100644, os.O_WRONLY, ctx)
+        await ops.write(fi.fh, 0, b"data")
+        await ops.rename(1, b"mine.tmp", 1, b"mine.data", 0, ctx)
+        await ops.release(fi.fh)
+        assert published(master, master.lookup(1, b"mine.data").ino) == b"data"
+
+    trio.run(go)
+
+
+async def aerrno(coro_fn, *args):
+    try:
+        await coro_fn(*args)
+    except pyfuse3.FUSEError as e:
+        return e.errno
+    return 0
 
 
 def test_ops_unexpected_exception_is_eio_and_logged_once(cluster, caplog):
@@ -723,6 +754,17 @@ def test_ops_write_publishes_at_flush_and_each_handle_is_a_version(cluster):
         assert r2.keep_cache
         await ops.release(r1.fh)
         await ops.release(r2.fh)
+        # a local writer (O_TRUNC) sets the kernel's size: readers then bypass the cache
+        wt = await ops.open(ino, os.O_WRONLY | os.O_TRUNC, ctx)
+        r4 = await ops.open(ino, os.O_RDONLY, ctx)
+        assert r4.direct_io and not r4.keep_cache
+        assert bytes(await ops.read(r4.fh, 0, 100)) == b"b" * 10
+        await ops.release(r4.fh)
+        await ops.release(wt.fh)  # publishes the emptied version
+        assert published(master, ino) == b""
+        w0 = await ops.open(ino, os.O_WRONLY, ctx)
+        await ops.write(w0.fh, 0, b"b" * 10)
+        await ops.release(w0.fh)
         # O_RDWR without O_TRUNC continues from the published version and reads it
         w = await ops.open(ino, os.O_RDWR, ctx)
         await ops.write(w.fh, 2, b"XY")
