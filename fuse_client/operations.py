@@ -399,7 +399,7 @@ class Operations(pyfuse3.Operations):
         writer.dirty = True
         tgid = await self._run(_tgid, ctx.pid)
         fh = self._add_file(_File(inode.ino, writer=writer, inode=inode, tgid=tgid))
-        return pyfuse3.FileInfo(fh=fh, direct_io=True), self._attrs(inode)
+        return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False), self._attrs(inode)
 
     @_fuse_op
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
@@ -421,12 +421,12 @@ class Operations(pyfuse3.Operations):
                 # This mount also writes the inode: its O_TRUNC opens and direct
                 # writes set the kernel's file size, which would cut this reader's
                 # version short.  Without the page cache the size does not matter.
-                return pyfuse3.FileInfo(fh=fh, direct_io=True)
-            return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+                return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
+            return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=keep)
         writer = await self._run(self._new_writer, inode, bool(flags & os.O_TRUNC))
         tgid = await self._run(_tgid, ctx.pid)
         fh = self._add_file(_File(inode, writer=writer, tgid=tgid))
-        return pyfuse3.FileInfo(fh=fh, direct_io=True)
+        return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
 
     @_fuse_op
     async def read(self, fh, off, size):
