@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import resource
 import signal
 import sys
 
@@ -67,6 +68,16 @@ def tune_malloc() -> None:
         log.debug("mallopt not available: %s", e)
 
 
+def raise_fd_limit() -> None:
+    """Readers keep the files of local blocks open (DESIGN consistency rule 4)."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as e:
+        log.debug("cannot raise the open file limit: %s", e)
+
+
 def set_readahead(mountpoint: str, kb: int) -> None:
     """Raise the mount's readahead so buffered reads arrive as 1 MiB requests.
     Best effort: needs root (or a writable sysfs)."""
@@ -113,6 +124,7 @@ async def serve(cfg: config_mod.Config) -> None:
 
 def run(cfg: config_mod.Config) -> int:
     tune_malloc()
+    raise_fd_limit()
     ops = Operations(cfg)
     options = {"fsname=curvine", "subtype=curvine", "default_permissions"}
     if cfg.fuse.allow_other:
