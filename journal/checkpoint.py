@@ -49,9 +49,10 @@ def _list(ckpt_root: str) -> list[tuple[int, str]]:
     return out
 
 
-def latest_checkpoint(ckpt_root: str) -> tuple[int, str] | None:
-    """(seq, path) of the newest complete checkpoint, None if there is none."""
-    found = _list(ckpt_root)
+def latest_checkpoint(ckpt_root: str, at_most: int | None = None) -> tuple[int, str] | None:
+    """(seq, path) of the newest complete checkpoint (with seq <= ``at_most`` if
+    given), None if there is none."""
+    found = [c for c in _list(ckpt_root) if at_most is None or c[0] <= at_most]
     return found[-1] if found else None
 
 

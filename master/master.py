@@ -41,7 +41,11 @@ class Master:
         self.ckpt_root = os.path.join(self.meta_dir, "checkpoints")
         self.journal = Journal(self.journal_dir, segment_size=int(cfg.journal.segment_size),
                                fsync=cfg.journal.fsync)
-        self.store = self._open_store()
+        try:
+            self.store = self._open_store()
+        except BaseException:
+            self.journal.close()
+            raise
         self.retry = RetryCache(cfg.master.retry_cache_entries)
         self.ns = Namespace(self.store, self.retry, self.block_size)
         self.registry = WorkerRegistry(float(cfg.master.worker_lost_after))
@@ -62,27 +66,50 @@ class Master:
         self.submit(self.ns.plan_root)
 
     def _open_store(self) -> Store:
-        """Open LMDB; if it is older than the oldest journal record, restore the newest
-        checkpoint first (LMDB is synced lazily, so an OS crash can take it back)."""
+        """Open LMDB and make sure the journal can bring it up to date.
+
+        LMDB is synced lazily, so an OS crash can take it back behind the oldest journal
+        record: then the newest checkpoint is restored first.  If LMDB is *ahead* of the
+        journal (the journal lost records it had made durable, e.g. a damaged tail), the
+        journal is the truth: LMDB is rebuilt from a checkpoint at or below the journal's
+        end, or from nothing when the journal still starts at seq 1.
+        """
         lmdb_dir = os.path.join(self.meta_dir, "lmdb")
         store = Store(lmdb_dir)
         with store.read() as txn:
             applied = store.get_u64(txn, b"applied_seq")
         j = self.journal
-        if j.last_seq >= j.first_seq and applied + 1 < j.first_seq:
-            ckpt = latest_checkpoint(self.ckpt_root)
-            if ckpt is None or ckpt[0] + 1 < j.first_seq:
-                store.env.close()
-                raise CurvineError(ErrorKind.IO,
-                                   f"metadata in {lmdb_dir} is at seq {applied} but the journal "
-                                   f"starts at seq {j.first_seq} and no checkpoint covers the gap")
+        end = j.durable_seq
+        behind = end >= j.first_seq and applied + 1 < j.first_seq
+        ahead = applied > end
+        if not (behind or ahead):
+            return store
+        store.env.close()
+        if end == 0:
+            raise CurvineError(ErrorKind.IO,
+                               f"the journal in {self.journal_dir} is empty but the metadata in "
+                               f"{lmdb_dir} is at seq {applied}: is --journal-dir right?")
+        ckpt = latest_checkpoint(self.ckpt_root, at_most=end)
+        if ckpt is not None and ckpt[0] + 1 < j.first_seq:
+            ckpt = None  # the journal no longer holds the records after it
+        if ckpt is None and j.first_seq > 1:
+            raise CurvineError(ErrorKind.IO,
+                               f"metadata in {lmdb_dir} is at seq {applied}, the journal holds "
+                               f"seqs {j.first_seq}..{end}, and no checkpoint bridges the two")
+        if ahead:
+            log.error("metadata in %s is at seq %d but the journal ends at seq %d: records "
+                      "%d..%d are lost; rebuilding the metadata from the journal",
+                      lmdb_dir, applied, end, end + 1, applied)
+        else:
             log.warning("metadata at seq %d is older than the journal (first seq %d): "
-                        "restoring checkpoint %s", applied, j.first_seq, ckpt[1])
-            store.env.close()
-            shutil.rmtree(lmdb_dir)
+                        "restoring it", applied, j.first_seq)
+        aside = f"{lmdb_dir}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.replace(lmdb_dir, aside)  # kept for forensics; the operator may delete it
+        log.warning("previous metadata moved to %s", aside)
+        if ckpt is not None:
+            log.warning("restoring checkpoint %s (seq %d)", ckpt[1], ckpt[0])
             shutil.copytree(ckpt[1], lmdb_dir)
-            store = Store(lmdb_dir)
-        return store
+        return Store(lmdb_dir)
 
     def close(self) -> None:
         self.committer.stop()

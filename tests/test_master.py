@@ -417,3 +417,33 @@ def test_group_commit_batches_concurrent_mutations(master):
     syncs = master.journal.stats["syncs"] - syncs_before
     assert syncs < 320, "every mutation paid its own fsync: no group commit"
     assert master.committer.stats["max_batch"] > 1
+
+
+def test_lost_journal_tail_rebuilds_metadata_from_the_journal(tmp_path):
+    m = make_master(tmp_path)
+    populate(m)
+    before = snapshot(m)
+    mkdir(m, ROOT_INO, b"last")  # the record that will be torn
+    m.close()
+    seg = sorted((tmp_path / "journal").glob("seg-*.wal"))[-1]
+    size = seg.stat().st_size
+    os.truncate(seg, size - 5)
+    m = make_master(tmp_path)
+    try:
+        # LMDB had applied the cut record; the journal is the truth, so it is gone
+        assert snapshot(m) == before
+        mkdir(m, ROOT_INO, b"again")
+        assert m.lookup(ROOT_INO, b"again").type == common_pb2.DIRECTORY
+    finally:
+        m.close()
+    assert any(p.name.startswith("lmdb.replaced-") for p in (tmp_path / "meta").iterdir())
+
+
+def test_empty_journal_with_old_metadata_refuses_to_start(tmp_path):
+    m = make_master(tmp_path)
+    populate(m)
+    m.close()
+    shutil.rmtree(tmp_path / "journal")
+    with pytest.raises(CurvineError) as e:
+        make_master(tmp_path)
+    assert "journal" in str(e.value) and "empty" in str(e.value)
