@@ -218,8 +218,11 @@ class BlockFetcher:
         if last is None:
             return CurvineError(ErrorKind.IO, f"block {block.block_id:016x}: no worker "
                                               f"holds a replica")
-        return CurvineError(last.kind, f"block {block.block_id:016x}: no replica "
-                                       f"readable: {last.message}")
+        # A block deleted under an open reader (unlink, eviction) is a stale handle,
+        # not a missing name.
+        kind = ErrorKind.STALE if last.kind == ErrorKind.NOT_FOUND else last.kind
+        return CurvineError(kind, f"block {block.block_id:016x}: no replica "
+                                  f"readable: {last.message}")
 
     def _stream_at(self, block: Block, offset: int, window: int,
                    avoid: set[int]) -> _Stream:
