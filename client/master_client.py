@@ -66,10 +66,12 @@ class MasterClient:
             request_id=new_request_id(), parent=parent, name=name))
 
     def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes,
-               no_replace: bool = False) -> None:
+               no_replace: bool = False, source_ino: int = 0,
+               require_published: bool = False) -> None:
         self._call("Rename", master_pb2.RenameRequest(
             request_id=new_request_id(), parent=parent, name=name, new_parent=new_parent,
-            new_name=new_name, no_replace=no_replace))
+            new_name=new_name, no_replace=no_replace, source_ino=source_ino,
+            require_published=require_published))
 
     def listdir(self, ino: int, start_after: bytes = b"", limit: int = LISTDIR_PAGE
                 ) -> tuple[list[master_pb2.DirEntry], bool]:

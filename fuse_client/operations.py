@@ -346,24 +346,19 @@ class Operations(pyfuse3.Operations):
         check_name(name_old)
         check_name(name_new)
         src = await self._run(self.master.lookup, parent_inode_old, name_old)
-        if src.type != DIRECTORY and src.state != COMPLETE:
-            await self._guard_unpublished_rename(src, ctx)
+        # Only the process writing a never-published file may move it (see
+        # RenameRequest.require_published); the master checks both guards atomically.
+        writing = src.type != DIRECTORY and await self._caller_writes(src.ino, ctx)
         await self._run(self.master.rename, parent_inode_old, name_old, parent_inode_new,
-                        name_new, no_replace=bool(flags & pyfuse3.RENAME_NOREPLACE))
+                        name_new, no_replace=bool(flags & pyfuse3.RENAME_NOREPLACE),
+                        source_ino=src.ino, require_published=not writing)
 
-    async def _guard_unpublished_rename(self, src: Inode, ctx) -> None:
-        """Refuse to move a file nobody has published yet, unless the caller is
-        writing it.  LMCache writers all write <key>.tmp, close and rename it: a
-        writer whose .tmp was already moved by another one would otherwise move the
-        next writer's new, still empty .tmp onto <key>.data, and readers would see
-        an empty file (consistency rule 1).  For that writer its file is gone: ENOENT,
-        as when another writer renamed it first."""
+    async def _caller_writes(self, ino: int, ctx) -> bool:
+        handles = self._writers.get(ino, ())
+        if not handles:
+            return False
         caller = await self._run(_tgid, ctx.pid)
-        for fh in self._writers.get(src.ino, ()):
-            if self._files[fh].tgid == caller:
-                return
-        log.debug("rename of unpublished inode %d by pid %d refused", src.ino, ctx.pid)
-        raise pyfuse3.FUSEError(errno.ENOENT)
+        return any(self._files[fh].tgid == caller for fh in handles)
 
     @_fuse_op
     async def statfs(self, ctx):

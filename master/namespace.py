@@ -164,9 +164,11 @@ class Namespace:
         name = check_name(req.name, "name")
         new_name = check_name(req.new_name, "new_name")
         ino = self.store.lookup(txn, src_parent.ino, name)
-        if ino is None:
+        if ino is None or (req.source_ino and ino != req.source_ino):
             raise CurvineError(ErrorKind.NOT_FOUND, "no such file or directory")
         node = self.inode(txn, ino)
+        if req.require_published and node.type == FILE and node.state == common_pb2.WRITING:
+            raise CurvineError(ErrorKind.NOT_FOUND, "source not published by any writer yet")
         if node.type == DIRECTORY:
             # A directory may not move below itself.
             walk = dst_parent

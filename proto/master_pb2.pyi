@@ -102,20 +102,24 @@ class RmdirRequest(_message.Message):
     def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ...) -> None: ...
 
 class RenameRequest(_message.Message):
-    __slots__ = ("request_id", "parent", "name", "new_parent", "new_name", "no_replace")
+    __slots__ = ("request_id", "parent", "name", "new_parent", "new_name", "no_replace", "source_ino", "require_published")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NEW_PARENT_FIELD_NUMBER: _ClassVar[int]
     NEW_NAME_FIELD_NUMBER: _ClassVar[int]
     NO_REPLACE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_INO_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_PUBLISHED_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     parent: int
     name: bytes
     new_parent: int
     new_name: bytes
     no_replace: bool
-    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[bytes] = ..., no_replace: _Optional[bool] = ...) -> None: ...
+    source_ino: int
+    require_published: bool
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[bytes] = ..., no_replace: _Optional[bool] = ..., source_ino: _Optional[int] = ..., require_published: _Optional[bool] = ...) -> None: ...
 
 class ListDirRequest(_message.Message):
     __slots__ = ("ino", "start_after", "limit")

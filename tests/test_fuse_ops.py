@@ -227,11 +227,14 @@ class FakeMaster:
             self._err(ErrorKind.NOT_EMPTY, repr(name))
         del d[name], self.dentries[ino], self.inodes[ino]
 
-    def rename(self, parent, name, new_parent, new_name, no_replace=False):
+    def rename(self, parent, name, new_parent, new_name, no_replace=False, source_ino=0,
+               require_published=False):
         src, dst = self._dir(parent), self._dir(new_parent)
         ino = src.get(name)
-        if ino is None:
+        if ino is None or (source_ino and ino != source_ino):
             self._err(ErrorKind.NOT_FOUND, repr(name))
+        if require_published and self.inodes[ino].state == common_pb2.WRITING:
+            self._err(ErrorKind.NOT_FOUND, "not published")
         p = new_parent
         while True:  # a directory must not move into itself
             if p == ino:

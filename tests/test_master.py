@@ -447,3 +447,22 @@ def test_empty_journal_with_old_metadata_refuses_to_start(tmp_path):
     with pytest.raises(CurvineError) as e:
         make_master(tmp_path)
     assert "journal" in str(e.value) and "empty" in str(e.value)
+
+
+def test_rename_guards_are_atomic_with_the_rename(master):
+    add_worker(master)
+    old = create(master, ROOT_INO, b"k.tmp")
+    publish(master, old.ino, [MiB])
+    rename(master, ROOT_INO, b"k.tmp", ROOT_INO, b"k.data")
+    new = create(master, ROOT_INO, b"k.tmp")  # another writer's, not yet published
+
+    def guarded(**kw):
+        master.rename(master_pb2.RenameRequest(request_id=new_request_id(), parent=ROOT_INO,
+                                               name=b"k.tmp", new_parent=ROOT_INO,
+                                               new_name=b"k.data", **kw))
+
+    assert kind_of(lambda: guarded(source_ino=old.ino)) == ErrorKind.NOT_FOUND
+    assert kind_of(lambda: guarded(require_published=True)) == ErrorKind.NOT_FOUND
+    assert master.lookup(ROOT_INO, b"k.data").ino == old.ino  # untouched
+    guarded(source_ino=new.ino)  # its own writer may move it
+    assert master.lookup(ROOT_INO, b"k.data").ino == new.ino
