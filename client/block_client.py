@@ -20,8 +20,8 @@ from curvine.common.ids import MIB
 from curvine.common.rpc import make_channel
 from curvine.proto import common_pb2, worker_pb2, worker_pb2_grpc
 # The block file layout and the data framing have one definition each, in the worker.
-from curvine.worker import wire
-from curvine.worker.blockstore import block_relpath, check_block_id
+from curvine.common import wire
+from curvine.common.blocks import block_relpath, check_block_id
 
 CHUNK = MIB  # data per gRPC message (MEASURED.md: 1 MiB is the sweet spot)
 DEFAULT_READAHEAD = 4  # messages buffered ahead of the reader (client.readahead_blocks)
@@ -33,7 +33,7 @@ _workers: dict[str, "_WorkerCalls"] = {}
 
 
 class _WorkerCalls:
-    """A channel plus the data-path calls, framed by hand (see curvine.worker.wire)."""
+    """A channel plus the data-path calls, framed by hand (see curvine.common.wire)."""
 
     def __init__(self, address: str):
         self.channel = make_channel(address)

@@ -26,8 +26,9 @@ from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error
 from curvine.common.ids import MIB
 from curvine.common.rpc import bind, make_server
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
-from curvine.worker import wire
-from curvine.worker.blockstore import MAX_BLOCK_ID, BlockStore, block_path, check_block_id
+from curvine.common import wire
+from curvine.common.blocks import MAX_BLOCK_ID, block_path, check_block_id
+from curvine.worker.blockstore import BlockStore
 from curvine.worker.service import WorkerServicer, add_to_server
 
 VENV_BIN = os.path.dirname(sys.executable)

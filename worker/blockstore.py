@@ -28,33 +28,15 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from curvine.common.errors import CurvineError, ErrorKind, invalid
+from curvine.common.blocks import MAX_BLOCK_ID, block_path, check_block_id
 from curvine.common.ids import MIB, BlockId
 
 log = logging.getLogger(__name__)
 
-MAX_BLOCK_ID = (1 << 63) - 1  # ids fit a signed 64-bit integer (LMDB keys, journal)
 READ_CHUNK = MIB  # the data unit: largest chunk a read yields
 _BLOCK_NAME = re.compile(r"([0-9a-f]{16})\.blk")
 _STAGING_SUFFIX = ".tmp"
 _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-
-
-def check_block_id(block_id: object, field: str = "block_id") -> BlockId:
-    """A block id is an int in 1..2^63-1 (0 is a hole and never stored)."""
-    if (isinstance(block_id, bool) or not isinstance(block_id, int)
-            or not 1 <= block_id <= MAX_BLOCK_ID):
-        raise invalid(field, f"{block_id!r} is not a block id (1..2^63-1)")
-    return BlockId(block_id)
-
-
-def block_relpath(block_id: int) -> str:
-    """``blocks/<id % 256 as 2 hex>/<id as 16 hex>.blk``: the one definition of the layout."""
-    b = check_block_id(block_id)
-    return os.path.join("blocks", f"{b % 256:02x}", f"{b:016x}.blk")
-
-
-def block_path(data_dir: str, block_id: int) -> str:
-    return os.path.join(data_dir, block_relpath(block_id))
 
 
 @dataclass(frozen=True)

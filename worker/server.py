@@ -28,7 +28,9 @@ from curvine.common.ids import host_id
 from curvine.common.rpc import RpcClient, bind, make_server
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
-from .blockstore import MAX_BLOCK_ID, BlockStore
+from curvine.common.blocks import MAX_BLOCK_ID
+
+from .blockstore import BlockStore
 from .service import WorkerServicer, add_to_server
 
 log = logging.getLogger(__name__)

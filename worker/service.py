@@ -15,8 +15,10 @@ from curvine.common.ids import MIB
 from curvine.common.rpc import handler, stream_handler
 from curvine.proto import common_pb2, worker_pb2, worker_pb2_grpc
 
-from . import wire
-from .blockstore import READ_CHUNK, BlockStore, check_block_id
+from curvine.common import wire
+from curvine.common.blocks import check_block_id
+
+from .blockstore import READ_CHUNK, BlockStore
 
 log = logging.getLogger(__name__)
 
