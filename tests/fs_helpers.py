@@ -63,10 +63,15 @@ def identify(data: bytes | memoryview, expect_size: int | None = None) -> tuple[
     w, r, n = (int(g) for g in m.groups())
     if expect_size is not None and n != expect_size:
         raise AssertionError(f"header says {n} bytes, expected {expect_size}")
-    if len(data) != n:
-        raise AssertionError(f"writer {w} round {r}: file has {len(data)} bytes, header says {n} "
-                             f"({'short' if len(data) < n else 'long'})")
     want = pattern(w, r, n)
+    if len(data) != n:
+        k = min(len(data), n)
+        diff = first_difference(data[:k], want[:k])
+        raise AssertionError(
+            f"writer {w} round {r}: file has {len(data)} bytes, header says {n} "
+            f"({'short' if len(data) < n else 'long'}; the bytes it has "
+            + ("are that writer's" if diff < 0 else f"differ from that writer's at offset {diff}")
+            + ")")
     if data != want:
         first = first_difference(data, want)
         raise AssertionError(f"writer {w} round {r}: bytes differ from that writer's pattern "
