@@ -634,10 +634,9 @@ class LocalCluster:
                         | {m for m in mounted_paths() if m.startswith(mnt_root)})
         fuse = [p for p in procs if p.role == "fuse"]
         servers = [p for p in procs if p.role != "fuse"]
-        # Mounts first, while master and workers can still serve a final flush.
-        for m in mounts:
-            if is_mounted(m):
-                fusermount_unmount(m, timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+        # Mounts first, while master and workers can still serve a final flush.  SIGTERM
+        # makes curvine-fuse unmount itself and cut short calls that wait for a master
+        # that is down (`fusermount3 -u` would stat the root and wait with them).
         for group in (fuse, servers):
             for p in group:
                 self._signal(p, signal.SIGTERM)

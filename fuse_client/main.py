@@ -91,7 +91,7 @@ def set_readahead(mountpoint: str, kb: int) -> None:
         log.info("cannot set the mount's readahead to %d KiB: %s", kb, e)
 
 
-async def serve(cfg: config_mod.Config) -> None:
+async def serve(cfg: config_mod.Config, ops: Operations) -> None:
     async with trio.open_nursery() as nursery:
         async def main_loop():
             try:
@@ -103,6 +103,9 @@ async def serve(cfg: config_mod.Config) -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for signum in signals:
                     log.info("received %s, unmounting", signal.Signals(signum).name)
+                    # Calls waiting for a master that is down would hold the unmount
+                    # for up to cluster.master_wait: cut them short.
+                    ops.master.close()
                     pyfuse3.terminate()
                     return
 
@@ -137,7 +140,7 @@ def run(cfg: config_mod.Config) -> int:
         return 1
     code = 0
     try:
-        trio.run(serve, cfg)
+        trio.run(serve, cfg, ops)
     except BaseException as e:  # noqa: BLE001 - unmount whatever killed the loop
         if isinstance(e, KeyboardInterrupt):
             log.info("interrupted, unmounting")
