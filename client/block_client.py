@@ -1,5 +1,6 @@
 """Block I/O against workers: streamed writes, streamed reads with readahead, and the
-short-circuit path to block files on this host.
+short-circuit paths to block files on this host (reads of finalised files; writes of
+staging files that the worker then adopts).
 
 Blocking calls, safe from many threads (the FUSE client runs them through
 ``trio.to_thread``).  One gRPC channel per worker address is shared by the whole
@@ -8,6 +9,7 @@ process.  Every failure is a ``CurvineError`` whose message names the worker.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import queue
 import threading
@@ -21,7 +23,7 @@ from curvine.common.rpc import make_channel
 from curvine.proto import common_pb2, worker_pb2, worker_pb2_grpc
 # The block file layout and the data framing have one definition each, in the worker.
 from curvine.common import wire
-from curvine.common.blocks import block_relpath, check_block_id
+from curvine.common.blocks import block_relpath, check_block_id, client_staging_path
 
 CHUNK = MIB  # data per gRPC message (MEASURED.md: 1 MiB is the sweet spot)
 DEFAULT_READAHEAD = 4  # messages buffered ahead of the reader (client.readahead_blocks)
@@ -232,6 +234,63 @@ class BlockReader:
 
     def __del__(self) -> None:
         self.close()
+
+
+def create_local_staging(worker: WorkerInfo, block_id: int) -> tuple[int, str] | None:
+    """Create a client staging file for ``block_id`` in one of the (local) worker's data
+    dirs, the one with the most free space; returns (fd, path), or None if no data dir
+    is writable from here (a container without the worker's volume, permissions).
+
+    The file is opened read-write and flock'ed: the worker sweeps client staging files
+    only once their lock is free (the writer closed them or died)."""
+    check_block_id(block_id)
+    dirs = []
+    for d in worker.data_dirs:
+        if not os.path.isabs(d):
+            continue
+        try:
+            st = os.statvfs(os.path.join(d, "staging"))
+        except OSError:
+            continue
+        dirs.append((st.f_bavail * st.f_frsize, d))
+    dirs.sort(reverse=True)
+    for _, d in dirs:
+        path = client_staging_path(d, block_id)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o644)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            continue
+        return fd, path
+    return None
+
+
+def adopt_block(worker: WorkerInfo, block_id: int, path: str, length: int, checksum: int,
+                timeout: float = 30.0) -> tuple[int, int]:
+    """Ask the (local) worker to finalise the staging file ``path`` as block ``block_id``
+    (see ``create_local_staging``); returns (length, crc32) as the worker recorded them."""
+    _check(block_id, 0, length)
+    req = worker_pb2.AdoptBlockRequest(block_id=block_id, path=path, length=length,
+                                       checksum=checksum)
+    try:
+        reply = _calls(worker.address).stub.AdoptBlock(req, timeout=timeout)
+    except grpc.RpcError as e:
+        raise _error(worker, e) from None
+    if reply.length != length or reply.checksum != checksum:
+        raise CurvineError(ErrorKind.CHECKSUM,
+                           f"worker {worker.address}: block {block_id:016x} adopted as "
+                           f"{reply.length} bytes crc32 {reply.checksum:08x}, written "
+                           f"{length} bytes crc32 {checksum:08x}")
+    return reply.length, reply.checksum
 
 
 def local_block_path(worker: WorkerInfo, block_id: int) -> str | None:

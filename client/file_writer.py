@@ -7,9 +7,15 @@ publish wins and readers never see a mix (DESIGN consistency rule 1).
 
 The version is a list of extents covering [0, size): uploaded blocks (immutable,
 reusable from the base version), holes (block id 0, never written) and at most one
-block being written, kept in memory.  That block is uploaded in the background when
-the writes move past it, and synchronously at publish.  A write into an uploaded
-block reads it back, modifies it and uploads it later as a new block.
+block being written.  That block is uploaded in the background when the writes move
+past it, and synchronously at publish.  A write into an uploaded block reads it back,
+modifies it and uploads it later as a new block.
+
+Where the block being written lives: when the master places a new block on a worker
+of this host (short-circuit enabled), the writes go straight into a staging file in
+that worker's data dir and "uploading" is one AdoptBlock call: no copy in memory, no
+stream, and the crc32 computed once, while writing.  Otherwise the block is gathered
+in memory and streamed to the workers.
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ from __future__ import annotations
 import bisect
 import logging
 import mmap
+import os
+import queue
 import threading
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterable, Mapping
 
@@ -88,11 +97,12 @@ class _Buffer:
     """A block's bytes in memory: a mapping of block size and a fill length.
     Bytes past the length are garbage; growing always writes them."""
 
-    __slots__ = ("mem", "len")
+    __slots__ = ("mem", "len", "alloc")
 
-    def __init__(self, capacity: int, data: bytes | memoryview = b""):
+    def __init__(self, capacity: int, data: bytes | memoryview = b"", alloc=None):
         self.mem = _buffers.get(capacity)
         self.len = 0
+        self.alloc = alloc  # (block id, targets) from the master, if allocated already
         if data:
             self.write(0, data)
 
@@ -127,6 +137,153 @@ class _Buffer:
         if self.mem is not None:
             mem, self.mem = self.mem, None
             _buffers.put(mem)
+
+
+class _RunningCrc:
+    """crc32 of the pieces appended so far, computed off the write path.
+
+    Pieces of immutable ``bytes`` (what FUSE hands over) go to one background thread,
+    in order, so that the write request is answered before its checksum is done (the
+    kernel sends a file's direct writes one at a time); anything else is summed at
+    once.  ``value()`` waits for what is queued."""
+
+    _queue: queue.Queue | None = None
+    _start_lock = threading.Lock()
+
+    def __init__(self):
+        self._value = 0
+        self._queued = 0
+        self._done = 0
+        self._cond = threading.Condition(threading.Lock())
+
+    @classmethod
+    def _worker_queue(cls) -> queue.Queue:
+        with cls._start_lock:
+            if cls._queue is None:
+                cls._queue = queue.Queue(maxsize=CRC_QUEUE_PIECES)
+                threading.Thread(target=cls._run, args=(cls._queue,), name="crc32",
+                                 daemon=True).start()
+            return cls._queue
+
+    @staticmethod
+    def _run(q: queue.Queue) -> None:
+        while True:
+            crc, piece = q.get()
+            value = zlib.crc32(piece, crc._value)  # only this thread changes _value
+            with crc._cond:
+                crc._value = value
+                crc._done += 1
+                crc._cond.notify_all()
+
+    def add(self, piece: memoryview) -> None:
+        if not isinstance(piece.obj, bytes):  # the caller may reuse its buffer
+            with self._cond:
+                self._cond.wait_for(lambda: self._done == self._queued)
+                self._value = zlib.crc32(piece, self._value)
+            return
+        with self._cond:
+            self._queued += 1
+        self._worker_queue().put((self, piece))
+
+    def value(self) -> int:
+        with self._cond:
+            self._cond.wait_for(lambda: self._done == self._queued)
+            return self._value
+
+
+CRC_QUEUE_PIECES = 64  # pieces (<= 1 MiB each) waiting for the crc32 thread
+
+
+class _FileBuffer:
+    """A block being written straight into a staging file of a worker on this host
+    (short-circuit write); same interface as ``_Buffer``.
+
+    The block id and targets are allocated before the first byte.  The crc32 is kept
+    up to date while the writes append; any other change recomputes it at upload.
+    Once handed to the worker (``sealed``) the file is never written again: the
+    writer copies it into memory first (``FileWriter._ensure_writable``)."""
+
+    def __init__(self, capacity: int, fd: int, path: str, block_id: int,
+                 worker: WorkerInfo, others: list):
+        self.capacity = capacity
+        self.fd: int | None = fd
+        self.path = path
+        self.block_id = block_id
+        self.worker = worker  # the local worker that adopts the file
+        self.others = others  # further replicas, streamed from the file
+        self.len = 0
+        self.sealed = False  # handed to the worker (or about to be)
+        self.adopt_tried = False
+        self.adopted = False
+        self._crc = _RunningCrc()
+        self._crc_len = 0  # bytes covered by _crc; -1 once invalid
+
+    def __len__(self) -> int:
+        return self.len
+
+    def write(self, rel: int, data) -> None:
+        n = len(data)
+        view = memoryview(data)
+        done = 0
+        while done < n:
+            done += os.pwrite(self.fd, view[done:], rel + done)
+        if rel == self._crc_len:
+            self._crc.add(view)
+            self._crc_len += n
+        elif self._crc_len >= 0:
+            self._crc_len = -1  # an overwrite or a gap: recompute at upload
+        if rel + n > self.len:
+            self.len = rel + n
+
+    def zero_extend(self, size: int) -> None:
+        if size > self.len:
+            os.ftruncate(self.fd, size)
+            self.len = size
+
+    def truncate(self, size: int) -> None:
+        if size < self.len:
+            os.ftruncate(self.fd, size)
+            self.len = size
+            if self._crc_len > size:
+                self._crc_len = -1
+
+    def read(self, rel: int, n: int) -> bytes:
+        n = min(rel + n, self.len) - rel
+        if n <= 0:
+            return b""
+        data = os.pread(self.fd, n, rel)
+        if len(data) != n:
+            raise CurvineError(ErrorKind.IO, f"staging file {self.path}: read {len(data)} "
+                                             f"of {n} bytes")
+        return data
+
+    def checksum(self) -> int:
+        if self._crc_len == self.len:
+            return self._crc.value()
+        crc, pos = 0, 0
+        while pos < self.len:
+            piece = self.read(pos, min(MAX_PIECE, self.len - pos))
+            crc = zlib.crc32(piece, crc)
+            pos += len(piece)
+        return crc
+
+    def mapping(self) -> mmap.mmap | None:
+        """The file's bytes, mapped read-only (None when empty)."""
+        return mmap.mmap(self.fd, self.len, prot=mmap.PROT_READ) if self.len else None
+
+    def release(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is None:
+            return
+        if not self.adopted:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+        os.close(fd)  # also drops the flock
+
+
+MAX_PIECE = 1 << 20
 
 
 class _Extent:
@@ -198,6 +355,7 @@ class FileWriter:
             while pos < n:
                 off = offset + pos
                 ext = self._buffer_at(off)
+                self._ensure_writable(ext)
                 rel = off - ext.start
                 k = min(n - pos, self._capacity_end(ext) - off)
                 ext.buf.write(rel, view[pos:pos + k])  # rel <= len(buf): no gap
@@ -233,6 +391,7 @@ class FileWriter:
                         ext.block = Block(block_id=0, length=size - ext.start)
                     else:
                         self._make_current(ext)
+                        self._ensure_writable(ext)
                         ext.buf.truncate(size - ext.start)
                 self._size = size
             self.dirty = True
@@ -357,6 +516,7 @@ class FileWriter:
         last = self._extents[-1] if self._extents else None
         if for_write and last is not None and last is self._cur:
             if size <= self._capacity_end(last):
+                self._ensure_writable(last)
                 last.buf.zero_extend(size - last.start)
                 self._size = size
                 return
@@ -381,7 +541,7 @@ class FileWriter:
             elif ext is not None and off >= self._capacity_end(ext):
                 ext = None
             if ext is None:
-                ext = _Extent(off, buf=_Buffer(self.block_size))
+                ext = _Extent(off, buf=self._new_buffer())
                 self._extents.append(ext)
                 prev, self._cur = self._cur, ext
                 if prev is not None:
@@ -441,14 +601,104 @@ class FileWriter:
         ext.buf.release()
         ext.buf = None
 
-    def _upload(self, buf: _Buffer) -> Block:
+    def _new_buffer(self):
+        """A buffer for a new block: a staging file of the local worker when the master
+        places the block there, else memory."""
+        if not self._fetcher.short_circuit:
+            return _Buffer(self.block_size)
+        block_id, targets = self.master.add_block(self.ino, self.host_id, 0, [])
+        if not targets:
+            raise CurvineError(ErrorKind.NO_SPACE, "the master found no worker to write to")
+        for i, w in enumerate(targets):
+            if w.host_id != self.host_id:
+                continue
+            made = block_client.create_local_staging(w, block_id)
+            if made is not None:
+                fd, path = made
+                return _FileBuffer(self.block_size, fd, path, block_id, w,
+                                   [t for j, t in enumerate(targets) if j != i])
+        return _Buffer(self.block_size, alloc=(block_id, list(targets)))
+
+    def _ensure_writable(self, ext: _Extent) -> None:
+        """A staging file handed to the worker is never written again: continue in a
+        memory copy of it."""
+        buf = ext.buf
+        if isinstance(buf, _FileBuffer) and buf.sealed:
+            mem = _Buffer(max(self.block_size, len(buf)))
+            try:
+                pos = 0
+                while pos < len(buf):
+                    piece = buf.read(pos, MAX_PIECE)
+                    mem.write(pos, piece)
+                    pos += len(piece)
+            except BaseException:
+                mem.release()
+                raise
+            buf.release()
+            ext.buf = mem
+
+    def _upload_file(self, buf: _FileBuffer) -> Block:
+        """Hand a staging file to the local worker (AdoptBlock), stream it to the other
+        replicas; if the worker refuses it, stream it as a new block instead."""
+        buf.sealed = True
+        length = len(buf)
+        crc = buf.checksum()
+        if not buf.adopt_tried:
+            buf.adopt_tried = True
+            try:
+                block_client.adopt_block(buf.worker, buf.block_id, buf.path, length, crc,
+                                         timeout=self.timeout)
+                buf.adopted = True
+            except CurvineError as e:
+                log.info("worker %d (%s) did not adopt block %016x: %s; streaming it",
+                         buf.worker.worker_id, buf.worker.address, buf.block_id, e)
+        mapping = buf.mapping()
+        try:
+            data = memoryview(mapping) if mapping is not None else memoryview(b"")
+            try:
+                if not buf.adopted:
+                    return self._stream(data, exclude=[buf.worker.worker_id])
+                stored = [buf.worker]
+                for w in buf.others:
+                    try:
+                        block_client.write_block(w, buf.block_id, data, timeout=self.timeout)
+                        stored.append(w)
+                    except CurvineError as e:
+                        log.info("writing block %016x to worker %d (%s) failed: %s",
+                                 buf.block_id, w.worker_id, w.address, e)
+            finally:
+                data.release()
+        finally:
+            if mapping is not None:
+                try:
+                    mapping.close()
+                except BufferError:
+                    pass  # a view is still referenced (a traceback): freed with it
+        self._fetcher.add_workers({w.worker_id: w for w in stored})
+        return Block(block_id=buf.block_id, length=length, checksum=crc,
+                     worker_ids=[w.worker_id for w in stored])
+
+    def _upload(self, buf) -> Block:
         """Store the buffer as a new block on the workers the master picks."""
-        data = buf.view()
+        if isinstance(buf, _FileBuffer):
+            return self._upload_file(buf)
+        return self._stream(buf.view(), alloc=buf.alloc)
+
+    def _stream(self, data: memoryview, alloc=None, exclude: list[int] | None = None) -> Block:
+        """Stream ``data`` as a new block (to ``alloc``'s block and targets first, if
+        given), trying other workers on failure."""
         length = len(data)
-        exclude: list[int] = []
+        exclude = list(exclude or [])
         last: CurvineError | None = None
         for _ in range(UPLOAD_ATTEMPTS):
-            block_id, targets = self.master.add_block(self.ino, self.host_id, length, exclude)
+            targets = None
+            if alloc is not None:
+                block_id, targets = alloc
+                alloc = None
+                targets = [w for w in targets if w.worker_id not in exclude]
+            if not targets:
+                block_id, targets = self.master.add_block(self.ino, self.host_id, length,
+                                                          exclude)
             if not targets:
                 raise CurvineError(ErrorKind.NO_SPACE, "the master found no worker to write to")
             stored, crc = [], 0

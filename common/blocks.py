@@ -4,6 +4,8 @@ the files) and the client (which reads local ones directly: short-circuit)."""
 from __future__ import annotations
 
 import os
+import re
+import secrets
 
 from .errors import invalid
 from .ids import BlockId
@@ -27,3 +29,16 @@ def block_relpath(block_id: int) -> str:
 
 def block_path(data_dir: str, block_id: int) -> str:
     return os.path.join(data_dir, block_relpath(block_id))
+
+
+# Short-circuit writes: a client on the worker's host writes a block into the worker's
+# staging area itself and the worker adopts it (AdoptBlock).  Such files are named
+# ``staging/<id as 16 hex>.c<16 hex>.tmp``; the worker's own in-progress writes never
+# match (no "c"), so a client cannot adopt them.
+CLIENT_STAGING_NAME = re.compile(r"([0-9a-f]{16})\.c[0-9a-f]{16}\.tmp")
+
+
+def client_staging_path(data_dir: str, block_id: int) -> str:
+    """A fresh staging path for a client-written block in ``data_dir``."""
+    b = check_block_id(block_id)
+    return os.path.join(data_dir, "staging", f"{b:016x}.c{secrets.token_hex(8)}.tmp")

@@ -67,6 +67,18 @@ class GetBlockInfoRequest(_message.Message):
     block_id: int
     def __init__(self, block_id: _Optional[int] = ...) -> None: ...
 
+class AdoptBlockRequest(_message.Message):
+    __slots__ = ("block_id", "path", "length", "checksum")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    path: str
+    length: int
+    checksum: int
+    def __init__(self, block_id: _Optional[int] = ..., path: _Optional[str] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
+
 class BlockInfoReply(_message.Message):
     __slots__ = ("block_id", "length", "path")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]

@@ -55,6 +55,11 @@ class WorkerStub:
                 request_serializer=curvine_dot_proto_dot_worker__pb2.GetBlockInfoRequest.SerializeToString,
                 response_deserializer=curvine_dot_proto_dot_worker__pb2.BlockInfoReply.FromString,
                 _registered_method=True)
+        self.AdoptBlock = channel.unary_unary(
+                '/curvine.Worker/AdoptBlock',
+                request_serializer=curvine_dot_proto_dot_worker__pb2.AdoptBlockRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_worker__pb2.WriteBlockReply.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -87,6 +92,18 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AdoptBlock(self, request, context):
+        """Short-circuit write: a client on this worker's host wrote the whole block into a
+        staging file of this worker's data dir itself (<data_dir>/staging/<block id as
+        16 hex>.c<16 hex>.tmp, created O_EXCL and flock'ed while being written).  The
+        worker checks that the path is such a file for this block id (a regular file with
+        one link and the announced length) and renames it into place.  The checksum is
+        the client's crc32 of the data, recorded as is (computed once, on the client).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +126,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.GetBlockInfo,
                     request_deserializer=curvine_dot_proto_dot_worker__pb2.GetBlockInfoRequest.FromString,
                     response_serializer=curvine_dot_proto_dot_worker__pb2.BlockInfoReply.SerializeToString,
+            ),
+            'AdoptBlock': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdoptBlock,
+                    request_deserializer=curvine_dot_proto_dot_worker__pb2.AdoptBlockRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_worker__pb2.WriteBlockReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +241,33 @@ class Worker:
             '/curvine.Worker/GetBlockInfo',
             curvine_dot_proto_dot_worker__pb2.GetBlockInfoRequest.SerializeToString,
             curvine_dot_proto_dot_worker__pb2.BlockInfoReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdoptBlock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Worker/AdoptBlock',
+            curvine_dot_proto_dot_worker__pb2.AdoptBlockRequest.SerializeToString,
+            curvine_dot_proto_dot_worker__pb2.WriteBlockReply.FromString,
             options,
             channel_credentials,
             insecure,

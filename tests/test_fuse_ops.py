@@ -8,6 +8,7 @@ The cross-mount tests against a real cluster live elsewhere (``curvine local``).
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import random
 import stat
@@ -42,7 +43,10 @@ class FakeWorkers:
         self.blocks: dict[int, bytes] = {}
         self.dir = tmp_path / "data"
         self.dir.mkdir()
+        (self.dir / "staging").mkdir()  # short-circuit writes put their files here
         self.failing: set[int] = set()  # worker ids that raise UNAVAILABLE
+        self.adopted: list[int] = []  # blocks taken over from client staging files
+        self.refuse_adopt: CurvineError | None = None
         self.reads: list[tuple[int, int, int]] = []  # (worker, block, offset) streams
         self.open_delay = 0.0
         self.workers = {
@@ -67,6 +71,20 @@ class FakeWorkers:
             with open(self.path(block_id), "wb") as f:
                 f.write(data)
         return len(data), zlib.crc32(data)
+
+    def adopt_block(self, worker, block_id, path, length, checksum, timeout=30.0):
+        """Like the worker: take over a client staging file as the block."""
+        self._check(worker)
+        if self.refuse_adopt is not None:
+            raise self.refuse_adopt
+        assert worker.worker_id == 1 and os.path.dirname(path) == str(self.dir / "staging")
+        with open(path, "rb") as f:
+            data = f.read()
+        assert len(data) == length and zlib.crc32(data) == checksum
+        os.replace(path, self.path(block_id))
+        self.blocks[block_id] = data
+        self.adopted.append(block_id)
+        return length, checksum
 
     def read_block(self, worker, block_id, offset, length, timeout=30.0):
         self._check(worker)
@@ -314,6 +332,7 @@ def cluster(tmp_path, monkeypatch):
     workers = FakeWorkers(tmp_path)
     monkeypatch.setenv("CURVINE_HOST_ID", "test-host")
     monkeypatch.setattr(block_client, "write_block", workers.write_block)
+    monkeypatch.setattr(block_client, "adopt_block", workers.adopt_block)
     monkeypatch.setattr(block_client, "read_block", workers.read_block)
     monkeypatch.setattr(block_client, "local_block_path", workers.local_block_path)
     monkeypatch.setattr(block_client, "BlockReader", workers.reader_class())
@@ -516,6 +535,91 @@ def test_unpublished_writer_close_frees_memory(cluster):
         w.write(0, b"y")
 
 
+def _staging_files(workers):
+    return sorted(os.listdir(workers.dir / "staging"))
+
+
+def test_short_circuit_write_goes_to_a_staging_file_the_worker_adopts(cluster, monkeypatch):
+    master, workers = cluster
+    streamed = []
+    monkeypatch.setattr(block_client, "write_block",
+                        lambda *a, **k: streamed.append(a) or workers.write_block(*a, **k))
+    ino = new_file(master)
+    w = writer(master, ino)
+    data = os.urandom(2 * BS + 5)
+    w.write(0, data[:BS - 3])
+    staged = _staging_files(workers)
+    assert len(staged) == 1 and staged[0].endswith(".tmp") and ".c" in staged[0]
+    # The writer holds the file's flock (the worker sweeps only unlocked files).
+    fd = os.open(workers.dir / "staging" / staged[0], os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    w.write(BS - 3, data[BS - 3:])
+    assert w.read(0, len(data)) == data  # read back from the staging files and blocks
+    w.publish()
+    w.close()
+    assert streamed == [] and len(workers.adopted) == 3 and _staging_files(workers) == []
+    assert all(b.checksum == zlib.crc32(workers.blocks[b.block_id]) and b.worker_ids == [1]
+               for b in master.blocks[ino])
+    assert published(master, ino) == data
+
+
+def test_short_circuit_write_streams_when_the_worker_refuses_to_adopt(cluster):
+    master, workers = cluster
+    workers.refuse_adopt = CurvineError(ErrorKind.NO_SPACE, "worker full")
+    ino = new_file(master)
+    w = writer(master, ino)
+    data = os.urandom(BS + 7)
+    w.write(0, data)
+    w.publish()
+    w.close()
+    assert workers.adopted == [] and _staging_files(workers) == []
+    assert all(b.worker_ids == [2] for b in master.blocks[ino])
+    assert published(master, ino) == data
+
+
+def test_short_circuit_write_without_a_usable_data_dir_uses_memory(cluster):
+    master, workers = cluster
+    os.rmdir(workers.dir / "staging")  # e.g. a container without the worker's volume
+    ino = new_file(master)
+    w = writer(master, ino)
+    w.write(0, b"m" * (BS + 1))
+    w.publish()
+    w.close()
+    assert workers.adopted == [] and published(master, ino) == b"m" * (BS + 1)
+    assert [b.worker_ids for b in master.blocks[ino]] == [[1], [1]]
+
+
+def test_short_circuit_block_modified_while_adopted_continues_in_memory(cluster):
+    master, workers = cluster
+    ino = new_file(master)
+    w = writer(master, ino)
+    w.write(0, b"a" * BS)
+    w.write(BS, b"b" * 10)  # the first block goes off to be adopted
+    w.write(5, b"c" * 3)  # ... and is modified again: never the adopted file itself
+    w.publish()
+    w.close()
+    want = b"a" * 5 + b"c" * 3 + b"a" * (BS - 8) + b"b" * 10
+    assert published(master, ino) == want
+    for b in master.blocks[ino]:
+        with open(workers.path(b.block_id), "rb") as f:
+            assert f.read() == workers.blocks[b.block_id]
+    assert _staging_files(workers) == []
+
+
+def test_short_circuit_unpublished_writer_close_removes_its_staging_file(cluster):
+    master, workers = cluster
+    ino = new_file(master)
+    w = writer(master, ino)
+    w.write(0, b"x" * 100)
+    assert len(_staging_files(workers)) == 1
+    w.close()
+    assert _staging_files(workers) == [] and workers.adopted == []
+
+
 # -- FileReader ------------------------------------------------------------------------
 
 
@@ -535,7 +639,7 @@ def test_short_circuit_reader_keeps_reading_after_the_block_is_deleted(cluster):
     inode, blocks, ws = master.get_blocks(ino)
     r = FileReader(blocks, ws, short_circuit=True)
     master.unlink(1, b"r")  # deletes the block files
-    assert not os.listdir(workers.dir)
+    assert os.listdir(workers.dir) == ["staging"]  # every block file is gone
     assert bytes(r.read(0, len(data))) == data  # consistency rule 4
     assert workers.reads == []  # never went remote
     r.close()

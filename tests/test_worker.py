@@ -414,6 +414,95 @@ def test_block_info_delete_and_short_circuit(worker):
     assert from_rpc_error(e.value).kind == ErrorKind.NOT_FOUND
 
 
+def _stage(info, block_id: int, data: bytes) -> tuple[int, str]:
+    fd, path = block_client.create_local_staging(info, block_id)
+    os.pwrite(fd, data, 0)
+    return fd, path
+
+
+def test_adopt_block_finalises_a_client_staging_file(worker):
+    info, store, _ = worker
+    data = os.urandom(3 * MIB + 5)
+    fd, path = _stage(info, 0x2A, data)
+    try:
+        assert os.path.dirname(path) == os.path.join(info.data_dirs[0], "staging")
+        assert block_client.adopt_block(info, 0x2A, path, len(data), zlib.crc32(data)) == (
+            len(data), zlib.crc32(data))
+    finally:
+        os.close(fd)
+    assert not os.path.exists(path) and _staging(info.data_dirs[0]) == []
+    assert block_client.read_block(info, 0x2A, 0, 0) == data
+    assert 0x2A in store and store.used == len(data)
+    assert block_client.local_block_path(info, 0x2A).endswith(_blk(0x2A))
+
+
+def test_adopt_block_refuses_foreign_paths(worker, tmp_path):
+    info, store, _ = worker
+    staging = os.path.join(info.data_dirs[0], "staging")
+    outside = tmp_path / "secret"
+    outside.write_bytes(b"not yours")
+    name = "0000000000000007.c0123456789abcdef.tmp"
+
+    def refused(path, block_id=7, length=9, kind=ErrorKind.INVALID):
+        with pytest.raises(CurvineError) as e:
+            block_client.adopt_block(info, block_id, str(path), length, 0)
+        assert _kind(e) == kind, e.value
+        return e.value.message
+
+    assert "path" in refused(outside)  # not in the staging area
+    assert "path" in refused(tmp_path / name)  # the right name in another directory
+    assert "path" in refused(os.path.join(staging, "..", "..", "secret"))
+    assert "path" in refused("staging/" + name)  # relative
+    os.symlink(outside, os.path.join(staging, name))  # a symlink out of the data dir
+    assert "symbolic link" in refused(os.path.join(staging, name))
+    os.unlink(os.path.join(staging, name))
+    os.link(outside, os.path.join(staging, name))  # a hard link to a file elsewhere
+    assert "links" in refused(os.path.join(staging, name))
+    os.unlink(os.path.join(staging, name))
+    assert outside.read_bytes() == b"not yours" and len(store) == 0
+    fd, path = _stage(info, 8, b"x" * 9)
+    try:
+        assert "path" in refused(path, block_id=7)  # another block's file
+        assert "length" in refused(path, block_id=8, length=10)
+        own = store.begin_write(9)  # the worker's own in-progress staging file
+        assert "path" in refused(own.staging_path, block_id=9, length=0)
+        own.abort()
+        assert "block_id" in refused(path, block_id=0)
+    finally:
+        os.close(fd)
+    refused(os.path.join(staging, name), kind=ErrorKind.NOT_FOUND)
+    assert len(store) == 0 and store.used == 0
+
+
+def test_adopt_block_beyond_capacity_is_no_space(tmp_path):
+    store = BlockStore([tmp_path / "d"], capacity=MIB)
+    info = common_pb2.WorkerInfo(worker_id=1, data_dirs=store.data_dirs)
+    fd, path = _stage(info, 5, b"y" * (MIB + 1))
+    os.close(fd)
+    with pytest.raises(CurvineError) as e:
+        store.adopt(5, path, MIB + 1, 0)
+    assert _kind(e) == ErrorKind.NO_SPACE
+    assert not os.path.exists(path) and store.used == 0 and len(store) == 0
+
+
+def test_sweep_removes_client_staging_files_whose_writer_is_gone(tmp_path):
+    store = BlockStore([tmp_path / "d"])
+    info = common_pb2.WorkerInfo(worker_id=1, data_dirs=store.data_dirs)
+    live_fd, live = _stage(info, 1, b"a")  # still being written: flock held
+    dead_fd, dead = _stage(info, 2, b"b")
+    os.close(dead_fd)  # the writer died
+    own = store.begin_write(3)  # the worker's own writes are never swept
+    try:
+        assert store.sweep_client_staging(min_age=60) == 0  # too young
+        assert store.sweep_client_staging(min_age=0) == 1
+        assert os.path.exists(live) and not os.path.exists(dead)
+        assert os.path.exists(own.staging_path)
+    finally:
+        own.abort()
+        os.close(live_fd)
+    assert store.sweep_client_staging(min_age=0) == 1 and _staging(store.data_dirs[0]) == []
+
+
 def test_reader_close_cancels(worker):
     info, _, _ = worker
     block_client.write_block(info, 8, os.urandom(16 * MIB))

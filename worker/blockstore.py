@@ -4,11 +4,18 @@ Layout under each data dir (the contract in docs/CONTRACTS.md)::
 
     <data_dir>/blocks/<block_id % 256 as 2 hex>/<block_id as 16 hex>.blk   finalised
     <data_dir>/staging/<block_id as 16 hex>.<random>.tmp                  being written
+    <data_dir>/staging/<block_id as 16 hex>.c<random>.tmp                 written by a
+                                                                          client (adopt)
 
 A block is written to a staging file while its crc32 is computed, compared with the
 client's checksum and renamed into place (os.replace), so a reader never sees a
 partial block.  Staging files left by a crash are removed on start, and the finalised
 files are scanned into an in-memory index that feeds the full block report.
+
+Short-circuit writes: a client on this host writes a block's staging file itself
+(flock'ed while it writes) and asks the worker to ``adopt`` it, which checks the name,
+type, link count and length and renames it into place like a finished write.  Client
+staging files whose writer is gone (the flock is free) are swept periodically.
 
 Paths are built only from validated integer block ids, so no request can name a
 file outside the data dirs.  fsync is off by default: this is a cache (LMCache never
@@ -18,17 +25,21 @@ fsyncs either) and a block lost in a crash is a cache miss, not data loss.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import re
 import secrets
+import stat
 import threading
+import time
 import zlib
 from dataclasses import dataclass
 from typing import Iterable
 
 from curvine.common.errors import CurvineError, ErrorKind, invalid
-from curvine.common.blocks import MAX_BLOCK_ID, block_path, check_block_id
+from curvine.common.blocks import (CLIENT_STAGING_NAME, MAX_BLOCK_ID, block_path,
+                                   check_block_id)
 from curvine.common.ids import MIB, BlockId
 
 log = logging.getLogger(__name__)
@@ -37,6 +48,7 @@ READ_CHUNK = MIB  # the data unit: largest chunk a read yields
 _BLOCK_NAME = re.compile(r"([0-9a-f]{16})\.blk")
 _STAGING_SUFFIX = ".tmp"
 _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+STALE_CLIENT_STAGING = 60.0  # seconds before an unlocked client staging file is swept
 
 
 @dataclass(frozen=True)
@@ -259,6 +271,135 @@ class BlockStore:
             self._blocks[writer.block_id] = BlockEntry(writer.dir_index, writer.length, mtime_ns)
         if stale:
             _unlink(stale)
+
+    # -- short-circuit writes -------------------------------------------------------------
+
+    def adopt(self, block_id: int, path: str, length: int, checksum: int) -> tuple[int, int]:
+        """Finalise a block a client on this host wrote into a staging file here.
+
+        ``path`` must name ``<data dir>/staging/<block id>.c<random>.tmp`` of one of this
+        store's data dirs: a regular file (not a symlink) with one link and ``length``
+        bytes.  Anything else is INVALID (a path elsewhere is never touched); a missing
+        file is NOT_FOUND.  The client's ``checksum`` is recorded, not recomputed.
+        Returns (length, checksum)."""
+        block_id = check_block_id(block_id)
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise invalid("path", f"{path!r} is not an absolute path")
+        parent, name = os.path.split(path)
+        m = CLIENT_STAGING_NAME.fullmatch(name)
+        if m is None or int(m.group(1), 16) != block_id:
+            raise invalid("path", f"{path} is not a client staging file of block "
+                                  f"{block_id:016x}")
+        parent = os.path.normpath(parent)
+        for di, d in enumerate(self.data_dirs):
+            if parent == os.path.join(d, "staging"):
+                break
+        else:
+            raise invalid("path", f"{path} is not in the staging area of this worker's "
+                                  f"data dirs")
+        if length < 0:
+            raise invalid("length", "must not be negative")
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise CurvineError(ErrorKind.NOT_FOUND, f"staging file {path} not found "
+                                                    f"(the worker restarted?)") from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise invalid("path", f"{path} is a symbolic link") from None
+            raise _disk_error(e, path) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise invalid("path", f"{path} is not a regular file")
+            if st.st_nlink != 1:
+                raise invalid("path", f"{path} has {st.st_nlink} links")
+            if st.st_size != length:
+                raise invalid("length", f"{path} holds {st.st_size} bytes, not {length}")
+            with self._lock:
+                if self._used + self._reserved + length > self.capacity:
+                    full = True
+                else:
+                    full = False
+                    self._used += length
+            if full:
+                _unlink(path)
+                raise CurvineError(ErrorKind.NO_SPACE,
+                                   f"worker full: {self._used} of {self.capacity} bytes "
+                                   f"used, {length} more requested")
+            final = block_path(self.data_dirs[di], block_id)
+            try:
+                if self.fsync:
+                    os.fsync(fd)
+                try:
+                    os.replace(path, final)
+                except FileNotFoundError:
+                    if not os.path.exists(path):
+                        raise
+                    os.makedirs(os.path.dirname(final), exist_ok=True)
+                    os.replace(path, final)
+                if self.fsync:
+                    _fsync_dir(os.path.dirname(final))
+            except OSError as e:
+                with self._lock:
+                    self._used -= length
+                if e.errno == errno.ENOENT:
+                    raise CurvineError(ErrorKind.NOT_FOUND,
+                                       f"staging file {path} vanished") from None
+                raise _disk_error(e, final) from None
+        finally:
+            os.close(fd)
+        stale = None
+        with self._lock:
+            old = self._blocks.get(block_id)
+            if old is not None:
+                self._used -= old.size
+                if old.dir_index != di:
+                    stale = block_path(self.data_dirs[old.dir_index], block_id)
+            self._blocks[block_id] = BlockEntry(di, length, st.st_mtime_ns)
+        if stale:
+            _unlink(stale)
+        return length, checksum
+
+    def sweep_client_staging(self, min_age: float = STALE_CLIENT_STAGING) -> int:
+        """Remove client staging files older than ``min_age`` seconds whose writer is
+        gone (nobody holds their flock).  Returns how many were removed."""
+        removed = 0
+        now = time.time()
+        for d in self.data_dirs:
+            try:
+                with os.scandir(os.path.join(d, "staging")) as it:
+                    entries = [e for e in it if CLIENT_STAGING_NAME.fullmatch(e.name)]
+            except OSError as e:
+                log.warning("cannot list the staging area of %s: %s", d, e)
+                continue
+            for ent in entries:
+                try:
+                    st = ent.stat(follow_symlinks=False)
+                    if now - st.st_mtime < min_age:
+                        continue
+                    fd = os.open(ent.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+                                 | os.O_NONBLOCK)
+                except OSError:
+                    continue  # adopted or removed meanwhile, or not a plain file
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    os.close(fd)
+                    continue  # its writer is still at work
+                try:
+                    # Still the same file at that name (not adopted meanwhile)?
+                    same = os.path.samestat(os.fstat(fd), os.stat(ent.path,
+                                                                  follow_symlinks=False))
+                except OSError:
+                    same = False
+                if same:
+                    _unlink(ent.path)
+                    removed += 1
+                os.close(fd)
+        if removed:
+            log.info("removed %d client staging files whose writers are gone", removed)
+        return removed
 
     # -- read and delete ----------------------------------------------------------------
 

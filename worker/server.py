@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 
 from curvine.common import config as config_mod
@@ -36,6 +37,7 @@ from .service import WorkerServicer, add_to_server
 log = logging.getLogger(__name__)
 
 UUID_FILE = "worker.uuid"
+STAGING_SWEEP_INTERVAL = 30.0  # seconds between sweeps of abandoned client staging files
 _MASTER_DOWN = (ErrorKind.UNAVAILABLE, ErrorKind.TIMEOUT)
 
 
@@ -281,8 +283,14 @@ def run(cfg: config_mod.Config, stop: threading.Event) -> int:
         return 1
     link.start()
     try:
+        next_sweep = time.monotonic() + STAGING_SWEEP_INTERVAL
         while not stop.wait(1.0):
-            pass
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + STAGING_SWEEP_INTERVAL
+                try:
+                    store.sweep_client_staging()
+                except Exception:  # noqa: BLE001 - the worker must keep serving
+                    log.exception("sweeping client staging files failed")
     finally:
         daemon.notify("STOPPING=1")
         link.close()

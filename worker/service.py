@@ -105,6 +105,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             chunks.close()
 
     @handler
+    def AdoptBlock(self, request, context):
+        block_id = check_block_id(request.block_id, "block_id")
+        if request.length > self.block_size:
+            raise invalid("length", f"{request.length} exceeds the block size {self.block_size}")
+        self._authorize(context, block_id, "write")
+        length, crc = self.store.adopt(block_id, request.path, request.length, request.checksum)
+        log.debug("adopted block %016x: %d bytes", block_id, length)
+        return worker_pb2.WriteBlockReply(block_id=block_id, length=length, checksum=crc)
+
+    @handler
     def DeleteBlocks(self, request, context):
         ids = [check_block_id(b, f"block_ids[{i}]") for i, b in enumerate(request.block_ids)]
         for b in ids:
@@ -143,6 +153,10 @@ def add_to_server(servicer: WorkerServicer, server: grpc.Server) -> None:
             servicer.GetBlockInfo,
             request_deserializer=worker_pb2.GetBlockInfoRequest.FromString,
             response_serializer=worker_pb2.BlockInfoReply.SerializeToString),
+        "AdoptBlock": grpc.unary_unary_rpc_method_handler(
+            servicer.AdoptBlock,
+            request_deserializer=worker_pb2.AdoptBlockRequest.FromString,
+            response_serializer=worker_pb2.WriteBlockReply.SerializeToString),
     }
     generic = grpc.method_handlers_generic_handler("curvine.Worker", handlers)
     server.add_generic_rpc_handlers((generic,))
