@@ -3,7 +3,11 @@
 A block stored by a worker on this host is read straight from its file
 (short-circuit).  The file is opened once and the descriptor kept: an open
 descriptor keeps reading the bytes it opened even if the block is deleted later
-(DESIGN consistency rule 4).  Other blocks are streamed from a worker with
+(DESIGN consistency rule 4).  The kernel is told to read local block files ahead
+(POSIX_FADV_WILLNEED: the first PREFETCH_BYTES at open, then the next block when a
+read reaches one), and ``read_cached`` serves a read without blocking when its bytes
+are in the page cache already (preadv2 RWF_NOWAIT), so the FUSE loop can answer it
+without a thread hop.  Other blocks are streamed from a worker with
 readahead; a sequential reader continues its stream, a jump restarts it, and any
 worker error fails over to another replica.
 
@@ -34,6 +38,8 @@ WorkerInfo = common_pb2.WorkerInfo
 _ZEROS = bytes(MIB)
 MAX_LOCAL_FDS = 256  # local block files opened eagerly per reader; later ones lazily
 MAX_STREAMS = 4  # remote streams kept open per reader (sequential runs being followed)
+PREFETCH_BYTES = 64 * MIB  # local block bytes the kernel is asked to read ahead at open
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
 def zeros(n: int) -> bytes | memoryview:
@@ -121,6 +127,7 @@ class BlockFetcher:
         self._open_lock = threading.Lock()
         self._fds: dict[int, int] = {}  # block id -> descriptor of its local file
         self._no_local: set[int] = set()
+        self._prefetched: set[int] = set()  # blocks whose local file was advised WILLNEED
         self._streams: list[_Stream] = []  # least recently used first
         self._bad_workers: set[int] = set()
         self._closed = False
@@ -160,6 +167,24 @@ class BlockFetcher:
                 return self._fds.get(bid)
             self._fds[bid] = fd
             return fd
+
+    def local_fd(self, block: Block) -> int | None:
+        """The descriptor of the block's local file if it is open already (no I/O)."""
+        return self._fds.get(block.block_id)
+
+    def prefetch(self, block: Block) -> None:
+        """Ask the kernel to read the block's local file ahead (once per block)."""
+        fd = self.open_local(block) if self.short_circuit else None
+        if fd is None:
+            return
+        with self._lock:
+            if block.block_id in self._prefetched:
+                return
+            self._prefetched.add(block.block_id)
+        try:
+            os.posix_fadvise(fd, 0, block.length, os.POSIX_FADV_WILLNEED)
+        except OSError as e:  # closed meanwhile, or a file system without readahead
+            log.debug("readahead advice for block %016x failed: %s", block.block_id, e)
 
     # -- reads ----------------------------------------------------------------
 
@@ -343,6 +368,37 @@ class FileReader:
             for b in self.blocks[:MAX_LOCAL_FDS]:
                 if b.block_id:
                     self._fetcher.open_local(b)
+            # Cold data: have the kernel start reading the first blocks now.
+            for b, start in zip(self.blocks, self._starts):
+                if start >= PREFETCH_BYTES:
+                    break
+                if b.block_id:
+                    self._fetcher.prefetch(b)
+
+    def read_cached(self, offset: int, size: int, out: bytearray) -> memoryview | None:
+        """[offset, offset+size) read into ``out`` without blocking, or None.
+
+        Served only from a local block file this reader has open, and only when every
+        byte is in the page cache (RWF_NOWAIT); anything else (remote or cold data, a
+        read across blocks) is None: use ``read`` from a thread.  The view is ``out``'s
+        memory: the caller uses it before the next call."""
+        if not _NOWAIT or size <= 0 or offset >= self.size:
+            return None
+        end = min(self.size, offset + size)
+        i = bisect.bisect_right(self._starts, offset) - 1
+        b, start = self.blocks[i], self._starts[i]
+        if end > start + b.length or not b.block_id:
+            return None
+        fd = self._fetcher.local_fd(b)
+        n = end - offset
+        if fd is None or len(out) < n:
+            return None
+        view = memoryview(out)[:n]
+        try:
+            got = os.preadv(fd, [view], offset - start, _NOWAIT)
+        except OSError:  # EAGAIN: not cached; anything else: the thread path reports it
+            return None
+        return view if got == n else None
 
     def read(self, offset: int, size: int) -> bytes | memoryview:
         if offset >= self.size or size <= 0:
@@ -357,6 +413,8 @@ class FileReader:
                 i += 1
                 continue
             n = min(end, start + b.length) - offset
+            if i + 1 < len(self.blocks) and self.blocks[i + 1].block_id:
+                self._fetcher.prefetch(self.blocks[i + 1])  # once per block
             data = self._fetcher.read(b, offset - start, n)
             if len(data) != n:
                 raise CurvineError(ErrorKind.IO, f"block {b.block_id:016x}: read "

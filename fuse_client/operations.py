@@ -138,6 +138,7 @@ class Operations(pyfuse3.Operations):
         self._handles: dict[int, set[int]] = {}  # ino -> every open file handle
         self._versions: OrderedDict[int, int] = OrderedDict()  # ino -> version last opened
         self._block_size: int | None = None  # the master's, asked for at the first write
+        self._read_buf = bytearray(MIB)  # reads answered in the loop (read_cached)
 
     # -- helpers --------------------------------------------------------------
 
@@ -428,6 +429,12 @@ class Operations(pyfuse3.Operations):
         f = self._file(fh)
         if f.writer is not None:
             return await self._run(f.writer.read, off, size)
+        # Bytes of a local block already in the page cache: read here without blocking
+        # (RWF_NOWAIT) and without a thread hop.  pyfuse3 sends the reply before this
+        # loop runs anything else, so one buffer serves every such read.
+        data = f.reader.read_cached(off, size, self._read_buf)
+        if data is not None:
+            return data
         return await self._run(f.reader.read, off, size)
 
     @_fuse_op

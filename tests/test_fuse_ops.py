@@ -960,6 +960,50 @@ def test_ops_unlinked_file_still_readable_through_an_open_handle(cluster):
     trio.run(go)
 
 
+def test_reader_read_cached_serves_only_cached_local_bytes(cluster):
+    master, workers = cluster
+    data = os.urandom(BS + 100)
+    ino = _publish_bytes(master, data, name=b"c")
+    inode, blocks, ws = master.get_blocks(ino)
+    out = bytearray(BS)
+    r = FileReader(blocks, ws, short_circuit=True)
+    try:
+        for b in blocks:  # the reader asked the kernel to read the local files ahead
+            assert b.block_id in r._fetcher._prefetched
+        assert bytes(r.read_cached(10, 1000, out)) == data[10:1010]
+        assert bytes(r.read_cached(BS, 4096, out)) == data[BS:]  # short at the end
+        assert r.read_cached(BS - 10, 20, out) is None  # across two blocks: thread path
+        assert r.read_cached(0, BS + 1, out) is None  # larger than the buffer
+        assert r.read_cached(len(data), 10, out) is None
+    finally:
+        r.close()
+    remote = FileReader(blocks, ws, short_circuit=False)
+    try:
+        assert remote.read_cached(0, 10, out) is None
+    finally:
+        remote.close()
+
+
+def test_ops_read_of_cached_local_bytes_needs_no_thread(cluster, monkeypatch):
+    master, _ = cluster
+    data = os.urandom(BS + 1)
+    ino = _publish_bytes(master, data, name=b"n")
+    ops = make_ops(master)
+    hops = []
+
+    async def go():
+        fi = await ops.open(ino, os.O_RDONLY, Ctx())
+        real_run = ops._run
+        monkeypatch.setattr(ops, "_run", lambda fn, *a, **k: hops.append(fn) or real_run(fn, *a, **k))
+        first = await ops.read(fi.fh, 0, 4096)
+        assert bytes(first) == data[:4096] and hops == []
+        assert bytes(await ops.read(fi.fh, BS - 1, 2)) == data[BS - 1:BS + 1]  # two blocks
+        assert len(hops) == 1
+        await ops.release(fi.fh)
+
+    trio.run(go)
+
+
 # -- fs.py ------------------------------------------------------------------------------
 
 
