@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import new_request_id
 from curvine.common.rpc import RpcClient
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
@@ -36,7 +37,17 @@ class MasterClient:
     # -- namespace -------------------------------------------------------------
 
     def lookup(self, parent: int, name: bytes) -> Inode:
-        return self._call("Lookup", master_pb2.LookupRequest(parent=parent, name=name)).inode
+        node = self.lookup_or_none(parent, name)
+        if node is None:
+            raise CurvineError(ErrorKind.NOT_FOUND, "no such file or directory")
+        return node
+
+    def lookup_or_none(self, parent: int, name: bytes) -> Inode | None:
+        """The inode of ``name`` in ``parent``, or None when there is none (one cheap
+        reply, not an error status: a miss is LMCache's hot path)."""
+        reply = self._call("Lookup", master_pb2.LookupRequest(parent=parent, name=name,
+                                                              miss_ok=True))
+        return reply.inode if reply.HasField("inode") else None
 
     def getattr(self, ino: int) -> Inode:
         return self._call("GetAttr", master_pb2.GetAttrRequest(ino=ino)).inode
@@ -109,9 +120,11 @@ class MasterClient:
         return reply.block_id, list(reply.workers)
 
     def complete_file(self, ino: int, blocks: Sequence[Block], size: int,
-                      mtime_ns: int = 0) -> Inode:
+                      mtime_ns: int = 0, if_unpublished: bool = False) -> Inode:
+        """Publish a version; with ``if_unpublished`` only if none was ever published."""
         req = master_pb2.CompleteFileRequest(request_id=new_request_id(), ino=ino,
-                                             blocks=list(blocks), size=size, mtime_ns=mtime_ns)
+                                             blocks=list(blocks), size=size, mtime_ns=mtime_ns,
+                                             if_unpublished=if_unpublished)
         return self._call("CompleteFile", req).inode
 
     def close(self) -> None:

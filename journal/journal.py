@@ -313,7 +313,9 @@ class Journal:
             assert self._fd is not None
             _write_all(self._fd, data)
             if self._fsync:
-                os.fsync(self._fd)
+                # fdatasync: the appended bytes and the file size, not the mtime
+                # (~130 us here instead of ~200 us for fsync; MEASURED.md)
+                os.fdatasync(self._fd)
                 self.stats["fsyncs"] += 1
             written += len(data)
             active.size += len(data)

@@ -140,6 +140,11 @@ class Master:
         with self.store.read() as txn:
             return self.ns.lookup(txn, check_ino(parent, "parent"), name)
 
+    def lookup_or_none(self, parent: int, name: bytes) -> common_pb2.Inode | None:
+        """Like lookup, but a missing name (or parent) is None, not an error."""
+        with self.store.read() as txn:
+            return self.ns.lookup_or_none(txn, check_ino(parent, "parent"), name)
+
     def getattr(self, ino: int) -> common_pb2.Inode:
         with self.store.read() as txn:
             return self.ns.inode(txn, ino)

@@ -83,11 +83,22 @@ class Namespace:
         return node
 
     def lookup(self, txn, parent: int, name: bytes) -> common_pb2.Inode:
-        self.directory(txn, parent)
+        node = self.lookup_or_none(txn, parent, name)
+        if node is None:
+            raise CurvineError(ErrorKind.NOT_FOUND, "no such file or directory")
+        return node
+
+    def lookup_or_none(self, txn, parent: int, name: bytes) -> common_pb2.Inode | None:
+        """The inode named ``name`` in directory ``parent``; None if either is missing."""
+        pnode = self.store.get_inode(txn, check_ino(parent, "parent"))
+        if pnode is None:
+            return None
+        if pnode.type != DIRECTORY:
+            raise CurvineError(ErrorKind.NOT_DIR, f"parent: inode {parent} is not a directory")
         name = check_name(name)
         ino = self.store.lookup(txn, parent, name)
         if ino is None:
-            raise CurvineError(ErrorKind.NOT_FOUND, "no such file or directory")
+            return None
         node = self.store.get_inode(txn, ino)
         if node is None:
             raise CurvineError(ErrorKind.IO, f"dangling entry {name!r} -> inode {ino}")
@@ -218,6 +229,8 @@ class Namespace:
         node = self.inode(txn, req.ino)
         if node.type != FILE:
             raise CurvineError(ErrorKind.IS_DIR, "ino: not a regular file")
+        if req.if_unpublished and node.state == common_pb2.COMPLETE:
+            return None, None  # another writer published a version already: keep it
         if len(req.blocks) > MAX_BLOCKS_PER_FILE:
             raise invalid("blocks", "too many blocks")
         total = 0

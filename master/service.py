@@ -9,6 +9,7 @@ from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 from .master import Master
 
 EMPTY = common_pb2.Empty()
+EMPTY_INODE_REPLY = master_pb2.InodeReply()  # Lookup with miss_ok: no such name
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
@@ -17,6 +18,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     @handler
     def Lookup(self, req, ctx):
+        if req.miss_ok:
+            node = self.m.lookup_or_none(req.parent, req.name)
+            return master_pb2.InodeReply(inode=node) if node is not None else EMPTY_INODE_REPLY
         return master_pb2.InodeReply(inode=self.m.lookup(req.parent, req.name))
 
     @handler

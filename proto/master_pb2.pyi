@@ -14,12 +14,14 @@ class InodeReply(_message.Message):
     def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("parent", "name")
+    __slots__ = ("parent", "name", "miss_ok")
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    MISS_OK_FIELD_NUMBER: _ClassVar[int]
     parent: int
     name: bytes
-    def __init__(self, parent: _Optional[int] = ..., name: _Optional[bytes] = ...) -> None: ...
+    miss_ok: bool
+    def __init__(self, parent: _Optional[int] = ..., name: _Optional[bytes] = ..., miss_ok: _Optional[bool] = ...) -> None: ...
 
 class GetAttrRequest(_message.Message):
     __slots__ = ("ino",)
@@ -204,18 +206,20 @@ class AddBlockReply(_message.Message):
     def __init__(self, block_id: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class CompleteFileRequest(_message.Message):
-    __slots__ = ("request_id", "ino", "blocks", "size", "mtime_ns")
+    __slots__ = ("request_id", "ino", "blocks", "size", "mtime_ns", "if_unpublished")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INO_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    IF_UNPUBLISHED_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     ino: int
     blocks: _containers.RepeatedCompositeFieldContainer[_common_pb2.Block]
     size: int
     mtime_ns: int
-    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ...) -> None: ...
+    if_unpublished: bool
+    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., if_unpublished: _Optional[bool] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker",)

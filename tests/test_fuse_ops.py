@@ -153,11 +153,15 @@ class FakeMaster:
         return self.dentries[ino]
 
     def lookup(self, parent, name):
+        node = self.lookup_or_none(parent, name)
+        if node is None:
+            self._err(ErrorKind.NOT_FOUND, repr(name))
+        return node
+
+    def lookup_or_none(self, parent, name):
         check_name(name)
         ino = self._dir(parent).get(name)
-        if ino is None:
-            self._err(ErrorKind.NOT_FOUND, repr(name))
-        return self.getattr(ino)
+        return None if ino is None else self.getattr(ino)
 
     def getattr(self, ino):
         if ino not in self.inodes:
@@ -302,9 +306,11 @@ class FakeMaster:
             targets = [w for i, w in self.w.workers.items() if i not in exclude]
         return self.next_block, targets
 
-    def complete_file(self, ino, blocks, size, mtime_ns=0):
+    def complete_file(self, ino, blocks, size, mtime_ns=0, if_unpublished=False):
         if ino not in self.inodes:
             self._err(ErrorKind.NOT_FOUND, f"inode {ino}")
+        if if_unpublished and self.inodes[ino].state == common_pb2.COMPLETE:
+            return self.getattr(ino)
         if sum(b.length for b in blocks) != size:
             self._err(ErrorKind.INVALID, "size: not the sum of the block lengths")
         for b in blocks:
@@ -1029,3 +1035,82 @@ def test_fs_path_api(cluster, tmp_path):
     fs.unlink("/a/b/x.data")
     fs.rmdir("/a/b")
     assert fs.listdir("/a") == []
+
+
+def test_ops_create_and_close_without_writes_publishes_after_close(cluster):
+    """open(O_CREAT) + close of a new file: nothing to publish before close returns (it
+    reads as empty already); release publishes the empty version, unless another
+    writer published first; a rename right after close works (touch a; mv a b)."""
+    master, _ = cluster
+    ops = make_ops(master)
+    ctx = Ctx()
+
+    async def go():
+        fi, attr = await ops.create(1, b"t", 0o100644, os.O_WRONLY | os.O_CREAT, ctx)
+        completes = master.completes
+        await ops.flush(fi.fh)
+        assert master.completes == completes  # close returned without a publish
+        assert master.getattr(attr.st_ino).state == common_pb2.WRITING
+        await ops.release(fi.fh)
+        assert master.completes == completes + 1
+        assert master.getattr(attr.st_ino).state == common_pb2.COMPLETE
+        # another writer publishes data before this handle's release: theirs stays
+        fi, attr = await ops.create(1, b"u", 0o100644, os.O_WRONLY | os.O_CREAT, ctx)
+        await ops.flush(fi.fh)
+        w = await ops.open(attr.st_ino, os.O_WRONLY, ctx)
+        await ops.write(w.fh, 0, b"data")
+        await ops.release(w.fh)
+        await ops.release(fi.fh)
+        assert published(master, attr.st_ino) == b"data"
+        # touch v; mv v w: the rename comes before the release's publish
+        fi, attr = await ops.create(1, b"v", 0o100644, os.O_WRONLY | os.O_CREAT, ctx)
+        await ops.flush(fi.fh)
+
+        class Other(Ctx):
+            pid = 1  # another process (init): not the one that wrote the file
+
+        await ops.rename(1, b"v", 1, b"w", 0, Other())
+        assert master.lookup(1, b"w").ino == attr.st_ino
+        await ops.release(fi.fh)
+        # a file someone else is still creating stays guarded
+        master.create(1, b"x")
+        assert await aerrno(ops.rename, 1, b"x", 1, b"y", 0, Other()) == errno.ENOENT
+        # the handle wrote: published at close as before
+        fi, attr = await ops.create(1, b"z", 0o100644, os.O_WRONLY | os.O_CREAT, ctx)
+        await ops.write(fi.fh, 0, b"zz")
+        await ops.flush(fi.fh)
+        assert published(master, attr.st_ino) == b"zz"
+        await ops.release(fi.fh)
+        assert ops._empty_pending == {}
+
+    trio.run(go)
+
+
+def test_ops_attributes_while_a_release_publishes(cluster):
+    """A handle's release publishes after it left the handle table: lookups, getattr
+    and renames of the inode meanwhile answer normally (no EIO)."""
+    import threading
+    master, _ = cluster
+    ops = make_ops(master)
+    ctx = Ctx()
+    gate = threading.Event()
+    real_complete = master.complete_file
+
+    def slow_complete(*a, **kw):
+        gate.wait(10)
+        return real_complete(*a, **kw)
+
+    async def go():
+        fi, attr = await ops.create(1, b"r", 0o100644, os.O_WRONLY | os.O_CREAT, ctx)
+        await ops.flush(fi.fh)
+        master.complete_file = slow_complete
+        async with trio.open_nursery() as n:
+            n.start_soon(ops.release, fi.fh)
+            await trio.sleep(0.05)
+            assert (await ops.lookup(1, b"r", ctx)).st_ino == attr.st_ino
+            assert (await ops.getattr(attr.st_ino, ctx)).st_size == 0
+            gate.set()
+        master.complete_file = real_complete
+        assert master.getattr(attr.st_ino).state == common_pb2.COMPLETE
+
+    trio.run(go)

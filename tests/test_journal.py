@@ -138,7 +138,7 @@ def test_many_appends_one_sync_is_one_write_and_one_fsync(tmp_path, monkeypatch)
         j.append(1, b"first")
         j.sync()  # creates the segment (file + directory fsync)
         calls = {"fsync": 0, "write": 0}
-        real_fsync, real_write = os.fsync, os.write
+        real_fsync, real_write = os.fdatasync, os.write
 
         def fsync(fd):
             calls["fsync"] += 1
@@ -148,7 +148,7 @@ def test_many_appends_one_sync_is_one_write_and_one_fsync(tmp_path, monkeypatch)
             calls["write"] += 1
             return real_write(fd, data)
 
-        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "fdatasync", fsync)
         monkeypatch.setattr(os, "write", write)
         for i in range(1000):
             assert j.append(2, b"r%d" % i) == i + 2
@@ -229,7 +229,7 @@ def test_failed_fsync_makes_journal_refuse_appends(tmp_path, monkeypatch):
         def broken(fd):
             raise OSError(5, "Input/output error")
 
-        monkeypatch.setattr(os, "fsync", broken)
+        monkeypatch.setattr(os, "fdatasync", broken)
         with pytest.raises(JournalError, match="sync failed"):
             j.sync()
         monkeypatch.undo()

@@ -466,3 +466,63 @@ def test_rename_guards_are_atomic_with_the_rename(master):
     assert master.lookup(ROOT_INO, b"k.data").ino == old.ino  # untouched
     guarded(source_ino=new.ino)  # its own writer may move it
     assert master.lookup(ROOT_INO, b"k.data").ino == new.ino
+
+
+def test_lookup_miss_is_a_reply_not_an_error(master):
+    from curvine.master.service import MasterServicer
+
+    class Ctx:
+        def abort(self, *a):
+            raise AssertionError("a miss must not abort the call")
+
+        def set_trailing_metadata(self, *a):
+            raise AssertionError("a miss must not set error trailers")
+
+    svc = MasterServicer(master)
+    d = mkdir(master, ROOT_INO, b"d")
+    f = create(master, d.ino, b"f")
+    miss = svc.Lookup(master_pb2.LookupRequest(parent=d.ino, name=b"nope", miss_ok=True), Ctx())
+    assert not miss.HasField("inode")
+    hit = svc.Lookup(master_pb2.LookupRequest(parent=d.ino, name=b"f", miss_ok=True), Ctx())
+    assert hit.inode.ino == f.ino
+    assert master.lookup_or_none(12345, b"f") is None  # no such parent: a miss too
+    assert kind_of(master.lookup_or_none, f.ino, b"x") == ErrorKind.NOT_DIR
+    assert kind_of(master.lookup_or_none, d.ino, b"a/b") == ErrorKind.INVALID
+    assert kind_of(master.lookup, d.ino, b"nope") == ErrorKind.NOT_FOUND  # without miss_ok
+
+
+def test_complete_if_unpublished(tmp_path):
+    """The empty version of a file created and closed without writes is published after
+    close returned (if_unpublished): it never replaces a version another writer
+    published meanwhile; it is journaled, replayed and retry-cached like any complete."""
+    m = make_master(tmp_path)
+    add_worker(m)
+    a = create(m, ROOT_INO, b"a")
+    b = create(m, ROOT_INO, b"b")
+    rid = new_request_id()
+    req = master_pb2.CompleteFileRequest(request_id=rid, ino=a.ino, size=0, if_unpublished=True)
+    seq = m.journal.last_seq
+    v = m.complete(req).inode
+    assert v.state == common_pb2.COMPLETE and v.version == 1 and v.size == 0
+    assert m.journal.last_seq == seq + 1
+    assert m.complete(req).inode.version == 1  # a retry returns the first result
+    # b: another writer published data first; the late empty publish changes nothing
+    data, _ = publish(m, b.ino, [MiB])
+    seq = m.journal.last_seq
+    late = m.complete(master_pb2.CompleteFileRequest(request_id=new_request_id(), ino=b.ino,
+                                                     size=0, if_unpublished=True)).inode
+    assert (late.version, late.size) == (data.version, MiB)
+    assert m.journal.last_seq == seq  # nothing journaled
+    # the rename guard sees a published file now
+    m.rename(master_pb2.RenameRequest(request_id=new_request_id(), parent=ROOT_INO, name=b"a",
+                                      new_parent=ROOT_INO, new_name=b"a2",
+                                      require_published=True))
+    before = snapshot(m)
+    m.close()
+    m = make_master(tmp_path)
+    try:
+        assert snapshot(m) == before
+        assert m.getattr(a.ino).state == common_pb2.COMPLETE
+        assert m.complete(req).inode.version == 1  # retry cache refilled from the journal
+    finally:
+        m.close()
