@@ -19,6 +19,7 @@ import traceback
 COMMAND_GROUPS = [
     ("local", "curvine.cli.local"),
     ("demo", "curvine.cli.demo"),
+    ("bench", "curvine.cli.bench"),
 ]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130

@@ -1,0 +1,128 @@
+"""`curvine bench`: the report's arithmetic, and one quick end-to-end run on a real
+local cluster that must produce every workload's figures and leave nothing behind.
+
+No timing assertions: figures on a shared 2-core machine vary by 2x or more."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cluster_util import fuse_available
+from curvine.cli import bench
+from curvine.cli.local import mounted_paths
+from curvine.cli.main import build_parser
+
+MiB = 1 << 20
+needs_fuse = pytest.mark.skipif(fuse_available() is not None,
+                                reason=f"needs FUSE mounts: {fuse_available()}")
+
+
+# --------------------------------------------------------------------------- pure parts
+
+def test_reference_prompt_is_seven_full_chunks_and_a_partial_one():
+    sizes = bench.Params().prompt_sizes()
+    assert sizes[:7] == [14 * MiB] * 7 and len(sizes) == 8
+    assert sizes[7] == 14 * MiB * 133 // 256  # 1,925 tokens = 7 x 256 + 133
+    assert bench.Params(prompt_tokens=512).prompt_sizes() == [14 * MiB] * 2
+
+
+def test_ratio_direction_and_targets():
+    rate = bench.Metric("kv", "write", "write MB/s", "MB/s", "higher",
+                        curvine=[50.0, 200.0, 100.0], plain=[100.0, 90.0, 110.0])
+    assert rate.curvine_median == 100.0 and rate.plain_median == 100.0
+    assert rate.ratio == 1.0 and rate.status == "pass"  # target >= 1.0x
+    rate.curvine = [99.0]
+    assert rate.status == "miss"
+    time_ = bench.Metric("prompt", "cold", "cold ms", "ms", "lower", curvine=[13.0], plain=[10.0])
+    assert time_.ratio == pytest.approx(1.3) and time_.status == "pass"  # <= 1.3x the time
+    rss = bench.Metric("memory", "fuse_read_peak", "rss", "MiB", "lower", curvine=[301.0])
+    assert rss.ratio is None and rss.status == "miss"  # target on the value: <= 300 MiB
+    untargeted = bench.Metric("kv", "read_p50", "p50", "ms", "lower", curvine=[1.0], plain=[1.0])
+    assert untargeted.status is None
+    js = rate.to_json()
+    assert js["curvine"]["runs"] == [99.0] and js["target"]["op"] == ">="
+
+
+def test_percentile_and_report_formatting():
+    xs = [float(i) for i in range(1, 101)]
+    assert bench._percentile(xs, 50) == pytest.approx(50.5)
+    assert bench._percentile(xs, 99) == pytest.approx(99.01)
+    assert bench._percentile([3.0], 99) == 3.0
+    m = bench.Metric("meta", "stat_1p", "stat, 1 process", "ops/s", "higher",
+                     curvine=[300.0], plain=[700_000.0])
+    table = bench.format_report({"meta": [m]})
+    assert "3 metadata" in table and "700,000" in table and "0.00043x" in table
+    assert ">= 0.1x" in table and "miss" in table
+
+
+def test_workload_list_and_quick_params():
+    assert bench._workloads("meta,kv,meta") == ("meta", "kv")
+    for bad in ("nope", ","):
+        with pytest.raises(Exception):
+            bench._workloads(bad)
+    args = build_parser().parse_args(["bench", "--quick", "--kv-files", "3"])
+    p = bench.params_from_args(args)
+    assert (p.runs, p.kv_files, p.kv_size) == (1, 3, MiB)
+
+
+# --------------------------------------------------------------------------- end to end
+
+@needs_fuse
+@pytest.mark.fuse
+def test_quick_bench_end_to_end(tmp_path):
+    out = tmp_path / "results.json"
+    work = tmp_path / "work"
+    work.mkdir()
+    r = subprocess.run([sys.executable, "-m", "curvine.cli.main", "bench", "--quick",
+                        "--json", str(out), "--workdir", str(work)],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ratio = curvine / plain" in r.stdout and "load average" in r.stdout
+    assert "page cache" in r.stdout
+
+    res = json.loads(out.read_text())
+    assert "error" not in res
+    for key in ("nproc", "mem_total_mib", "kernel", "python"):
+        assert res["machine"][key]
+    assert len(res["load_average"]["start"]) == 3 and len(res["load_average"]["end"]) == 3
+    assert isinstance(res["page_cache"]["dropped"], bool)
+    assert res["page_cache"]["method"] in ("drop_caches", "fadvise", "none")
+    assert res["params"]["runs"] == 1 and res["runtime_s"] > 0
+
+    def finite(x):
+        return isinstance(x, (int, float)) and math.isfinite(x) and x >= 0
+
+    wl = res["workloads"]
+    assert set(wl) == {"kv", "prompt", "meta", "memory"}
+    want = {"kv": {"write", "cold_read", "read_p50", "read_p99"},
+            "prompt": {"cold", "warm"},
+            "meta": {"create_1p", "stat_1p", "unlink_1p", "stat_missing",
+                     "create_np", "stat_np", "unlink_np"}}
+    for name, ids in want.items():
+        metrics = {m["id"]: m for m in wl[name]["metrics"]}
+        assert ids <= set(metrics), (name, metrics.keys())
+        for m in metrics.values():
+            assert len(m["curvine"]["runs"]) == 1 and len(m["plain"]["runs"]) == 1
+            assert finite(m["curvine"]["median"]) and finite(m["plain"]["median"])
+            assert finite(m["ratio"]) and m["ratio"] > 0, m
+            if m["target"]:
+                assert m["status"] in ("pass", "miss")
+    assert len(wl["prompt"]["raw"]["file_sizes"]) == 8
+    assert len(wl["kv"]["raw"]["read_ms_per_file"]["curvine"][0]) == res["params"]["kv_files"]
+
+    mem = {m["id"]: m for m in wl["memory"]["metrics"]}
+    for pid_name in ("master", "worker_0", "worker_1", "fuse_A", "fuse_B"):
+        assert mem[f"peak_{pid_name}"]["curvine"]["median"] > 0
+    rss = mem["fuse_read_peak"]
+    assert rss["curvine"]["median"] > 0 and rss["status"] in ("pass", "miss")
+    assert res["memory"]["large_file"]["file_size"] == res["params"]["rss_file_size"]
+
+    # Nothing left behind: no mount, no temporary cluster or plain directory.
+    assert [m for m in mounted_paths() if m.startswith(str(work))] == []
+    assert os.listdir(work) == []
