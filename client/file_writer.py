@@ -16,11 +16,20 @@ of this host (short-circuit enabled), the writes go straight into a staging file
 that worker's data dir and "uploading" is one AdoptBlock call: no copy in memory, no
 stream, and the crc32 computed once, while writing.  Otherwise the block is gathered
 in memory and streamed to the workers.
+
+Write-behind: ``write_behind`` queues a write of immutable bytes (what FUSE hands
+over) without blocking, and one background thread per writer applies the queue in
+order, so the FUSE loop answers the write request at once and the kernel sends the
+next one while this one is written.  Every other operation (a blocking ``write``,
+``read``, ``truncate``, ``publish``...) first applies what is queued.  A queued write
+that fails (no space, a worker down) fails every later operation of the handle: its
+version is never published without it; close(2) reports the error.
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
 import logging
 import mmap
 import os
@@ -53,6 +62,20 @@ def _upload_pool() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="block-upload")
         return _pool
+
+
+_drain_lock = threading.Lock()
+_drain: ThreadPoolExecutor | None = None
+
+WRITE_BEHIND_BYTES = 8 << 20  # queued write-behind bytes per writer before writes block
+
+
+def _drain_pool() -> ThreadPoolExecutor:
+    global _drain
+    with _drain_lock:
+        if _drain is None:
+            _drain = ThreadPoolExecutor(max_workers=64, thread_name_prefix="write-behind")
+        return _drain
 
 
 IDLE_BUFFER_BYTES = 256 << 20  # block buffers kept mapped for reuse, per process
@@ -333,14 +356,121 @@ class FileWriter:
         self.dirty = False  # changed since open or the last publish
         self.mtime_ns = 0  # explicit mtime to publish with (0 = the master's now)
         self._closed = False
+        # Write-behind queue (see the module docstring); _wb_cond guards these fields,
+        # and a queued write is applied only while holding _lock (so never out of order).
+        self._wb_cond = threading.Condition(threading.Lock())
+        self._wb_queue: collections.deque = collections.deque()
+        self._wb_bytes = 0
+        self._wb_end = 0  # end of the furthest queued write
+        self._wb_seq = 0  # writes queued so far
+        self._wb_running = False  # a drain task is scheduled or running
+        self._wb_blocking = 0  # blocking writes in progress: queueing would overtake them
+        self._wb_error: CurvineError | None = None
 
     @property
     def size(self) -> int:
+        if self._wb_bytes:
+            return max(self._size, self._wb_end)
         return self._size
 
     # -- public operations ----------------------------------------------------
 
+    def write_behind(self, offset: int, data: bytes) -> bool:
+        """Queue a write of ``data`` (immutable bytes) without blocking; False when it
+        must go through ``write`` instead (queue full, an error to report, ...)."""
+        n = len(data)
+        if type(data) is not bytes or offset < 0 or n == 0:
+            return False
+        with self._wb_cond:
+            if (self._closed or self._wb_error is not None or self._wb_blocking
+                    or self._wb_bytes and self._wb_bytes + n > WRITE_BEHIND_BYTES):
+                return False
+            self._wb_queue.append((offset, data))
+            self._wb_bytes += n
+            self._wb_end = max(self._wb_end, offset + n)
+            self._wb_seq += 1
+            self.dirty = True
+            self.mtime_ns = 0
+            start = not self._wb_running
+            self._wb_running = True
+        if start:
+            try:
+                _drain_pool().submit(self._drain)
+            except BaseException:
+                with self._wb_cond:
+                    self._wb_running = False
+                raise
+        return True
+
+    def _drain(self) -> None:
+        """Apply queued writes in order (a pool thread)."""
+        while True:
+            with self._lock:
+                with self._wb_cond:
+                    if not self._wb_queue:
+                        self._wb_running = False
+                        self._wb_cond.notify_all()
+                        return
+                self._apply_one_queued()
+
+    def _apply_one_queued(self) -> None:
+        """Apply the oldest queued write, if any (the caller holds _lock)."""
+        with self._wb_cond:
+            if not self._wb_queue:
+                return  # close() dropped the queue meanwhile
+            item = self._wb_queue[0]
+            offset, data = item
+            failed = self._wb_error is not None or self._closed
+        if not failed:
+            try:
+                self._write(offset, data)
+            except CurvineError as e:
+                failed = e
+            except Exception as e:  # noqa: BLE001 - reported at the next operation
+                log.exception("write-behind of inode %d failed", self.ino)
+                failed = CurvineError(ErrorKind.IO, f"write at {offset}: {e}")
+        with self._wb_cond:
+            if isinstance(failed, CurvineError) and self._wb_error is None:
+                self._wb_error = failed
+            if failed:  # the rest of the queue goes with it
+                self._wb_queue.clear()
+                self._wb_bytes = 0
+            elif self._wb_queue and self._wb_queue[0] is item:  # (close() may clear it)
+                self._wb_queue.popleft()
+                self._wb_bytes -= len(data)
+            self._wb_cond.notify_all()
+
+    def _sync_writes(self) -> None:
+        """Apply every queued write (the caller holds _lock); raise the error one of
+        them hit, now and at every later call."""
+        while True:
+            with self._wb_cond:
+                if not self._wb_queue:
+                    self._wb_end = 0
+                    err = self._wb_error
+                    break
+            self._apply_one_queued()
+        if err is not None:
+            raise CurvineError(err.kind, f"an earlier write of this handle failed: "
+                                         f"{err.message}")
+
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> int:
+        with self._wb_cond:
+            self._wb_blocking += 1
+        try:
+            with self._lock:
+                self._check_open()
+                self._sync_writes()
+                n = self._write(offset, data)
+                if n:
+                    self.dirty = True
+                    self.mtime_ns = 0
+                return n
+        finally:
+            with self._wb_cond:
+                self._wb_blocking -= 1
+
+    def _write(self, offset: int, data: bytes | bytearray | memoryview) -> int:
         view = memoryview(data).cast("B")
         n = len(view)
         if offset < 0:
@@ -362,8 +492,6 @@ class FileWriter:
                 if ext.end > self._size:
                     self._size = ext.end
                 pos += k
-            self.dirty = True
-            self.mtime_ns = 0
             return n
 
     def truncate(self, size: int) -> None:
@@ -371,6 +499,7 @@ class FileWriter:
             raise CurvineError(ErrorKind.INVALID, "size: negative")
         with self._lock:
             self._check_open()
+            self._sync_writes()
             try:
                 self._wait_upload()
             except CurvineError:
@@ -401,6 +530,7 @@ class FileWriter:
         """Read this version (what this handle wrote, over its base)."""
         with self._lock:
             self._check_open()
+            self._sync_writes()
             end = min(self._size, offset + size)
             if offset >= end:
                 return b""
@@ -426,6 +556,7 @@ class FileWriter:
         """Upload what is in memory and return the version's blocks in order."""
         with self._lock:
             self._check_open()
+            self._sync_writes()
             try:
                 self._wait_upload()
             except CurvineError:
@@ -445,12 +576,15 @@ class FileWriter:
         The writer then continues from the published blocks as its base."""
         with self._lock:
             blocks = self.blocks()
+            seq = self._wb_seq  # writes queued from here on are not in this version
             self._check_shared(blocks)
             inode = self.master.complete_file(self.ino, blocks, self._size,
                                               mtime_ns=self.mtime_ns)
             self._shared = {b.block_id for b in blocks if b.block_id}
-            self.dirty = False
-            self.mtime_ns = 0
+            with self._wb_cond:
+                if self._wb_seq == seq:
+                    self.dirty = False
+                    self.mtime_ns = 0
             return inode
 
     def _check_shared(self, blocks: list[Block]) -> None:
@@ -473,10 +607,14 @@ class FileWriter:
 
     def close(self) -> None:
         """Forget the version (unpublished blocks are the master's to collect)."""
+        with self._wb_cond:
+            self._closed = True  # queued writes are dropped
+            self._wb_queue.clear()
+            self._wb_bytes = 0
         with self._lock:
-            if self._closed:
+            if not self._extents and self._cur is None and self._uploading is None:
+                self._fetcher.close()
                 return
-            self._closed = True
             up = self._uploading
             self._uploading = None
             for ext in self._extents:

@@ -480,7 +480,12 @@ class Operations(pyfuse3.Operations):
         f = self._file(fh)
         if f.writer is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        n = await self._run(f.writer.write, off, buf)
+        # Queued for the writer's own thread (write-behind): answered at once, without
+        # a thread hop; an error surfaces at a later write or at close.
+        if f.writer.write_behind(off, buf):
+            n = len(buf)
+        else:
+            n = await self._run(f.writer.write, off, buf)
         self._touch_writer(fh, f.ino)
         return n
 

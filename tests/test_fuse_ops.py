@@ -626,6 +626,94 @@ def test_short_circuit_unpublished_writer_close_removes_its_staging_file(cluster
     assert _staging_files(workers) == [] and workers.adopted == []
 
 
+def test_write_behind_applies_in_order_and_publishes_everything(cluster):
+    master, workers = cluster
+    ino = new_file(master)
+    w = writer(master, ino)
+    rng = random.Random(7)
+    model = bytearray()
+    for i in range(60):
+        off = rng.randrange(0, len(model) + 1)
+        data = rng.randbytes(rng.randrange(1, 3 * KIB))
+        if i % 7 == 0:
+            w.write(off, data)  # a blocking write between queued ones keeps the order
+        else:
+            assert w.write_behind(off, data)
+        model[off:off + len(data)] = data
+        assert w.size == len(model)  # queued bytes count at once (getattr)
+    assert bytes(w.read(0, len(model) + 1)) == bytes(model)
+    assert w.write_behind(len(model), b"tail") and w.dirty
+    model += b"tail"
+    w.publish()
+    assert not w.dirty and published(master, ino) == bytes(model)
+    assert not w.write_behind(0, bytearray(b"mutable"))  # the caller could reuse it
+    w.close()
+    assert not w.write_behind(0, b"x")  # closed: the blocking path reports it
+
+
+def test_write_behind_error_fails_the_handle_cleanly(cluster, monkeypatch):
+    """A queued write that fails (here: the worker refuses the block mid-file) is
+    reported by the next operation and at every publish; nothing is published."""
+    master, workers = cluster
+    ino = new_file(master)
+    w = writer(master, ino)
+    assert w.write_behind(0, b"a" * BS)  # the first block
+    real_add_block = master.add_block
+
+    def add_block(*a, **k):
+        if master.next_block >= 101:
+            raise CurvineError(ErrorKind.NO_SPACE, "worker full")
+        return real_add_block(*a, **k)
+
+    monkeypatch.setattr(master, "add_block", add_block)
+    assert w.write_behind(BS, b"b" * 10)  # needs a second block: fails in the thread
+    deadline = time.monotonic() + 10
+    while w.write_behind(BS + 10, b"c") and time.monotonic() < deadline:
+        time.sleep(0.01)  # accepted until the failure is known, then refused
+    assert not w.write_behind(BS + 10, b"c")
+    for op in (lambda: w.write(0, b"z"), w.publish, w.flush, lambda: w.read(0, 1)):
+        with pytest.raises(CurvineError) as e:
+            op()
+        assert e.value.kind == ErrorKind.NO_SPACE and "earlier write" in e.value.message
+    assert master.completes == 0 and master.inodes[ino].state == common_pb2.WRITING
+    w.close()
+    assert _staging_files(workers) == []
+
+
+def test_write_behind_close_while_queued_drops_cleanly(cluster, caplog):
+    master, workers = cluster
+    for i in range(30):
+        w = writer(master, new_file(master, b"d%d" % i))
+        for k in range(20):
+            assert w.write_behind(k * (BS // 4), b"x" * (BS // 4))
+        w.close()
+    deadline = time.monotonic() + 10
+    while _staging_files(workers) and time.monotonic() < deadline:
+        time.sleep(0.01)  # drains still finishing their current write
+    assert _staging_files(workers) == [] and master.completes == 0
+    assert "Traceback" not in caplog.text and "failed" not in caplog.text
+
+
+def test_ops_write_is_queued_and_close_publishes_it(cluster, monkeypatch):
+    master, _ = cluster
+    ops = make_ops(master)
+    hops = []
+
+    async def go():
+        fi, attr = await ops.create(1, b"q", 0o100644, os.O_WRONLY | os.O_CREAT, Ctx())
+        real_run = ops._run
+        monkeypatch.setattr(ops, "_run", lambda fn, *a, **k: hops.append(fn) or real_run(fn, *a, **k))
+        data = os.urandom(3 * BS + 5)
+        for off in range(0, len(data), 4 * KIB):
+            assert await ops.write(fi.fh, off, data[off:off + 4 * KIB]) == len(data[off:off + 4 * KIB])
+        assert hops == []  # no thread hop per write
+        await ops.flush(fi.fh)
+        await ops.release(fi.fh)
+        assert published(master, attr.st_ino) == data
+
+    trio.run(go)
+
+
 # -- FileReader ------------------------------------------------------------------------
 
 
