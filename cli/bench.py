@@ -918,7 +918,8 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
             bench.memory = {"during_workloads": during, "large_file": check}
             done("memory", t0)
     except BaseException as e:
-        results["error"] = f"{type(e).__name__}: {e}"
+        results["error"] = ("interrupted" if isinstance(e, KeyboardInterrupt)
+                            else f"{type(e).__name__}: {e}")
         raise
     finally:
         teardown_error = None
