@@ -4,11 +4,21 @@ Every method is synchronous (call it from a thread when you are in an event loop
 and raises ``CurvineError``.  Each mutating call generates one request id and
 reuses it for all of its retries, so a retry after a lost reply returns the first
 result from the master's retry cache instead of e.g. EEXIST.
+
+A FUSE mount also runs a :class:`LeaseSession` (master/leases.py): while it is up,
+``MasterClient.session`` is set, the ``*_leased`` reads return how long their
+answer may be cached, and mutations name the session so that the master does not
+wait for this mount to drop what it changed itself.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+import logging
+import queue
+import threading
+from typing import Callable, Iterable, Sequence
+
+import grpc
 
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import new_request_id
@@ -21,6 +31,8 @@ WorkerInfo = common_pb2.WorkerInfo
 
 LISTDIR_PAGE = 1000
 
+log = logging.getLogger(__name__)
+
 
 class MasterClient:
     """The master's namespace and block API, one method per RPC."""
@@ -28,6 +40,7 @@ class MasterClient:
     def __init__(self, address: str, timeout: float = 30.0, wait: float = 60.0):
         self.address = address
         self._rpc = RpcClient(address, master_pb2_grpc.MasterStub, timeout=timeout, wait=wait)
+        self.session = 0  # lease session id while a LeaseSession is up (0 = none)
 
     def _call(self, method: str, request):
         # Reads are naturally idempotent; mutations carry a request id that the
@@ -49,32 +62,54 @@ class MasterClient:
                                                               miss_ok=True))
         return reply.inode if reply.HasField("inode") else None
 
+    def lookup_leased(self, parent: int, name: bytes) -> tuple[Inode | None, int]:
+        """lookup_or_none, plus the milliseconds this session may cache the answer."""
+        reply = self._call("Lookup", master_pb2.LookupRequest(
+            parent=parent, name=name, miss_ok=True, session=self.session))
+        return (reply.inode, reply.lease_ms) if reply.HasField("inode") else (None, 0)
+
     def getattr(self, ino: int) -> Inode:
         return self._call("GetAttr", master_pb2.GetAttrRequest(ino=ino)).inode
 
+    def getattr_leased(self, ino: int) -> tuple[Inode, int]:
+        reply = self._call("GetAttr", master_pb2.GetAttrRequest(ino=ino, session=self.session))
+        return reply.inode, reply.lease_ms
+
     def setattr(self, ino: int, **fields) -> Inode:
         """Change mode, uid, gid, size (truncate/extend), atime_ns, mtime_ns."""
-        req = master_pb2.SetAttrRequest(request_id=new_request_id(), ino=ino, **fields)
+        req = master_pb2.SetAttrRequest(request_id=new_request_id(), ino=ino,
+                                        session=self.session, **fields)
         return self._call("SetAttr", req).inode
 
     def mkdir(self, parent: int, name: bytes, mode: int = 0o755, uid: int = 0, gid: int = 0) -> Inode:
+        return self.mkdir_leased(parent, name, mode, uid, gid)[0]
+
+    def mkdir_leased(self, parent: int, name: bytes, mode: int = 0o755, uid: int = 0,
+                     gid: int = 0) -> tuple[Inode, int]:
         req = master_pb2.MkdirRequest(request_id=new_request_id(), parent=parent, name=name,
-                                      mode=mode & 0o7777, uid=uid, gid=gid)
-        return self._call("Mkdir", req).inode
+                                      mode=mode & 0o7777, uid=uid, gid=gid, session=self.session)
+        reply = self._call("Mkdir", req)
+        return reply.inode, reply.lease_ms
 
     def create(self, parent: int, name: bytes, mode: int = 0o644, uid: int = 0, gid: int = 0,
                exclusive: bool = False) -> Inode:
+        return self.create_leased(parent, name, mode, uid, gid, exclusive)[0]
+
+    def create_leased(self, parent: int, name: bytes, mode: int = 0o644, uid: int = 0,
+                      gid: int = 0, exclusive: bool = False) -> tuple[Inode, int]:
         req = master_pb2.CreateRequest(request_id=new_request_id(), parent=parent, name=name,
-                                       mode=mode & 0o7777, uid=uid, gid=gid, exclusive=exclusive)
-        return self._call("Create", req).inode
+                                       mode=mode & 0o7777, uid=uid, gid=gid, exclusive=exclusive,
+                                       session=self.session)
+        reply = self._call("Create", req)
+        return reply.inode, reply.lease_ms
 
     def unlink(self, parent: int, name: bytes) -> None:
         self._call("Unlink", master_pb2.UnlinkRequest(
-            request_id=new_request_id(), parent=parent, name=name))
+            request_id=new_request_id(), parent=parent, name=name, session=self.session))
 
     def rmdir(self, parent: int, name: bytes) -> None:
         self._call("Rmdir", master_pb2.RmdirRequest(
-            request_id=new_request_id(), parent=parent, name=name))
+            request_id=new_request_id(), parent=parent, name=name, session=self.session))
 
     def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes,
                no_replace: bool = False, source_ino: int = 0,
@@ -82,7 +117,7 @@ class MasterClient:
         self._call("Rename", master_pb2.RenameRequest(
             request_id=new_request_id(), parent=parent, name=name, new_parent=new_parent,
             new_name=new_name, no_replace=no_replace, source_ino=source_ino,
-            require_published=require_published))
+            require_published=require_published, session=self.session))
 
     def listdir(self, ino: int, start_after: bytes = b"", limit: int = LISTDIR_PAGE
                 ) -> tuple[list[master_pb2.DirEntry], bool]:
@@ -124,8 +159,105 @@ class MasterClient:
         """Publish a version; with ``if_unpublished`` only if none was ever published."""
         req = master_pb2.CompleteFileRequest(request_id=new_request_id(), ino=ino,
                                              blocks=list(blocks), size=size, mtime_ns=mtime_ns,
-                                             if_unpublished=if_unpublished)
+                                             if_unpublished=if_unpublished, session=self.session)
         return self._call("CompleteFile", req).inode
 
     def close(self) -> None:
         self._rpc.close()
+
+
+class LeaseSession:
+    """A mount's lease session with the master, kept up by one thread.
+
+    While the stream is up ``client.session`` is set.  Each invalidation calls
+    ``invalidate(names, inodes)`` (names: (parent, name) pairs) and is acked once it
+    returns.  Whenever the stream is lost ``client.session`` is cleared first and
+    ``drop_all()`` runs before a new session is opened; the new session tells the
+    master which old ones were dropped, so its mutations need not wait for their
+    leases to run out.  A master without leases (lease_time 0) answers session 0:
+    then nothing is cached and the thread asks again after ``retry_idle`` seconds.
+    """
+
+    def __init__(self, client: MasterClient, invalidate: Callable[[list, list], None],
+                 drop_all: Callable[[], None], retry_idle: float = 30.0):
+        self.client = client
+        self.invalidate = invalidate
+        self.drop_all = drop_all
+        self.retry_idle = retry_idle
+        self.lease_time = 0.0
+        self.up = threading.Event()  # set while a session with leases is open
+        self._stop = threading.Event()
+        self._call = None
+        self._dropped: list[int] = []
+        self._thread = threading.Thread(target=self._run, name="lease-session", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to end (without waiting for it)."""
+        self._stop.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+
+    def close(self) -> None:
+        self.stop()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        delay = 0.1
+        while not self._stop.is_set() and not self.client._rpc.closed:
+            acks: queue.SimpleQueue = queue.SimpleQueue()
+            dropped = list(self._dropped)
+
+            def requests():
+                yield master_pb2.SessionRequest(dropped=dropped)
+                while True:
+                    ack = acks.get()
+                    if ack is None:
+                        return
+                    yield master_pb2.SessionRequest(ack=ack)
+
+            idle = False
+            call = None
+            try:
+                self._call = call = self.client._rpc.stub.Session(requests())
+                events = iter(call)
+                first = next(events)
+                if not first.session_id:
+                    idle = True  # the master grants no leases
+                else:
+                    self._dropped = []
+                    self.lease_time = first.lease_ms / 1000
+                    self.client.session = first.session_id
+                    self.up.set()
+                    delay = 0.1
+                    log.info("lease session %x open (%.1fs leases)", first.session_id,
+                             self.lease_time)
+                    for ev in events:
+                        self.invalidate([(k.parent, k.name) for k in ev.names], list(ev.inodes))
+                        acks.put(ev.invalidate_id)
+            except StopIteration:
+                pass
+            except grpc.RpcError as e:
+                if not self._stop.is_set():
+                    log.info("lease session lost: %s", e.code() if hasattr(e, "code") else e)
+            except Exception:  # noqa: BLE001 - keep the mount going, without leases
+                log.exception("lease session failed")
+            finally:
+                acks.put(None)
+                self._call = None
+                if call is not None:
+                    call.cancel()
+                sid, self.client.session = self.client.session, 0
+                self.up.clear()
+                if sid:
+                    self._dropped.append(sid)
+                    try:
+                        self.drop_all()
+                    except Exception:  # noqa: BLE001
+                        log.exception("dropping cached entries failed")
+            self._stop.wait(self.retry_idle if idle else delay)
+            delay = min(delay * 2, 2.0)

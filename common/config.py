@@ -82,6 +82,10 @@ class MasterConfig:
     worker_lost_after: Duration = Duration(30.0)
     orphan_block_grace: Duration = Duration(300.0)  # unknown blocks younger than this are kept
     retry_cache_entries: int = 200_000
+    # how long a mount may cache a name or a file's attributes without asking (its
+    # lease; mutations by others revoke it first: master/leases.py); 0 = no leases
+    lease_time: Duration = Duration(10.0)
+    max_sessions: int = 1024  # mounts with a lease session (each holds a server thread)
 
 
 @dataclass
@@ -116,6 +120,7 @@ class FuseConfig:
     http_port: int = 9003
     attr_timeout: Duration = Duration(1.0)
     entry_timeout: Duration = Duration(0.0)  # 0: a name made on another mount is seen at once
+    leases: bool = True  # cache leased names and file attributes (master.lease_time)
     writeback_cache: bool = False  # on, the kernel ignores file sizes from other mounts
     allow_other: bool = False
     readahead_kb: int = 1024

@@ -89,12 +89,13 @@ def _is_abort(e: Exception) -> bool:
     return type(e).__name__ == "_AbortedError" or (type(e) is Exception and not e.args)
 
 
-def make_server(threads: int, interceptors: list | None = None) -> grpc.Server:
+def make_server(threads: int, interceptors: list | None = None,
+                max_concurrent: int | None = None) -> grpc.Server:
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
         interceptors=interceptors or [],
         options=SERVER_OPTIONS,
-        maximum_concurrent_rpcs=threads * 4,
+        maximum_concurrent_rpcs=max_concurrent or threads * 4,
     )
 
 
@@ -129,6 +130,10 @@ class RpcClient:
     @property
     def stub(self) -> Any:
         return self._stub
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
 
     def call(self, method: str, request: Any, *, idempotent: bool = True,
              timeout: float | None = None, wait: float | None = None) -> Any:

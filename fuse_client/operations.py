@@ -20,6 +20,8 @@ import itertools
 import logging
 import os
 import stat
+import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -28,11 +30,13 @@ import trio
 
 from curvine.client.file_reader import FileReader
 from curvine.client.file_writer import FileWriter
-from curvine.client.master_client import MasterClient
+from curvine.client.master_client import LeaseSession, MasterClient
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, to_errno
 from curvine.common.ids import MIB, check_name, host_id
 from curvine.proto import common_pb2
+
+from .kernel import Epoch, fuse_device_fd
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,7 @@ COMPLETE = common_pb2.COMPLETE
 STATFS_BLOCK = 4096
 LISTDIR_PAGE = 1000
 VERSION_CACHE = 100_000  # inodes whose last opened version this mount remembers
+LEASE_SAFETY = 0.2  # seconds the kernel's copy expires before the master's lease
 _LOUD_KINDS = {ErrorKind.IO, ErrorKind.UNAVAILABLE, ErrorKind.CHECKSUM, ErrorKind.TIMEOUT,
                ErrorKind.UNAUTHENTICATED}
 
@@ -145,6 +150,14 @@ class Operations(pyfuse3.Operations):
         # ino -> handles closed (flushed) with their empty version still to publish
         self._empty_pending: dict[int, int] = {}
         self._block_size: int | None = None  # the master's, asked for at the first write
+        # Leases (master/leases.py): names and file attributes the kernel may keep for
+        # the lease time; the master revokes them before another client changes them.
+        self._leases: LeaseSession | None = None
+        self._epoch: Epoch | None = None
+        self._leased_inodes: dict[int, float] = {}  # ino -> when the kernel's copy expires
+        self._kernel_lock = threading.Lock()  # notifications vs unmount (pyfuse3.close)
+        self._unmounting = False
+        self._prune_leased_at = 4096
         self._read_buf = bytearray(MIB)  # reads answered in the loop (read_cached)
 
     # -- helpers --------------------------------------------------------------
@@ -171,7 +184,74 @@ class Operations(pyfuse3.Operations):
                 fhs.remove(fh)
             fhs.append(fh)
 
-    def _attrs(self, inode: Inode, size: int | None = None) -> pyfuse3.EntryAttributes:
+    # -- leases -------------------------------------------------------------------
+
+    def start_leases(self) -> bool:
+        """Open the lease session (after pyfuse3.init): needs a kernel that can expire
+        every cached name at once (fuse_client/kernel.py)."""
+        if not self.cfg.fuse.leases or self._leases is not None:
+            return False
+        self._epoch = Epoch(fuse_device_fd())
+        if not self._epoch.supported:
+            return False
+        self._leases = LeaseSession(self.master, self._invalidate, self._drop_all)
+        self._leases.start()
+        return True
+
+    def stop_leases(self) -> None:
+        """Before unmounting: no kernel notification may follow (pyfuse3.close frees
+        the session they go through)."""
+        with self._kernel_lock:
+            self._unmounting = True
+        if self._leases is not None:
+            self._leases.stop()
+
+    def _invalidate(self, names, inodes) -> None:
+        """The master revokes leases (session thread): drop the kernel's copies before
+        the ack.  Every cached name goes (one lock-free epoch bump; a lookup in flight
+        is stale on arrival), plus the attributes of the inodes named."""
+        with self._kernel_lock:
+            if self._unmounting:
+                return
+            self._epoch.bump()
+            for ino in inodes:
+                self._leased_inodes.pop(ino, None)
+                self._forget_attrs(ino)
+
+    def _drop_all(self) -> None:
+        """The session is lost (session thread): drop every leased copy."""
+        self._invalidate((), list(self._leased_inodes))
+
+    def _lease_inode(self, ino: int, lease: float) -> None:
+        now = time.monotonic()
+        leased = self._leased_inodes
+        leased[ino] = now + lease
+        if len(leased) > self._prune_leased_at:  # forget expired ones now and then
+            for i, t in list(leased.items()):  # only this thread adds entries
+                if t < now:
+                    leased.pop(i, None)
+            self._prune_leased_at = 2 * len(leased) + 4096
+
+    @staticmethod
+    def _forget_attrs(ino: int) -> None:
+        try:
+            pyfuse3.invalidate_inode(ino, attr_only=True)
+        except OSError as e:
+            if e.errno != errno.ENOENT:  # ENOENT: the kernel has no such inode cached
+                raise
+
+    @staticmethod
+    def _lease_ttl(lease_ms: int, sent: float) -> float:
+        """Seconds the kernel may keep a leased answer: the lease counts from when the
+        master granted it, which is after ``sent``."""
+        if not lease_ms:
+            return 0.0
+        return max(0.0, lease_ms / 1000 - (time.monotonic() - sent) - LEASE_SAFETY)
+
+    def _attrs(self, inode: Inode, size: int | None = None,
+               lease: float = 0.0) -> pyfuse3.EntryAttributes:
+        """Entry attributes; ``lease``: seconds the master leased the name (and a file's
+        attributes) to this mount, else the configured timeouts apply."""
         e = pyfuse3.EntryAttributes()
         is_dir = inode.type == DIRECTORY
         if size is None:
@@ -188,6 +268,13 @@ class Operations(pyfuse3.Operations):
         e.generation = 0
         e.entry_timeout = self.cfg.fuse.entry_timeout
         e.attr_timeout = self.cfg.fuse.attr_timeout
+        if lease > 0:
+            e.entry_timeout = max(lease, e.entry_timeout)
+            # a directory's attributes change with every entry: never leased; nor the
+            # size of a file this mount writes (computed here, see above)
+            if not is_dir and not self._writers.get(inode.ino):
+                e.attr_timeout = max(lease, e.attr_timeout)
+                self._lease_inode(inode.ino, lease)
         e.st_mode = (stat.S_IFDIR if is_dir else stat.S_IFREG) | (inode.mode & 0o7777)
         e.st_nlink = inode.nlink or (2 if is_dir else 1)
         e.st_uid = inode.uid
@@ -268,7 +355,7 @@ class Operations(pyfuse3.Operations):
         if f.writer is None or not f.writer.dirty:
             return
         try:
-            inode = await self._run(f.writer.flush)
+            inode = await self._run(self._flush_writer, f.writer, f.ino)
             if inode is not None:
                 f.inode = inode
                 f.publish_empty = False
@@ -279,6 +366,17 @@ class Operations(pyfuse3.Operations):
             # like writes to an unlinked local file, the data just goes away.
             log.debug("inode %d is gone, dropping its unpublished version: %s", f.ino, e)
             f.writer.dirty = False
+
+    def _flush_writer(self, writer: FileWriter, ino: int) -> Inode | None:
+        """Publish (in a thread); this mount's kernel may hold leased attributes of the
+        old version, which the master does not revoke from the writer itself."""
+        inode = writer.flush()
+        if inode is not None and ino in self._leased_inodes:
+            with self._kernel_lock:
+                if not self._unmounting:
+                    self._leased_inodes.pop(ino, None)
+                    self._forget_attrs(ino)
+        return inode
 
     async def _publish_empty(self, ino: int, mtime_ns: int = 0) -> None:
         """Publish the empty version of a file created here, unless some writer has
@@ -302,15 +400,19 @@ class Operations(pyfuse3.Operations):
         else:
             check_name(name)
             # One RPC; a miss is a plain reply, not an error status (LMCache's miss path).
-            inode = await self._run(self.master.lookup_or_none, parent_inode, name)
+            sent = time.monotonic()
+            inode, lease_ms = await self._run(self.master.lookup_leased, parent_inode, name)
             if inode is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
+            return self._attrs(inode, lease=self._lease_ttl(lease_ms, sent))
         return self._attrs(inode)
 
     @_fuse_op
     async def getattr(self, inode, ctx=None):
         try:
-            return self._attrs(await self._run(self.master.getattr, inode))
+            sent = time.monotonic()
+            node, lease_ms = await self._run(self.master.getattr_leased, inode)
+            return self._attrs(node, lease=self._lease_ttl(lease_ms, sent))
         except CurvineError as e:
             attrs = self._open_snapshot(inode) if e.kind == ErrorKind.NOT_FOUND else None
             if attrs is None:
@@ -349,9 +451,10 @@ class Operations(pyfuse3.Operations):
     @_fuse_op
     async def mkdir(self, parent_inode, name, mode, ctx):
         check_name(name)
-        inode = await self._run(self.master.mkdir, parent_inode, name, mode & 0o7777,
-                                ctx.uid, ctx.gid)
-        return self._attrs(inode)
+        sent = time.monotonic()
+        inode, lease_ms = await self._run(self.master.mkdir_leased, parent_inode, name,
+                                          mode & 0o7777, ctx.uid, ctx.gid)
+        return self._attrs(inode, lease=self._lease_ttl(lease_ms, sent))
 
     @_fuse_op
     async def rmdir(self, parent_inode, name, ctx):
@@ -413,18 +516,19 @@ class Operations(pyfuse3.Operations):
     def _create(self, parent_inode, name, mode, flags, uid, gid, pid):
         """The create RPC, the handle's writer and the caller's process, in one thread
         hop (each hop costs ~0.1-0.3 ms)."""
-        inode = self.master.create(parent_inode, name, mode & 0o7777, uid, gid,
-                                   bool(flags & os.O_EXCL))
+        inode, lease_ms = self.master.create_leased(parent_inode, name, mode & 0o7777, uid,
+                                                    gid, bool(flags & os.O_EXCL))
         # Normally a new, empty file.  If another client created the name meanwhile,
         # O_CREAT without O_TRUNC opens its content.
         empty = bool(flags & os.O_TRUNC) or inode.size == 0
-        return inode, self._new_writer(inode.ino, empty), _tgid(pid)
+        return inode, lease_ms, self._new_writer(inode.ino, empty), _tgid(pid)
 
     @_fuse_op
     async def create(self, parent_inode, name, mode, flags, ctx):
         check_name(name)
-        inode, writer, tgid = await self._run(self._create, parent_inode, name, mode, flags,
-                                              ctx.uid, ctx.gid, ctx.pid)
+        sent = time.monotonic()
+        inode, lease_ms, writer, tgid = await self._run(self._create, parent_inode, name, mode,
+                                                        flags, ctx.uid, ctx.gid, ctx.pid)
         # A never-published file (the usual case: we just created it) reads as empty
         # on every mount already, so a close without writes needs no publish before it
         # returns (release publishes the empty version for the rename guard).  A
@@ -433,7 +537,8 @@ class Operations(pyfuse3.Operations):
         writer.dirty = not unpublished
         fh = self._add_file(_File(inode.ino, writer=writer, inode=inode, tgid=tgid,
                                   publish_empty=unpublished))
-        return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False), self._attrs(inode)
+        return (pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False),
+                self._attrs(inode, lease=self._lease_ttl(lease_ms, sent)))
 
     @_fuse_op
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
@@ -589,4 +694,6 @@ class Operations(pyfuse3.Operations):
             _close_file(f)
         self._files.clear()
         self._dirs.clear()
+        if self._leases is not None:
+            self._leases.close()
         self.master.close()

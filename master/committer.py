@@ -43,7 +43,7 @@ class RetryHit:
 
 
 class _Item:
-    __slots__ = ("plan", "request_id", "done", "result", "error")
+    __slots__ = ("plan", "request_id", "done", "result", "error", "fx")
 
     def __init__(self, plan: Plan, request_id: bytes):
         self.plan = plan
@@ -51,6 +51,7 @@ class _Item:
         self.done = threading.Event()
         self.result: Any = None
         self.error: CurvineError | None = None
+        self.fx: Effects | None = None  # what this mutation's record did
 
 
 def record_type(entry: journal_pb2.JournalEntry) -> int:
@@ -131,6 +132,11 @@ class Committer:
 
     def submit(self, plan: Plan, request_id: bytes = b"", timeout: float = 30.0) -> Any:
         """Run ``plan`` in the committer; return its value once durable (or a RetryHit)."""
+        return self.submit_fx(plan, request_id, timeout)[0]
+
+    def submit_fx(self, plan: Plan, request_id: bytes = b"", timeout: float = 30.0
+                  ) -> tuple[Any, Effects | None]:
+        """Like submit; also returns the Effects of the record (None if it wrote none)."""
         if self.fatal is not None:
             raise CurvineError(ErrorKind.UNAVAILABLE, "master is shutting down after a journal failure")
         item = _Item(plan, request_id)
@@ -139,7 +145,7 @@ class Committer:
             raise CurvineError(ErrorKind.TIMEOUT, "mutation not durable within the deadline")
         if item.error is not None:
             raise item.error
-        return item.result
+        return item.result, item.fx
 
     def request_checkpoint(self) -> None:
         self._checkpoint_requested.set()
@@ -190,6 +196,7 @@ class Committer:
                             raise
                         self.journal.append(record_type(entry), entry.SerializeToString())
                         self.ns.remember(entry)
+                        it.fx = fx
                         appended += 1
                         batch_fx.freed += fx.freed
                         batch_fx.completed += fx.completed

@@ -21,6 +21,7 @@ from curvine.journal.checkpoint import latest_checkpoint
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
 from .committer import Committer, RetryHit
+from .leases import LeaseTable
 from .namespace import DIRECTORY, FILE, Effects, Namespace, RetryCache, now_ns
 from .store import Store
 from .workers import WorkerRegistry
@@ -47,6 +48,8 @@ class Master:
             self.journal.close()
             raise
         self.retry = RetryCache(cfg.master.retry_cache_entries)
+        self.leases = LeaseTable(float(cfg.master.lease_time),
+                                 os.path.join(self.meta_dir, "leases.json"))
         self.ns = Namespace(self.store, self.retry, self.block_size)
         self.registry = WorkerRegistry(float(cfg.master.worker_lost_after))
         self._pending: dict[int, tuple[int, float, list[int]]] = {}  # block -> (ino, time, workers)
@@ -117,8 +120,15 @@ class Master:
         self.store.close()
 
     # ------------------------------------------------------------------ plumbing
-    def submit(self, plan, request_id: bytes = b"", timeout: float | None = None):
-        return self.committer.submit(plan, request_id, timeout or float(self.cfg.cluster.rpc_timeout))
+    def submit(self, plan, request_id: bytes = b"", timeout: float | None = None,
+               session: int = 0):
+        """Commit a mutation; once durable, revoke the leases of other mounts on what it
+        changed (``session``: the caller's, which needs none) and return its value."""
+        value, fx = self.committer.submit_fx(plan, request_id,
+                                             timeout or float(self.cfg.cluster.rpc_timeout))
+        if fx is not None and (fx.names or fx.inodes):
+            self.leases.revoke(fx.names, fx.inodes, exclude=session)
+        return value
 
     def _on_effects(self, fx: Effects) -> None:
         for w in fx.workers:
@@ -130,10 +140,18 @@ class Master:
                 for b in fx.completed:
                     self._pending.pop(b, None)
 
-    def _inode_reply(self, value) -> master_pb2.InodeReply:
-        if isinstance(value, RetryHit):
-            return master_pb2.InodeReply(inode=self.getattr(value.ino))
-        return master_pb2.InodeReply(inode=value)
+    def _inode_reply(self, value, session: int = 0, since: int = 0,
+                     name: tuple[int, bytes] | None = None) -> master_pb2.InodeReply:
+        node = self.getattr(value.ino) if isinstance(value, RetryHit) else value
+        return master_pb2.InodeReply(inode=node, lease_ms=self._grant(session, since, node, name))
+
+    def _grant(self, session: int, since: int, node: common_pb2.Inode,
+               name: tuple[int, bytes] | None) -> int:
+        """Lease to ``session`` the entry ``name`` -> node and a file's attributes."""
+        if not session:
+            return 0
+        return self.leases.grant(session, since, [name] if name else (),
+                                 [node.ino] if node.type == FILE else ())
 
     # ------------------------------------------------------------------ namespace reads
     def lookup(self, parent: int, name: bytes) -> common_pb2.Inode:
@@ -148,6 +166,22 @@ class Master:
     def getattr(self, ino: int) -> common_pb2.Inode:
         with self.store.read() as txn:
             return self.ns.inode(txn, ino)
+
+    def lookup_reply(self, req: master_pb2.LookupRequest) -> master_pb2.InodeReply:
+        since = self.leases.snapshot()
+        if req.miss_ok:
+            node = self.lookup_or_none(req.parent, req.name)
+            if node is None:
+                return master_pb2.InodeReply()
+        else:
+            node = self.lookup(req.parent, req.name)
+        return master_pb2.InodeReply(
+            inode=node, lease_ms=self._grant(req.session, since, node, (req.parent, req.name)))
+
+    def getattr_reply(self, req: master_pb2.GetAttrRequest) -> master_pb2.InodeReply:
+        since = self.leases.snapshot()
+        node = self.getattr(req.ino)
+        return master_pb2.InodeReply(inode=node, lease_ms=self._grant(req.session, since, node, None))
 
     def listdir(self, ino: int, start_after: bytes, limit: int) -> master_pb2.ListDirReply:
         if limit > MAX_LIST:
@@ -195,27 +229,36 @@ class Master:
 
     # ------------------------------------------------------------------ namespace writes
     def mkdir(self, req) -> master_pb2.InodeReply:
-        return self._inode_reply(self.submit(lambda t: self.ns.plan_mkdir(t, req), req.request_id))
+        since = self.leases.snapshot()
+        value = self.submit(lambda t: self.ns.plan_mkdir(t, req), req.request_id,
+                            session=req.session)
+        return self._inode_reply(value, req.session, since, (req.parent, req.name))
 
     def create(self, req) -> master_pb2.InodeReply:
-        return self._inode_reply(self.submit(lambda t: self.ns.plan_create(t, req), req.request_id))
+        since = self.leases.snapshot()
+        value = self.submit(lambda t: self.ns.plan_create(t, req), req.request_id,
+                            session=req.session)
+        return self._inode_reply(value, req.session, since, (req.parent, req.name))
 
     def unlink(self, req, rmdir: bool) -> None:
-        self.submit(lambda t: self.ns.plan_unlink(t, req, rmdir), req.request_id)
+        self.submit(lambda t: self.ns.plan_unlink(t, req, rmdir), req.request_id,
+                    session=req.session)
 
     def rename(self, req) -> None:
-        self.submit(lambda t: self.ns.plan_rename(t, req), req.request_id)
+        self.submit(lambda t: self.ns.plan_rename(t, req), req.request_id, session=req.session)
 
     def setattr(self, req) -> master_pb2.InodeReply:
         check_ino(req.ino)
-        value = self.submit(lambda t: self.ns.plan_setattr(t, req), req.request_id)
+        value = self.submit(lambda t: self.ns.plan_setattr(t, req), req.request_id,
+                            session=req.session)
+        # no lease: the caller's kernel takes these attributes for fuse.attr_timeout
         return master_pb2.InodeReply(inode=self.getattr(req.ino if not isinstance(value, RetryHit) else value.ino))
 
     def complete(self, req) -> master_pb2.InodeReply:
         check_ino(req.ino)
         try:
             value = self.submit(lambda t: self.ns.plan_complete(t, req, self._reserved),
-                                req.request_id)
+                                req.request_id, session=req.session)
         except CurvineError as e:
             if e.kind == ErrorKind.NOT_FOUND:
                 self._free_pending(b.block_id for b in req.blocks)

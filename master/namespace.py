@@ -36,6 +36,10 @@ class Effects:
     freed: list[tuple[int, int]] = field(default_factory=list)  # (worker id, block id)
     completed: list[int] = field(default_factory=list)  # block ids now owned by files
     workers: list[common_pb2.WorkerInfo] = field(default_factory=list)
+    # what mounts may have cached and must drop (master/leases.py): names removed or
+    # moved, and inodes whose attributes changed
+    names: list[tuple[int, bytes]] = field(default_factory=list)
+    inodes: list[int] = field(default_factory=list)
 
 
 class RetryCache:
@@ -324,6 +328,8 @@ class Namespace:
             return
         node = s.get_inode(txn, ino)
         s.del_dentry(txn, rec.parent, rec.name)
+        fx.names.append((rec.parent, rec.name))
+        fx.inodes.append(ino)
         self._touch_parent(txn, rec.parent, rec.time_ns,
                            -1 if node is not None and node.type == DIRECTORY else 0)
         if node is not None:
@@ -337,7 +343,10 @@ class Namespace:
         node = s.get_inode(txn, ino)
         is_dir = node.type == DIRECTORY
         target = s.lookup(txn, rec.new_parent, rec.new_name)
+        fx.names += [(rec.parent, rec.name), (rec.new_parent, rec.new_name)]
+        fx.inodes.append(ino)
         if target is not None and target != ino:
+            fx.inodes.append(target)
             tnode = s.get_inode(txn, target)
             if tnode is not None:
                 self._remove(txn, tnode, fx)
@@ -359,6 +368,7 @@ class Namespace:
         node = s.get_inode(txn, rec.ino)
         if node is None:
             return
+        fx.inodes.append(rec.ino)
         if rec.HasField("mode"):
             node.mode = rec.mode
         if rec.HasField("uid"):
@@ -420,6 +430,7 @@ class Namespace:
             if b.block_id:
                 s.index_block(txn, b, node.ino)
         s.put_blocks(txn, node.ino, list(rec.blocks))
+        fx.inodes.append(node.ino)
         node.size = rec.size
         node.state = common_pb2.COMPLETE
         node.version += 1
@@ -453,6 +464,8 @@ class Namespace:
             if lost and node is not None:
                 # The last replica is gone: remove the name, so readers get a clean miss.
                 s.del_dentry(txn, node.parent, node.name)
+                fx.names.append((node.parent, node.name))
+                fx.inodes.append(node.ino)
                 self._touch_parent(txn, node.parent, rec.time_ns)
                 self._remove(txn, node, fx)
 

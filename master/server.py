@@ -57,8 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     except CurvineError as e:
         log.critical("cannot start: %s", e)
         return 2
-    server = rpc.make_server(cfg.master.rpc_threads)
-    master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(master), server)
+    # each mount's lease session holds one server thread for its stream's lifetime
+    server = rpc.make_server(cfg.master.rpc_threads + cfg.master.max_sessions,
+                             max_concurrent=cfg.master.rpc_threads * 4 + cfg.master.max_sessions)
+    master_pb2_grpc.add_MasterServicer_to_server(
+        MasterServicer(master, cfg.master.max_sessions), server)
     try:
         port = rpc.bind(server, cfg.master.host, cfg.master.port)
     except CurvineError as e:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+
+import grpc
+
 from curvine.common.ids import check_ino
 from curvine.common.rpc import handler
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
@@ -9,23 +13,20 @@ from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 from .master import Master
 
 EMPTY = common_pb2.Empty()
-EMPTY_INODE_REPLY = master_pb2.InodeReply()  # Lookup with miss_ok: no such name
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
-    def __init__(self, master: Master):
+    def __init__(self, master: Master, max_sessions: int = 1024):
         self.m = master
+        self.max_sessions = max_sessions
 
     @handler
     def Lookup(self, req, ctx):
-        if req.miss_ok:
-            node = self.m.lookup_or_none(req.parent, req.name)
-            return master_pb2.InodeReply(inode=node) if node is not None else EMPTY_INODE_REPLY
-        return master_pb2.InodeReply(inode=self.m.lookup(req.parent, req.name))
+        return self.m.lookup_reply(req)
 
     @handler
     def GetAttr(self, req, ctx):
-        return master_pb2.InodeReply(inode=self.m.getattr(req.ino))
+        return self.m.getattr_reply(req)
 
     @handler
     def SetAttr(self, req, ctx):
@@ -91,3 +92,37 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     @handler
     def WorkerHeartbeat(self, req, ctx):
         return self.m.heartbeat(req)
+
+    def Session(self, request_iterator, ctx):
+        """A mount's lease session: the first event names it, then invalidations; acks
+        arrive on the request stream (read by a helper thread)."""
+        leases = self.m.leases
+        try:
+            first = next(request_iterator)
+        except StopIteration:
+            return
+        except grpc.RpcError:
+            return
+        if leases.lease_time <= 0 or leases.open_sessions() >= self.max_sessions:
+            yield master_pb2.SessionEvent(session_id=0, lease_ms=0)  # no leases: cache nothing
+            return
+        sess = leases.open_session(ctx.peer(), first.dropped)
+
+        def read_acks():
+            try:
+                for req in request_iterator:
+                    if req.ack:
+                        sess.ack(req.ack)
+            except Exception:  # noqa: BLE001 - the stream broke: the session ends
+                pass
+            finally:
+                leases.close_session(sess)
+
+        ctx.add_callback(lambda: leases.close_session(sess))
+        threading.Thread(target=read_acks, name=f"session-{sess.id:x}", daemon=True).start()
+        yield master_pb2.SessionEvent(session_id=sess.id, lease_ms=int(leases.lease_time * 1000))
+        while True:
+            ev = sess.events.get()
+            if ev is None:
+                return
+            yield ev

@@ -8,29 +8,35 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class InodeReply(_message.Message):
-    __slots__ = ("inode",)
+    __slots__ = ("inode", "lease_ms")
     INODE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     inode: _common_pb2.Inode
-    def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ...) -> None: ...
+    lease_ms: int
+    def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("parent", "name", "miss_ok")
+    __slots__ = ("parent", "name", "miss_ok", "session")
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     MISS_OK_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     parent: int
     name: bytes
     miss_ok: bool
-    def __init__(self, parent: _Optional[int] = ..., name: _Optional[bytes] = ..., miss_ok: _Optional[bool] = ...) -> None: ...
+    session: int
+    def __init__(self, parent: _Optional[int] = ..., name: _Optional[bytes] = ..., miss_ok: _Optional[bool] = ..., session: _Optional[int] = ...) -> None: ...
 
 class GetAttrRequest(_message.Message):
-    __slots__ = ("ino",)
+    __slots__ = ("ino", "session")
     INO_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     ino: int
-    def __init__(self, ino: _Optional[int] = ...) -> None: ...
+    session: int
+    def __init__(self, ino: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
 
 class SetAttrRequest(_message.Message):
-    __slots__ = ("request_id", "ino", "mode", "uid", "gid", "size", "atime_ns", "mtime_ns")
+    __slots__ = ("request_id", "ino", "mode", "uid", "gid", "size", "atime_ns", "mtime_ns", "session")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INO_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +45,7 @@ class SetAttrRequest(_message.Message):
     SIZE_FIELD_NUMBER: _ClassVar[int]
     ATIME_NS_FIELD_NUMBER: _ClassVar[int]
     MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     ino: int
     mode: int
@@ -47,26 +54,29 @@ class SetAttrRequest(_message.Message):
     size: int
     atime_ns: int
     mtime_ns: int
-    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ...) -> None: ...
+    session: int
+    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
 
 class MkdirRequest(_message.Message):
-    __slots__ = ("request_id", "parent", "name", "mode", "uid", "gid")
+    __slots__ = ("request_id", "parent", "name", "mode", "uid", "gid", "session")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     parent: int
     name: bytes
     mode: int
     uid: int
     gid: int
-    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ...) -> None: ...
+    session: int
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
 
 class CreateRequest(_message.Message):
-    __slots__ = ("request_id", "parent", "name", "mode", "uid", "gid", "exclusive")
+    __slots__ = ("request_id", "parent", "name", "mode", "uid", "gid", "exclusive", "session")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +84,7 @@ class CreateRequest(_message.Message):
     UID_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
     EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     parent: int
     name: bytes
@@ -81,30 +92,35 @@ class CreateRequest(_message.Message):
     uid: int
     gid: int
     exclusive: bool
-    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., exclusive: _Optional[bool] = ...) -> None: ...
+    session: int
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., exclusive: _Optional[bool] = ..., session: _Optional[int] = ...) -> None: ...
 
 class UnlinkRequest(_message.Message):
-    __slots__ = ("request_id", "parent", "name")
+    __slots__ = ("request_id", "parent", "name", "session")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     parent: int
     name: bytes
-    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ...) -> None: ...
+    session: int
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., session: _Optional[int] = ...) -> None: ...
 
 class RmdirRequest(_message.Message):
-    __slots__ = ("request_id", "parent", "name")
+    __slots__ = ("request_id", "parent", "name", "session")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     parent: int
     name: bytes
-    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ...) -> None: ...
+    session: int
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., session: _Optional[int] = ...) -> None: ...
 
 class RenameRequest(_message.Message):
-    __slots__ = ("request_id", "parent", "name", "new_parent", "new_name", "no_replace", "source_ino", "require_published")
+    __slots__ = ("request_id", "parent", "name", "new_parent", "new_name", "no_replace", "source_ino", "require_published", "session")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +129,7 @@ class RenameRequest(_message.Message):
     NO_REPLACE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_INO_FIELD_NUMBER: _ClassVar[int]
     REQUIRE_PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     parent: int
     name: bytes
@@ -121,7 +138,8 @@ class RenameRequest(_message.Message):
     no_replace: bool
     source_ino: int
     require_published: bool
-    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[bytes] = ..., no_replace: _Optional[bool] = ..., source_ino: _Optional[int] = ..., require_published: _Optional[bool] = ...) -> None: ...
+    session: int
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[bytes] = ..., no_replace: _Optional[bool] = ..., source_ino: _Optional[int] = ..., require_published: _Optional[bool] = ..., session: _Optional[int] = ...) -> None: ...
 
 class ListDirRequest(_message.Message):
     __slots__ = ("ino", "start_after", "limit")
@@ -206,20 +224,22 @@ class AddBlockReply(_message.Message):
     def __init__(self, block_id: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class CompleteFileRequest(_message.Message):
-    __slots__ = ("request_id", "ino", "blocks", "size", "mtime_ns", "if_unpublished")
+    __slots__ = ("request_id", "ino", "blocks", "size", "mtime_ns", "if_unpublished", "session")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INO_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     MTIME_NS_FIELD_NUMBER: _ClassVar[int]
     IF_UNPUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     ino: int
     blocks: _containers.RepeatedCompositeFieldContainer[_common_pb2.Block]
     size: int
     mtime_ns: int
     if_unpublished: bool
-    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., if_unpublished: _Optional[bool] = ...) -> None: ...
+    session: int
+    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., if_unpublished: _Optional[bool] = ..., session: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker",)
@@ -270,3 +290,33 @@ class HeartbeatReply(_message.Message):
     delete_block_ids: _containers.RepeatedScalarFieldContainer[int]
     reregister: bool
     def __init__(self, delete_block_ids: _Optional[_Iterable[int]] = ..., reregister: _Optional[bool] = ...) -> None: ...
+
+class SessionRequest(_message.Message):
+    __slots__ = ("dropped", "ack")
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    dropped: _containers.RepeatedScalarFieldContainer[int]
+    ack: int
+    def __init__(self, dropped: _Optional[_Iterable[int]] = ..., ack: _Optional[int] = ...) -> None: ...
+
+class NameKey(_message.Message):
+    __slots__ = ("parent", "name")
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    parent: int
+    name: bytes
+    def __init__(self, parent: _Optional[int] = ..., name: _Optional[bytes] = ...) -> None: ...
+
+class SessionEvent(_message.Message):
+    __slots__ = ("session_id", "lease_ms", "invalidate_id", "names", "inodes")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    INVALIDATE_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    INODES_FIELD_NUMBER: _ClassVar[int]
+    session_id: int
+    lease_ms: int
+    invalidate_id: int
+    names: _containers.RepeatedCompositeFieldContainer[NameKey]
+    inodes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[int] = ..., lease_ms: _Optional[int] = ..., invalidate_id: _Optional[int] = ..., names: _Optional[_Iterable[_Union[NameKey, _Mapping]]] = ..., inodes: _Optional[_Iterable[int]] = ...) -> None: ...

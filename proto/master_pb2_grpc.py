@@ -115,6 +115,11 @@ class MasterStub:
                 request_serializer=curvine_dot_proto_dot_master__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=curvine_dot_proto_dot_master__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/curvine.Master/Session',
+                request_serializer=curvine_dot_proto_dot_master__pb2.SessionRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.SessionEvent.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -219,6 +224,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """Mounts: leases on cached names and attributes (master/leases.py)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -301,6 +313,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.WorkerHeartbeat,
                     request_deserializer=curvine_dot_proto_dot_master__pb2.HeartbeatRequest.FromString,
                     response_serializer=curvine_dot_proto_dot_master__pb2.HeartbeatReply.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.SessionRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.SessionEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -735,6 +752,33 @@ class Master:
             '/curvine.Master/WorkerHeartbeat',
             curvine_dot_proto_dot_master__pb2.HeartbeatRequest.SerializeToString,
             curvine_dot_proto_dot_master__pb2.HeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/curvine.Master/Session',
+            curvine_dot_proto_dot_master__pb2.SessionRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.SessionEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -163,6 +163,19 @@ class FakeMaster:
         ino = self._dir(parent).get(name)
         return None if ino is None else self.getattr(ino)
 
+    # leased reads: this fake grants no leases (0 ms); see test_leases.py for real ones
+    def lookup_leased(self, parent, name):
+        return self.lookup_or_none(parent, name), 0
+
+    def getattr_leased(self, ino):
+        return self.getattr(ino), 0
+
+    def create_leased(self, *a, **kw):
+        return self.create(*a, **kw), 0
+
+    def mkdir_leased(self, *a, **kw):
+        return self.mkdir(*a, **kw), 0
+
     def getattr(self, ino):
         if ino not in self.inodes:
             self._err(ErrorKind.NOT_FOUND, f"inode {ino}")

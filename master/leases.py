@@ -1,0 +1,317 @@
+"""Leases: which FUSE mounts may cache which names and file attributes, and for how long.
+
+DESIGN consistency rule 2 with caching.  A mount keeps a session stream open to the
+master.  A read that carries the session id (Lookup, GetAttr, and the replies of
+Create and Mkdir) may be granted a lease: for ``lease_time`` seconds the mount may
+keep the directory entry (parent, name) -> inode, and the attributes of a regular
+file, in its kernel.  A mutation that removes or moves a name, or changes a file's
+attributes, *revokes* the leases of every other mount on what it changed: the master
+sends each holder an invalidation over its session and acknowledges the mutation
+only when every holder has dropped its copy (acked) or its lease has run out.  A
+miss is never leased (no negative entries), so creating a name revokes nothing.
+Directories' attributes (mtime, nlink change with every create in them) are never
+leased: mounts cache them for the short ``fuse.attr_timeout`` as before.
+
+Races.  A read takes ``snapshot()`` before it opens its LMDB read transaction and
+calls ``grant()`` after; a revocation runs after its mutation is committed.  A read
+that saw the state before a mutation therefore started before that mutation's
+revocation: either it registered its lease before the revocation looked at the
+holders (and is revoked like any other), or the revocation ran in between and left
+its sequence number on the keys' hash buckets, and the read is denied a lease.
+
+Restarts.  The table lives in memory.  ``state_path`` records, durably, until when
+leases may still be held and by which sessions; a restarted master holds back every
+revocation (so every mutation that needs one) until that time, or until each of
+those sessions has come back saying it dropped everything it cached (a mount drops
+its caches whenever its session stream breaks).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import queue
+import secrets
+import threading
+import time
+from typing import Iterable
+
+from curvine.proto import master_pb2
+
+log = logging.getLogger(__name__)
+
+BUCKETS = 1 << 14
+MARGIN = 0.5  # seconds added to a lease before the master stops waiting for its holder
+PURGE_EVERY = 256  # grants between purges of expired leases
+
+NameKey = tuple  # (parent ino, name bytes)
+
+
+class Session:
+    """One mount's session stream: invalidations out, acks (in order) back."""
+
+    def __init__(self, sid: int, peer: str):
+        self.id = sid
+        self.peer = peer
+        self.alive = True
+        self.events: queue.SimpleQueue[master_pb2.SessionEvent | None] = queue.SimpleQueue()
+        self._cv = threading.Condition()
+        self._sent = 0
+        self._acked = 0
+
+    def send(self, names: list[NameKey], inodes: list[int]) -> int:
+        with self._cv:
+            self._sent += 1
+            inv = self._sent
+            # queued under the lock: invalidations go out in id order, acks come back so
+            self.events.put(master_pb2.SessionEvent(
+                invalidate_id=inv, inodes=inodes,
+                names=[master_pb2.NameKey(parent=p, name=n) for p, n in names]))
+        return inv
+
+    def ack(self, inv: int) -> None:
+        with self._cv:
+            if inv > self._acked:
+                self._acked = min(inv, self._sent)
+                self._cv.notify_all()
+
+    def wait_ack(self, inv: int, deadline: float) -> bool:
+        with self._cv:
+            while self._acked < inv and self.alive:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+            return self._acked >= inv
+
+    def close(self) -> None:
+        with self._cv:
+            if not self.alive:
+                return
+            self.alive = False
+            self._cv.notify_all()
+        self.events.put(None)
+
+
+class LeaseTable:
+    def __init__(self, lease_time: float, state_path: str | None = None):
+        self.lease_time = max(0.0, float(lease_time))
+        self.state_path = state_path
+        self._lock = threading.Lock()
+        self._names: dict[NameKey, dict[int, float]] = {}  # key -> {session: expiry}
+        self._inodes: dict[int, dict[int, float]] = {}
+        self._expiries: collections.deque = collections.deque()  # (expiry, table, key, sid)
+        self._grants = 0
+        self._seq = 0  # revocations so far
+        self._buckets = [0] * BUCKETS  # last revocation seq per hash bucket of keys
+        self._sessions: dict[int, Session] = {}
+        self._gone_until: dict[int, float] = {}  # closed session -> when its leases end
+        self._horizon = 0.0  # wall clock until which state_path says leases may exist
+        self._state_lock = threading.Lock()
+        self.grace_until = 0.0  # monotonic; revocations wait for it (leases of a past run)
+        self._grace_sessions: set[int] = set()
+        self._grace_cv = threading.Condition(self._lock)
+        self.stats = {"granted": 0, "denied": 0, "revocations": 0, "invalidations": 0,
+                      "waited_out": 0}
+        self._load_state()
+
+    # ------------------------------------------------------------------ sessions
+    def open_session(self, peer: str, dropped: Iterable[int] = ()) -> Session:
+        """A mount's new session; ``dropped``: its earlier sessions, whose cached
+        entries it has dropped (their leases need no waiting any more)."""
+        sid = 0
+        while not sid:
+            sid = secrets.randbits(63)
+        s = Session(sid, peer)
+        with self._lock:
+            self._sessions[sid] = s
+            for old in dropped:
+                self._gone_until.pop(old, None)
+                self._forget_session(old)
+                if old in self._grace_sessions:
+                    self._grace_sessions.discard(old)
+                    if not self._grace_sessions and self.grace_until:
+                        log.info("every mount of the previous run is back: lease grace over")
+                        self.grace_until = 0.0
+                        self._grace_cv.notify_all()
+        self._save_state(force=True)
+        log.info("session %x opened by %s", sid, peer)
+        return s
+
+    def open_sessions(self) -> int:
+        return len(self._sessions)
+
+    def close_session(self, s: Session) -> None:
+        """The stream ended: the mount drops its caches when it notices, but until its
+        leases run out nobody can be sure it did."""
+        with self._lock:
+            if self._sessions.pop(s.id, None) is None:
+                return
+            self._gone_until[s.id] = time.monotonic() + self.lease_time + MARGIN
+        s.close()
+        log.info("session %x of %s closed", s.id, s.peer)
+
+    def _forget_session(self, sid: int) -> None:
+        for table in (self._names, self._inodes):
+            for holders in table.values():
+                holders.pop(sid, None)
+
+    # ------------------------------------------------------------------ reads
+    def snapshot(self) -> int:
+        """Call before reading the state a lease will cover."""
+        return self._seq
+
+    def grant(self, sid: int, since: int, names: Iterable[NameKey] = (),
+              inodes: Iterable[int] = ()) -> int:
+        """Lease ``names`` and ``inodes`` to session ``sid``; returns the lease in
+        milliseconds, 0 when denied (no session, leases off, or a revocation touched
+        one of the keys since ``since``)."""
+        if not sid or self.lease_time <= 0:
+            return 0
+        names, inodes = list(names), list(inodes)
+        if not names and not inodes:
+            return 0
+        now = time.monotonic()
+        with self._lock:
+            s = self._sessions.get(sid)
+            buckets = self._buckets
+            if (s is None or not s.alive
+                    or any(buckets[hash(k) % BUCKETS] > since for k in names)
+                    or any(buckets[hash(i) % BUCKETS] > since for i in inodes)):
+                self.stats["denied"] += 1
+                return 0
+            exp = now + self.lease_time
+            for k in names:
+                self._names.setdefault(k, {})[sid] = exp
+                self._expiries.append((exp, self._names, k, sid))
+            for i in inodes:
+                self._inodes.setdefault(i, {})[sid] = exp
+                self._expiries.append((exp, self._inodes, i, sid))
+            self.stats["granted"] += 1
+            self._grants += 1
+            if self._grants % PURGE_EVERY == 0:
+                self._purge(now)
+        if time.time() + self.lease_time + MARGIN > self._horizon:
+            self._save_state()
+        return int(self.lease_time * 1000)
+
+    def _purge(self, now: float) -> None:
+        q = self._expiries
+        while q and q[0][0] < now:
+            exp, table, key, sid = q.popleft()
+            holders = table.get(key)
+            if holders is not None and holders.get(sid) == exp:
+                del holders[sid]
+                if not holders:
+                    del table[key]
+        for sid in [s for s, t in self._gone_until.items() if t < now]:
+            del self._gone_until[sid]
+
+    # ------------------------------------------------------------------ mutations
+    def revoke(self, names: Iterable[NameKey], inodes: Iterable[int], exclude: int = 0) -> None:
+        """After a mutation is durable: make every other holder of a lease on what it
+        changed drop it; returns when all have (acked) or their leases ran out."""
+        names, inodes = list(names), list(inodes)
+        if not names and not inodes:
+            return
+        now = time.monotonic()
+        holders: dict[int, list] = {}  # sid -> [names, inodes, latest expiry]
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+            for k in names:
+                self._buckets[hash(k) % BUCKETS] = seq
+            for i in inodes:
+                self._buckets[hash(i) % BUCKETS] = seq
+            for table, keys, slot in ((self._names, names, 0), (self._inodes, inodes, 1)):
+                for k in keys:
+                    for sid, exp in (table.pop(k, None) or {}).items():
+                        if sid == exclude or exp <= now:
+                            continue
+                        h = holders.setdefault(sid, [[], [], 0.0])
+                        h[slot].append(k)
+                        h[2] = max(h[2], exp)
+            sessions = {sid: self._sessions.get(sid) for sid in holders}
+            grace = self.grace_until
+        self.stats["revocations"] += 1
+        waits = []
+        for sid, (nm, ino, exp) in holders.items():
+            s = sessions[sid]
+            if s is not None and s.alive:
+                waits.append((s, s.send(nm, ino), exp + MARGIN))
+                self.stats["invalidations"] += 1
+            else:
+                waits.append((None, 0, exp + MARGIN))
+        for s, inv, deadline in waits:
+            if s is not None and s.wait_ack(inv, deadline):
+                continue
+            # dead or silent: its kernel forgets the entry when the lease runs out
+            self.stats["waited_out"] += 1
+            left = deadline - time.monotonic()
+            if left > 0:
+                log.warning("session %x did not drop a lease; waiting %.1fs for it to run out",
+                            s.id if s is not None else 0, left)
+                time.sleep(left)
+        if grace and time.monotonic() < grace:
+            self._wait_grace()
+
+    def _wait_grace(self) -> None:
+        with self._grace_cv:
+            while self.grace_until:
+                left = self.grace_until - time.monotonic()
+                if left <= 0:
+                    self.grace_until = 0.0
+                    break
+                self._grace_cv.wait(left)
+
+    # ------------------------------------------------------------------ restart state
+    def _load_state(self) -> None:
+        if not self.state_path:
+            return
+        try:
+            with open(self.state_path, encoding="ascii") as f:
+                state = json.load(f)
+            until = float(state["until"])
+            sessions = {int(s) for s in state["sessions"]}
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            # unknown holders: wait for the longest lease any run may have granted
+            log.warning("cannot read %s (%s): revocations wait %.0fs for leases of the "
+                        "previous run", self.state_path, e, 1.25 * self.lease_time + MARGIN)
+            until, sessions = time.time() + 1.25 * self.lease_time + MARGIN, {-1}
+        left = until - time.time()
+        if left > 0 and sessions:  # no session ever opened: nobody holds a lease
+            self.grace_until = time.monotonic() + left
+            self._grace_sessions = sessions
+            log.info("leases of the previous run may last %.1fs more (%d sessions): "
+                     "revocations wait for them or for those mounts to come back",
+                     left, len(sessions))
+
+    def _save_state(self, force: bool = False) -> None:
+        """Durably record that leases may exist until ``_horizon`` (extended ahead of
+        time, so this runs about once per lease time)."""
+        if not self.state_path or self.lease_time <= 0:
+            return
+        with self._state_lock:
+            now = time.time()
+            if not force and now + self.lease_time + MARGIN <= self._horizon:
+                return
+            horizon = max(self._horizon, now + 1.25 * self.lease_time + MARGIN)
+            with self._lock:
+                sessions = sorted(set(self._sessions) | set(self._gone_until)
+                                  | self._grace_sessions)
+            tmp = self.state_path + ".tmp"
+            with open(tmp, "w", encoding="ascii") as f:
+                json.dump({"until": horizon, "sessions": [str(s) for s in sessions]}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.state_path)
+            dfd = os.open(os.path.dirname(self.state_path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+            self._horizon = horizon

@@ -1,0 +1,278 @@
+"""Leases on cached names and file attributes (master/leases.py): the table, the
+master's revocations, and cross-mount visibility on real mounts with caching on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from curvine.common.config import Config
+from curvine.common.ids import ROOT_INO, new_request_id
+from curvine.master.leases import LeaseTable
+from curvine.master.master import Master
+from curvine.proto import master_pb2
+
+MiB = 1 << 20
+
+
+def drain(session):
+    """The invalidations queued for a session so far."""
+    out = []
+    while not session.events.empty():
+        ev = session.events.get_nowait()
+        if ev is not None:
+            out.append(ev)
+    return out
+
+
+def test_revocation_waits_for_the_holders_ack(tmp_path):
+    t = LeaseTable(30.0, str(tmp_path / "leases.json"))
+    a, b = t.open_session("a"), t.open_session("b")
+    since = t.snapshot()
+    assert t.grant(a.id, since, [(1, b"x")], [5]) == 30_000
+    assert t.grant(b.id, since, [(1, b"x")], []) == 30_000
+    done = threading.Event()
+
+    def mutate():  # b removes x: a must drop it first, b (the caller) need not
+        t.revoke([(1, b"x")], [5], exclude=b.id)
+        done.set()
+
+    th = threading.Thread(target=mutate)
+    th.start()
+    ev = a.events.get(timeout=10)
+    assert [(k.parent, k.name) for k in ev.names] == [(1, b"x")] and list(ev.inodes) == [5]
+    assert not drain(b)
+    assert not done.wait(0.2)  # not acknowledged before a acks
+    a.ack(ev.invalidate_id)
+    th.join(10)
+    assert done.is_set()
+    # revoked leases are gone: the next mutation of x waits for nobody
+    t.revoke([(1, b"x")], [5])
+    assert not drain(a)
+
+
+def test_a_read_racing_a_revocation_gets_no_lease(tmp_path):
+    t = LeaseTable(30.0, str(tmp_path / "leases.json"))
+    a = t.open_session("a")
+    since = t.snapshot()  # a lookup starts reading (the old state)...
+    t.revoke([(1, b"x")], [])  # ...a mutation of x commits and revokes meanwhile
+    assert t.grant(a.id, since, [(1, b"x")], []) == 0  # what it read may be stale
+    assert t.grant(a.id, since, [(1, b"other")], []) == 30_000  # other keys are fine
+    assert t.grant(a.id, t.snapshot(), [(1, b"x")], []) == 30_000
+    assert t.grant(0, t.snapshot(), [(1, b"x")], []) == 0  # no session: no lease
+    assert LeaseTable(0).grant(a.id, 0, [(1, b"x")]) == 0  # leases off
+
+
+def test_a_lost_session_is_waited_out_unless_it_comes_back(tmp_path):
+    t = LeaseTable(0.6, str(tmp_path / "leases.json"))
+    a = t.open_session("a")
+    t.grant(a.id, t.snapshot(), [(1, b"x")], [])
+    t.close_session(a)  # stream broke: a may still have x cached until its lease ends
+    t0 = time.monotonic()
+    t.revoke([(1, b"x")], [])
+    assert time.monotonic() - t0 >= 0.5
+    b = t.open_session("b")
+    t.grant(b.id, t.snapshot(), [(1, b"y")], [])
+    t.close_session(b)
+    t.open_session("b again", dropped=[b.id])  # b dropped its caches and says so
+    t0 = time.monotonic()
+    t.revoke([(1, b"y")], [])
+    assert time.monotonic() - t0 < 0.5
+
+
+def test_restart_holds_revocations_until_old_sessions_return(tmp_path):
+    path = str(tmp_path / "leases.json")
+    t = LeaseTable(30.0, path)
+    a = t.open_session("a")
+    t.grant(a.id, t.snapshot(), [(1, b"x")], [])
+    # the master restarts: the table is gone, the mount's kernel still has x
+    t2 = LeaseTable(30.0, path)
+    assert t2.grace_until > time.monotonic() + 20
+    done = threading.Event()
+    th = threading.Thread(target=lambda: (t2.revoke([(1, b"x")], []), done.set()))
+    th.start()
+    assert not done.wait(0.3)
+    t2.open_session("a again", dropped=[a.id])
+    th.join(10)
+    assert done.is_set() and t2.grace_until == 0
+    # a master that never had a session starts without grace
+    assert LeaseTable(30.0, str(tmp_path / "fresh.json")).grace_until == 0
+
+
+def make_master(tmp_path, lease_time=30.0) -> Master:
+    cfg = Config()
+    cfg.master.meta_dir = str(tmp_path / "meta")
+    cfg.journal.dir = str(tmp_path / "journal")
+    cfg.master.lease_time = lease_time
+    return Master(cfg)
+
+
+def test_master_revokes_what_a_mutation_changed(tmp_path):
+    m = make_master(tmp_path)
+    try:
+        a, b = m.leases.open_session("a"), m.leases.open_session("b")
+        create = m.create(master_pb2.CreateRequest(request_id=new_request_id(), parent=ROOT_INO,
+                                                   name=b"k.tmp", mode=0o644, session=a.id))
+        assert create.lease_ms == 30_000
+        ino = create.inode.ino
+        hit = m.lookup_reply(master_pb2.LookupRequest(parent=ROOT_INO, name=b"k.tmp",
+                                                      miss_ok=True, session=b.id))
+        assert hit.lease_ms == 30_000
+        miss = m.lookup_reply(master_pb2.LookupRequest(parent=ROOT_INO, name=b"k.data",
+                                                       miss_ok=True, session=b.id))
+        assert not miss.HasField("inode") and miss.lease_ms == 0  # never a negative lease
+        d = m.mkdir(master_pb2.MkdirRequest(request_id=new_request_id(), parent=ROOT_INO,
+                                            name=b"d", mode=0o755, session=b.id))
+        attrs = m.getattr_reply(master_pb2.GetAttrRequest(ino=d.inode.ino, session=b.id))
+        assert attrs.lease_ms == 0  # a directory's attributes are never leased
+
+        def acker(session, seen):
+            def run():
+                while True:
+                    ev = session.events.get()
+                    if ev is None:
+                        return
+                    seen.append(ev)
+                    session.ack(ev.invalidate_id)
+            th = threading.Thread(target=run, daemon=True)
+            th.start()
+            return th
+
+        seen_a, seen_b = [], []
+        acker(a, seen_a), acker(b, seen_b)
+        # a (the writer) renames k.tmp onto k.data: b cached k.tmp, a's own kernel
+        # moves its entry itself
+        m.rename(master_pb2.RenameRequest(request_id=new_request_id(), parent=ROOT_INO,
+                                          name=b"k.tmp", new_parent=ROOT_INO, new_name=b"k.data",
+                                          session=a.id))
+        assert not seen_a
+        assert [(k.parent, k.name) for k in seen_b[0].names] == [(ROOT_INO, b"k.tmp")]
+        assert list(seen_b[0].inodes) == [ino]
+        # a publish revokes the attributes the other mount cached
+        m.getattr_reply(master_pb2.GetAttrRequest(ino=ino, session=b.id))
+        m.complete(master_pb2.CompleteFileRequest(request_id=new_request_id(), ino=ino, size=0,
+                                                  session=a.id))
+        assert list(seen_b[1].inodes) == [ino] and not seen_b[1].names
+        # an unlink by a client without a session revokes every holder
+        m.lookup_reply(master_pb2.LookupRequest(parent=ROOT_INO, name=b"k.data", miss_ok=True,
+                                                session=a.id))
+        m.unlink(master_pb2.UnlinkRequest(request_id=new_request_id(), parent=ROOT_INO,
+                                          name=b"k.data"), rmdir=False)
+        assert [(k.parent, k.name) for k in seen_a[0].names] == [(ROOT_INO, b"k.data")]
+        assert len(seen_b) == 2  # b's lease on k.data was never granted (it missed)
+    finally:
+        m.close()
+
+
+# --------------------------------------------------------------------------- real mounts
+
+def _conf(tmp_path, lease="60s"):
+    p = tmp_path / "leases.toml"
+    p.write_text(f'[master]\nlease_time = "{lease}"\n')
+    return str(p)
+
+
+def _frozen(pid):
+    """The master is stopped (SIGSTOP) inside the block: whatever a mount answers
+    then, it answers from its kernel's cache."""
+    class Freeze:
+        def __enter__(self):
+            os.kill(pid, signal.SIGSTOP)
+
+        def __exit__(self, *exc):
+            os.kill(pid, signal.SIGCONT)
+    return Freeze()
+
+
+def _in_thread(fn, timeout=20.0):
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001
+            box["error"] = e
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(timeout)
+    if th.is_alive():
+        return "still waiting"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _master_pid(c):
+    import json
+    with open(c.state_path) as f:
+        return next(p["pid"] for p in json.load(f)["procs"] if p["role"] == "master")
+
+
+def test_cached_names_stay_correct_across_mounts(make_cluster, tmp_path):
+    """With leases, a mount answers stat of names it looked up from its kernel cache
+    (even with the master stopped), and still sees every change made on another mount
+    as soon as that change returns: unlink, rename over a cached name, a new version,
+    chmod; a miss is never cached."""
+    c = make_cluster(workers=1, mounts=2, conf=_conf(tmp_path))
+    a, b = c.mounts
+    os.mkdir(os.path.join(a, "l2"))
+    da, db = os.path.join(a, "l2"), os.path.join(b, "l2")
+
+    def put(name, data):
+        with open(os.path.join(da, name + ".tmp"), "wb") as f:
+            f.write(data)
+        os.rename(os.path.join(da, name + ".tmp"), os.path.join(da, name + ".data"))
+
+    with pytest.raises(FileNotFoundError):
+        os.stat(os.path.join(db, "k1.data"))  # a miss first: must not be cached
+    put("k1", b"one")
+    assert os.stat(os.path.join(db, "k1.data")).st_size == 3
+    time.sleep(0.5)  # let the lease session settle (no timing is asserted)
+    st = os.stat(os.path.join(db, "k1.data"))
+    with _frozen(_master_pid(c)):
+        cached = _in_thread(lambda: os.stat(os.path.join(db, "k1.data")).st_ino)
+    assert cached == st.st_ino, "a leased name should be answered from the kernel cache"
+    # a new version published on A: B's cached attributes go at once
+    put("k2", b"two-two")
+    os.rename(os.path.join(da, "k2.data"), os.path.join(da, "k1.data"))
+    assert os.stat(os.path.join(db, "k1.data")).st_size == 7
+    with open(os.path.join(db, "k1.data"), "rb") as f:
+        assert f.read() == b"two-two"
+    with open(os.path.join(da, "k1.data"), "ab") as f:
+        f.write(b"!")
+    assert os.stat(os.path.join(db, "k1.data")).st_size == 8
+    os.chmod(os.path.join(da, "k1.data"), 0o600)
+    assert os.stat(os.path.join(db, "k1.data")).st_mode & 0o777 == 0o600
+    # unlink on A: gone on B at once
+    os.unlink(os.path.join(da, "k1.data"))
+    with pytest.raises(FileNotFoundError):
+        os.stat(os.path.join(db, "k1.data"))
+    # names created on B are found on A at once (no negative entries), both ways
+    with open(os.path.join(db, "k3.data"), "wb") as f:
+        f.write(b"3")
+    assert os.stat(os.path.join(da, "k3.data")).st_size == 1
+    os.rename(os.path.join(db, "k3.data"), os.path.join(db, "k4.data"))
+    with pytest.raises(FileNotFoundError):
+        os.stat(os.path.join(da, "k3.data"))
+    assert os.stat(os.path.join(da, "k4.data")).st_size == 1
+    # directories: a cached directory entry removed on the other mount
+    os.mkdir(os.path.join(db, "sub"))
+    assert os.path.isdir(os.path.join(da, "sub"))
+    os.rmdir(os.path.join(db, "sub"))
+    assert not os.path.exists(os.path.join(da, "sub"))
+
+
+def test_mounts_drop_leases_when_the_master_restarts(make_cluster, tmp_path):
+    c = make_cluster(workers=1, mounts=2, conf=_conf(tmp_path))
+    a, b = c.mounts
+    with open(os.path.join(a, "f"), "wb") as f:
+        f.write(b"x")
+    assert os.stat(os.path.join(b, "f")).st_size == 1  # B leases f
+    c.restart("master")
+    os.unlink(os.path.join(a, "f"))  # waits until B dropped (or its lease ran out)
+    with pytest.raises(FileNotFoundError):
+        os.stat(os.path.join(b, "f"))
