@@ -488,7 +488,7 @@ class FileWriter:
                 self._ensure_writable(ext)
                 rel = off - ext.start
                 k = min(n - pos, self._capacity_end(ext) - off)
-                ext.buf.write(rel, view[pos:pos + k])  # rel <= len(buf): no gap
+                self._buffer_op(ext, "write", rel, view[pos:pos + k])  # rel <= len: no gap
                 if ext.end > self._size:
                     self._size = ext.end
                 pos += k
@@ -521,7 +521,7 @@ class FileWriter:
                     else:
                         self._make_current(ext)
                         self._ensure_writable(ext)
-                        ext.buf.truncate(size - ext.start)
+                        self._buffer_op(ext, "truncate", size - ext.start)
                 self._size = size
             self.dirty = True
             self.mtime_ns = 0
@@ -655,7 +655,7 @@ class FileWriter:
         if for_write and last is not None and last is self._cur:
             if size <= self._capacity_end(last):
                 self._ensure_writable(last)
-                last.buf.zero_extend(size - last.start)
+                self._buffer_op(last, "zero_extend", size - last.start)
                 self._size = size
                 return
         pos = self._size
@@ -744,9 +744,15 @@ class FileWriter:
         places the block there, else memory."""
         if not self._fetcher.short_circuit:
             return _Buffer(self.block_size)
-        block_id, targets = self.master.add_block(self.ino, self.host_id, 0, [])
+        try:
+            block_id, targets = self.master.add_block(self.ino, self.host_id, 0, [])
+        except CurvineError as e:
+            # E.g. the file was unlinked or replaced meanwhile, or no worker has room:
+            # writes go on in memory and publishing reports it (as without this path).
+            log.debug("no block for inode %d yet (%s); writing to memory", self.ino, e)
+            return _Buffer(self.block_size)
         if not targets:
-            raise CurvineError(ErrorKind.NO_SPACE, "the master found no worker to write to")
+            return _Buffer(self.block_size)
         for i, w in enumerate(targets):
             if w.host_id != self.host_id:
                 continue
@@ -762,18 +768,39 @@ class FileWriter:
         memory copy of it."""
         buf = ext.buf
         if isinstance(buf, _FileBuffer) and buf.sealed:
-            mem = _Buffer(max(self.block_size, len(buf)))
-            try:
-                pos = 0
-                while pos < len(buf):
-                    piece = buf.read(pos, MAX_PIECE)
-                    mem.write(pos, piece)
-                    pos += len(piece)
-            except BaseException:
-                mem.release()
+            self._to_memory(ext)
+
+    def _to_memory(self, ext: _Extent) -> None:
+        """Continue the block of ``ext`` in a memory copy of its staging file (which is
+        dropped unless the worker adopted it).  The copy keeps the block id for the
+        other targets, if any."""
+        buf = ext.buf
+        others = [w for w in buf.others if w.worker_id != buf.worker.worker_id]
+        alloc = (buf.block_id, others) if others and not buf.adopt_tried else None
+        mem = _Buffer(max(self.block_size, len(buf)), alloc=alloc)
+        try:
+            pos = 0
+            while pos < len(buf):
+                piece = buf.read(pos, MAX_PIECE)
+                mem.write(pos, piece)
+                pos += len(piece)
+        except BaseException:
+            mem.release()
+            raise
+        buf.release()
+        ext.buf = mem
+
+    def _buffer_op(self, ext: _Extent, op: str, *args) -> None:
+        """``ext.buf.<op>(*args)``; a staging file that fails (disk full, I/O error)
+        is left for a memory copy, and the block streamed to a worker at upload."""
+        try:
+            getattr(ext.buf, op)(*args)
+        except OSError as e:
+            if not isinstance(ext.buf, _FileBuffer):
                 raise
-            buf.release()
-            ext.buf = mem
+            log.info("staging file %s failed (%s); continuing in memory", ext.buf.path, e)
+            self._to_memory(ext)
+            getattr(ext.buf, op)(*args)
 
     def _upload_file(self, buf: _FileBuffer) -> Block:
         """Hand a staging file to the local worker (AdoptBlock), stream it to the other

@@ -665,21 +665,21 @@ def test_write_behind_applies_in_order_and_publishes_everything(cluster):
 
 
 def test_write_behind_error_fails_the_handle_cleanly(cluster, monkeypatch):
-    """A queued write that fails (here: the worker refuses the block mid-file) is
-    reported by the next operation and at every publish; nothing is published."""
+    """A queued write that fails is reported by the next operation and at every
+    publish (a clean error at close); nothing is published without it."""
     master, workers = cluster
     ino = new_file(master)
     w = writer(master, ino)
-    assert w.write_behind(0, b"a" * BS)  # the first block
-    real_add_block = master.add_block
+    real_write = w._write
 
-    def add_block(*a, **k):
-        if master.next_block >= 101:
-            raise CurvineError(ErrorKind.NO_SPACE, "worker full")
-        return real_add_block(*a, **k)
+    def failing_write(offset, data):
+        if offset >= BS:
+            raise CurvineError(ErrorKind.IO, "worker w1: connection reset")
+        return real_write(offset, data)
 
-    monkeypatch.setattr(master, "add_block", add_block)
-    assert w.write_behind(BS, b"b" * 10)  # needs a second block: fails in the thread
+    monkeypatch.setattr(w, "_write", failing_write)
+    assert w.write_behind(0, b"a" * BS)
+    assert w.write_behind(BS, b"b" * 10)  # fails in the thread
     deadline = time.monotonic() + 10
     while w.write_behind(BS + 10, b"c") and time.monotonic() < deadline:
         time.sleep(0.01)  # accepted until the failure is known, then refused
@@ -687,10 +687,51 @@ def test_write_behind_error_fails_the_handle_cleanly(cluster, monkeypatch):
     for op in (lambda: w.write(0, b"z"), w.publish, w.flush, lambda: w.read(0, 1)):
         with pytest.raises(CurvineError) as e:
             op()
-        assert e.value.kind == ErrorKind.NO_SPACE and "earlier write" in e.value.message
+        assert e.value.kind == ErrorKind.IO and "earlier write" in e.value.message
     assert master.completes == 0 and master.inodes[ino].state == common_pb2.WRITING
     w.close()
+    deadline = time.monotonic() + 10
+    while _staging_files(workers) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert _staging_files(workers) == []
+
+
+def test_writes_go_on_when_the_file_vanished_before_its_first_block(cluster):
+    """add_block at the first write finds the inode gone (another writer's rename
+    replaced it): the writes still succeed (memory), publishing reports NOT_FOUND,
+    which the FUSE layer drops like writes to an unlinked local file."""
+    master, workers = cluster
+    ino = new_file(master, b"v")
+    w = writer(master, ino)
+    master.unlink(1, b"v")
+    assert w.write(0, b"x" * (BS + 5)) == BS + 5
+    assert w.write_behind(BS + 5, b"y") and bytes(w.read(BS, 6)) == b"x" * 5 + b"y"
+    with pytest.raises(CurvineError) as e:
+        w.publish()
+    assert e.value.kind == ErrorKind.NOT_FOUND
+    w.close()
+    assert _staging_files(workers) == []
+
+
+def test_failing_staging_file_continues_in_memory(cluster, monkeypatch):
+    master, workers = cluster
+    ino = new_file(master)
+    w = writer(master, ino)
+    w.write(0, b"a" * 100)
+    real_pwrite = os.pwrite
+
+    def pwrite(fd, data, offset):
+        if offset >= 100:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    w.write(100, b"b" * 50)  # the local disk is full: the block moves to memory
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    w.publish()
+    w.close()
+    assert published(master, ino) == b"a" * 100 + b"b" * 50
+    assert workers.adopted == [] and _staging_files(workers) == []
 
 
 def test_write_behind_close_while_queued_drops_cleanly(cluster, caplog):
