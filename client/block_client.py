@@ -161,8 +161,8 @@ def _pump(stream, q: queue.Queue, closed: threading.Event, address: str) -> None
         return False
 
     try:
-        for view in stream:
-            if not put(bytes(view)):
+        for view in stream:  # a view into the received message: no copy
+            if not put(view):
                 return
         put(_END)
     except grpc.RpcError as e:
@@ -176,9 +176,10 @@ def _pump(stream, q: queue.Queue, closed: threading.Event, address: str) -> None
 class BlockReader:
     """Sequential reader of [offset, offset+length) of one block (length 0 = to the end).
 
-    Iterate once: it yields bytes chunks (<= 1 MiB) in order.  A background thread keeps up
-    to ``readahead`` chunks received ahead of the consumer; ``close()`` cancels the
-    stream.  Use as a context manager or call ``close()``.
+    Iterate once: it yields chunks (bytes-like, <= 1 MiB) in order.  A background thread
+    keeps up to ``readahead`` chunks received ahead of the consumer; ``poll()`` takes the
+    next one only if it has arrived (never blocks).  ``close()`` cancels the stream.  Use
+    as a context manager or call ``close()``.
     """
 
     def __init__(self, worker: WorkerInfo, block_id: int, offset: int = 0, length: int = 0,
@@ -193,15 +194,37 @@ class BlockReader:
             worker_pb2.ReadBlockRequest(block_id=block_id, offset=offset, length=length),
             timeout=timeout)
         self._queue: queue.Queue = queue.Queue(maxsize=max(readahead, 1))
+        self._held = None  # the end or an error seen by poll(), for the iterator
         # The pump gets no reference to self, so an abandoned reader is collected and
         # its __del__ stops the pump.
         threading.Thread(target=_pump, name="block-readahead", daemon=True,
                          args=(self._stream, self._queue, self._closed, worker.address)).start()
 
+    def _get(self, block: bool):
+        if self._held is not None:
+            item, self._held = self._held, None
+            return item
+        return self._queue.get(timeout=0.1) if block else self._queue.get_nowait()
+
+    def poll(self):
+        """The next chunk if it has arrived, else None (also at the end of the stream or
+        on an error: iterating reports those).  Never blocks."""
+        if self._closed.is_set():
+            return None
+        try:
+            item = self._get(False)
+        except queue.Empty:
+            return None
+        if item is _END or isinstance(item, CurvineError):
+            self._held = item
+            return None
+        self._received += len(item)
+        return item
+
     def __iter__(self):
         while not self._closed.is_set():
             try:
-                item = self._queue.get(timeout=0.1)
+                item = self._get(True)
             except queue.Empty:
                 continue
             if item is _END:

@@ -22,6 +22,7 @@ import bisect
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Mapping
 
 from curvine.common.errors import CurvineError, ErrorKind
@@ -40,6 +41,19 @@ MAX_LOCAL_FDS = 256  # local block files opened eagerly per reader; later ones l
 MAX_STREAMS = 4  # remote streams kept open per reader (sequential runs being followed)
 PREFETCH_BYTES = 64 * MIB  # local block bytes the kernel is asked to read ahead at open
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+_ahead_lock = threading.Lock()
+_ahead_executor: ThreadPoolExecutor | None = None
+
+
+def _ahead_pool() -> ThreadPoolExecutor:
+    """Threads that start readahead for callers that must not block (the FUSE loop)."""
+    global _ahead_executor
+    with _ahead_lock:
+        if _ahead_executor is None:
+            _ahead_executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="readahead")
+        return _ahead_executor
 
 
 def zeros(n: int) -> bytes | memoryview:
@@ -87,6 +101,14 @@ class _Stream:
             data = next(self.it)
         except StopIteration:
             return False
+        return self._keep(data, keep_behind)
+
+    def pull_nowait(self, keep_behind: int) -> bool:
+        """Take the next chunk if it has arrived; False if not (or at the end)."""
+        poll = getattr(self.reader, "poll", None)
+        return self._keep(poll(), keep_behind) if poll is not None else False
+
+    def _keep(self, data, keep_behind: int) -> bool:
         if not data:
             return False
         self.chunks.append((self.pos, data))
@@ -128,6 +150,7 @@ class BlockFetcher:
         self._fds: dict[int, int] = {}  # block id -> descriptor of its local file
         self._no_local: set[int] = set()
         self._prefetched: set[int] = set()  # blocks whose local file was advised WILLNEED
+        self._stream_prefetched: set[int] = set()  # remote blocks streamed ahead of reads
         self._streams: list[_Stream] = []  # least recently used first
         self._bad_workers: set[int] = set()
         self._closed = False
@@ -296,6 +319,46 @@ class BlockFetcher:
             return s
         raise self._no_replica(block, last)
 
+    def read_nowait(self, block: Block, offset: int, size: int) -> bytes | memoryview | None:
+        """[offset, offset+size) of a remote block if a stream of it has received those
+        bytes already; None otherwise (never blocks, never opens a stream)."""
+        end = offset + size
+        if self._closed or end > block.length:
+            return None
+        window = self.readahead * MIB
+        s = self._find_stream(block, offset, window)
+        if s is None or not s.lock.acquire(blocking=False):
+            return None
+        try:
+            if not s.covers(block.block_id, offset, window):
+                return None
+            while s.pos < end:
+                if not s.pull_nowait(keep_behind=window + size):
+                    return None
+            return s.slice(offset, end)
+        finally:
+            s.lock.release()
+
+    def prefetch_stream(self, block: Block) -> None:
+        """Start streaming a remote block from its beginning (readahead across blocks),
+        unless a stream of it exists; failures are left to the read that needs it."""
+        if self._closed or block.block_id == 0 or self.local_fd(block) is not None:
+            return
+        with self._lock:
+            if (block.block_id in self._stream_prefetched
+                    or any(x.block.block_id == block.block_id for x in self._streams)):
+                return
+            self._stream_prefetched.add(block.block_id)
+        if not self._open_lock.acquire(blocking=False):
+            return  # another thread is opening a stream: do not wait for it
+        try:
+            if self._find_stream(block, 0, 0) is None:
+                self._open_stream(block, 0, set())
+        except CurvineError as e:
+            log.debug("prefetching block %016x failed: %s", block.block_id, e)
+        finally:
+            self._open_lock.release()
+
     def _drop_stream(self, s: _Stream) -> None:
         s.close()
         with self._lock:
@@ -362,6 +425,7 @@ class FileReader:
             pos += b.length
         self.size = pos
         self._fetcher = BlockFetcher(workers, short_circuit, timeout, readahead)
+        self._ahead_done: set[int] = set()  # next blocks already asked for (_ahead)
         if short_circuit:
             # Open local block files now, so that an unlink or eviction after open()
             # cannot take the data away from this reader.
@@ -374,14 +438,21 @@ class FileReader:
                     break
                 if b.block_id:
                     self._fetcher.prefetch(b)
+        # A remote first block: start its stream now, so that the first read does not
+        # wait for the call to be set up (the open reply and the kernel's first read
+        # request overlap with it).
+        first = next((b for b in self.blocks if b.block_id), None)
+        if first is not None and self._fetcher.local_fd(first) is None:
+            self._fetcher.prefetch_stream(first)
 
     def read_cached(self, offset: int, size: int, out: bytearray) -> memoryview | None:
-        """[offset, offset+size) read into ``out`` without blocking, or None.
+        """[offset, offset+size) without blocking, or None.
 
-        Served only from a local block file this reader has open, and only when every
-        byte is in the page cache (RWF_NOWAIT); anything else (remote or cold data, a
-        read across blocks) is None: use ``read`` from a thread.  The view is ``out``'s
-        memory: the caller uses it before the next call."""
+        Served from a local block file this reader has open when every byte is in the
+        page cache (RWF_NOWAIT, into ``out``: the caller uses the view before the next
+        call), or from the chunks a remote block's stream has received already.
+        Anything else (cold data, a read across blocks, a stream not there yet) is
+        None: use ``read`` from a thread."""
         if not _NOWAIT or size <= 0 or offset >= self.size:
             return None
         end = min(self.size, offset + size)
@@ -391,14 +462,42 @@ class FileReader:
             return None
         fd = self._fetcher.local_fd(b)
         n = end - offset
-        if fd is None or len(out) < n:
+        if fd is None:  # a remote block: from what its stream has received already
+            data = self._fetcher.read_nowait(b, offset - start, n)
+            if data is not None:
+                self._ahead(i, end - start, background=True)
+            return data
+        if len(out) < n:
             return None
         view = memoryview(out)[:n]
         try:
             got = os.preadv(fd, [view], offset - start, _NOWAIT)
         except OSError:  # EAGAIN: not cached; anything else: the thread path reports it
             return None
-        return view if got == n else None
+        if got != n:
+            return None
+        self._ahead(i, end - start, background=True)
+        return view
+
+    def _ahead(self, i: int, reached: int, background: bool) -> None:
+        """A read reached ``reached`` bytes into block ``i``: get the next block coming
+        (local: kernel readahead of its file; remote: its stream, once past the middle
+        of this one), at most once per block.  ``background``: from a thread, for
+        callers that must not block."""
+        if i + 1 >= len(self.blocks) or not self.blocks[i + 1].block_id:
+            return
+        nxt = self.blocks[i + 1]
+        local = self._fetcher.local_fd(nxt) is not None
+        if not local and reached <= self.blocks[i].length // 2:
+            return
+        if nxt.block_id in self._ahead_done:
+            return
+        self._ahead_done.add(nxt.block_id)
+        fn = self._fetcher.prefetch if local else self._fetcher.prefetch_stream
+        if background:
+            _ahead_pool().submit(fn, nxt)
+        else:
+            fn(nxt)
 
     def read(self, offset: int, size: int) -> bytes | memoryview:
         if offset >= self.size or size <= 0:
@@ -413,9 +512,8 @@ class FileReader:
                 i += 1
                 continue
             n = min(end, start + b.length) - offset
-            if i + 1 < len(self.blocks) and self.blocks[i + 1].block_id:
-                self._fetcher.prefetch(self.blocks[i + 1])  # once per block
             data = self._fetcher.read(b, offset - start, n)
+            self._ahead(i, offset - start + n, background=False)
             if len(data) != n:
                 raise CurvineError(ErrorKind.IO, f"block {b.block_id:016x}: read "
                                                  f"{len(data)} of {n} bytes")

@@ -110,8 +110,19 @@ class FakeWorkers:
                 fake.reads.append((worker.worker_id, block_id, offset))
                 self.worker, self.block_id, self.offset = worker, block_id, offset
                 self.closed = False
+                self._gen = None
 
             def __iter__(self):
+                if self._gen is None:
+                    self._gen = self._chunks()
+                return self._gen
+
+            def poll(self):  # everything has "arrived" at once
+                if self._gen is None or self.closed or self.worker.worker_id in fake.failing:
+                    return None
+                return next(self._gen, None)
+
+            def _chunks(self):
                 data = fake.blocks.get(self.block_id)
                 if data is None:
                     raise CurvineError(ErrorKind.NOT_FOUND, "no such block")
@@ -1126,10 +1137,47 @@ def test_reader_read_cached_serves_only_cached_local_bytes(cluster):
     finally:
         r.close()
     remote = FileReader(blocks, ws, short_circuit=False)
-    try:
-        assert remote.read_cached(0, 10, out) is None
+    try:  # a remote block: served from its stream (started at open), never from a file
+        assert bytes(remote.read_cached(0, 10, out)) == data[:10]
     finally:
         remote.close()
+
+
+def test_remote_reader_serves_received_chunks_without_blocking(cluster):
+    master, workers = cluster
+    data = os.urandom(2 * BS + 3)
+    ino = _publish_bytes(master, data, name=b"rr")
+    inode, blocks, ws = master.get_blocks(ino)
+    out = bytearray(BS)
+    r = FileReader(blocks, ws, short_circuit=False)
+    try:
+        assert workers.reads == [(1, blocks[0].block_id, 0)]  # streaming since open
+        assert bytes(r.read(0, 100)) == data[:100]
+        assert r.read_cached(BS + 10, 100, out) is None  # block 1 has no stream yet
+        streams = len(workers.reads)
+        for off in range(100, BS - 5000, 5000):  # what the stream has received: no blocking
+            got = r.read_cached(off, 5000, out)
+            assert got is not None and bytes(got) == data[off:off + 5000]
+        assert len(workers.reads) == streams
+    finally:
+        r.close()
+
+
+def test_remote_reader_streams_the_next_block_ahead(cluster):
+    master, workers = cluster
+    data = os.urandom(3 * BS)
+    ino = _publish_bytes(master, data, name=b"ra")
+    inode, blocks, ws = master.get_blocks(ino)
+    r = FileReader(blocks, ws, short_circuit=False)
+    try:
+        assert bytes(r.read(0, BS // 2)) == data[:BS // 2]
+        assert [b for _, b, _ in workers.reads] == [blocks[0].block_id]
+        assert bytes(r.read(BS // 2, BS // 4)) == data[BS // 2:3 * BS // 4]  # past the middle
+        assert (1, blocks[1].block_id, 0) in workers.reads  # block 1 is streaming already
+        assert bytes(r.read(0, 3 * BS)) == data
+        assert sorted(b for _, b, _ in workers.reads) == sorted(b.block_id for b in blocks)
+    finally:
+        r.close()
 
 
 def test_ops_read_of_cached_local_bytes_needs_no_thread(cluster, monkeypatch):
