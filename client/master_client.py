@@ -34,6 +34,10 @@ LISTDIR_PAGE = 1000
 log = logging.getLogger(__name__)
 
 
+def _field(msg, name: str):
+    return getattr(msg, name) if msg.HasField(name) else None
+
+
 class MasterClient:
     """The master's namespace and block API, one method per RPC."""
 
@@ -85,39 +89,49 @@ class MasterClient:
         return self.mkdir_leased(parent, name, mode, uid, gid)[0]
 
     def mkdir_leased(self, parent: int, name: bytes, mode: int = 0o755, uid: int = 0,
-                     gid: int = 0) -> tuple[Inode, int]:
+                     gid: int = 0) -> tuple[Inode, int, Inode | None]:
+        """(new directory, lease ms, the parent's attributes after the change)"""
         req = master_pb2.MkdirRequest(request_id=new_request_id(), parent=parent, name=name,
                                       mode=mode & 0o7777, uid=uid, gid=gid, session=self.session)
         reply = self._call("Mkdir", req)
-        return reply.inode, reply.lease_ms
+        return reply.inode, reply.lease_ms, _field(reply, "parent")
 
     def create(self, parent: int, name: bytes, mode: int = 0o644, uid: int = 0, gid: int = 0,
                exclusive: bool = False) -> Inode:
         return self.create_leased(parent, name, mode, uid, gid, exclusive)[0]
 
     def create_leased(self, parent: int, name: bytes, mode: int = 0o644, uid: int = 0,
-                      gid: int = 0, exclusive: bool = False) -> tuple[Inode, int]:
+                      gid: int = 0, exclusive: bool = False) -> tuple[Inode, int, Inode | None]:
+        """(the file, lease ms, the parent's attributes after the change)"""
         req = master_pb2.CreateRequest(request_id=new_request_id(), parent=parent, name=name,
                                        mode=mode & 0o7777, uid=uid, gid=gid, exclusive=exclusive,
                                        session=self.session)
         reply = self._call("Create", req)
-        return reply.inode, reply.lease_ms
+        return reply.inode, reply.lease_ms, _field(reply, "parent")
 
-    def unlink(self, parent: int, name: bytes) -> None:
-        self._call("Unlink", master_pb2.UnlinkRequest(
-            request_id=new_request_id(), parent=parent, name=name, session=self.session))
+    def unlink(self, parent: int, name: bytes) -> Inode | None:
+        """Returns the parent's attributes after the change."""
+        return _field(self._call("Unlink", master_pb2.UnlinkRequest(
+            request_id=new_request_id(), parent=parent, name=name, session=self.session)),
+            "parent")
 
-    def rmdir(self, parent: int, name: bytes) -> None:
-        self._call("Rmdir", master_pb2.RmdirRequest(
-            request_id=new_request_id(), parent=parent, name=name, session=self.session))
+    def rmdir(self, parent: int, name: bytes) -> Inode | None:
+        return _field(self._call("Rmdir", master_pb2.RmdirRequest(
+            request_id=new_request_id(), parent=parent, name=name, session=self.session)),
+            "parent")
 
     def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes,
                no_replace: bool = False, source_ino: int = 0,
-               require_published: bool = False) -> None:
-        self._call("Rename", master_pb2.RenameRequest(
+               require_published: bool = False, writer_inos: Sequence[int] = ()
+               ) -> tuple[Inode | None, Inode | None, Inode | None]:
+        """Returns both directories' attributes after the change (the second None when
+        they are the same directory) and the moved inode's."""
+        reply = self._call("Rename", master_pb2.RenameRequest(
             request_id=new_request_id(), parent=parent, name=name, new_parent=new_parent,
             new_name=new_name, no_replace=no_replace, source_ino=source_ino,
-            require_published=require_published, session=self.session))
+            require_published=require_published, session=self.session,
+            writer_inos=list(writer_inos)))
+        return _field(reply, "parent"), _field(reply, "new_parent"), _field(reply, "moved")
 
     def listdir(self, ino: int, start_after: bytes = b"", limit: int = LISTDIR_PAGE
                 ) -> tuple[list[master_pb2.DirEntry], bool]:

@@ -48,6 +48,7 @@ STATFS_BLOCK = 4096
 LISTDIR_PAGE = 1000
 VERSION_CACHE = 100_000  # inodes whose last opened version this mount remembers
 LEASE_SAFETY = 0.2  # seconds the kernel's copy expires before the master's lease
+DIR_CACHE = 100_000  # directories whose attributes this mount keeps (fuse.attr_timeout)
 _LOUD_KINDS = {ErrorKind.IO, ErrorKind.UNAVAILABLE, ErrorKind.CHECKSUM, ErrorKind.TIMEOUT,
                ErrorKind.UNAUTHENTICATED}
 
@@ -158,6 +159,14 @@ class Operations(pyfuse3.Operations):
         self._kernel_lock = threading.Lock()  # notifications vs unmount (pyfuse3.close)
         self._unmounting = False
         self._prune_leased_at = 4096
+        # Directory attributes as last seen from the master (a GETATTR, or the parent
+        # attributes a create/unlink/rename here returned): the kernel drops its copy
+        # after every change in the directory and needs it for each permission check
+        # (default_permissions), so without this every create, stat and unlink in a
+        # flat directory cost one more round trip.  Answered for at most
+        # fuse.attr_timeout after they were fetched: the staleness the kernel's own
+        # cache always had.
+        self._dir_attrs: OrderedDict[int, tuple[Inode, float]] = OrderedDict()
         self._read_buf = bytearray(MIB)  # reads answered in the loop (read_cached)
 
     # -- helpers --------------------------------------------------------------
@@ -239,6 +248,28 @@ class Operations(pyfuse3.Operations):
         except OSError as e:
             if e.errno != errno.ENOENT:  # ENOENT: the kernel has no such inode cached
                 raise
+
+    def _note_dirs(self, *nodes: Inode | None) -> None:
+        now = time.monotonic()
+        cache = self._dir_attrs
+        for n in nodes:
+            if n is not None and n.type == DIRECTORY:
+                cache[n.ino] = (n, now)
+                cache.move_to_end(n.ino)
+        while len(cache) > DIR_CACHE:
+            cache.popitem(last=False)
+
+    def _cached_dir(self, ino: int) -> pyfuse3.EntryAttributes | None:
+        entry = self._dir_attrs.get(ino)
+        if entry is None:
+            return None
+        left = self.cfg.fuse.attr_timeout - (time.monotonic() - entry[1])
+        if left <= 0:
+            self._dir_attrs.pop(ino, None)
+            return None
+        attrs = self._attrs(entry[0])
+        attrs.attr_timeout = left
+        return attrs
 
     @staticmethod
     def _lease_ttl(lease_ms: int, sent: float) -> float:
@@ -394,9 +425,11 @@ class Operations(pyfuse3.Operations):
     async def lookup(self, parent_inode, name, ctx=None):
         if name == b".":
             inode = await self._run(self.master.getattr, parent_inode)
+            self._note_dirs(inode)
         elif name == b"..":
             inode = await self._run(self.master.getattr, parent_inode)
             inode = await self._run(self.master.getattr, inode.parent or parent_inode)
+            self._note_dirs(inode)
         else:
             check_name(name)
             # One RPC; a miss is a plain reply, not an error status (LMCache's miss path).
@@ -404,14 +437,19 @@ class Operations(pyfuse3.Operations):
             inode, lease_ms = await self._run(self.master.lookup_leased, parent_inode, name)
             if inode is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
+            self._note_dirs(inode)
             return self._attrs(inode, lease=self._lease_ttl(lease_ms, sent))
         return self._attrs(inode)
 
     @_fuse_op
     async def getattr(self, inode, ctx=None):
+        cached = self._cached_dir(inode)
+        if cached is not None:
+            return cached
         try:
             sent = time.monotonic()
             node, lease_ms = await self._run(self.master.getattr_leased, inode)
+            self._note_dirs(node)
             return self._attrs(node, lease=self._lease_ttl(lease_ms, sent))
         except CurvineError as e:
             attrs = self._open_snapshot(inode) if e.kind == ErrorKind.NOT_FOUND else None
@@ -446,25 +484,27 @@ class Operations(pyfuse3.Operations):
             node = await self._run(self.master.setattr, inode, **changes)
         else:
             node = await self._run(self.master.getattr, inode)
+        self._note_dirs(node)
         return self._attrs(node, size)
 
     @_fuse_op
     async def mkdir(self, parent_inode, name, mode, ctx):
         check_name(name)
         sent = time.monotonic()
-        inode, lease_ms = await self._run(self.master.mkdir_leased, parent_inode, name,
-                                          mode & 0o7777, ctx.uid, ctx.gid)
+        inode, lease_ms, parent = await self._run(self.master.mkdir_leased, parent_inode, name,
+                                                  mode & 0o7777, ctx.uid, ctx.gid)
+        self._note_dirs(inode, parent)
         return self._attrs(inode, lease=self._lease_ttl(lease_ms, sent))
 
     @_fuse_op
     async def rmdir(self, parent_inode, name, ctx):
         check_name(name)
-        await self._run(self.master.rmdir, parent_inode, name)
+        self._note_dirs(await self._run(self.master.rmdir, parent_inode, name))
 
     @_fuse_op
     async def unlink(self, parent_inode, name, ctx):
         check_name(name)
-        await self._run(self.master.unlink, parent_inode, name)
+        self._note_dirs(await self._run(self.master.unlink, parent_inode, name))
 
     @_fuse_op
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
@@ -472,24 +512,21 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EINVAL)
         check_name(name_old)
         check_name(name_new)
-        src = await self._run(self.master.lookup, parent_inode_old, name_old)
-        if src.state != COMPLETE and self._empty_pending.get(src.ino):
-            # Created and closed here without writes, its release has not published the
-            # empty version yet: do it now, so `touch a; mv a b` works at once.
-            await self._publish_empty(src.ino)
         # Only the process writing a never-published file may move it (see
-        # RenameRequest.require_published); the master checks both guards atomically.
-        writing = src.type != DIRECTORY and await self._caller_writes(src.ino, ctx)
-        await self._run(self.master.rename, parent_inode_old, name_old, parent_inode_new,
-                        name_new, no_replace=bool(flags & pyfuse3.RENAME_NOREPLACE),
-                        source_ino=src.ino, require_published=not writing)
-
-    async def _caller_writes(self, ino: int, ctx) -> bool:
-        handles = self._writers.get(ino, ())
-        if not handles:
-            return False
-        caller = await self._run(_tgid, ctx.pid)
-        return any(f.tgid == caller for f in map(self._files.get, handles) if f is not None)
+        # RenameRequest.require_published, checked by the master with the rename): the
+        # files the caller writes here, and files closed here without data whose empty
+        # version release has yet to publish (so `touch a; mv a b` works at once).
+        mine = list(self._empty_pending)
+        if self._writers:
+            caller = await self._run(_tgid, ctx.pid)
+            mine += [f.ino for f in self._files.values()
+                     if f.writer is not None and f.tgid == caller]
+        changed = await self._run(
+            self.master.rename, parent_inode_old, name_old, parent_inode_new, name_new,
+            no_replace=bool(flags & pyfuse3.RENAME_NOREPLACE), require_published=True,
+            writer_inos=mine)
+        if changed:
+            self._note_dirs(*changed)
 
     @_fuse_op
     async def statfs(self, ctx):
@@ -516,19 +553,20 @@ class Operations(pyfuse3.Operations):
     def _create(self, parent_inode, name, mode, flags, uid, gid, pid):
         """The create RPC, the handle's writer and the caller's process, in one thread
         hop (each hop costs ~0.1-0.3 ms)."""
-        inode, lease_ms = self.master.create_leased(parent_inode, name, mode & 0o7777, uid,
-                                                    gid, bool(flags & os.O_EXCL))
+        inode, lease_ms, parent = self.master.create_leased(parent_inode, name, mode & 0o7777,
+                                                            uid, gid, bool(flags & os.O_EXCL))
         # Normally a new, empty file.  If another client created the name meanwhile,
         # O_CREAT without O_TRUNC opens its content.
         empty = bool(flags & os.O_TRUNC) or inode.size == 0
-        return inode, lease_ms, self._new_writer(inode.ino, empty), _tgid(pid)
+        return inode, lease_ms, parent, self._new_writer(inode.ino, empty), _tgid(pid)
 
     @_fuse_op
     async def create(self, parent_inode, name, mode, flags, ctx):
         check_name(name)
         sent = time.monotonic()
-        inode, lease_ms, writer, tgid = await self._run(self._create, parent_inode, name, mode,
-                                                        flags, ctx.uid, ctx.gid, ctx.pid)
+        inode, lease_ms, parent, writer, tgid = await self._run(
+            self._create, parent_inode, name, mode, flags, ctx.uid, ctx.gid, ctx.pid)
+        self._note_dirs(parent)
         # A never-published file (the usual case: we just created it) reads as empty
         # on every mount already, so a close without writes needs no publish before it
         # returns (release publishes the empty version for the rename guard).  A
@@ -657,6 +695,7 @@ class Operations(pyfuse3.Operations):
                     return
                 page, more = await self._run(self.master.listdir, d.ino, d.after, LISTDIR_PAGE)
                 d.entries.extend((e.name, e.inode) for e in page)
+                self._note_dirs(*(e.inode for e in page))
                 if page:
                     d.after = page[-1].name
                 d.done = not more or not page

@@ -143,7 +143,34 @@ class Master:
     def _inode_reply(self, value, session: int = 0, since: int = 0,
                      name: tuple[int, bytes] | None = None) -> master_pb2.InodeReply:
         node = self.getattr(value.ino) if isinstance(value, RetryHit) else value
-        return master_pb2.InodeReply(inode=node, lease_ms=self._grant(session, since, node, name))
+        reply = master_pb2.InodeReply(inode=node,
+                                      lease_ms=self._grant(session, since, node, name))
+        if name is not None:
+            parent = self._inode_or_none(name[0])
+            if parent is not None:
+                reply.parent.CopyFrom(parent)
+        return reply
+
+    def _inode_or_none(self, ino: int) -> common_pb2.Inode | None:
+        with self.store.read() as txn:
+            return self.store.get_inode(txn, ino)
+
+    def _parents_reply(self, parent: int, new_parent: int = 0,
+                       moved: tuple[int, bytes] | None = None) -> master_pb2.ParentReply:
+        """The directories a mutation changed (and a renamed inode), as they are now:
+        what the mount's kernel asks for next."""
+        reply = master_pb2.ParentReply()
+        with self.store.read() as txn:
+            for field, ino in (("parent", parent), ("new_parent", new_parent)):
+                node = self.store.get_inode(txn, ino) if ino else None
+                if node is not None:
+                    getattr(reply, field).CopyFrom(node)
+            if moved is not None:
+                ino = self.store.lookup(txn, moved[0], moved[1])
+                node = self.store.get_inode(txn, ino) if ino is not None else None
+                if node is not None:
+                    reply.moved.CopyFrom(node)
+        return reply
 
     def _grant(self, session: int, since: int, node: common_pb2.Inode,
                name: tuple[int, bytes] | None) -> int:
@@ -240,12 +267,16 @@ class Master:
                             session=req.session)
         return self._inode_reply(value, req.session, since, (req.parent, req.name))
 
-    def unlink(self, req, rmdir: bool) -> None:
+    def unlink(self, req, rmdir: bool) -> master_pb2.ParentReply:
         self.submit(lambda t: self.ns.plan_unlink(t, req, rmdir), req.request_id,
                     session=req.session)
+        return self._parents_reply(req.parent)
 
-    def rename(self, req) -> None:
+    def rename(self, req) -> master_pb2.ParentReply:
         self.submit(lambda t: self.ns.plan_rename(t, req), req.request_id, session=req.session)
+        return self._parents_reply(req.parent,
+                                   req.new_parent if req.new_parent != req.parent else 0,
+                                   (req.new_parent, req.new_name))
 
     def setattr(self, req) -> master_pb2.InodeReply:
         check_ino(req.ino)

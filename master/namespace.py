@@ -182,7 +182,8 @@ class Namespace:
         if ino is None or (req.source_ino and ino != req.source_ino):
             raise CurvineError(ErrorKind.NOT_FOUND, "no such file or directory")
         node = self.inode(txn, ino)
-        if req.require_published and node.type == FILE and node.state == common_pb2.WRITING:
+        if (req.require_published and node.type == FILE and node.state == common_pb2.WRITING
+                and node.ino not in req.writer_inos):
             raise CurvineError(ErrorKind.NOT_FOUND, "source not published by any writer yet")
         if node.type == DIRECTORY:
             # A directory may not move below itself.

@@ -8,11 +8,9 @@ import grpc
 
 from curvine.common.ids import check_ino
 from curvine.common.rpc import handler
-from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
+from curvine.proto import master_pb2, master_pb2_grpc
 
 from .master import Master
-
-EMPTY = common_pb2.Empty()
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
@@ -45,21 +43,18 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     @handler
     def Unlink(self, req, ctx):
         check_ino(req.parent, "parent")
-        self.m.unlink(req, rmdir=False)
-        return EMPTY
+        return self.m.unlink(req, rmdir=False)
 
     @handler
     def Rmdir(self, req, ctx):
         check_ino(req.parent, "parent")
-        self.m.unlink(req, rmdir=True)
-        return EMPTY
+        return self.m.unlink(req, rmdir=True)
 
     @handler
     def Rename(self, req, ctx):
         check_ino(req.parent, "parent")
         check_ino(req.new_parent, "new_parent")
-        self.m.rename(req)
-        return EMPTY
+        return self.m.rename(req)
 
     @handler
     def ListDir(self, req, ctx):

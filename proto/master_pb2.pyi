@@ -8,12 +8,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class InodeReply(_message.Message):
-    __slots__ = ("inode", "lease_ms")
+    __slots__ = ("inode", "lease_ms", "parent")
     INODE_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
     inode: _common_pb2.Inode
     lease_ms: int
-    def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+    parent: _common_pb2.Inode
+    def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., lease_ms: _Optional[int] = ..., parent: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ...) -> None: ...
+
+class ParentReply(_message.Message):
+    __slots__ = ("parent", "new_parent", "moved")
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NEW_PARENT_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
+    parent: _common_pb2.Inode
+    new_parent: _common_pb2.Inode
+    moved: _common_pb2.Inode
+    def __init__(self, parent: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., new_parent: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., moved: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
     __slots__ = ("parent", "name", "miss_ok", "session")
@@ -120,7 +132,7 @@ class RmdirRequest(_message.Message):
     def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., session: _Optional[int] = ...) -> None: ...
 
 class RenameRequest(_message.Message):
-    __slots__ = ("request_id", "parent", "name", "new_parent", "new_name", "no_replace", "source_ino", "require_published", "session")
+    __slots__ = ("request_id", "parent", "name", "new_parent", "new_name", "no_replace", "source_ino", "require_published", "session", "writer_inos")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +142,7 @@ class RenameRequest(_message.Message):
     SOURCE_INO_FIELD_NUMBER: _ClassVar[int]
     REQUIRE_PUBLISHED_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    WRITER_INOS_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     parent: int
     name: bytes
@@ -139,7 +152,8 @@ class RenameRequest(_message.Message):
     source_ino: int
     require_published: bool
     session: int
-    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[bytes] = ..., no_replace: _Optional[bool] = ..., source_ino: _Optional[int] = ..., require_published: _Optional[bool] = ..., session: _Optional[int] = ...) -> None: ...
+    writer_inos: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[bytes] = ..., no_replace: _Optional[bool] = ..., source_ino: _Optional[int] = ..., require_published: _Optional[bool] = ..., session: _Optional[int] = ..., writer_inos: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ListDirRequest(_message.Message):
     __slots__ = ("ino", "start_after", "limit")

@@ -3,7 +3,6 @@
 import grpc
 import warnings
 
-from curvine.proto import common_pb2 as curvine_dot_proto_dot_common__pb2
 from curvine.proto import master_pb2 as curvine_dot_proto_dot_master__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -63,17 +62,17 @@ class MasterStub:
         self.Unlink = channel.unary_unary(
                 '/curvine.Master/Unlink',
                 request_serializer=curvine_dot_proto_dot_master__pb2.UnlinkRequest.SerializeToString,
-                response_deserializer=curvine_dot_proto_dot_common__pb2.Empty.FromString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.ParentReply.FromString,
                 _registered_method=True)
         self.Rmdir = channel.unary_unary(
                 '/curvine.Master/Rmdir',
                 request_serializer=curvine_dot_proto_dot_master__pb2.RmdirRequest.SerializeToString,
-                response_deserializer=curvine_dot_proto_dot_common__pb2.Empty.FromString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.ParentReply.FromString,
                 _registered_method=True)
         self.Rename = channel.unary_unary(
                 '/curvine.Master/Rename',
                 request_serializer=curvine_dot_proto_dot_master__pb2.RenameRequest.SerializeToString,
-                response_deserializer=curvine_dot_proto_dot_common__pb2.Empty.FromString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.ParentReply.FromString,
                 _registered_method=True)
         self.ListDir = channel.unary_unary(
                 '/curvine.Master/ListDir',
@@ -262,17 +261,17 @@ def add_MasterServicer_to_server(servicer, server):
             'Unlink': grpc.unary_unary_rpc_method_handler(
                     servicer.Unlink,
                     request_deserializer=curvine_dot_proto_dot_master__pb2.UnlinkRequest.FromString,
-                    response_serializer=curvine_dot_proto_dot_common__pb2.Empty.SerializeToString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.ParentReply.SerializeToString,
             ),
             'Rmdir': grpc.unary_unary_rpc_method_handler(
                     servicer.Rmdir,
                     request_deserializer=curvine_dot_proto_dot_master__pb2.RmdirRequest.FromString,
-                    response_serializer=curvine_dot_proto_dot_common__pb2.Empty.SerializeToString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.ParentReply.SerializeToString,
             ),
             'Rename': grpc.unary_unary_rpc_method_handler(
                     servicer.Rename,
                     request_deserializer=curvine_dot_proto_dot_master__pb2.RenameRequest.FromString,
-                    response_serializer=curvine_dot_proto_dot_common__pb2.Empty.SerializeToString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.ParentReply.SerializeToString,
             ),
             'ListDir': grpc.unary_unary_rpc_method_handler(
                     servicer.ListDir,
@@ -481,7 +480,7 @@ class Master:
             target,
             '/curvine.Master/Unlink',
             curvine_dot_proto_dot_master__pb2.UnlinkRequest.SerializeToString,
-            curvine_dot_proto_dot_common__pb2.Empty.FromString,
+            curvine_dot_proto_dot_master__pb2.ParentReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -508,7 +507,7 @@ class Master:
             target,
             '/curvine.Master/Rmdir',
             curvine_dot_proto_dot_master__pb2.RmdirRequest.SerializeToString,
-            curvine_dot_proto_dot_common__pb2.Empty.FromString,
+            curvine_dot_proto_dot_master__pb2.ParentReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -535,7 +534,7 @@ class Master:
             target,
             '/curvine.Master/Rename',
             curvine_dot_proto_dot_master__pb2.RenameRequest.SerializeToString,
-            curvine_dot_proto_dot_common__pb2.Empty.FromString,
+            curvine_dot_proto_dot_master__pb2.ParentReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -181,11 +181,13 @@ class FakeMaster:
     def getattr_leased(self, ino):
         return self.getattr(ino), 0
 
-    def create_leased(self, *a, **kw):
-        return self.create(*a, **kw), 0
+    def create_leased(self, parent, *a, **kw):
+        node = self.create(parent, *a, **kw)
+        return node, 0, self.getattr(parent)
 
-    def mkdir_leased(self, *a, **kw):
-        return self.mkdir(*a, **kw), 0
+    def mkdir_leased(self, parent, *a, **kw):
+        node = self.mkdir(parent, *a, **kw)
+        return node, 0, self.getattr(parent)
 
     def getattr(self, ino):
         if ino not in self.inodes:
@@ -274,12 +276,13 @@ class FakeMaster:
         del d[name], self.dentries[ino], self.inodes[ino]
 
     def rename(self, parent, name, new_parent, new_name, no_replace=False, source_ino=0,
-               require_published=False):
+               require_published=False, writer_inos=()):
         src, dst = self._dir(parent), self._dir(new_parent)
         ino = src.get(name)
         if ino is None or (source_ino and ino != source_ino):
             self._err(ErrorKind.NOT_FOUND, repr(name))
-        if require_published and self.inodes[ino].state == common_pb2.WRITING:
+        if (require_published and self.inodes[ino].state == common_pb2.WRITING
+                and ino not in writer_inos):
             self._err(ErrorKind.NOT_FOUND, "not published")
         p = new_parent
         while True:  # a directory must not move into itself
@@ -1302,5 +1305,40 @@ def test_ops_attributes_while_a_release_publishes(cluster):
             gate.set()
         master.complete_file = real_complete
         assert master.getattr(attr.st_ino).state == common_pb2.COMPLETE
+
+    trio.run(go)
+
+
+def test_ops_directory_attributes_come_with_changes_and_expire(cluster):
+    """The kernel drops a directory's attributes after every create/unlink in it and
+    needs them for the next permission check: the mount answers from the attributes
+    the change itself returned, for at most fuse.attr_timeout."""
+    master, _ = cluster
+    ops = make_ops(master)
+    ops.cfg.fuse.attr_timeout = 0.2
+    ctx = Ctx()
+    calls = []
+    real = master.getattr_leased
+
+    def counting(ino):
+        calls.append(ino)
+        return real(ino)
+
+    master.getattr_leased = counting
+
+    async def go():
+        d = await ops.mkdir(1, b"d", 0o755, ctx)
+        fi, attr = await ops.create(d.st_ino, b"f", 0o100644, os.O_WRONLY | os.O_CREAT, ctx)
+        await ops.release(fi.fh)
+        master.inodes[d.st_ino].mtime_ns = 42  # what the next create changes, in this fake
+        fi, _ = await ops.create(d.st_ino, b"g", 0o100644, os.O_WRONLY | os.O_CREAT, ctx)
+        await ops.release(fi.fh)
+        got = await ops.getattr(d.st_ino, ctx)
+        assert not calls and got.st_mtime_ns == 42 and got.attr_timeout <= 0.2
+        await trio.sleep(0.3)  # past fuse.attr_timeout: asked again
+        await ops.getattr(d.st_ino, ctx)
+        assert calls == [d.st_ino]
+        await ops.getattr(attr.st_ino, ctx)  # files are never answered from it
+        assert calls == [d.st_ino, attr.st_ino]
 
     trio.run(go)

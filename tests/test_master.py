@@ -526,3 +526,21 @@ def test_complete_if_unpublished(tmp_path):
         assert m.complete(req).inode.version == 1  # retry cache refilled from the journal
     finally:
         m.close()
+
+
+def test_rename_guard_lets_the_callers_own_unpublished_files_move(master):
+    """require_published refuses a never-published source unless the caller lists it in
+    writer_inos (it writes that file, or closed it empty): one RPC, checked atomically."""
+    f = create(master, ROOT_INO, b"k.tmp")
+    other = create(master, ROOT_INO, b"o.tmp")
+
+    def mv(name, new, inos):
+        return master.rename(master_pb2.RenameRequest(
+            request_id=new_request_id(), parent=ROOT_INO, name=name, new_parent=ROOT_INO,
+            new_name=new, require_published=True, writer_inos=inos))
+
+    assert kind_of(mv, b"k.tmp", b"k.data", [other.ino]) == ErrorKind.NOT_FOUND
+    reply = mv(b"k.tmp", b"k.data", [f.ino])
+    assert reply.moved.ino == f.ino and reply.parent.ino == ROOT_INO
+    assert not reply.HasField("new_parent")  # same directory
+    assert master.lookup(ROOT_INO, b"k.data").ino == f.ino
