@@ -129,6 +129,99 @@ def write_block(worker: WorkerInfo, block_id: int, data: bytes | bytearray | mem
     return reply.length, reply.checksum
 
 
+_NO_MORE = object()
+
+
+class BlockWriteStream:
+    """A WriteBlock call fed while the block is still being written: ``send`` pieces in
+    order (each is framed, i.e. copied, at once), then ``finish()`` for (length, crc32),
+    or ``cancel()`` (the worker drops what it staged).  gRPC sends from its own thread;
+    at most ``depth`` framed pieces wait for it, so a slow worker slows ``send``.  Once
+    the call failed, ``send`` and ``finish`` raise its error."""
+
+    def __init__(self, worker: WorkerInfo, block_id: int, timeout: float = 30.0,
+                 depth: int = 8):
+        _check(block_id)
+        self.worker = worker
+        self.block_id = block_id
+        self.length = 0
+        self.crc = 0
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._first = True
+        self._cancelled = False
+        self._call = _calls(worker.address).write.future(self._requests(), timeout=timeout)
+
+    def _requests(self):
+        while True:
+            try:
+                item = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                call = getattr(self, "_call", None)
+                if self._cancelled or call is not None and call.done():
+                    return
+                continue
+            if item is _NO_MORE:
+                return  # cancelled: the stream ends without a finish message
+            yield item
+
+    def _put(self, msg) -> None:
+        while True:
+            if self._call.done():
+                self._raise()
+            try:
+                self._queue.put(msg, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def _raise(self):
+        try:
+            self._call.result(timeout=0)
+        except grpc.RpcError as e:
+            raise _error(self.worker, e) from None
+        except grpc.FutureCancelledError:
+            raise CurvineError(ErrorKind.IO, f"worker {self.worker.address}: block "
+                                             f"{self.block_id:016x}: stream cancelled") from None
+        raise CurvineError(ErrorKind.IO, f"worker {self.worker.address}: block "
+                                         f"{self.block_id:016x}: stream ended early")
+
+    def send(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        for pos in range(0, len(view), CHUNK):
+            piece = view[pos:pos + CHUNK]
+            msg = wire.encode_write_request(piece, block_id=self.block_id if self._first else 0)
+            self._first = False
+            self.crc = zlib.crc32(piece, self.crc)
+            self.length += len(piece)
+            self._put(msg)
+
+    def finish(self, timeout: float | None = None) -> tuple[int, int]:
+        """Finalise the block; returns (length, crc32) as the worker checked them."""
+        self._put(wire.encode_write_request(b"", block_id=self.block_id if self._first else 0,
+                                            finish=True, checksum=self.crc))
+        self._first = False
+        try:
+            reply = self._call.result(timeout=timeout)
+        except grpc.RpcError as e:
+            raise _error(self.worker, e) from None
+        except grpc.FutureCancelledError:
+            self._raise()
+        if reply.length != self.length or reply.checksum != self.crc:
+            raise CurvineError(ErrorKind.CHECKSUM,
+                               f"worker {self.worker.address}: block {self.block_id:016x} "
+                               f"stored as {reply.length} bytes crc32 {reply.checksum:08x}, "
+                               f"sent {self.length} bytes crc32 {self.crc:08x}")
+        return reply.length, reply.checksum
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._call.cancel()
+        try:
+            self._queue.put_nowait(_NO_MORE)
+        except queue.Full:
+            pass  # the call is cancelled anyway: gRPC stops reading the iterator
+
+
 def read_block(worker: WorkerInfo, block_id: int, offset: int, length: int,
                timeout: float = 30.0) -> bytes:
     """[offset, offset+length) of a block (length 0 = to the end), in one bytes object."""

@@ -68,6 +68,7 @@ _drain_lock = threading.Lock()
 _drain: ThreadPoolExecutor | None = None
 
 WRITE_BEHIND_BYTES = 8 << 20  # queued write-behind bytes per writer before writes block
+STREAM_DEADLINE = 600.0  # seconds a block may take to be written while it streams
 
 
 def _drain_pool() -> ThreadPoolExecutor:
@@ -120,12 +121,16 @@ class _Buffer:
     """A block's bytes in memory: a mapping of block size and a fill length.
     Bytes past the length are garbage; growing always writes them."""
 
-    __slots__ = ("mem", "len", "alloc")
+    __slots__ = ("mem", "len", "alloc", "streams", "stream_failed")
 
     def __init__(self, capacity: int, data: bytes | memoryview = b"", alloc=None):
         self.mem = _buffers.get(capacity)
         self.len = 0
         self.alloc = alloc  # (block id, targets) from the master, if allocated already
+        # WriteBlock calls fed while the block is written (FileWriter._send); None when
+        # the block is not being streamed.  stream_failed: ids of workers that failed.
+        self.streams: list | None = None
+        self.stream_failed: list[int] = []
         if data:
             self.write(0, data)
 
@@ -156,7 +161,15 @@ class _Buffer:
     def view(self) -> memoryview:
         return memoryview(self.mem)[:self.len]
 
+    def cancel_streams(self) -> None:
+        for st in self.streams or ():
+            st.cancel()
+        if self.streams is not None:
+            self.streams = []
+            self.alloc = None  # that block id had a stream: the upload takes a new one
+
     def release(self) -> None:
+        self.cancel_streams()
         if self.mem is not None:
             mem, self.mem = self.mem, None
             _buffers.put(mem)
@@ -741,9 +754,7 @@ class FileWriter:
 
     def _new_buffer(self):
         """A buffer for a new block: a staging file of the local worker when the master
-        places the block there, else memory."""
-        if not self._fetcher.short_circuit:
-            return _Buffer(self.block_size)
+        places the block there, else memory streamed to the workers while written."""
         try:
             block_id, targets = self.master.add_block(self.ino, self.host_id, 0, [])
         except CurvineError as e:
@@ -753,15 +764,39 @@ class FileWriter:
             return _Buffer(self.block_size)
         if not targets:
             return _Buffer(self.block_size)
-        for i, w in enumerate(targets):
-            if w.host_id != self.host_id:
-                continue
-            made = block_client.create_local_staging(w, block_id)
-            if made is not None:
-                fd, path = made
-                return _FileBuffer(self.block_size, fd, path, block_id, w,
-                                   [t for j, t in enumerate(targets) if j != i])
-        return _Buffer(self.block_size, alloc=(block_id, list(targets)))
+        if self._fetcher.short_circuit:
+            for i, w in enumerate(targets):
+                if w.host_id != self.host_id:
+                    continue
+                made = block_client.create_local_staging(w, block_id)
+                if made is not None:
+                    fd, path = made
+                    return _FileBuffer(self.block_size, fd, path, block_id, w,
+                                       [t for j, t in enumerate(targets) if j != i])
+        buf = _Buffer(self.block_size, alloc=(block_id, list(targets)))
+        buf.streams = []
+        for w in targets:
+            try:
+                buf.streams.append(block_client.BlockWriteStream(
+                    w, block_id, timeout=max(self.timeout, STREAM_DEADLINE)))
+            except CurvineError as e:
+                log.info("cannot stream block %016x to worker %d (%s): %s", block_id,
+                         w.worker_id, w.address, e)
+                buf.stream_failed.append(w.worker_id)
+        return buf
+
+    def _send(self, buf: _Buffer, data) -> None:
+        """Hand appended bytes to the block's streams; a stream that fails is dropped
+        (the upload then sends the whole block to another worker)."""
+        for st in list(buf.streams):
+            try:
+                st.send(data)
+            except CurvineError as e:
+                log.info("streaming block %016x to worker %d (%s) failed: %s", st.block_id,
+                         st.worker.worker_id, st.worker.address, e)
+                st.cancel()
+                buf.streams.remove(st)
+                buf.stream_failed.append(st.worker.worker_id)
 
     def _ensure_writable(self, ext: _Extent) -> None:
         """A staging file handed to the worker is never written again: continue in a
@@ -792,7 +827,23 @@ class FileWriter:
 
     def _buffer_op(self, ext: _Extent, op: str, *args) -> None:
         """``ext.buf.<op>(*args)``; a staging file that fails (disk full, I/O error)
-        is left for a memory copy, and the block streamed to a worker at upload."""
+        is left for a memory copy, and the block streamed to a worker at upload.  On a
+        streamed memory buffer appends are sent on; anything else ends the streams."""
+        buf = ext.buf
+        if isinstance(buf, _Buffer) and buf.streams:
+            if op == "write" and args[0] == buf.len:
+                buf.write(*args)
+                self._send(buf, args[1])
+                return
+            if op == "zero_extend" and args[0] > buf.len:
+                n = args[0] - buf.len
+                buf.zero_extend(args[0])
+                while n > 0:
+                    k = min(n, MAX_PIECE)
+                    self._send(buf, zeros(k))
+                    n -= k
+                return
+            buf.cancel_streams()  # rewrites bytes already sent
         try:
             getattr(ext.buf, op)(*args)
         except OSError as e:
@@ -847,7 +898,26 @@ class FileWriter:
         """Store the buffer as a new block on the workers the master picks."""
         if isinstance(buf, _FileBuffer):
             return self._upload_file(buf)
-        return self._stream(buf.view(), alloc=buf.alloc)
+        alloc, buf.alloc = buf.alloc, None  # a block id is written once
+        if buf.streams is None or not (buf.streams or buf.stream_failed):
+            return self._stream(buf.view(), alloc=alloc)
+        # Streamed while written: only the tail and the finish are left.
+        streams, buf.streams = buf.streams, []
+        stored, crc = [], 0
+        for st in streams:
+            try:
+                _, crc = st.finish(timeout=self.timeout)
+                stored.append(st.worker)
+            except CurvineError as e:
+                log.info("finishing block %016x on worker %d (%s) failed: %s", st.block_id,
+                         st.worker.worker_id, st.worker.address, e)
+                st.cancel()
+                buf.stream_failed.append(st.worker.worker_id)
+        if not stored:
+            return self._stream(buf.view(), exclude=buf.stream_failed)
+        self._fetcher.add_workers({w.worker_id: w for w in stored})
+        return Block(block_id=streams[0].block_id, length=len(buf), checksum=crc,
+                     worker_ids=[w.worker_id for w in stored])
 
     def _stream(self, data: memoryview, alloc=None, exclude: list[int] | None = None) -> Block:
         """Stream ``data`` as a new block (to ``alloc``'s block and targets first, if

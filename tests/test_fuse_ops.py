@@ -46,6 +46,7 @@ class FakeWorkers:
         (self.dir / "staging").mkdir()  # short-circuit writes put their files here
         self.failing: set[int] = set()  # worker ids that raise UNAVAILABLE
         self.adopted: list[int] = []  # blocks taken over from client staging files
+        self.write_streams: list = []  # WriteBlock streams fed while blocks are written
         self.refuse_adopt: CurvineError | None = None
         self.reads: list[tuple[int, int, int]] = []  # (worker, block, offset) streams
         self.open_delay = 0.0
@@ -99,6 +100,33 @@ class FakeWorkers:
         self.blocks.pop(block_id, None)
         if os.path.exists(self.path(block_id)):
             os.unlink(self.path(block_id))
+
+    def stream_class(self):
+        fake = self
+
+        class FakeWriteStream:
+            """block_client.BlockWriteStream: pieces kept, the block stored at finish."""
+
+            def __init__(self, worker, block_id, timeout=30.0):
+                fake._check(worker)
+                self.worker, self.block_id = worker, block_id
+                self.parts, self.cancelled, self.finished = [], False, False
+                fake.write_streams.append(self)
+
+            def send(self, data):
+                fake._check(self.worker)
+                self.parts.append(bytes(data))
+
+            def finish(self, timeout=None):
+                assert not self.cancelled
+                fake._check(self.worker)
+                self.finished = True
+                return fake.write_block(self.worker, self.block_id, b"".join(self.parts))
+
+            def cancel(self):
+                self.cancelled = True
+
+        return FakeWriteStream
 
     def reader_class(self):
         fake = self
@@ -366,6 +394,7 @@ def cluster(tmp_path, monkeypatch):
     monkeypatch.setenv("CURVINE_HOST_ID", "test-host")
     monkeypatch.setattr(block_client, "write_block", workers.write_block)
     monkeypatch.setattr(block_client, "adopt_block", workers.adopt_block)
+    monkeypatch.setattr(block_client, "BlockWriteStream", workers.stream_class())
     monkeypatch.setattr(block_client, "read_block", workers.read_block)
     monkeypatch.setattr(block_client, "local_block_path", workers.local_block_path)
     monkeypatch.setattr(block_client, "BlockReader", workers.reader_class())
@@ -651,6 +680,71 @@ def test_short_circuit_unpublished_writer_close_removes_its_staging_file(cluster
     assert len(_staging_files(workers)) == 1
     w.close()
     assert _staging_files(workers) == [] and workers.adopted == []
+
+
+def test_memory_blocks_stream_to_the_worker_while_written(cluster):
+    master, workers = cluster
+    ino = new_file(master)
+    w = writer(master, ino, short_circuit=False)
+    data = os.urandom(2 * BS + 100)
+    w.write(0, data[:BS + 50])
+    assert [b"".join(st.parts) for st in workers.write_streams] == [data[:BS], data[BS:BS + 50]]
+    w.write(BS + 50, data[BS + 50:])
+    w.publish()
+    w.close()
+    assert all(st.finished for st in workers.write_streams) and len(workers.write_streams) == 3
+    assert [b.block_id for b in master.blocks[ino]] == [st.block_id for st in workers.write_streams]
+    assert all(b.checksum == zlib.crc32(workers.blocks[b.block_id]) for b in master.blocks[ino])
+    assert published(master, ino) == data
+
+
+def test_stream_survives_a_worker_error_mid_stream(cluster):
+    master, workers = cluster
+    ino = new_file(master)
+    w = writer(master, ino, short_circuit=False)
+    w.write(0, b"a" * 1000)
+    workers.failing.add(1)  # worker 1 goes away mid-block
+    w.write(1000, b"b" * 1000)
+    assert workers.write_streams[0].cancelled
+    w.publish()  # the whole block goes to worker 2 instead
+    workers.failing.clear()
+    assert [b.worker_ids for b in master.blocks[ino]] == [[2]]
+    assert published(master, ino) == b"a" * 1000 + b"b" * 1000
+
+
+def test_stream_with_every_worker_down_is_a_clean_error_at_close(cluster):
+    master, workers = cluster
+    ops = make_ops(master)
+    ops.cfg.client.short_circuit = False
+
+    async def go():
+        fi, attr = await ops.create(1, b"s", 0o100644, os.O_WRONLY | os.O_CREAT, Ctx())
+        await ops.write(fi.fh, 0, b"x" * 5000)
+        workers.failing.update({1, 2})
+        await ops.write(fi.fh, 5000, b"y" * 5000)
+        assert await aerrno(ops.flush, fi.fh) in (errno.EIO, errno.EAGAIN, errno.ENOSPC)
+        assert master.inodes[attr.st_ino].state == common_pb2.WRITING  # nothing published
+        workers.failing.clear()
+        await ops.release(fi.fh)  # the data is still there: release publishes it
+        return attr.st_ino
+
+    ino = trio.run(go)
+    assert published(master, ino) == b"x" * 5000 + b"y" * 5000
+
+
+def test_rewriting_streamed_bytes_ends_the_stream(cluster):
+    master, workers = cluster
+    ino = new_file(master)
+    w = writer(master, ino, short_circuit=False)
+    w.write(0, b"a" * 3000)
+    w.write(10, b"b" * 10)  # bytes already sent change: the stream cannot be used
+    assert workers.write_streams[0].cancelled
+    w.truncate(2000)
+    w.publish()
+    w.close()
+    want = b"a" * 10 + b"b" * 10 + b"a" * 1980
+    assert published(master, ino) == want
+    assert master.blocks[ino][0].block_id != workers.write_streams[0].block_id  # a new id
 
 
 def test_write_behind_applies_in_order_and_publishes_everything(cluster):

@@ -414,6 +414,39 @@ def test_block_info_delete_and_short_circuit(worker):
     assert from_rpc_error(e.value).kind == ErrorKind.NOT_FOUND
 
 
+def test_write_stream_fed_piece_by_piece(worker):
+    info, store, _ = worker
+    data = os.urandom(5 * MIB + 123)
+    st = block_client.BlockWriteStream(info, 0x33)
+    for pos in range(0, len(data), 700 * 1024):  # pieces of any size, sent as they come
+        st.send(data[pos:pos + 700 * 1024])
+    assert st.finish() == (len(data), zlib.crc32(data))
+    assert block_client.read_block(info, 0x33, 0, 0) == data
+    empty = block_client.BlockWriteStream(info, 0x34)
+    assert empty.finish() == (0, 0) and 0x34 in store
+
+
+def test_write_stream_cancel_and_worker_error_leave_nothing(worker):
+    info, store, servicer = worker
+    st = block_client.BlockWriteStream(info, 0x35)
+    st.send(b"x" * MIB)
+    st.cancel()
+    wait_until(lambda: not _staging(info.data_dirs[0]), what="staging file removed")
+    assert 0x35 not in store
+    servicer.block_size = 2 * MIB  # the worker refuses the block when it grows too big
+    st = block_client.BlockWriteStream(info, 0x36)
+    with pytest.raises(CurvineError) as e:
+        for _ in range(50):  # the error reaches send() once the call has failed
+            st.send(b"y" * MIB)
+            time.sleep(0.02)
+        st.finish()
+    assert _kind(e) == ErrorKind.INVALID and "block size" in e.value.message
+    with pytest.raises(CurvineError):
+        st.finish()
+    wait_until(lambda: not _staging(info.data_dirs[0]), what="staging file removed")
+    assert 0x36 not in store and store.used == 0
+
+
 def _stage(info, block_id: int, data: bytes) -> tuple[int, str]:
     fd, path = block_client.create_local_staging(info, block_id)
     os.pwrite(fd, data, 0)
