@@ -575,8 +575,15 @@ class Operations(pyfuse3.Operations):
         writer.dirty = not unpublished
         fh = self._add_file(_File(inode.ino, writer=writer, inode=inode, tgid=tgid,
                                   publish_empty=unpublished))
-        return (pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False),
-                self._attrs(inode, lease=self._lease_ttl(lease_ms, sent)))
+        ttl = self._lease_ttl(lease_ms, sent)
+        attrs = self._attrs(inode, lease=ttl)
+        if ttl and unpublished:
+            # A new, empty file: the kernel may keep these attributes for the lease too.
+            # Its own writes here invalidate them as they go, the publish at close
+            # forgets them (_flush_writer), and an empty close changes none of them.
+            attrs.attr_timeout = ttl
+            self._lease_inode(inode.ino, ttl)
+        return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False), attrs
 
     @_fuse_op
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
@@ -667,7 +674,9 @@ class Operations(pyfuse3.Operations):
                     self._writers.pop(f.ino, None)
             try:
                 if f.publish_empty and not f.writer.dirty:  # closed without data (see create)
-                    await self._publish_empty(f.ino, f.writer.mtime_ns)
+                    # with the creation's mtime: a close without writes changes no
+                    # attribute, so nobody's cached copy goes stale
+                    await self._publish_empty(f.ino, f.writer.mtime_ns or f.inode.mtime_ns)
             finally:
                 if f.empty_closed:
                     n = self._empty_pending.pop(f.ino, 1) - 1

@@ -1436,3 +1436,33 @@ def test_ops_directory_attributes_come_with_changes_and_expire(cluster):
         assert calls == [d.st_ino, attr.st_ino]
 
     trio.run(go)
+
+
+def test_ops_empty_close_publishes_with_the_creation_mtime(cluster):
+    """A close without writes changes no attribute (POSIX: creat sets the times), so
+    the kernel may keep the create reply's attributes under a lease."""
+    master, _ = cluster
+    ops = make_ops(master)
+    seen = []
+    real = master.complete_file
+
+    def recording(ino, blocks, size, mtime_ns=0, if_unpublished=False):
+        seen.append((ino, size, mtime_ns, if_unpublished))
+        return real(ino, blocks, size, mtime_ns, if_unpublished)
+
+    def create_leased(parent, *a, **kw):  # a master that grants leases, with times
+        node = FakeMaster.create(master, parent, *a, **kw)
+        master.inodes[node.ino].mtime_ns = 1_700_000_000_123_456_789
+        return master.getattr(node.ino), 10_000, master.getattr(parent)
+
+    master.complete_file = recording
+    master.create_leased = create_leased
+
+    async def go():
+        fi, attr = await ops.create(1, b"e", 0o100644, os.O_WRONLY | os.O_CREAT, Ctx())
+        assert attr.attr_timeout > 5  # leased: a new empty file
+        await ops.flush(fi.fh)
+        await ops.release(fi.fh)
+        assert seen == [(attr.st_ino, 0, 1_700_000_000_123_456_789, True)]
+
+    trio.run(go)
