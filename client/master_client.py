@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import grpc
 
@@ -38,6 +38,37 @@ def _field(msg, name: str):
     return getattr(msg, name) if msg.HasField(name) else None
 
 
+class Prepared(NamedTuple):
+    method: str  # the unary RPC
+    op: str  # its field in master.Call (the Calls stream)
+    request: Any
+    convert: Callable  # reply -> result
+
+
+def _inode_or_miss(reply: master_pb2.InodeReply) -> tuple[Inode | None, int]:
+    return (reply.inode, reply.lease_ms) if reply.HasField("inode") else (None, 0)
+
+
+def _inode_lease(reply: master_pb2.InodeReply) -> tuple[Inode, int]:
+    return reply.inode, reply.lease_ms
+
+
+def _inode_lease_parent(reply: master_pb2.InodeReply) -> tuple[Inode, int, Inode | None]:
+    return reply.inode, reply.lease_ms, _field(reply, "parent")
+
+
+def _inode(reply: master_pb2.InodeReply) -> Inode:
+    return reply.inode
+
+
+def _parent(reply: master_pb2.ParentReply) -> Inode | None:
+    return _field(reply, "parent")
+
+
+def _parents(reply: master_pb2.ParentReply) -> tuple[Inode | None, Inode | None, Inode | None]:
+    return _field(reply, "parent"), _field(reply, "new_parent"), _field(reply, "moved")
+
+
 class MasterClient:
     """The master's namespace and block API, one method per RPC."""
 
@@ -50,6 +81,68 @@ class MasterClient:
         # Reads are naturally idempotent; mutations carry a request id that the
         # master's retry cache recognises, so every call may be retried.
         return self._rpc.call(method, request, idempotent=True)
+
+    # -- namespace -------------------------------------------------------------
+
+    # Namespace calls the FUSE handlers make: each one is a request built here (with the
+    # session, and one request id reused by every retry) and a conversion of the reply,
+    # so that fuse_client/calls.py can send the same request on the mount's Calls
+    # stream and fall back to the unary RPC with it.
+
+    def prepare(self, op: str, *args, **kwargs) -> Prepared:
+        """The request of namespace call ``op`` (a field of master.Call) and how to
+        convert its reply; ``call(prepared)`` runs it as a unary RPC."""
+        return getattr(self, "_prep_" + op)(*args, **kwargs)
+
+    def call(self, prepared: Prepared):
+        return prepared.convert(self._call(prepared.method, prepared.request))
+
+    def _prep_lookup(self, parent: int, name: bytes) -> Prepared:
+        return Prepared("Lookup", "lookup", master_pb2.LookupRequest(
+            parent=parent, name=name, miss_ok=True, session=self.session), _inode_or_miss)
+
+    def _prep_getattr(self, ino: int) -> Prepared:
+        return Prepared("GetAttr", "getattr",
+                        master_pb2.GetAttrRequest(ino=ino, session=self.session), _inode_lease)
+
+    def _prep_mkdir(self, parent: int, name: bytes, mode: int = 0o755, uid: int = 0,
+                    gid: int = 0) -> Prepared:
+        return Prepared("Mkdir", "mkdir", master_pb2.MkdirRequest(
+            request_id=new_request_id(), parent=parent, name=name, mode=mode & 0o7777,
+            uid=uid, gid=gid, session=self.session), _inode_lease_parent)
+
+    def _prep_create(self, parent: int, name: bytes, mode: int = 0o644, uid: int = 0,
+                     gid: int = 0, exclusive: bool = False) -> Prepared:
+        return Prepared("Create", "create", master_pb2.CreateRequest(
+            request_id=new_request_id(), parent=parent, name=name, mode=mode & 0o7777,
+            uid=uid, gid=gid, exclusive=exclusive, session=self.session), _inode_lease_parent)
+
+    def _prep_unlink(self, parent: int, name: bytes) -> Prepared:
+        return Prepared("Unlink", "unlink", master_pb2.UnlinkRequest(
+            request_id=new_request_id(), parent=parent, name=name, session=self.session),
+            _parent)
+
+    def _prep_rmdir(self, parent: int, name: bytes) -> Prepared:
+        return Prepared("Rmdir", "rmdir", master_pb2.RmdirRequest(
+            request_id=new_request_id(), parent=parent, name=name, session=self.session),
+            _parent)
+
+    def _prep_rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes,
+                     no_replace: bool = False, source_ino: int = 0,
+                     require_published: bool = False, writer_inos: Sequence[int] = ()
+                     ) -> Prepared:
+        return Prepared("Rename", "rename", master_pb2.RenameRequest(
+            request_id=new_request_id(), parent=parent, name=name, new_parent=new_parent,
+            new_name=new_name, no_replace=no_replace, source_ino=source_ino,
+            require_published=require_published, session=self.session,
+            writer_inos=list(writer_inos)), _parents)
+
+    def _prep_complete(self, ino: int, blocks: Sequence[Block], size: int, mtime_ns: int = 0,
+                       if_unpublished: bool = False) -> Prepared:
+        return Prepared("CompleteFile", "complete", master_pb2.CompleteFileRequest(
+            request_id=new_request_id(), ino=ino, blocks=list(blocks), size=size,
+            mtime_ns=mtime_ns, if_unpublished=if_unpublished, session=self.session),
+            _inode)
 
     # -- namespace -------------------------------------------------------------
 
@@ -68,16 +161,13 @@ class MasterClient:
 
     def lookup_leased(self, parent: int, name: bytes) -> tuple[Inode | None, int]:
         """lookup_or_none, plus the milliseconds this session may cache the answer."""
-        reply = self._call("Lookup", master_pb2.LookupRequest(
-            parent=parent, name=name, miss_ok=True, session=self.session))
-        return (reply.inode, reply.lease_ms) if reply.HasField("inode") else (None, 0)
+        return self.call(self._prep_lookup(parent, name))
 
     def getattr(self, ino: int) -> Inode:
         return self._call("GetAttr", master_pb2.GetAttrRequest(ino=ino)).inode
 
     def getattr_leased(self, ino: int) -> tuple[Inode, int]:
-        reply = self._call("GetAttr", master_pb2.GetAttrRequest(ino=ino, session=self.session))
-        return reply.inode, reply.lease_ms
+        return self.call(self._prep_getattr(ino))
 
     def setattr(self, ino: int, **fields) -> Inode:
         """Change mode, uid, gid, size (truncate/extend), atime_ns, mtime_ns."""
@@ -91,10 +181,7 @@ class MasterClient:
     def mkdir_leased(self, parent: int, name: bytes, mode: int = 0o755, uid: int = 0,
                      gid: int = 0) -> tuple[Inode, int, Inode | None]:
         """(new directory, lease ms, the parent's attributes after the change)"""
-        req = master_pb2.MkdirRequest(request_id=new_request_id(), parent=parent, name=name,
-                                      mode=mode & 0o7777, uid=uid, gid=gid, session=self.session)
-        reply = self._call("Mkdir", req)
-        return reply.inode, reply.lease_ms, _field(reply, "parent")
+        return self.call(self._prep_mkdir(parent, name, mode, uid, gid))
 
     def create(self, parent: int, name: bytes, mode: int = 0o644, uid: int = 0, gid: int = 0,
                exclusive: bool = False) -> Inode:
@@ -103,22 +190,14 @@ class MasterClient:
     def create_leased(self, parent: int, name: bytes, mode: int = 0o644, uid: int = 0,
                       gid: int = 0, exclusive: bool = False) -> tuple[Inode, int, Inode | None]:
         """(the file, lease ms, the parent's attributes after the change)"""
-        req = master_pb2.CreateRequest(request_id=new_request_id(), parent=parent, name=name,
-                                       mode=mode & 0o7777, uid=uid, gid=gid, exclusive=exclusive,
-                                       session=self.session)
-        reply = self._call("Create", req)
-        return reply.inode, reply.lease_ms, _field(reply, "parent")
+        return self.call(self._prep_create(parent, name, mode, uid, gid, exclusive))
 
     def unlink(self, parent: int, name: bytes) -> Inode | None:
         """Returns the parent's attributes after the change."""
-        return _field(self._call("Unlink", master_pb2.UnlinkRequest(
-            request_id=new_request_id(), parent=parent, name=name, session=self.session)),
-            "parent")
+        return self.call(self._prep_unlink(parent, name))
 
     def rmdir(self, parent: int, name: bytes) -> Inode | None:
-        return _field(self._call("Rmdir", master_pb2.RmdirRequest(
-            request_id=new_request_id(), parent=parent, name=name, session=self.session)),
-            "parent")
+        return self.call(self._prep_rmdir(parent, name))
 
     def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes,
                no_replace: bool = False, source_ino: int = 0,
@@ -126,12 +205,8 @@ class MasterClient:
                ) -> tuple[Inode | None, Inode | None, Inode | None]:
         """Returns both directories' attributes after the change (the second None when
         they are the same directory) and the moved inode's."""
-        reply = self._call("Rename", master_pb2.RenameRequest(
-            request_id=new_request_id(), parent=parent, name=name, new_parent=new_parent,
-            new_name=new_name, no_replace=no_replace, source_ino=source_ino,
-            require_published=require_published, session=self.session,
-            writer_inos=list(writer_inos)))
-        return _field(reply, "parent"), _field(reply, "new_parent"), _field(reply, "moved")
+        return self.call(self._prep_rename(parent, name, new_parent, new_name, no_replace,
+                                           source_ino, require_published, writer_inos))
 
     def listdir(self, ino: int, start_after: bytes = b"", limit: int = LISTDIR_PAGE
                 ) -> tuple[list[master_pb2.DirEntry], bool]:
@@ -171,10 +246,7 @@ class MasterClient:
     def complete_file(self, ino: int, blocks: Sequence[Block], size: int,
                       mtime_ns: int = 0, if_unpublished: bool = False) -> Inode:
         """Publish a version; with ``if_unpublished`` only if none was ever published."""
-        req = master_pb2.CompleteFileRequest(request_id=new_request_id(), ino=ino,
-                                             blocks=list(blocks), size=size, mtime_ns=mtime_ns,
-                                             if_unpublished=if_unpublished, session=self.session)
-        return self._call("CompleteFile", req).inode
+        return self.call(self._prep_complete(ino, blocks, size, mtime_ns, if_unpublished))
 
     def close(self) -> None:
         self._rpc.close()

@@ -121,6 +121,7 @@ class FuseConfig:
     attr_timeout: Duration = Duration(1.0)
     entry_timeout: Duration = Duration(0.0)  # 0: a name made on another mount is seen at once
     leases: bool = True  # cache leased names and file attributes (master.lease_time)
+    call_stream: bool = True  # namespace calls on one gRPC stream (else one unary RPC each)
     writeback_cache: bool = False  # on, the kernel ignores file sizes from other mounts
     allow_other: bool = False
     readahead_kb: int = 1024

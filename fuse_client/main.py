@@ -105,7 +105,7 @@ async def serve(cfg: config_mod.Config, ops: Operations) -> None:
                     log.info("received %s, unmounting", signal.Signals(signum).name)
                     # Calls waiting for a master that is down would hold the unmount
                     # for up to cluster.master_wait: cut them short.
-                    ops.stop_leases()
+                    ops.stop_streams()
                     ops.master.close()
                     pyfuse3.terminate()
                     return
@@ -119,7 +119,7 @@ async def serve(cfg: config_mod.Config, ops: Operations) -> None:
             else:
                 await trio.to_thread.run_sync(os.stat, cfg.fuse.mountpoint)
             log.info("mounted %s (master %s)", cfg.fuse.mountpoint, cfg.cluster.master_addr)
-            if await trio.to_thread.run_sync(ops.start_leases):
+            if await trio.to_thread.run_sync(ops.start_streams):
                 log.info("caching leased names and file attributes (fuse.leases)")
             daemon.notify("READY=1")
 
@@ -151,7 +151,7 @@ def run(cfg: config_mod.Config) -> int:
             log.exception("the FUSE loop failed")
             code = 1
     finally:
-        ops.stop_leases()
+        ops.stop_streams()
         pyfuse3.close(unmount=True)
         ops.close()
     log.info("unmounted %s", cfg.fuse.mountpoint)

@@ -36,6 +36,7 @@ from curvine.common.errors import CurvineError, ErrorKind, to_errno
 from curvine.common.ids import MIB, check_name, host_id
 from curvine.proto import common_pb2
 
+from .calls import Calls, CallStream
 from .kernel import Epoch, fuse_device_fd
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,8 @@ class Operations(pyfuse3.Operations):
         # Leases (master/leases.py): names and file attributes the kernel may keep for
         # the lease time; the master revokes them before another client changes them.
         self._leases: LeaseSession | None = None
+        # namespace calls: on the Calls stream once start_streams() opened it
+        self._calls = Calls(self.master, self._run)
         self._epoch: Epoch | None = None
         self._leased_inodes: dict[int, float] = {}  # ino -> when the kernel's copy expires
         self._kernel_lock = threading.Lock()  # notifications vs unmount (pyfuse3.close)
@@ -195,9 +198,14 @@ class Operations(pyfuse3.Operations):
 
     # -- leases -------------------------------------------------------------------
 
-    def start_leases(self) -> bool:
-        """Open the lease session (after pyfuse3.init): needs a kernel that can expire
-        every cached name at once (fuse_client/kernel.py)."""
+    def start_streams(self) -> bool:
+        """After pyfuse3.init: open the Calls stream, and the lease session if the
+        kernel can expire every cached name at once (fuse_client/kernel.py); True when
+        leases are on."""
+        if self._calls.stream is None and self.cfg.fuse.call_stream:
+            stream = CallStream(self.master, float(self.cfg.cluster.rpc_timeout))
+            stream.start()
+            self._calls.stream = stream
         if not self.cfg.fuse.leases or self._leases is not None:
             return False
         self._epoch = Epoch(fuse_device_fd())
@@ -207,13 +215,15 @@ class Operations(pyfuse3.Operations):
         self._leases.start()
         return True
 
-    def stop_leases(self) -> None:
+    def stop_streams(self) -> None:
         """Before unmounting: no kernel notification may follow (pyfuse3.close frees
         the session they go through)."""
         with self._kernel_lock:
             self._unmounting = True
         if self._leases is not None:
             self._leases.stop()
+        if self._calls.stream is not None:
+            self._calls.stream.stop()
 
     def _invalidate(self, names, inodes) -> None:
         """The master revokes leases (session thread): drop the kernel's copies before
@@ -413,7 +423,7 @@ class Operations(pyfuse3.Operations):
         """Publish the empty version of a file created here, unless some writer has
         published one meanwhile (theirs is newer than our create)."""
         try:
-            await self._run(self.master.complete_file, ino, [], 0, mtime_ns, True)
+            await self._calls.run("complete", ino, [], 0, mtime_ns, True)
         except CurvineError as e:
             if e.kind != ErrorKind.NOT_FOUND:
                 raise
@@ -434,7 +444,7 @@ class Operations(pyfuse3.Operations):
             check_name(name)
             # One RPC; a miss is a plain reply, not an error status (LMCache's miss path).
             sent = time.monotonic()
-            inode, lease_ms = await self._run(self.master.lookup_leased, parent_inode, name)
+            inode, lease_ms = await self._calls.run("lookup", parent_inode, name)
             if inode is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
             self._note_dirs(inode)
@@ -448,7 +458,7 @@ class Operations(pyfuse3.Operations):
             return cached
         try:
             sent = time.monotonic()
-            node, lease_ms = await self._run(self.master.getattr_leased, inode)
+            node, lease_ms = await self._calls.run("getattr", inode)
             self._note_dirs(node)
             return self._attrs(node, lease=self._lease_ttl(lease_ms, sent))
         except CurvineError as e:
@@ -491,20 +501,20 @@ class Operations(pyfuse3.Operations):
     async def mkdir(self, parent_inode, name, mode, ctx):
         check_name(name)
         sent = time.monotonic()
-        inode, lease_ms, parent = await self._run(self.master.mkdir_leased, parent_inode, name,
-                                                  mode & 0o7777, ctx.uid, ctx.gid)
+        inode, lease_ms, parent = await self._calls.run("mkdir", parent_inode, name,
+                                                        mode & 0o7777, ctx.uid, ctx.gid)
         self._note_dirs(inode, parent)
         return self._attrs(inode, lease=self._lease_ttl(lease_ms, sent))
 
     @_fuse_op
     async def rmdir(self, parent_inode, name, ctx):
         check_name(name)
-        self._note_dirs(await self._run(self.master.rmdir, parent_inode, name))
+        self._note_dirs(await self._calls.run("rmdir", parent_inode, name))
 
     @_fuse_op
     async def unlink(self, parent_inode, name, ctx):
         check_name(name)
-        self._note_dirs(await self._run(self.master.unlink, parent_inode, name))
+        self._note_dirs(await self._calls.run("unlink", parent_inode, name))
 
     @_fuse_op
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
@@ -521,8 +531,8 @@ class Operations(pyfuse3.Operations):
             caller = await self._run(_tgid, ctx.pid)
             mine += [f.ino for f in self._files.values()
                      if f.writer is not None and f.tgid == caller]
-        changed = await self._run(
-            self.master.rename, parent_inode_old, name_old, parent_inode_new, name_new,
+        changed = await self._calls.run(
+            "rename", parent_inode_old, name_old, parent_inode_new, name_new,
             no_replace=bool(flags & pyfuse3.RENAME_NOREPLACE), require_published=True,
             writer_inos=mine)
         if changed:
@@ -550,23 +560,22 @@ class Operations(pyfuse3.Operations):
 
     # -- files ----------------------------------------------------------------
 
-    def _create(self, parent_inode, name, mode, flags, uid, gid, pid):
-        """The create RPC, the handle's writer and the caller's process, in one thread
-        hop (each hop costs ~0.1-0.3 ms)."""
-        inode, lease_ms, parent = self.master.create_leased(parent_inode, name, mode & 0o7777,
-                                                            uid, gid, bool(flags & os.O_EXCL))
-        # Normally a new, empty file.  If another client created the name meanwhile,
-        # O_CREAT without O_TRUNC opens its content.
-        empty = bool(flags & os.O_TRUNC) or inode.size == 0
-        return inode, lease_ms, parent, self._new_writer(inode.ino, empty), _tgid(pid)
+    def _writer_and_tgid(self, ino: int, empty: bool, pid: int):
+        """The handle's writer and the caller's process, in one thread hop."""
+        return self._new_writer(ino, empty), _tgid(pid)
 
     @_fuse_op
     async def create(self, parent_inode, name, mode, flags, ctx):
         check_name(name)
         sent = time.monotonic()
-        inode, lease_ms, parent, writer, tgid = await self._run(
-            self._create, parent_inode, name, mode, flags, ctx.uid, ctx.gid, ctx.pid)
+        inode, lease_ms, parent = await self._calls.run(
+            "create", parent_inode, name, mode & 0o7777, ctx.uid, ctx.gid,
+            bool(flags & os.O_EXCL))
         self._note_dirs(parent)
+        # Normally a new, empty file.  If another client created the name meanwhile,
+        # O_CREAT without O_TRUNC opens its content.
+        empty = bool(flags & os.O_TRUNC) or inode.size == 0
+        writer, tgid = await self._run(self._writer_and_tgid, inode.ino, empty, ctx.pid)
         # A never-published file (the usual case: we just created it) reads as empty
         # on every mount already, so a close without writes needs no publish before it
         # returns (release publishes the empty version for the rename guard).  A
@@ -744,4 +753,6 @@ class Operations(pyfuse3.Operations):
         self._dirs.clear()
         if self._leases is not None:
             self._leases.close()
+        if self._calls.stream is not None:
+            self._calls.stream.stop()
         self.master.close()

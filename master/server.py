@@ -57,11 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     except CurvineError as e:
         log.critical("cannot start: %s", e)
         return 2
-    # each mount's lease session holds one server thread for its stream's lifetime
-    server = rpc.make_server(cfg.master.rpc_threads + cfg.master.max_sessions,
-                             max_concurrent=cfg.master.rpc_threads * 4 + cfg.master.max_sessions)
+    # each mount's lease session and Calls stream hold one server thread each for their
+    # lifetime
+    streams = 2 * cfg.master.max_sessions
+    server = rpc.make_server(cfg.master.rpc_threads + streams,
+                             max_concurrent=cfg.master.rpc_threads * 4 + streams)
     master_pb2_grpc.add_MasterServicer_to_server(
-        MasterServicer(master, cfg.master.max_sessions), server)
+        MasterServicer(master, cfg.master.max_sessions, cfg.master.rpc_threads), server)
     try:
         port = rpc.bind(server, cfg.master.host, cfg.master.port)
     except CurvineError as e:

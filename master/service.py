@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
+from concurrent import futures
 
 import grpc
 
+from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import check_ino
 from curvine.common.rpc import handler
 from curvine.proto import master_pb2, master_pb2_grpc
 
 from .master import Master
 
+log = logging.getLogger(__name__)
+READ_CALLS = frozenset(("lookup", "getattr"))  # answered on the stream's reader thread
+
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
-    def __init__(self, master: Master, max_sessions: int = 1024):
+    def __init__(self, master: Master, max_sessions: int = 1024, call_threads: int = 64):
         self.m = master
         self.max_sessions = max_sessions
+        # mutations from Calls streams wait for the journal (and revocations) here
+        self._call_pool = futures.ThreadPoolExecutor(max_workers=call_threads,
+                                                     thread_name_prefix="call")
 
     @handler
     def Lookup(self, req, ctx):
@@ -121,3 +131,62 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             if ev is None:
                 return
             yield ev
+
+    def Calls(self, request_iterator, ctx):
+        """Namespace calls multiplexed on one stream (see Call in master.proto): reads
+        are answered by the thread reading the stream, mutations by the call pool; this
+        generator sends the results as they come."""
+        results: queue.SimpleQueue = queue.SimpleQueue()
+
+        def run(call):
+            results.put(self._run_call(call))
+
+        def read_calls():
+            try:
+                for call in request_iterator:
+                    if call.WhichOneof("op") in READ_CALLS:
+                        run(call)
+                    else:
+                        self._call_pool.submit(run, call)
+            except Exception:  # noqa: BLE001 - the stream broke: it ends
+                pass
+            finally:
+                results.put(None)
+
+        ctx.add_callback(lambda: results.put(None))
+        threading.Thread(target=read_calls, name="calls-reader", daemon=True).start()
+        while True:
+            r = results.get()
+            if r is None:
+                return
+            yield r
+
+    def _run_call(self, call) -> master_pb2.CallResult:
+        op = call.WhichOneof("op")
+        req = getattr(call, op) if op else None
+        m = self.m
+        try:
+            if op == "lookup":
+                return master_pb2.CallResult(id=call.id, inode=m.lookup_reply(req))
+            if op == "getattr":
+                return master_pb2.CallResult(id=call.id, inode=m.getattr_reply(req))
+            if op in ("create", "mkdir", "unlink", "rmdir", "rename"):
+                check_ino(req.parent, "parent")
+            if op == "create":
+                return master_pb2.CallResult(id=call.id, inode=m.create(req))
+            if op == "mkdir":
+                return master_pb2.CallResult(id=call.id, inode=m.mkdir(req))
+            if op in ("unlink", "rmdir"):
+                return master_pb2.CallResult(id=call.id, parents=m.unlink(req, op == "rmdir"))
+            if op == "rename":
+                check_ino(req.new_parent, "new_parent")
+                return master_pb2.CallResult(id=call.id, parents=m.rename(req))
+            if op == "complete":
+                return master_pb2.CallResult(id=call.id, inode=m.complete(req))
+            raise CurvineError(ErrorKind.INVALID, f"op: unknown call {op!r}")
+        except CurvineError as e:
+            return master_pb2.CallResult(id=call.id, error_kind=int(e.kind), error=e.message)
+        except Exception as e:  # noqa: BLE001 - the one place unknown errors become EIO
+            log.exception("call %s failed", op)
+            return master_pb2.CallResult(id=call.id, error_kind=int(ErrorKind.IO),
+                                         error=f"internal error in {op}: {e}")

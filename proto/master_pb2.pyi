@@ -334,3 +334,39 @@ class SessionEvent(_message.Message):
     names: _containers.RepeatedCompositeFieldContainer[NameKey]
     inodes: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, session_id: _Optional[int] = ..., lease_ms: _Optional[int] = ..., invalidate_id: _Optional[int] = ..., names: _Optional[_Iterable[_Union[NameKey, _Mapping]]] = ..., inodes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Call(_message.Message):
+    __slots__ = ("id", "lookup", "getattr", "create", "mkdir", "unlink", "rmdir", "rename", "complete")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_FIELD_NUMBER: _ClassVar[int]
+    GETATTR_FIELD_NUMBER: _ClassVar[int]
+    CREATE_FIELD_NUMBER: _ClassVar[int]
+    MKDIR_FIELD_NUMBER: _ClassVar[int]
+    UNLINK_FIELD_NUMBER: _ClassVar[int]
+    RMDIR_FIELD_NUMBER: _ClassVar[int]
+    RENAME_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    lookup: LookupRequest
+    getattr: GetAttrRequest
+    create: CreateRequest
+    mkdir: MkdirRequest
+    unlink: UnlinkRequest
+    rmdir: RmdirRequest
+    rename: RenameRequest
+    complete: CompleteFileRequest
+    def __init__(self, id: _Optional[int] = ..., lookup: _Optional[_Union[LookupRequest, _Mapping]] = ..., getattr: _Optional[_Union[GetAttrRequest, _Mapping]] = ..., create: _Optional[_Union[CreateRequest, _Mapping]] = ..., mkdir: _Optional[_Union[MkdirRequest, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRequest, _Mapping]] = ..., rmdir: _Optional[_Union[RmdirRequest, _Mapping]] = ..., rename: _Optional[_Union[RenameRequest, _Mapping]] = ..., complete: _Optional[_Union[CompleteFileRequest, _Mapping]] = ...) -> None: ...
+
+class CallResult(_message.Message):
+    __slots__ = ("id", "error_kind", "error", "inode", "parents")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    error_kind: int
+    error: str
+    inode: InodeReply
+    parents: ParentReply
+    def __init__(self, id: _Optional[int] = ..., error_kind: _Optional[int] = ..., error: _Optional[str] = ..., inode: _Optional[_Union[InodeReply, _Mapping]] = ..., parents: _Optional[_Union[ParentReply, _Mapping]] = ...) -> None: ...

@@ -202,6 +202,18 @@ class FakeMaster:
         ino = self._dir(parent).get(name)
         return None if ino is None else self.getattr(ino)
 
+    # Operations' namespace calls (MasterClient.prepare / call, fuse_client/calls.py)
+    def prepare(self, op, *args, **kwargs):
+        return op, args, kwargs
+
+    def call(self, prepared):
+        op, args, kwargs = prepared
+        fn = {"lookup": self.lookup_leased, "getattr": self.getattr_leased,
+              "create": self.create_leased, "mkdir": self.mkdir_leased,
+              "unlink": self.unlink, "rmdir": self.rmdir, "rename": self.rename,
+              "complete": self.complete_file}[op]
+        return fn(*args, **kwargs)
+
     # leased reads: this fake grants no leases (0 ms); see test_leases.py for real ones
     def lookup_leased(self, parent, name):
         return self.lookup_or_none(parent, name), 0

@@ -1,0 +1,162 @@
+"""The FUSE handlers' namespace calls: on the mount's Calls stream, from the trio loop.
+
+A unary gRPC call from trio costs a ``trio.to_thread`` hop there and back plus grpcio's
+per-call set-up, status and trailers on both ends; a message on an open stream costs
+about half of that CPU and ~40% less latency here (client: ~320 vs ~420 us CPU, ~430
+vs ~750 us per call on this box).  One thread keeps the stream open and hands each
+result straight to the waiting trio task (``run_sync_soon``).
+
+The stream is an optimisation only: while it is down, or if it breaks with a call in
+flight, the call goes as a unary RPC in a thread, with the same request (mutations
+keep their request id, so one the master did apply is answered from its retry cache).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import queue
+import threading
+from typing import Awaitable, Callable
+
+import grpc
+import outcome
+import trio
+
+from curvine.client.master_client import MasterClient, Prepared
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.proto import master_pb2
+
+log = logging.getLogger(__name__)
+
+
+class _StreamDown(Exception):
+    pass
+
+
+class CallStream:
+    """The mount's Calls stream (started from a thread; ``call`` from trio)."""
+
+    def __init__(self, master: MasterClient, timeout: float):
+        self.master = master
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._out: queue.SimpleQueue | None = None  # set while a stream is open
+        self._pending: dict[int, tuple] = {}  # id -> (trio token, task)
+        self._ids = itertools.count(1)
+        self._stop = threading.Event()
+        self._call = None
+        self._thread = threading.Thread(target=self._run, name="calls", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+
+    async def call(self, prepared: Prepared):
+        """The call's reply message; CurvineError as the master raised it;
+        _StreamDown when the stream cannot carry it (nothing is known of its fate)."""
+        token = trio.lowlevel.current_trio_token()
+        task = trio.lowlevel.current_task()
+        with self._lock:
+            out = self._out
+            if out is None:
+                raise _StreamDown()
+            cid = next(self._ids)
+            self._pending[cid] = (token, task)
+        out.put(master_pb2.Call(id=cid, **{prepared.op: prepared.request}))
+
+        def abort(_raise_cancel):
+            with self._lock:
+                if self._pending.pop(cid, None) is None:
+                    return trio.lowlevel.Abort.FAILED  # its result is on the way
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        with trio.move_on_after(self.timeout) as scope:
+            result = await trio.lowlevel.wait_task_rescheduled(abort)
+        if scope.cancelled_caught:
+            raise CurvineError(ErrorKind.TIMEOUT, f"{prepared.method}: no answer within "
+                                                  f"{self.timeout:.0f}s")
+        if result.error_kind:
+            raise CurvineError(ErrorKind(result.error_kind), result.error)
+        return getattr(result, result.WhichOneof("result"))
+
+    def _resolve(self, cid: int, value: outcome.Outcome) -> None:
+        with self._lock:
+            waiter = self._pending.pop(cid, None)
+        if waiter is not None:
+            token, task = waiter
+            try:
+                token.run_sync_soon(trio.lowlevel.reschedule, task, value)
+            except trio.RunFinishedError:
+                pass
+
+    def _run(self) -> None:
+        delay = 0.1
+        while not self._stop.is_set() and not self.master._rpc.closed:
+            out: queue.SimpleQueue = queue.SimpleQueue()
+
+            def requests():
+                while True:
+                    c = out.get()
+                    if c is None:
+                        return
+                    yield c
+
+            call = None
+            try:
+                self._call = call = self.master._rpc.stub.Calls(requests())
+                with self._lock:
+                    self._out = out
+                for result in call:
+                    delay = 0.1
+                    self._resolve(result.id, outcome.Value(result))
+            except grpc.RpcError as e:
+                if not self._stop.is_set():
+                    log.info("calls stream lost: %s", e.code() if hasattr(e, "code") else e)
+            except Exception:  # noqa: BLE001 - unary calls still work
+                log.exception("calls stream failed")
+            finally:
+                with self._lock:
+                    self._out = None
+                    pending, self._pending = self._pending, {}
+                out.put(None)
+                self._call = None
+                if call is not None:
+                    call.cancel()
+                for cid, (token, task) in pending.items():
+                    try:
+                        token.run_sync_soon(trio.lowlevel.reschedule, task,
+                                            outcome.Error(_StreamDown()))
+                    except trio.RunFinishedError:
+                        pass
+            self._stop.wait(delay)
+            delay = min(delay * 2, 2.0)
+
+
+class Calls:
+    """``await calls.run(op, *args)``: namespace call ``op`` of MasterClient.prepare,
+    on the stream when it is up, else (or when it breaks) as a unary RPC through
+    ``to_thread`` (a function that runs a blocking callable in a thread)."""
+
+    def __init__(self, master: MasterClient,
+                 to_thread: Callable[..., Awaitable], stream: CallStream | None = None):
+        self.master = master
+        self.to_thread = to_thread
+        self.stream = stream
+
+    async def run(self, op: str, *args, **kwargs):
+        prepared = self.master.prepare(op, *args, **kwargs)
+        if self.stream is not None:
+            try:
+                reply = await self.stream.call(prepared)
+            except _StreamDown:
+                pass
+            else:
+                return prepared.convert(reply)
+        return await self.to_thread(functools.partial(self.master.call, prepared))

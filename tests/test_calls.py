@@ -1,0 +1,105 @@
+"""Namespace calls on the Calls stream (fuse_client/calls.py) against a real master
+served in-process: same answers as the unary RPCs, errors by kind, and the unary
+fallback with the very same request when the stream cannot carry a call."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from curvine.client.master_client import MasterClient
+from curvine.common import rpc
+from curvine.common.config import Config
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.ids import ROOT_INO
+from curvine.fuse_client.calls import Calls, CallStream, _StreamDown
+from curvine.master.master import Master
+from curvine.master.service import MasterServicer
+from curvine.proto import master_pb2_grpc
+
+
+@pytest.fixture
+def served(tmp_path):
+    cfg = Config()
+    cfg.master.meta_dir = str(tmp_path / "meta")
+    cfg.journal.dir = str(tmp_path / "journal")
+    m = Master(cfg)
+    server = rpc.make_server(16)
+    master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(m, call_threads=4), server)
+    port = rpc.bind(server, "127.0.0.1", 0)
+    server.start()
+    client = MasterClient(f"127.0.0.1:{port}", timeout=10, wait=2)
+    yield m, client, server
+    client.close()
+    server.stop(0)
+    m.close()
+
+
+async def _to_thread(fn):
+    return await trio.to_thread.run_sync(fn)
+
+
+def test_calls_on_the_stream_answer_like_unary_rpcs(served):
+    m, client, _ = served
+    stream = CallStream(client, timeout=10)
+    stream.start()
+    calls = Calls(client, _to_thread, stream)
+
+    async def go():
+        while stream._out is None:  # the stream thread opens it
+            await trio.sleep(0.01)
+        d, lease, parent = await calls.run("mkdir", ROOT_INO, b"d", 0o755)
+        assert d.type and parent.ino == ROOT_INO
+        f, _, parent = await calls.run("create", d.ino, b"f.tmp", 0o644)
+        assert parent.ino == d.ino
+        assert (await calls.run("lookup", d.ino, b"f.tmp"))[0].ino == f.ino
+        assert await calls.run("lookup", d.ino, b"missing") == (None, 0)
+        assert (await calls.run("getattr", f.ino))[0].ino == f.ino
+        node = await calls.run("complete", f.ino, [], 0, 0, True)
+        assert node.version == 1
+        moved = await calls.run("rename", d.ino, b"f.tmp", d.ino, b"f.data",
+                                require_published=True)
+        assert moved[2].ino == f.ino and moved[0].ino == d.ino
+        with pytest.raises(CurvineError) as e:
+            await calls.run("create", d.ino, b"f.data", 0o644, exclusive=True)
+        assert e.value.kind == ErrorKind.EXISTS
+        with pytest.raises(CurvineError) as e:
+            await calls.run("unlink", d.ino, b"nope")
+        assert e.value.kind == ErrorKind.NOT_FOUND
+        async with trio.open_nursery() as n:  # many in flight at once, out of order
+            for i in range(50):
+                n.start_soon(calls.run, "create", d.ino, b"c%d" % i, 0o644)
+        assert (await calls.run("unlink", d.ino, b"f.data")).ino == d.ino
+
+    try:
+        trio.run(go)
+    finally:
+        stream.stop()
+    assert len(list(client.iterdir(m.lookup(ROOT_INO, b"d").ino))) == 50
+
+
+def test_a_call_the_stream_cannot_carry_goes_unary_with_the_same_request(served):
+    m, client, _ = served
+    sent = []
+
+    class DownStream:
+        async def call(self, prepared):
+            sent.append(prepared)
+            raise _StreamDown()
+
+    real_call = client.call
+
+    def unary(prepared):
+        sent.append(prepared)
+        return real_call(prepared)
+
+    client.call = unary
+    calls = Calls(client, _to_thread, DownStream())
+
+    async def go():
+        f, _, _ = await calls.run("create", ROOT_INO, b"x", 0o644, exclusive=True)
+        return f
+
+    f = trio.run(go)
+    assert len(sent) == 2 and sent[0] is sent[1]  # one request id for both tries
+    assert m.lookup(ROOT_INO, b"x").ino == f.ino
