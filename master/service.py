@@ -18,6 +18,9 @@ from .master import Master
 
 log = logging.getLogger(__name__)
 READ_CALLS = frozenset(("lookup", "getattr"))  # answered on the stream's reader thread
+CALL_METHODS = {"lookup": "Lookup", "getattr": "GetAttr", "create": "Create", "mkdir": "Mkdir",
+                "unlink": "Unlink", "rmdir": "Rmdir", "rename": "Rename",
+                "complete": "CompleteFile"}  # Call field -> the unary RPC it stands for
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
@@ -162,28 +165,15 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             yield r
 
     def _run_call(self, call) -> master_pb2.CallResult:
+        """One Call, by the same code as its unary RPC (the handler's undecorated body)."""
         op = call.WhichOneof("op")
-        req = getattr(call, op) if op else None
-        m = self.m
         try:
-            if op == "lookup":
-                return master_pb2.CallResult(id=call.id, inode=m.lookup_reply(req))
-            if op == "getattr":
-                return master_pb2.CallResult(id=call.id, inode=m.getattr_reply(req))
-            if op in ("create", "mkdir", "unlink", "rmdir", "rename"):
-                check_ino(req.parent, "parent")
-            if op == "create":
-                return master_pb2.CallResult(id=call.id, inode=m.create(req))
-            if op == "mkdir":
-                return master_pb2.CallResult(id=call.id, inode=m.mkdir(req))
-            if op in ("unlink", "rmdir"):
-                return master_pb2.CallResult(id=call.id, parents=m.unlink(req, op == "rmdir"))
-            if op == "rename":
-                check_ino(req.new_parent, "new_parent")
-                return master_pb2.CallResult(id=call.id, parents=m.rename(req))
-            if op == "complete":
-                return master_pb2.CallResult(id=call.id, inode=m.complete(req))
-            raise CurvineError(ErrorKind.INVALID, f"op: unknown call {op!r}")
+            method = CALL_METHODS.get(op)
+            if method is None:
+                raise CurvineError(ErrorKind.INVALID, f"op: unknown call {op!r}")
+            reply = getattr(type(self), method).__wrapped__(self, getattr(call, op), None)
+            field = "inode" if isinstance(reply, master_pb2.InodeReply) else "parents"
+            return master_pb2.CallResult(id=call.id, **{field: reply})
         except CurvineError as e:
             return master_pb2.CallResult(id=call.id, error_kind=int(e.kind), error=e.message)
         except Exception as e:  # noqa: BLE001 - the one place unknown errors become EIO
