@@ -225,6 +225,11 @@ class MasterClient:
                 return
             start = entries[-1].name
 
+    def end_sessions(self, sessions: Sequence[int]) -> None:
+        """Tell the master these lease sessions' mount is gone (after unmounting)."""
+        self._rpc.call("EndSessions", master_pb2.EndSessionsRequest(sessions=list(sessions)),
+                       idempotent=True)
+
     def statfs(self) -> master_pb2.StatFsReply:
         return self._call("StatFs", master_pb2.StatFsRequest())
 
@@ -275,6 +280,7 @@ class LeaseSession:
         self._stop = threading.Event()
         self._call = None
         self._dropped: list[int] = []
+        self.opened: list[int] = []  # every session id this mount had
         self._thread = threading.Thread(target=self._run, name="lease-session", daemon=True)
 
     def start(self) -> None:
@@ -317,6 +323,7 @@ class LeaseSession:
                 else:
                     self._dropped = []
                     self.lease_time = first.lease_ms / 1000
+                    self.opened.append(first.session_id)
                     self.client.session = first.session_id
                     self.up.set()
                     delay = 0.1

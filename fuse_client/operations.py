@@ -753,6 +753,21 @@ class Operations(pyfuse3.Operations):
         self._dirs.clear()
         if self._leases is not None:
             self._leases.close()
+            self._end_sessions(self._leases.opened)
         if self._calls.stream is not None:
             self._calls.stream.stop()
         self.master.close()
+
+    def _end_sessions(self, sessions: list[int]) -> None:
+        """Unmounted: this mount's kernel caches nothing now, so nobody need wait for
+        its leases (nor a restarted master).  On a link of its own: the mount's own may
+        be closed already (SIGTERM), and a master that is down must not hold the exit."""
+        if not sessions:
+            return
+        link = MasterClient(self.master.address, timeout=1.0, wait=0)
+        try:
+            link.end_sessions(sessions)
+        except CurvineError as e:
+            log.info("could not end lease sessions (the master waits for them to run out): %s", e)
+        finally:
+            link.close()

@@ -140,6 +140,25 @@ class LeaseTable:
         log.info("session %x opened by %s", sid, peer)
         return s
 
+    def end_sessions(self, sids: Iterable[int]) -> None:
+        """These sessions' mount is gone (unmounted): nobody waits for their leases, and
+        a restarted master needs no grace for them."""
+        ended = []
+        with self._lock:
+            for sid in sids:
+                s = self._sessions.pop(sid, None)
+                if s is not None:
+                    ended.append(s)
+                self._gone_until.pop(sid, None)
+                self._forget_session(sid)
+                self._grace_sessions.discard(sid)
+            if self.grace_until and not self._grace_sessions:
+                self.grace_until = 0.0
+                self._grace_cv.notify_all()
+        for s in ended:
+            s.close()
+        self._save_state(force=True)
+
     def open_sessions(self) -> int:
         return len(self._sessions)
 

@@ -12,7 +12,7 @@ import grpc
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import check_ino
 from curvine.common.rpc import handler
-from curvine.proto import master_pb2, master_pb2_grpc
+from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
 from .master import Master
 
@@ -134,6 +134,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             if ev is None:
                 return
             yield ev
+
+    @handler
+    def EndSessions(self, req, ctx):
+        self.m.leases.end_sessions(req.sessions)
+        return common_pb2.Empty()
 
     def Calls(self, request_iterator, ctx):
         """Namespace calls multiplexed on one stream (see Call in master.proto): reads

@@ -313,6 +313,12 @@ class SessionRequest(_message.Message):
     ack: int
     def __init__(self, dropped: _Optional[_Iterable[int]] = ..., ack: _Optional[int] = ...) -> None: ...
 
+class EndSessionsRequest(_message.Message):
+    __slots__ = ("sessions",)
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, sessions: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class NameKey(_message.Message):
     __slots__ = ("parent", "name")
     PARENT_FIELD_NUMBER: _ClassVar[int]

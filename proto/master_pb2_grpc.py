@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from curvine.proto import common_pb2 as curvine_dot_proto_dot_common__pb2
 from curvine.proto import master_pb2 as curvine_dot_proto_dot_master__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -118,6 +119,11 @@ class MasterStub:
                 '/curvine.Master/Session',
                 request_serializer=curvine_dot_proto_dot_master__pb2.SessionRequest.SerializeToString,
                 response_deserializer=curvine_dot_proto_dot_master__pb2.SessionEvent.FromString,
+                _registered_method=True)
+        self.EndSessions = channel.unary_unary(
+                '/curvine.Master/EndSessions',
+                request_serializer=curvine_dot_proto_dot_master__pb2.EndSessionsRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_common__pb2.Empty.FromString,
                 _registered_method=True)
         self.Calls = channel.stream_stream(
                 '/curvine.Master/Calls',
@@ -235,6 +241,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EndSessions(self, request, context):
+        """A mount that has unmounted: its sessions cache nothing any more.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Calls(self, request_iterator, context):
         """Namespace calls multiplexed on one stream per mount: a stream message costs about
         half of a unary call in grpcio (no call set-up, status or trailers), both ends.
@@ -330,6 +343,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Session,
                     request_deserializer=curvine_dot_proto_dot_master__pb2.SessionRequest.FromString,
                     response_serializer=curvine_dot_proto_dot_master__pb2.SessionEvent.SerializeToString,
+            ),
+            'EndSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndSessions,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.EndSessionsRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_common__pb2.Empty.SerializeToString,
             ),
             'Calls': grpc.stream_stream_rpc_method_handler(
                     servicer.Calls,
@@ -796,6 +814,33 @@ class Master:
             '/curvine.Master/Session',
             curvine_dot_proto_dot_master__pb2.SessionRequest.SerializeToString,
             curvine_dot_proto_dot_master__pb2.SessionEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/EndSessions',
+            curvine_dot_proto_dot_master__pb2.EndSessionsRequest.SerializeToString,
+            curvine_dot_proto_dot_common__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

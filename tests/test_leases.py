@@ -103,6 +103,23 @@ def test_restart_holds_revocations_until_old_sessions_return(tmp_path):
     assert LeaseTable(30.0, str(tmp_path / "fresh.json")).grace_until == 0
 
 
+def test_ended_sessions_need_no_waiting_now_or_after_a_restart(tmp_path):
+    path = str(tmp_path / "leases.json")
+    t = LeaseTable(30.0, path)
+    a = t.open_session("a")
+    t.grant(a.id, t.snapshot(), [(1, b"x")], [])
+    t.close_session(a)
+    t.end_sessions([a.id])  # the mount unmounted: its kernel caches nothing
+    t.revoke([(1, b"x")], [])  # no wait for a's lease
+    assert LeaseTable(30.0, path).grace_until == 0  # nor after a restart
+    b = t.open_session("b")
+    t.grant(b.id, t.snapshot(), [(1, b"y")], [])
+    t2 = LeaseTable(30.0, path)  # restart while b is mounted
+    assert t2.grace_until
+    t2.end_sessions([b.id])
+    assert t2.grace_until == 0
+
+
 def make_master(tmp_path, lease_time=30.0) -> Master:
     cfg = Config()
     cfg.master.meta_dir = str(tmp_path / "meta")
