@@ -84,7 +84,7 @@ class MasterConfig:
     retry_cache_entries: int = 200_000
     # how long a mount may cache a name or a file's attributes without asking (its
     # lease; mutations by others revoke it first: master/leases.py); 0 = no leases
-    lease_time: Duration = Duration(10.0)
+    lease_time: Duration = Duration(30.0)
     max_sessions: int = 1024  # mounts with a lease session (each holds a server thread)
 
 
