@@ -244,9 +244,17 @@ class LocalCluster:
     }
 
     def __init__(self, base: str, workers: int = 2, mounts: int = 2, conf: str | None = None,
-                 short_circuit: list[bool] | None = None, env: dict | None = None):
+                 short_circuit: list[bool] | None = None, env: dict | None = None,
+                 worker_capacity: int = 0, replicas: int = 0):
         if workers < 0 or mounts < 0:
             raise ClusterError("workers and mounts must not be negative")
+        if worker_capacity < 0:
+            raise ClusterError("worker_capacity must not be negative")
+        if replicas and not 1 <= replicas <= 8:
+            raise ClusterError("replicas must be between 1 and 8")
+        # override the config's worker.capacity / cluster.replicas when non-zero
+        self.worker_capacity = worker_capacity
+        self.replicas = replicas
         if short_circuit is not None and len(short_circuit) != mounts:
             raise ClusterError(f"short_circuit has {len(short_circuit)} entries for {mounts} mounts")
         self.base = os.path.realpath(base)
@@ -438,6 +446,11 @@ class LocalCluster:
             cfg = _config.load(self.conf) if self.conf else _config.Config()
         except _config.ConfigError as e:
             raise ClusterError(f"bad config: {e}") from None
+        if self.replicas:
+            cfg.cluster = dataclasses.replace(cfg.cluster, replicas=self.replicas)
+        if self.worker_capacity:
+            cfg.worker = dataclasses.replace(cfg.worker,
+                                             capacity=_config.Size(self.worker_capacity))
         if self.conf:
             shutil.copyfile(self.conf, self._path("conf.toml"))
         n = 1 + self.n_workers
@@ -682,6 +695,11 @@ def register(subparsers) -> None:
     up.add_argument("--no-short-circuit-mount", type=int, nargs="+", action="extend",
                     default=[], metavar="K",
                     help="mount K reads local blocks through the worker instead of the file")
+    up.add_argument("--worker-capacity", type=_size, default=0, metavar="SIZE",
+                    help="bytes each worker may store, e.g. 2GiB (default: worker.capacity "
+                         "of the config, else the free space of its disk)")
+    up.add_argument("--replicas", type=_replicas, default=0, metavar="N",
+                    help="copies of each block, 1..8 (default: cluster.replicas, 1)")
     up.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                     help="how long to wait for everything to come up (default 60)")
     up.set_defaults(func=_cmd_up, _parser=up)
@@ -709,6 +727,25 @@ def _non_negative(text: str) -> int:
     return n
 
 
+def _size(text: str) -> int:
+    import argparse
+    try:
+        n = _config.parse_size(text)
+    except (_config.ConfigError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be larger than 0")
+    return n
+
+
+def _replicas(text: str) -> int:
+    import argparse
+    n = _non_negative(text)
+    if not 1 <= n <= 8:
+        raise argparse.ArgumentTypeError(f"{n} is not between 1 and 8")
+    return n
+
+
 def _cmd_up(args, parser) -> int:
     bad = [k for k in args.no_short_circuit_mount if not 0 <= k < args.mounts]
     if bad:
@@ -719,7 +756,8 @@ def _cmd_up(args, parser) -> int:
         raise ClusterError(f"config file {args.conf} not found")
     sc = [i not in args.no_short_circuit_mount for i in range(args.mounts)]
     cluster = LocalCluster(args.base, workers=args.workers, mounts=args.mounts,
-                           conf=args.conf, short_circuit=sc)
+                           conf=args.conf, short_circuit=sc,
+                           worker_capacity=args.worker_capacity, replicas=args.replicas)
     for m in cluster.up(timeout=args.timeout):
         print(m)
     return 0

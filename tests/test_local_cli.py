@@ -117,6 +117,22 @@ def test_user_config_is_copied_and_passed_on(tmp_path):
         assert cfg.cluster.block_size == 32 << 20 and cfg.fuse.attr_timeout == 5.0
 
 
+def test_worker_capacity_and_replicas_override_the_config(tmp_path):
+    conf = tmp_path / "my.toml"
+    conf.write_text('[cluster]\nreplicas = 1\n[worker]\ncapacity = "1GiB"\n')
+    c = _planned(tmp_path, workers=2, mounts=1, conf=str(conf),
+                 worker_capacity=96 << 20, replicas=2)
+    for p in c._procs.values():
+        cfg = config.load(p.argv[p.argv.index("--conf") + 1])
+        assert (cfg.cluster.replicas, cfg.worker.capacity) == (2, 96 << 20)
+    kept = _planned(tmp_path / "k", workers=1, mounts=0, conf=str(conf))
+    for p in kept._procs.values():
+        cfg = config.load(p.argv[p.argv.index("--conf") + 1])
+        assert (cfg.cluster.replicas, cfg.worker.capacity) == (1, 1 << 30)
+    with pytest.raises(ClusterError, match="replicas"):
+        LocalCluster(str(tmp_path / "r"), replicas=9)
+
+
 def test_bad_user_config_is_a_cluster_error(tmp_path):
     conf = tmp_path / "bad.toml"
     conf.write_text("[worker]\nno_such_key = 1\n")
@@ -198,6 +214,8 @@ def _run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     (["local", "up", "--base", "B", "--workers", "-1"], True),
     (["local", "up", "--base", "B", "--workers", "two"], True),
     (["local", "up", "--base", "B", "--mounts", "2", "--no-short-circuit-mount", "2"], True),
+    (["local", "up", "--base", "B", "--replicas", "0"], True),
+    (["local", "up", "--base", "B", "--worker-capacity", "lots"], True),
     (["demo", "--chunk-size", "14XB"], True),
     (["demo", "--chunks", "0"], True),
     (["local", "status", "--base", "B"], False),  # no cluster there
