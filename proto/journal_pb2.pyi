@@ -117,8 +117,16 @@ class DropLocationsRecord(_message.Message):
     time_ns: int
     def __init__(self, worker_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., time_ns: _Optional[int] = ...) -> None: ...
 
+class AddLocationsRecord(_message.Message):
+    __slots__ = ("worker_id", "block_ids")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    block_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class JournalEntry(_message.Message):
-    __slots__ = ("mkdir", "create", "unlink", "rename", "set_attr", "complete", "reserve_block_ids", "register_worker", "drop_locations")
+    __slots__ = ("mkdir", "create", "unlink", "rename", "set_attr", "complete", "reserve_block_ids", "register_worker", "drop_locations", "add_locations")
     MKDIR_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
     UNLINK_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +136,7 @@ class JournalEntry(_message.Message):
     RESERVE_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     REGISTER_WORKER_FIELD_NUMBER: _ClassVar[int]
     DROP_LOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    ADD_LOCATIONS_FIELD_NUMBER: _ClassVar[int]
     mkdir: MkdirRecord
     create: CreateRecord
     unlink: UnlinkRecord
@@ -137,4 +146,5 @@ class JournalEntry(_message.Message):
     reserve_block_ids: ReserveBlockIdsRecord
     register_worker: RegisterWorkerRecord
     drop_locations: DropLocationsRecord
-    def __init__(self, mkdir: _Optional[_Union[MkdirRecord, _Mapping]] = ..., create: _Optional[_Union[CreateRecord, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRecord, _Mapping]] = ..., rename: _Optional[_Union[RenameRecord, _Mapping]] = ..., set_attr: _Optional[_Union[SetAttrRecord, _Mapping]] = ..., complete: _Optional[_Union[CompleteRecord, _Mapping]] = ..., reserve_block_ids: _Optional[_Union[ReserveBlockIdsRecord, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerRecord, _Mapping]] = ..., drop_locations: _Optional[_Union[DropLocationsRecord, _Mapping]] = ...) -> None: ...
+    add_locations: AddLocationsRecord
+    def __init__(self, mkdir: _Optional[_Union[MkdirRecord, _Mapping]] = ..., create: _Optional[_Union[CreateRecord, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRecord, _Mapping]] = ..., rename: _Optional[_Union[RenameRecord, _Mapping]] = ..., set_attr: _Optional[_Union[SetAttrRecord, _Mapping]] = ..., complete: _Optional[_Union[CompleteRecord, _Mapping]] = ..., reserve_block_ids: _Optional[_Union[ReserveBlockIdsRecord, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerRecord, _Mapping]] = ..., drop_locations: _Optional[_Union[DropLocationsRecord, _Mapping]] = ..., add_locations: _Optional[_Union[AddLocationsRecord, _Mapping]] = ...) -> None: ...

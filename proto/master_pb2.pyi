@@ -270,14 +270,16 @@ class RegisterWorkerReply(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
 
 class BlockReportRequest(_message.Message):
-    __slots__ = ("worker_id", "block_ids", "block_mtimes_ns")
+    __slots__ = ("worker_id", "block_ids", "block_mtimes_ns", "block_lengths")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_MTIMES_NS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     block_mtimes_ns: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, worker_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., block_mtimes_ns: _Optional[_Iterable[int]] = ...) -> None: ...
+    block_lengths: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., block_mtimes_ns: _Optional[_Iterable[int]] = ..., block_lengths: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BlockReportReply(_message.Message):
     __slots__ = ("delete_block_ids",)
@@ -286,24 +288,62 @@ class BlockReportReply(_message.Message):
     def __init__(self, delete_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "capacity", "used", "num_blocks")
+    __slots__ = ("worker_id", "capacity", "used", "num_blocks", "replicated_block_ids", "failed_block_ids")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATED_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     capacity: int
     used: int
     num_blocks: int
-    def __init__(self, worker_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., num_blocks: _Optional[int] = ...) -> None: ...
+    replicated_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    failed_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., num_blocks: _Optional[int] = ..., replicated_block_ids: _Optional[_Iterable[int]] = ..., failed_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("delete_block_ids", "reregister")
+    __slots__ = ("delete_block_ids", "reregister", "replicate")
     DELETE_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     REREGISTER_FIELD_NUMBER: _ClassVar[int]
+    REPLICATE_FIELD_NUMBER: _ClassVar[int]
     delete_block_ids: _containers.RepeatedScalarFieldContainer[int]
     reregister: bool
-    def __init__(self, delete_block_ids: _Optional[_Iterable[int]] = ..., reregister: _Optional[bool] = ...) -> None: ...
+    replicate: _containers.RepeatedCompositeFieldContainer[ReplicateCommand]
+    def __init__(self, delete_block_ids: _Optional[_Iterable[int]] = ..., reregister: _Optional[bool] = ..., replicate: _Optional[_Iterable[_Union[ReplicateCommand, _Mapping]]] = ...) -> None: ...
+
+class ReplicateCommand(_message.Message):
+    __slots__ = ("block_id", "length", "checksum", "sources")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    length: int
+    checksum: int
+    sources: _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]
+    def __init__(self, block_id: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., sources: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ...) -> None: ...
+
+class ReplicationStatusRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ReplicationStatusReply(_message.Message):
+    __slots__ = ("under_replicated_blocks", "copies_in_flight", "lost_workers", "under_replicated_inos", "scanned")
+    UNDER_REPLICATED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    COPIES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    LOST_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    UNDER_REPLICATED_INOS_FIELD_NUMBER: _ClassVar[int]
+    SCANNED_FIELD_NUMBER: _ClassVar[int]
+    under_replicated_blocks: int
+    copies_in_flight: int
+    lost_workers: _containers.RepeatedScalarFieldContainer[int]
+    under_replicated_inos: _containers.RepeatedScalarFieldContainer[int]
+    scanned: bool
+    def __init__(self, under_replicated_blocks: _Optional[int] = ..., copies_in_flight: _Optional[int] = ..., lost_workers: _Optional[_Iterable[int]] = ..., under_replicated_inos: _Optional[_Iterable[int]] = ..., scanned: _Optional[bool] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
     __slots__ = ("dropped", "ack")

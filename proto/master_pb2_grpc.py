@@ -130,6 +130,11 @@ class MasterStub:
                 request_serializer=curvine_dot_proto_dot_master__pb2.Call.SerializeToString,
                 response_deserializer=curvine_dot_proto_dot_master__pb2.CallResult.FromString,
                 _registered_method=True)
+        self.ReplicationStatus = channel.unary_unary(
+                '/curvine.Master/ReplicationStatus',
+                request_serializer=curvine_dot_proto_dot_master__pb2.ReplicationStatusRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.ReplicationStatusReply.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -256,6 +261,14 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplicationStatus(self, request, context):
+        """Replication (master/replication.py): lost workers, under-replicated blocks,
+        copies in flight.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -353,6 +366,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Calls,
                     request_deserializer=curvine_dot_proto_dot_master__pb2.Call.FromString,
                     response_serializer=curvine_dot_proto_dot_master__pb2.CallResult.SerializeToString,
+            ),
+            'ReplicationStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplicationStatus,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.ReplicationStatusRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.ReplicationStatusReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -868,6 +886,33 @@ class Master:
             '/curvine.Master/Calls',
             curvine_dot_proto_dot_master__pb2.Call.SerializeToString,
             curvine_dot_proto_dot_master__pb2.CallResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicationStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/ReplicationStatus',
+            curvine_dot_proto_dot_master__pb2.ReplicationStatusRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.ReplicationStatusReply.FromString,
             options,
             channel_credentials,
             insecure,
