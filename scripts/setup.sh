@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(fuse3 libfuse3-dev pkg-config gcc python3-venv)
+# fio: tests/test_fio.py verifies data written through a mount (skipped without it)
+APT_PACKAGES=(fuse3 libfuse3-dev pkg-config gcc python3-venv fio)
 
 missing=()
 if command -v dpkg >/dev/null 2>&1; then
@@ -14,7 +15,7 @@ if command -v dpkg >/dev/null 2>&1; then
   done
 else
   # Not Debian: check for the tools instead of the packages.
-  for cmd in fusermount3 pkg-config gcc; do
+  for cmd in fusermount3 pkg-config gcc fio; do
     command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
   done
 fi
@@ -22,7 +23,7 @@ fi
 if ((${#missing[@]})); then
   echo "setup: missing: ${missing[*]}" >&2
   if ! command -v apt-get >/dev/null 2>&1; then
-    echo "setup: no apt-get here; install fuse3, libfuse3 headers, pkg-config and gcc yourself" >&2
+    echo "setup: no apt-get here; install fuse3, libfuse3 headers, pkg-config, gcc and fio yourself" >&2
     exit 1
   fi
   sudo=()
@@ -30,7 +31,7 @@ if ((${#missing[@]})); then
     command -v sudo >/dev/null 2>&1 || { echo "setup: run as root or install sudo" >&2; exit 1; }
     sudo=(sudo)
   fi
-  "${sudo[@]}" apt-get update
+  "${sudo[@]}" apt-get update -qq
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${APT_PACKAGES[@]}"
 fi
 
