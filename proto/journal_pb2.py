@@ -25,33 +25,39 @@ _sym_db = _symbol_database.Default()
 from curvine.proto import common_pb2 as curvine_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63urvine/proto/journal.proto\x12\x07\x63urvine\x1a\x1a\x63urvine/proto/common.proto\"^\n\x0bMkdirRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x04\x12\x0c\n\x04name\x18\x03 \x01(\x0c\x12\x1d\n\x05inode\x18\x04 \x01(\x0b\x32\x0e.curvine.Inode\"_\n\x0c\x43reateRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x04\x12\x0c\n\x04name\x18\x03 \x01(\x0c\x12\x1d\n\x05inode\x18\x04 \x01(\x0b\x32\x0e.curvine.Inode\"Q\n\x0cUnlinkRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x04\x12\x0c\n\x04name\x18\x03 \x01(\x0c\x12\x0f\n\x07time_ns\x18\x04 \x01(\x03\"w\n\x0cRenameRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x04\x12\x0c\n\x04name\x18\x03 \x01(\x0c\x12\x12\n\nnew_parent\x18\x04 \x01(\x04\x12\x10\n\x08new_name\x18\x05 \x01(\x0c\x12\x0f\n\x07time_ns\x18\x06 \x01(\x03\"\xf5\x01\n\rSetAttrRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\x0c\x12\x0b\n\x03ino\x18\x02 \x01(\x04\x12\x11\n\x04mode\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x10\n\x03uid\x18\x04 \x01(\rH\x01\x88\x01\x01\x12\x10\n\x03gid\x18\x05 \x01(\rH\x02\x88\x01\x01\x12\x11\n\x04size\x18\x06 \x01(\x04H\x03\x88\x01\x01\x12\x15\n\x08\x61time_ns\x18\x07 \x01(\x03H\x04\x88\x01\x01\x12\x15\n\x08mtime_ns\x18\x08 \x01(\x03H\x05\x88\x01\x01\x12\x0f\n\x07time_ns\x18\t \x01(\x03\x42\x07\n\x05_modeB\x06\n\x04_uidB\x06\n\x04_gidB\x07\n\x05_sizeB\x0b\n\t_atime_nsB\x0b\n\t_mtime_ns\"q\n\x0e\x43ompleteRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\x0c\x12\x0b\n\x03ino\x18\x02 \x01(\x04\x12\x1e\n\x06\x62locks\x18\x03 \x03(\x0b\x32\x0e.curvine.Block\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x10\n\x08mtime_ns\x18\x05 \x01(\x03\"%\n\x15ReserveBlockIdsRecord\x12\x0c\n\x04upto\x18\x01 \x01(\x04\";\n\x14RegisterWorkerRecord\x12#\n\x06worker\x18\x01 \x01(\x0b\x32\x13.curvine.WorkerInfo\"L\n\x13\x44ropLocationsRecord\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x11\n\tblock_ids\x18\x02 \x03(\x04\x12\x0f\n\x07time_ns\x18\x03 \x01(\x03\":\n\x12\x41\x64\x64LocationsRecord\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x11\n\tblock_ids\x18\x02 \x03(\x04\"\xf4\x03\n\x0cJournalEntry\x12%\n\x05mkdir\x18\x01 \x01(\x0b\x32\x14.curvine.MkdirRecordH\x00\x12\'\n\x06\x63reate\x18\x02 \x01(\x0b\x32\x15.curvine.CreateRecordH\x00\x12\'\n\x06unlink\x18\x03 \x01(\x0b\x32\x15.curvine.UnlinkRecordH\x00\x12\'\n\x06rename\x18\x04 \x01(\x0b\x32\x15.curvine.RenameRecordH\x00\x12*\n\x08set_attr\x18\x05 \x01(\x0b\x32\x16.curvine.SetAttrRecordH\x00\x12+\n\x08\x63omplete\x18\x06 \x01(\x0b\x32\x17.curvine.CompleteRecordH\x00\x12;\n\x11reserve_block_ids\x18\x07 \x01(\x0b\x32\x1e.curvine.ReserveBlockIdsRecordH\x00\x12\x38\n\x0fregister_worker\x18\x08 \x01(\x0b\x32\x1d.curvine.RegisterWorkerRecordH\x00\x12\x36\n\x0e\x64rop_locations\x18\t \x01(\x0b\x32\x1c.curvine.DropLocationsRecordH\x00\x12\x34\n\radd_locations\x18\n \x01(\x0b\x32\x1b.curvine.AddLocationsRecordH\x00\x42\x04\n\x02opb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63urvine/proto/journal.proto\x12\x07\x63urvine\x1a\x1a\x63urvine/proto/common.proto\"^\n\x0bMkdirRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x04\x12\x0c\n\x04name\x18\x03 \x01(\x0c\x12\x1d\n\x05inode\x18\x04 \x01(\x0b\x32\x0e.curvine.Inode\"w\n\x0c\x43reateRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x04\x12\x0c\n\x04name\x18\x03 \x01(\x0c\x12\x1d\n\x05inode\x18\x04 \x01(\x0b\x32\x0e.curvine.Inode\x12\x16\n\x0ewriter_session\x18\x05 \x01(\x04\"Q\n\x0cUnlinkRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x04\x12\x0c\n\x04name\x18\x03 \x01(\x0c\x12\x0f\n\x07time_ns\x18\x04 \x01(\x03\"w\n\x0cRenameRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\x0c\x12\x0e\n\x06parent\x18\x02 \x01(\x04\x12\x0c\n\x04name\x18\x03 \x01(\x0c\x12\x12\n\nnew_parent\x18\x04 \x01(\x04\x12\x10\n\x08new_name\x18\x05 \x01(\x0c\x12\x0f\n\x07time_ns\x18\x06 \x01(\x03\"\xf5\x01\n\rSetAttrRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\x0c\x12\x0b\n\x03ino\x18\x02 \x01(\x04\x12\x11\n\x04mode\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x10\n\x03uid\x18\x04 \x01(\rH\x01\x88\x01\x01\x12\x10\n\x03gid\x18\x05 \x01(\rH\x02\x88\x01\x01\x12\x11\n\x04size\x18\x06 \x01(\x04H\x03\x88\x01\x01\x12\x15\n\x08\x61time_ns\x18\x07 \x01(\x03H\x04\x88\x01\x01\x12\x15\n\x08mtime_ns\x18\x08 \x01(\x03H\x05\x88\x01\x01\x12\x0f\n\x07time_ns\x18\t \x01(\x03\x42\x07\n\x05_modeB\x06\n\x04_uidB\x06\n\x04_gidB\x07\n\x05_sizeB\x0b\n\t_atime_nsB\x0b\n\t_mtime_ns\"q\n\x0e\x43ompleteRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\x0c\x12\x0b\n\x03ino\x18\x02 \x01(\x04\x12\x1e\n\x06\x62locks\x18\x03 \x03(\x0b\x32\x0e.curvine.Block\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x10\n\x08mtime_ns\x18\x05 \x01(\x03\"%\n\x15ReserveBlockIdsRecord\x12\x0c\n\x04upto\x18\x01 \x01(\x04\";\n\x14RegisterWorkerRecord\x12#\n\x06worker\x18\x01 \x01(\x0b\x32\x13.curvine.WorkerInfo\"L\n\x13\x44ropLocationsRecord\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x11\n\tblock_ids\x18\x02 \x03(\x04\x12\x0f\n\x07time_ns\x18\x03 \x01(\x03\":\n\x12\x41\x64\x64LocationsRecord\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\x11\n\tblock_ids\x18\x02 \x03(\x04\"\xcb\x04\n\x0cJournalEntry\x12%\n\x05mkdir\x18\x01 \x01(\x0b\x32\x14.curvine.MkdirRecordH\x00\x12\'\n\x06\x63reate\x18\x02 \x01(\x0b\x32\x15.curvine.CreateRecordH\x00\x12\'\n\x06unlink\x18\x03 \x01(\x0b\x32\x15.curvine.UnlinkRecordH\x00\x12\'\n\x06rename\x18\x04 \x01(\x0b\x32\x15.curvine.RenameRecordH\x00\x12*\n\x08set_attr\x18\x05 \x01(\x0b\x32\x16.curvine.SetAttrRecordH\x00\x12+\n\x08\x63omplete\x18\x06 \x01(\x0b\x32\x17.curvine.CompleteRecordH\x00\x12;\n\x11reserve_block_ids\x18\x07 \x01(\x0b\x32\x1e.curvine.ReserveBlockIdsRecordH\x00\x12\x38\n\x0fregister_worker\x18\x08 \x01(\x0b\x32\x1d.curvine.RegisterWorkerRecordH\x00\x12\x36\n\x0e\x64rop_locations\x18\t \x01(\x0b\x32\x1c.curvine.DropLocationsRecordH\x00\x12\x34\n\radd_locations\x18\n \x01(\x0b\x32\x1b.curvine.AddLocationsRecordH\x00\x12%\n\x05\x65vict\x18\x14 \x01(\x0b\x32\x14.curvine.EvictRecordH\x00\x12.\n\nset_policy\x18\x15 \x01(\x0b\x32\x18.curvine.SetPolicyRecordH\x00\x42\x04\n\x02op\"R\n\x0b\x45victRecord\x12$\n\x06reason\x18\x01 \x01(\x0e\x32\x14.curvine.EvictReason\x12\x0c\n\x04inos\x18\x02 \x03(\x04\x12\x0f\n\x07time_ns\x18\x03 \x01(\x03\"\x87\x01\n\x0fSetPolicyRecord\x12\x12\n\nrequest_id\x18\x01 \x01(\x0c\x12\x0b\n\x03ino\x18\x02 \x01(\x04\x12\x13\n\x06ttl_ms\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x15\n\x08replicas\x18\x04 \x01(\rH\x01\x88\x01\x01\x12\x0f\n\x07time_ns\x18\x05 \x01(\x03\x42\t\n\x07_ttl_msB\x0b\n\t_replicas*[\n\x0b\x45victReason\x12\x1c\n\x18\x45VICT_REASON_UNSPECIFIED\x10\x00\x12\r\n\tEVICT_LRU\x10\x01\x12\r\n\tEVICT_TTL\x10\x02\x12\x10\n\x0c\x45VICT_ORPHAN\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'curvine.proto.journal_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_EVICTREASON']._serialized_start=1902
+  _globals['_EVICTREASON']._serialized_end=1993
   _globals['_MKDIRRECORD']._serialized_start=68
   _globals['_MKDIRRECORD']._serialized_end=162
   _globals['_CREATERECORD']._serialized_start=164
-  _globals['_CREATERECORD']._serialized_end=259
-  _globals['_UNLINKRECORD']._serialized_start=261
-  _globals['_UNLINKRECORD']._serialized_end=342
-  _globals['_RENAMERECORD']._serialized_start=344
-  _globals['_RENAMERECORD']._serialized_end=463
-  _globals['_SETATTRRECORD']._serialized_start=466
-  _globals['_SETATTRRECORD']._serialized_end=711
-  _globals['_COMPLETERECORD']._serialized_start=713
-  _globals['_COMPLETERECORD']._serialized_end=826
-  _globals['_RESERVEBLOCKIDSRECORD']._serialized_start=828
-  _globals['_RESERVEBLOCKIDSRECORD']._serialized_end=865
-  _globals['_REGISTERWORKERRECORD']._serialized_start=867
-  _globals['_REGISTERWORKERRECORD']._serialized_end=926
-  _globals['_DROPLOCATIONSRECORD']._serialized_start=928
-  _globals['_DROPLOCATIONSRECORD']._serialized_end=1004
-  _globals['_ADDLOCATIONSRECORD']._serialized_start=1006
-  _globals['_ADDLOCATIONSRECORD']._serialized_end=1064
-  _globals['_JOURNALENTRY']._serialized_start=1067
-  _globals['_JOURNALENTRY']._serialized_end=1567
+  _globals['_CREATERECORD']._serialized_end=283
+  _globals['_UNLINKRECORD']._serialized_start=285
+  _globals['_UNLINKRECORD']._serialized_end=366
+  _globals['_RENAMERECORD']._serialized_start=368
+  _globals['_RENAMERECORD']._serialized_end=487
+  _globals['_SETATTRRECORD']._serialized_start=490
+  _globals['_SETATTRRECORD']._serialized_end=735
+  _globals['_COMPLETERECORD']._serialized_start=737
+  _globals['_COMPLETERECORD']._serialized_end=850
+  _globals['_RESERVEBLOCKIDSRECORD']._serialized_start=852
+  _globals['_RESERVEBLOCKIDSRECORD']._serialized_end=889
+  _globals['_REGISTERWORKERRECORD']._serialized_start=891
+  _globals['_REGISTERWORKERRECORD']._serialized_end=950
+  _globals['_DROPLOCATIONSRECORD']._serialized_start=952
+  _globals['_DROPLOCATIONSRECORD']._serialized_end=1028
+  _globals['_ADDLOCATIONSRECORD']._serialized_start=1030
+  _globals['_ADDLOCATIONSRECORD']._serialized_end=1088
+  _globals['_JOURNALENTRY']._serialized_start=1091
+  _globals['_JOURNALENTRY']._serialized_end=1678
+  _globals['_EVICTRECORD']._serialized_start=1680
+  _globals['_EVICTRECORD']._serialized_end=1762
+  _globals['_SETPOLICYRECORD']._serialized_start=1765
+  _globals['_SETPOLICYRECORD']._serialized_end=1900
 # @@protoc_insertion_point(module_scope)

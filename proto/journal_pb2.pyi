@@ -1,11 +1,23 @@
 from curvine.proto import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class EvictReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVICT_REASON_UNSPECIFIED: _ClassVar[EvictReason]
+    EVICT_LRU: _ClassVar[EvictReason]
+    EVICT_TTL: _ClassVar[EvictReason]
+    EVICT_ORPHAN: _ClassVar[EvictReason]
+EVICT_REASON_UNSPECIFIED: EvictReason
+EVICT_LRU: EvictReason
+EVICT_TTL: EvictReason
+EVICT_ORPHAN: EvictReason
 
 class MkdirRecord(_message.Message):
     __slots__ = ("request_id", "parent", "name", "inode")
@@ -20,16 +32,18 @@ class MkdirRecord(_message.Message):
     def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ...) -> None: ...
 
 class CreateRecord(_message.Message):
-    __slots__ = ("request_id", "parent", "name", "inode")
+    __slots__ = ("request_id", "parent", "name", "inode", "writer_session")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
+    WRITER_SESSION_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     parent: int
     name: bytes
     inode: _common_pb2.Inode
-    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ...) -> None: ...
+    writer_session: int
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., writer_session: _Optional[int] = ...) -> None: ...
 
 class UnlinkRecord(_message.Message):
     __slots__ = ("request_id", "parent", "name", "time_ns")
@@ -126,7 +140,7 @@ class AddLocationsRecord(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class JournalEntry(_message.Message):
-    __slots__ = ("mkdir", "create", "unlink", "rename", "set_attr", "complete", "reserve_block_ids", "register_worker", "drop_locations", "add_locations")
+    __slots__ = ("mkdir", "create", "unlink", "rename", "set_attr", "complete", "reserve_block_ids", "register_worker", "drop_locations", "add_locations", "evict", "set_policy")
     MKDIR_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
     UNLINK_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +151,8 @@ class JournalEntry(_message.Message):
     REGISTER_WORKER_FIELD_NUMBER: _ClassVar[int]
     DROP_LOCATIONS_FIELD_NUMBER: _ClassVar[int]
     ADD_LOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    EVICT_FIELD_NUMBER: _ClassVar[int]
+    SET_POLICY_FIELD_NUMBER: _ClassVar[int]
     mkdir: MkdirRecord
     create: CreateRecord
     unlink: UnlinkRecord
@@ -147,4 +163,30 @@ class JournalEntry(_message.Message):
     register_worker: RegisterWorkerRecord
     drop_locations: DropLocationsRecord
     add_locations: AddLocationsRecord
-    def __init__(self, mkdir: _Optional[_Union[MkdirRecord, _Mapping]] = ..., create: _Optional[_Union[CreateRecord, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRecord, _Mapping]] = ..., rename: _Optional[_Union[RenameRecord, _Mapping]] = ..., set_attr: _Optional[_Union[SetAttrRecord, _Mapping]] = ..., complete: _Optional[_Union[CompleteRecord, _Mapping]] = ..., reserve_block_ids: _Optional[_Union[ReserveBlockIdsRecord, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerRecord, _Mapping]] = ..., drop_locations: _Optional[_Union[DropLocationsRecord, _Mapping]] = ..., add_locations: _Optional[_Union[AddLocationsRecord, _Mapping]] = ...) -> None: ...
+    evict: EvictRecord
+    set_policy: SetPolicyRecord
+    def __init__(self, mkdir: _Optional[_Union[MkdirRecord, _Mapping]] = ..., create: _Optional[_Union[CreateRecord, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRecord, _Mapping]] = ..., rename: _Optional[_Union[RenameRecord, _Mapping]] = ..., set_attr: _Optional[_Union[SetAttrRecord, _Mapping]] = ..., complete: _Optional[_Union[CompleteRecord, _Mapping]] = ..., reserve_block_ids: _Optional[_Union[ReserveBlockIdsRecord, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerRecord, _Mapping]] = ..., drop_locations: _Optional[_Union[DropLocationsRecord, _Mapping]] = ..., add_locations: _Optional[_Union[AddLocationsRecord, _Mapping]] = ..., evict: _Optional[_Union[EvictRecord, _Mapping]] = ..., set_policy: _Optional[_Union[SetPolicyRecord, _Mapping]] = ...) -> None: ...
+
+class EvictRecord(_message.Message):
+    __slots__ = ("reason", "inos", "time_ns")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    INOS_FIELD_NUMBER: _ClassVar[int]
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    reason: EvictReason
+    inos: _containers.RepeatedScalarFieldContainer[int]
+    time_ns: int
+    def __init__(self, reason: _Optional[_Union[EvictReason, str]] = ..., inos: _Optional[_Iterable[int]] = ..., time_ns: _Optional[int] = ...) -> None: ...
+
+class SetPolicyRecord(_message.Message):
+    __slots__ = ("request_id", "ino", "ttl_ms", "replicas", "time_ns")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    ino: int
+    ttl_ms: int
+    replicas: int
+    time_ns: int
+    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., replicas: _Optional[int] = ..., time_ns: _Optional[int] = ...) -> None: ...

@@ -416,3 +416,52 @@ class CallResult(_message.Message):
     inode: InodeReply
     parents: ParentReply
     def __init__(self, id: _Optional[int] = ..., error_kind: _Optional[int] = ..., error: _Optional[str] = ..., inode: _Optional[_Union[InodeReply, _Mapping]] = ..., parents: _Optional[_Union[ParentReply, _Mapping]] = ...) -> None: ...
+
+class ReportAccessRequest(_message.Message):
+    __slots__ = ("inos",)
+    INOS_FIELD_NUMBER: _ClassVar[int]
+    inos: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, inos: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SetPolicyRequest(_message.Message):
+    __slots__ = ("request_id", "ino", "ttl_ms", "replicas", "session")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    ino: int
+    ttl_ms: int
+    replicas: int
+    session: int
+    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., replicas: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
+
+class CapacityStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CapacityStatusReply(_message.Message):
+    __slots__ = ("capacity", "used", "estimated_used", "high", "low", "stats", "tracked_files")
+    class StatsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_USED_FIELD_NUMBER: _ClassVar[int]
+    HIGH_FIELD_NUMBER: _ClassVar[int]
+    LOW_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    TRACKED_FILES_FIELD_NUMBER: _ClassVar[int]
+    capacity: int
+    used: int
+    estimated_used: int
+    high: float
+    low: float
+    stats: _containers.ScalarMap[str, int]
+    tracked_files: int
+    def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., estimated_used: _Optional[int] = ..., high: _Optional[float] = ..., low: _Optional[float] = ..., stats: _Optional[_Mapping[str, int]] = ..., tracked_files: _Optional[int] = ...) -> None: ...

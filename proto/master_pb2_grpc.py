@@ -135,6 +135,21 @@ class MasterStub:
                 request_serializer=curvine_dot_proto_dot_master__pb2.ReplicationStatusRequest.SerializeToString,
                 response_deserializer=curvine_dot_proto_dot_master__pb2.ReplicationStatusReply.FromString,
                 _registered_method=True)
+        self.ReportAccess = channel.unary_unary(
+                '/curvine.Master/ReportAccess',
+                request_serializer=curvine_dot_proto_dot_master__pb2.ReportAccessRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
+        self.SetPolicy = channel.unary_unary(
+                '/curvine.Master/SetPolicy',
+                request_serializer=curvine_dot_proto_dot_master__pb2.SetPolicyRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.InodeReply.FromString,
+                _registered_method=True)
+        self.CapacityStatus = channel.unary_unary(
+                '/curvine.Master/CapacityStatus',
+                request_serializer=curvine_dot_proto_dot_master__pb2.CapacityStatusRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.CapacityStatusReply.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -269,6 +284,26 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportAccess(self, request, context):
+        """Capacity (master/capacity.py): access reports for LRU eviction (batched by each
+        mount, never journaled), per-directory TTL and replicas, eviction counters.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CapacityStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -371,6 +406,21 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ReplicationStatus,
                     request_deserializer=curvine_dot_proto_dot_master__pb2.ReplicationStatusRequest.FromString,
                     response_serializer=curvine_dot_proto_dot_master__pb2.ReplicationStatusReply.SerializeToString,
+            ),
+            'ReportAccess': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportAccess,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.ReportAccessRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'SetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPolicy,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.SetPolicyRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.InodeReply.SerializeToString,
+            ),
+            'CapacityStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.CapacityStatus,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.CapacityStatusRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.CapacityStatusReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -913,6 +963,87 @@ class Master:
             '/curvine.Master/ReplicationStatus',
             curvine_dot_proto_dot_master__pb2.ReplicationStatusRequest.SerializeToString,
             curvine_dot_proto_dot_master__pb2.ReplicationStatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportAccess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/ReportAccess',
+            curvine_dot_proto_dot_master__pb2.ReportAccessRequest.SerializeToString,
+            curvine_dot_proto_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/SetPolicy',
+            curvine_dot_proto_dot_master__pb2.SetPolicyRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.InodeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CapacityStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/CapacityStatus',
+            curvine_dot_proto_dot_master__pb2.CapacityStatusRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.CapacityStatusReply.FromString,
             options,
             channel_credentials,
             insecure,
