@@ -86,6 +86,10 @@ class MasterConfig:
     # lease; mutations by others revoke it first: master/leases.py); 0 = no leases
     lease_time: Duration = Duration(30.0)
     max_sessions: int = 1024  # mounts with a lease session (each holds a server thread)
+    # re-replication (master/replication.py): copies in flight per target worker, and
+    # how long one may take before it is given up and tried again
+    replication_max_inflight: int = 4
+    replication_timeout: Duration = Duration(120.0)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from curvine.proto import common_pb2, journal_pb2, master_pb2
 from .committer import Committer, RetryHit
 from .leases import LeaseTable
 from .namespace import DIRECTORY, FILE, Effects, Namespace, RetryCache, now_ns
+from .replication import ReplicationMonitor
 from .store import Store
 from .workers import WorkerRegistry
 
@@ -67,6 +68,8 @@ class Master:
         self.started = time.monotonic()
         self.committer.start()
         self.submit(self.ns.plan_root)
+        self.replication = ReplicationMonitor(self)
+        self.replication.start()
 
     def _open_store(self) -> Store:
         """Open LMDB and make sure the journal can bring it up to date.
@@ -115,6 +118,8 @@ class Master:
         return Store(lmdb_dir)
 
     def close(self) -> None:
+        if hasattr(self, "replication"):
+            self.replication.close()
         self.committer.stop()
         self.journal.close()
         self.store.close()
@@ -294,7 +299,9 @@ class Master:
             if e.kind == ErrorKind.NOT_FOUND:
                 self._free_pending(b.block_id for b in req.blocks)
             raise
-        return master_pb2.InodeReply(inode=self.getattr(value.ino if isinstance(value, RetryHit) else req.ino))
+        node = self.getattr(value.ino if isinstance(value, RetryHit) else req.ino)
+        self.replication.hint_completed(req.blocks, node)
+        return master_pb2.InodeReply(inode=node)
 
     # ------------------------------------------------------------------ blocks
     def add_block(self, req: master_pb2.AddBlockRequest) -> master_pb2.AddBlockReply:
@@ -394,13 +401,17 @@ class Master:
                 return journal_pb2.JournalEntry(drop_locations=rec), None
 
             self.submit(plan)
+            self.replication.hint(missing)  # the other replicas may need a copy
         if deletes:
             log.info("worker %d holds %d blocks no file uses; asking it to delete them",
                      wid, len(deletes))
+        self.replication.on_block_report(req)
         return master_pb2.BlockReportReply(delete_block_ids=deletes)
 
     def heartbeat(self, req: master_pb2.HeartbeatRequest) -> master_pb2.HeartbeatReply:
         deletes = self.registry.heartbeat(req.worker_id, req.capacity, req.used, req.num_blocks)
         if deletes is None:
             return master_pb2.HeartbeatReply(reregister=True)
-        return master_pb2.HeartbeatReply(delete_block_ids=deletes)
+        reply = master_pb2.HeartbeatReply(delete_block_ids=deletes)
+        self.replication.on_heartbeat(req, reply)
+        return reply

@@ -470,6 +470,55 @@ class Namespace:
                 self._touch_parent(txn, node.parent, rec.time_ns)
                 self._remove(txn, node, fx)
 
+    # ------------------------------------------------------------------ replicas
+    def wanted_replicas(self, node: common_pb2.Inode, default: int) -> int:
+        """Replicas a file wants: its own count (from its directory at create), else the
+        cluster's."""
+        return node.replicas or default
+
+    def plan_add_locations(self, txn, worker_id: int, lengths: dict[int, int], default: int):
+        """Admit replicas that worker ``worker_id`` holds (block id -> stored length) as
+        locations of blocks whose file still has them, is short of replicas and that
+        the stored copy covers.  Value: (added, unwanted) block ids; the caller deletes
+        the unwanted copies (never more replicas than wanted)."""
+        added, unwanted = [], []
+        if not self.store.has_worker(txn, worker_id):
+            return None, ([], list(lengths))
+        for block_id, length in lengths.items():
+            ino = self.store.block_owner(txn, block_id)
+            node = self.store.get_inode(txn, ino) if ino is not None else None
+            block = None
+            if node is not None:
+                block = next((b for b in self.store.get_blocks(txn, ino)
+                              if b.block_id == block_id), None)
+            if block is None:
+                unwanted.append(block_id)
+            elif worker_id in block.worker_ids:
+                continue  # already a location: nothing to add, nothing to delete
+            elif (len(block.worker_ids) >= self.wanted_replicas(node, default)
+                  or length < block.length):
+                unwanted.append(block_id)
+            else:
+                added.append(block_id)
+        if not added:
+            return None, (added, unwanted)
+        rec = journal_pb2.AddLocationsRecord(worker_id=worker_id, block_ids=added)
+        return journal_pb2.JournalEntry(add_locations=rec), (added, unwanted)
+
+    def _apply_add_locations(self, txn, rec, fx: Effects) -> None:
+        s = self.store
+        for block_id in rec.block_ids:
+            ino = s.block_owner(txn, block_id)
+            if ino is None:
+                continue
+            blocks = s.get_blocks(txn, ino)
+            for b in blocks:
+                if b.block_id == block_id and rec.worker_id not in b.worker_ids:
+                    b.worker_ids.append(rec.worker_id)
+                    s.index_block(txn, common_pb2.Block(block_id=block_id,
+                                                        worker_ids=[rec.worker_id]), ino)
+            s.put_blocks(txn, ino, blocks)
+
 
 def attr_mode(node: common_pb2.Inode) -> int:
     return (stat.S_IFDIR if node.type == DIRECTORY else stat.S_IFREG) | node.mode

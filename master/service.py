@@ -136,6 +136,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             yield ev
 
     @handler
+    def ReplicationStatus(self, req, ctx):
+        return self.m.replication.status(req.limit)
+
+    @handler
     def EndSessions(self, req, ctx):
         self.m.leases.end_sessions(req.sessions)
         return common_pb2.Empty()

@@ -96,6 +96,21 @@ class WorkerRegistry:
                 out.append((info, alive))
         return out
 
+    def silent(self, since: float) -> list[int]:
+        """Workers that missed heartbeats for ``lost_after``: silent since their last
+        one, or never heard from although the master has run (since ``since``, a
+        time.monotonic()) for that long."""
+        now = time.monotonic()
+        with self._lock:
+            return [wid for wid, st in self._workers.items()
+                    if not self.alive(st, now)
+                    and (st.last_heartbeat > 0 or now - since >= self.lost_after)]
+
+    def alive_ids(self) -> set[int]:
+        now = time.monotonic()
+        with self._lock:
+            return {wid for wid, st in self._workers.items() if self.alive(st, now)}
+
     def info(self, worker_id: int) -> common_pb2.WorkerInfo | None:
         with self._lock:
             st = self._workers.get(worker_id)

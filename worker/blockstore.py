@@ -186,6 +186,18 @@ class BlockStore:
         with self._lock:
             return [(b, e.mtime_ns) for b, e in self._blocks.items()]
 
+    def report_sizes(self) -> list[tuple[int, int, int]]:
+        """(block id, mtime ns, length) of every finalised block: the block report with
+        lengths, so the master can tell whether a copy covers a block it re-admits."""
+        with self._lock:
+            return [(b, e.mtime_ns, e.size) for b, e in self._blocks.items()]
+
+    def size_of(self, block_id: int) -> int | None:
+        """Length of a finalised block here, None if absent."""
+        with self._lock:
+            entry = self._blocks.get(block_id)
+        return entry.size if entry is not None else None
+
     def info(self, block_id: int) -> tuple[int, str]:
         """(length, absolute path) of a finalised block; NOT_FOUND if absent."""
         block_id = check_block_id(block_id)

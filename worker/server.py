@@ -32,6 +32,7 @@ from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 from curvine.common.blocks import MAX_BLOCK_ID
 
 from .blockstore import BlockStore
+from .replication import BlockCopier
 from .service import WorkerServicer, add_to_server
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,8 @@ class MasterLink:
         self.uuid = worker_uuid(store.data_dirs[0])
         self.interval = max(float(cfg.worker.heartbeat_interval), 0.01)
         self.rpc = self._make_rpc()
+        # copies of other workers' blocks the master asks for (re-replication)
+        self.copier = BlockCopier(store, timeout=float(cfg.cluster.rpc_timeout))
         self._registered = False
         self._master_down = False
         self._last_error = ""
@@ -140,6 +143,7 @@ class MasterLink:
     def close(self, timeout: float = 5.0) -> None:
         self.rpc.close()  # cancels an RPC in flight
         self._thread.join(timeout)
+        self.copier.close()
 
     def _new_channel(self) -> None:
         # A gRPC channel that failed to connect backs off for up to two minutes before
@@ -208,10 +212,10 @@ class MasterLink:
         self._registered = True
 
     def _block_report(self) -> None:
-        blocks = self.store.report()
+        blocks = self.store.report_sizes()
         req = master_pb2.BlockReportRequest(
-            worker_id=self.worker_id, block_ids=[b for b, _ in blocks],
-            block_mtimes_ns=[m for _, m in blocks])
+            worker_id=self.worker_id, block_ids=[b for b, _, _ in blocks],
+            block_mtimes_ns=[m for _, m, _ in blocks], block_lengths=[n for _, _, n in blocks])
         reply = self._call("BlockReport", req)
         log.info("block report: %d blocks, master asked to delete %d",
                  len(blocks), len(reply.delete_block_ids))
@@ -219,9 +223,17 @@ class MasterLink:
 
     def _heartbeat(self) -> None:
         capacity, used, num_blocks = self.store.stats()
-        reply = self._call("WorkerHeartbeat", master_pb2.HeartbeatRequest(
-            worker_id=self.worker_id, capacity=capacity, used=used, num_blocks=num_blocks))
+        copied, failed = self.copier.take_outcomes()
+        try:
+            reply = self._call("WorkerHeartbeat", master_pb2.HeartbeatRequest(
+                worker_id=self.worker_id, capacity=capacity, used=used, num_blocks=num_blocks,
+                replicated_block_ids=copied, failed_block_ids=failed))
+        except BaseException:
+            self.copier.give_back(copied, failed)
+            raise
         self._delete(reply.delete_block_ids)
+        if reply.replicate:
+            self.copier.submit(reply.replicate)
         if reply.reregister:
             log.info("master asks worker %d to register again", self.worker_id)
             self._registered = False

@@ -1,0 +1,340 @@
+"""Replicas on the master: declaring workers lost, and copying under-replicated blocks.
+
+A background loop (``ReplicationMonitor``, one round every ``interval``):
+
+1. A worker silent for ``master.worker_lost_after`` is declared lost: its locations
+   are dropped (DropLocationsRecord, journaled; a file left without any replica is
+   removed from the namespace by that record's apply, so readers get ENOENT) and its
+   blocks become suspects.  A lost worker that heartbeats again is asked to register
+   again, so that its full block report tells what it still holds.
+2. Suspect blocks (hinted by drops, by files completed with fewer replicas than
+   wanted, and found by one scan of every file after the master starts) are checked
+   against the file's wanted count (``Inode.replicas``, else ``cluster.replicas``).
+   For a block short of replicas the master picks live targets with room (as for new
+   blocks) and queues "copy block B from these sources" commands, handed to each
+   target in its next heartbeat reply.  At most ``replication_max_inflight`` copies
+   per target; a copy not confirmed within ``replication_timeout`` is given up and
+   planned again, as is one the worker reports failed (after a short back-off).
+3. A worker confirms finished copies in its next heartbeat; the master admits them as
+   locations with an AddLocationsRecord (journaled) while the file still wants them,
+   and asks the worker to delete any copy it does not want (never more replicas than
+   wanted).  A rejoining worker's block report goes through the same admission: a
+   block the master dropped while the worker was lost becomes a location again when
+   its file still has it and is short of replicas, and is deleted otherwise.
+
+Nothing here is durable on its own: suspects, copies in flight and the lost set are
+rebuilt after a restart (the start-up scan, and heartbeats / block reports).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from curvine.common.errors import CurvineError
+from curvine.proto import common_pb2, journal_pb2, master_pb2
+
+from .namespace import now_ns
+from .store import U64
+
+log = logging.getLogger(__name__)
+
+DROP_CHUNK = 10_000  # block ids per DropLocationsRecord
+PLAN_PER_ROUND = 5_000  # suspects examined per round (the rest wait for the next one)
+RETRY_BACKOFF = 5.0  # seconds before a block whose copy failed is planned again
+NO_SOURCE_BACKOFF = 2.0  # seconds before a block without a live source / target is retried
+UNKNOWN_LENGTH = 1 << 63  # a stored length that was not reported: assume it covers
+
+
+class ReplicationMonitor:
+    """Worker loss and re-replication for one Master (see the module docstring)."""
+
+    def __init__(self, master):
+        self.m = master
+        cfg = master.cfg
+        self.default_replicas = int(cfg.cluster.replicas)
+        self.max_inflight = max(1, int(cfg.master.replication_max_inflight))
+        self.copy_timeout = max(1.0, float(cfg.master.replication_timeout))
+        self.interval = min(1.0, max(0.05, float(cfg.master.worker_lost_after) / 4))
+        self._lock = threading.Lock()
+        self._suspects: dict[int, float] = {}  # block id -> not before (time.monotonic())
+        self._inflight: dict[int, dict[int, float]] = {}  # block id -> {target: deadline}
+        self._commands: dict[int, dict[int, master_pb2.ReplicateCommand]] = {}  # by target
+        self._lost: set[int] = set()  # workers whose locations were dropped
+        self.scanned = False
+        self._round_lock = threading.Lock()  # one round at a time (loop or a test)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="replication", daemon=True)
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.run_round()
+            except CurvineError as e:  # e.g. the journal is stopping: try again later
+                log.warning("replication round failed: %s", e)
+            except Exception:  # noqa: BLE001 - the loop must survive a bug in one round
+                log.exception("replication round failed")
+
+    def run_round(self) -> None:
+        """One round: declare lost workers, scan once after start, expire copies that
+        took too long, plan copies of under-replicated blocks."""
+        with self._round_lock:
+            self._declare_lost()
+            if not self.scanned:
+                self._scan()
+                self.scanned = True
+            self._expire()
+            self._plan()
+
+    # ------------------------------------------------------------------ hints
+    def hint(self, block_ids) -> None:
+        """These blocks may be short of replicas: check them in the next round."""
+        with self._lock:
+            for b in block_ids:
+                if b:
+                    self._suspects.setdefault(b, 0.0)
+
+    def hint_completed(self, blocks, node: common_pb2.Inode) -> None:
+        """A version was published: its blocks written to fewer workers than wanted
+        (a worker failed, or too few were alive) are suspects."""
+        wanted = self.m.ns.wanted_replicas(node, self.default_replicas)
+        self.hint(b.block_id for b in blocks if b.block_id and len(b.worker_ids) < wanted)
+
+    # ------------------------------------------------------------------ lost workers
+    def _declare_lost(self) -> None:
+        for wid in self.m.registry.silent(self.m.started):
+            with self._lock:
+                if wid in self._lost:
+                    continue
+                self._lost.add(wid)  # from here on its heartbeats ask it to re-register
+                dropped_cmds = self._commands.pop(wid, {})
+                for b, targets in self._inflight.items():
+                    targets.pop(wid, None)
+                for b in dropped_cmds:
+                    self._suspects.setdefault(b, 0.0)
+            with self.m.store.read() as txn:
+                ids = list(self.m.store.blocks_on_worker(txn, wid))
+            info = self.m.registry.info(wid)
+            log.warning("worker %d (%s) missed heartbeats for %.0fs: declared lost, "
+                        "dropping its %d block locations", wid, info.address if info else "?",
+                        self.m.registry.lost_after, len(ids))
+            for i in range(0, len(ids), DROP_CHUNK):
+                self._drop(wid, ids[i:i + DROP_CHUNK])
+            self.hint(ids)
+
+    def _drop(self, wid: int, block_ids: list[int]) -> None:
+        store = self.m.store
+
+        def plan(txn):
+            still = [b for b in block_ids if store.block_owner(txn, b) is not None]
+            if not still:
+                return None, None
+            rec = journal_pb2.DropLocationsRecord(worker_id=wid, block_ids=still,
+                                                  time_ns=now_ns())
+            return journal_pb2.JournalEntry(drop_locations=rec), None
+
+        self.m.submit(plan)
+
+    def is_lost(self, wid: int) -> bool:
+        with self._lock:
+            return wid in self._lost
+
+    # ------------------------------------------------------------------ planning
+    def _scan(self) -> None:
+        """Every file's blocks once (after a master start nothing in memory says which
+        blocks are short of replicas)."""
+        store, ns = self.m.store, self.m.ns
+        found = []
+        with store.read() as txn:
+            for key, value in txn.cursor(db=store.db["fblocks"]):
+                blocks = common_pb2.BlockList.FromString(value).blocks
+                node = store.get_inode(txn, U64.unpack(key)[0])
+                if node is None:
+                    continue
+                wanted = ns.wanted_replicas(node, self.default_replicas)
+                found.extend(b.block_id for b in blocks
+                             if b.block_id and len(b.worker_ids) < wanted)
+        if found:
+            log.info("%d blocks have fewer replicas than wanted", len(found))
+        self.hint(found)
+
+    def _evaluate(self, txn, block_id: int):
+        """(ino, block, wanted) of a block some file still has, else None."""
+        store = self.m.store
+        ino = store.block_owner(txn, block_id)
+        node = store.get_inode(txn, ino) if ino is not None else None
+        if node is None:
+            return None
+        block = next((b for b in store.get_blocks(txn, ino) if b.block_id == block_id), None)
+        if block is None:
+            return None
+        return ino, block, self.m.ns.wanted_replicas(node, self.default_replicas)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for b, targets in list(self._inflight.items()):
+                for wid, deadline in list(targets.items()):
+                    if deadline <= now:
+                        log.info("copy of block %016x to worker %d not confirmed within "
+                                 "%.0fs; planning it again", b, wid, self.copy_timeout)
+                        del targets[wid]
+                        self._commands.get(wid, {}).pop(b, None)
+                        self._suspects.setdefault(b, 0.0)
+                if not targets:
+                    del self._inflight[b]
+
+    def _plan(self) -> None:
+        registry = self.m.registry
+        now = time.monotonic()
+        alive = registry.alive_ids()
+        with self._lock:
+            due = [b for b, t in self._suspects.items() if t <= now][:PLAN_PER_ROUND]
+            lost = set(self._lost)
+            load: dict[int, int] = {}
+            for targets in self._inflight.values():
+                for wid in targets:
+                    load[wid] = load.get(wid, 0) + 1
+        busy = {wid for wid, n in load.items() if n >= self.max_inflight}
+        stale: dict[int, list[int]] = {}  # locations on lost workers (written after the drop)
+        with self.m.store.read() as txn:
+            for b in due:
+                ev = self._evaluate(txn, b)
+                with self._lock:
+                    pending = dict(self._inflight.get(b, {}))
+                if ev is None:
+                    self._forget(b)
+                    continue
+                _ino, block, wanted = ev
+                for w in block.worker_ids:
+                    if w in lost:
+                        stale.setdefault(w, []).append(b)
+                have = [w for w in block.worker_ids if w not in lost]
+                if len(have) >= wanted:
+                    if not pending:
+                        self._forget(b)
+                    continue
+                need = wanted - len(have) - len(pending)
+                if need <= 0:
+                    continue  # enough copies in flight: checked again once they report
+                sources = [registry.info(w) for w in have if w in alive]
+                sources = [s for s in sources if s is not None]
+                exclude = set(block.worker_ids) | set(pending) | busy | lost
+                targets = registry.choose(need, "", block.length, exclude) if sources else []
+                if not targets:
+                    with self._lock:
+                        if b in self._suspects:
+                            self._suspects[b] = now + NO_SOURCE_BACKOFF
+                    continue
+                cmd = master_pb2.ReplicateCommand(block_id=b, length=block.length,
+                                                  checksum=block.checksum, sources=sources)
+                with self._lock:
+                    for t in targets:
+                        self._commands.setdefault(t.worker_id, {})[b] = cmd
+                        self._inflight.setdefault(b, {})[t.worker_id] = now + self.copy_timeout
+                        load[t.worker_id] = load.get(t.worker_id, 0) + 1
+                        if load[t.worker_id] >= self.max_inflight:
+                            busy.add(t.worker_id)
+                log.debug("block %016x: %d of %d replicas; copying to %s", b, len(have),
+                          wanted, [t.worker_id for t in targets])
+        for wid, ids in stale.items():
+            self._drop(wid, ids)
+
+    def _forget(self, block_id: int) -> None:
+        with self._lock:
+            self._suspects.pop(block_id, None)
+
+    # ------------------------------------------------------------------ workers' side
+    def on_heartbeat(self, req: master_pb2.HeartbeatRequest,
+                     reply: master_pb2.HeartbeatReply) -> None:
+        """Take a worker's copy outcomes; hand it the copies queued for it."""
+        wid = req.worker_id
+        with self._lock:
+            if wid in self._lost:
+                reply.reregister = True  # its block report says what it still holds
+                return
+            for b in req.failed_block_ids:
+                self._inflight.get(b, {}).pop(wid, None)
+                if b in self._inflight and not self._inflight[b]:
+                    del self._inflight[b]
+                self._suspects[b] = time.monotonic() + RETRY_BACKOFF
+            for b in req.replicated_block_ids:
+                self._inflight.get(b, {}).pop(wid, None)
+                if b in self._inflight and not self._inflight[b]:
+                    del self._inflight[b]
+            commands = self._commands.pop(wid, {})
+        if req.failed_block_ids:
+            log.info("worker %d could not copy %d blocks; planning them again",
+                     wid, len(req.failed_block_ids))
+        if req.replicated_block_ids:
+            self.admit(wid, {b: UNKNOWN_LENGTH for b in req.replicated_block_ids})
+            self.hint(req.replicated_block_ids)
+        reply.replicate.extend(commands.values())
+
+    def on_block_report(self, req: master_pb2.BlockReportRequest) -> None:
+        """A (re)joining worker's full report: blocks that files still have but that
+        are not located on it (dropped while it was lost) are admitted again when
+        their file is short of replicas, else deleted."""
+        wid = req.worker_id
+        lengths = list(req.block_lengths) if len(req.block_lengths) == len(req.block_ids) else []
+        store = self.m.store
+        candidates: dict[int, int] = {}
+        with store.read() as txn:
+            located = set(store.blocks_on_worker(txn, wid))
+            for i, b in enumerate(req.block_ids):
+                if b not in located and store.block_owner(txn, b) is not None:
+                    candidates[b] = lengths[i] if lengths else UNKNOWN_LENGTH
+        with self._lock:
+            was_lost = wid in self._lost
+            self._lost.discard(wid)
+        if candidates:
+            added = self.admit(wid, candidates)
+            log.info("worker %d rejoined%s: %d of its %d blocks that were no longer located "
+                     "there are replicas again", wid, " after being lost" if was_lost else "",
+                     len(added), len(candidates))
+        elif was_lost:
+            log.info("worker %d rejoined after being lost", wid)
+
+    def admit(self, wid: int, lengths: dict[int, int]) -> list[int]:
+        """Record copies on worker ``wid`` as locations where wanted (journaled); ask
+        the worker to delete the others.  Returns the block ids admitted."""
+        ns = self.m.ns
+        added, unwanted = self.m.submit(
+            lambda txn: ns.plan_add_locations(txn, wid, lengths, self.default_replicas))
+        if unwanted:
+            log.info("worker %d holds %d copies no file wants (enough replicas, or the "
+                     "file is gone); deleting them", wid, len(unwanted))
+            self.m.registry.queue_deletes([(wid, b) for b in unwanted])
+        return added
+
+    # ------------------------------------------------------------------ status
+    def status(self, limit: int = 0) -> master_pb2.ReplicationStatusReply:
+        limit = limit or 100
+        with self._lock:
+            ids = set(self._suspects) | set(self._inflight)
+            in_flight = sum(len(t) for t in self._inflight.values())
+            lost = sorted(self._lost)
+        reply = master_pb2.ReplicationStatusReply(copies_in_flight=in_flight,
+                                                  lost_workers=lost, scanned=self.scanned)
+        inos: set[int] = set()
+        with self.m.store.read() as txn:
+            for b in ids:
+                ev = self._evaluate(txn, b)
+                if ev is None:
+                    continue
+                ino, block, wanted = ev
+                if len([w for w in block.worker_ids if w not in lost]) < wanted:
+                    reply.under_replicated_blocks += 1
+                    inos.add(ino)
+        reply.under_replicated_inos.extend(sorted(inos)[:limit])
+        return reply
