@@ -20,6 +20,7 @@ COMMAND_GROUPS = [
     ("local", "curvine.cli.local"),
     ("demo", "curvine.cli.demo"),
     ("bench", "curvine.cli.bench"),
+    ("fs", "curvine.cli.fs_cmd"),
 ]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130

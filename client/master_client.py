@@ -13,6 +13,7 @@ wait for this mount to drop what it changed itself.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -253,6 +254,29 @@ class MasterClient:
         """Publish a version; with ``if_unpublished`` only if none was ever published."""
         return self.call(self._prep_complete(ino, blocks, size, mtime_ns, if_unpublished))
 
+    # -- capacity (master/capacity.py) ------------------------------------------
+
+    def report_access(self, inos: Sequence[int], timeout: float | None = None) -> None:
+        """Files opened for reading (see AccessReporter); not retried for long: a lost
+        report only makes eviction a little less accurate."""
+        self._rpc.call("ReportAccess", master_pb2.ReportAccessRequest(inos=list(inos)),
+                       idempotent=True, timeout=timeout, wait=0)
+
+    def set_policy(self, ino: int, ttl_ms: int | None = None,
+                   replicas: int | None = None) -> Inode:
+        """Set the TTL and/or the replica override of a directory (inherited by files
+        created in it afterwards) or of a file."""
+        req = master_pb2.SetPolicyRequest(request_id=new_request_id(), ino=ino,
+                                          session=self.session)
+        if ttl_ms is not None:
+            req.ttl_ms = ttl_ms
+        if replicas is not None:
+            req.replicas = replicas
+        return self._call("SetPolicy", req).inode
+
+    def capacity_status(self) -> master_pb2.CapacityStatusReply:
+        return self._call("CapacityStatus", master_pb2.CapacityStatusRequest())
+
     def close(self) -> None:
         self._rpc.close()
 
@@ -354,3 +378,59 @@ class LeaseSession:
                         log.exception("dropping cached entries failed")
             self._stop.wait(self.retry_idle if idle else delay)
             delay = min(delay * 2, 2.0)
+
+
+class AccessReporter:
+    """Batches file accesses (opens for reading) into ReportAccess calls, for the
+    master's LRU eviction: at most every ``interval`` seconds, or sooner once
+    ``batch`` accesses are waiting, from its own thread.  ``note`` is cheap enough for
+    the FUSE loop (a deque append); a report that fails is dropped (logged once)."""
+
+    def __init__(self, client: MasterClient, interval: float = 1.0, batch: int = 1000,
+                 max_pending: int = 100_000):
+        self.client = client
+        self.interval = interval
+        self.batch = batch
+        self._pending: collections.deque[int] = collections.deque(maxlen=max_pending)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._failed = False
+        self.sent = 0  # accesses reported
+        self._thread = threading.Thread(target=self._run, name="access-reports", daemon=True)
+
+    def start(self) -> None:
+        """Start the reporting thread (once; later calls do nothing)."""
+        if self._thread.ident is None:
+            self._thread.start()
+
+    def note(self, ino: int) -> None:
+        self._pending.append(ino)
+        if len(self._pending) >= self.batch:
+            self._wake.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            self.flush()
+
+    def flush(self) -> None:
+        while self._pending and not self.client._rpc.closed:
+            inos: dict[int, None] = {}  # each inode once per report, in access order
+            while self._pending and len(inos) < self.batch:
+                inos[self._pending.popleft()] = None
+            try:
+                self.client.report_access(list(inos), timeout=5.0)
+                self.sent += len(inos)
+                self._failed = False
+            except CurvineError as e:
+                if not self._failed:
+                    log.info("access report dropped (eviction order is less exact): %s", e)
+                self._failed = True
+                return

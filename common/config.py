@@ -80,6 +80,15 @@ class MasterConfig:
     meta_dir: str = "/var/lib/curvine/master"
     rpc_threads: int = 64
     worker_lost_after: Duration = Duration(30.0)
+    # capacity (master/capacity.py): above evict_high (a fraction of the live workers'
+    # capacity) the least recently used complete files are evicted down to evict_low;
+    # every evict_interval the master also removes expired (TTL) files and files whose
+    # writer's mount has been gone for orphan_timeout.  evict_batch: files per record.
+    evict_high: float = 0.90
+    evict_low: float = 0.80
+    evict_interval: Duration = Duration(1.0)
+    evict_batch: int = 1000
+    orphan_timeout: Duration = Duration(120.0)
     orphan_block_grace: Duration = Duration(300.0)  # unknown blocks younger than this are kept
     retry_cache_entries: int = 200_000
     # how long a mount may cache a name or a file's attributes without asking (its
@@ -187,6 +196,10 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError("expected an integer")
             return value
+        if typ is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError("expected a number")
+            return float(value)
         if typ is str:
             if not isinstance(value, str):
                 raise ValueError("expected a string")
@@ -245,6 +258,14 @@ def validate(cfg: Config) -> None:
         raise ConfigError("cluster.block_size: must be a positive multiple of 1MiB")
     if not 1 <= cfg.cluster.replicas <= 8:
         raise ConfigError("cluster.replicas: must be between 1 and 8")
+    m = cfg.master
+    if not 0 < m.evict_low < m.evict_high <= 1:
+        raise ConfigError(f"master.evict_low / master.evict_high: need 0 < low < high <= 1, "
+                          f"got low {m.evict_low} and high {m.evict_high}")
+    if m.evict_batch < 1:
+        raise ConfigError("master.evict_batch: must be at least 1")
+    if m.evict_interval <= 0:
+        raise ConfigError("master.evict_interval: must be positive")
     for name, port in (("master.port", cfg.master.port), ("worker.port", cfg.worker.port)):
         if not 0 <= port <= 65535:
             raise ConfigError(f"{name}: {port} is not a port number")

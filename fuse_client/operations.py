@@ -30,7 +30,7 @@ import trio
 
 from curvine.client.file_reader import FileReader
 from curvine.client.file_writer import FileWriter
-from curvine.client.master_client import LeaseSession, MasterClient
+from curvine.client.master_client import AccessReporter, LeaseSession, MasterClient
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, to_errno
 from curvine.common.ids import MIB, check_name, host_id
@@ -171,6 +171,8 @@ class Operations(pyfuse3.Operations):
         # cache always had.
         self._dir_attrs: OrderedDict[int, tuple[Inode, float]] = OrderedDict()
         self._read_buf = bytearray(MIB)  # reads answered in the loop (read_cached)
+        # opens for reading, reported to the master in batches (LRU eviction)
+        self._access = AccessReporter(self.master)
 
     # -- helpers --------------------------------------------------------------
 
@@ -202,6 +204,7 @@ class Operations(pyfuse3.Operations):
         """After pyfuse3.init: open the Calls stream, and the lease session if the
         kernel can expire every cached name at once (fuse_client/kernel.py); True when
         leases are on."""
+        self._access.start()
         if self._calls.stream is None and self.cfg.fuse.call_stream:
             stream = CallStream(self.master, float(self.cfg.cluster.rpc_timeout))
             stream.start()
@@ -608,6 +611,7 @@ class Operations(pyfuse3.Operations):
     async def open(self, inode, flags, ctx):
         if flags & os.O_ACCMODE == os.O_RDONLY:
             node, reader = await self._run(self._new_reader, inode)
+            self._access.note(inode)
             keep = node.state == COMPLETE and self._remember_version(inode, node.version)
             fh = self._add_file(_File(inode, reader=reader, inode=node))
             if self._writers.get(inode):
@@ -756,6 +760,7 @@ class Operations(pyfuse3.Operations):
             self._end_sessions(self._leases.opened)
         if self._calls.stream is not None:
             self._calls.stream.stop()
+        self._access.close()
         self.master.close()
 
     def _end_sessions(self, sessions: list[int]) -> None:

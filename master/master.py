@@ -20,6 +20,7 @@ from curvine.journal import Journal
 from curvine.journal.checkpoint import latest_checkpoint
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
+from .capacity import Capacity
 from .committer import Committer, RetryHit
 from .leases import LeaseTable
 from .namespace import DIRECTORY, FILE, Effects, Namespace, RetryCache, now_ns
@@ -68,6 +69,8 @@ class Master:
         self.started = time.monotonic()
         self.committer.start()
         self.submit(self.ns.plan_root)
+        self.capacity = Capacity(self)  # eviction, TTL, orphans (master/capacity.py)
+        self.capacity.start()
         self.replication = ReplicationMonitor(self)
         self.replication.start()
 
@@ -118,6 +121,8 @@ class Master:
         return Store(lmdb_dir)
 
     def close(self) -> None:
+        if hasattr(self, "capacity"):
+            self.capacity.close()
         if hasattr(self, "replication"):
             self.replication.close()
         self.committer.stop()
@@ -270,7 +275,9 @@ class Master:
         since = self.leases.snapshot()
         value = self.submit(lambda t: self.ns.plan_create(t, req), req.request_id,
                             session=req.session)
-        return self._inode_reply(value, req.session, since, (req.parent, req.name))
+        reply = self._inode_reply(value, req.session, since, (req.parent, req.name))
+        self.capacity.on_create(reply.inode, req.session)
+        return reply
 
     def unlink(self, req, rmdir: bool) -> master_pb2.ParentReply:
         self.submit(lambda t: self.ns.plan_unlink(t, req, rmdir), req.request_id,
@@ -301,6 +308,7 @@ class Master:
             raise
         node = self.getattr(value.ino if isinstance(value, RetryHit) else req.ino)
         self.replication.hint_completed(req.blocks, node)
+        self.capacity.on_complete(node, req.blocks)
         return master_pb2.InodeReply(inode=node)
 
     # ------------------------------------------------------------------ blocks
@@ -318,6 +326,7 @@ class Master:
                 raise CurvineError(ErrorKind.UNAVAILABLE, "no live workers")
             raise CurvineError(ErrorKind.NO_SPACE, "no worker has room for another block")
         block_id = self._allocate_block_id()
+        self.capacity.on_add_block(node.ino)
         with self._pending_lock:
             self._pending[block_id] = (node.ino, time.time(), [w.worker_id for w in workers])
         return master_pb2.AddBlockReply(block_id=block_id, workers=workers)
@@ -410,8 +419,24 @@ class Master:
 
     def heartbeat(self, req: master_pb2.HeartbeatRequest) -> master_pb2.HeartbeatReply:
         deletes = self.registry.heartbeat(req.worker_id, req.capacity, req.used, req.num_blocks)
+        self.capacity.on_heartbeat(req.worker_id)
         if deletes is None:
             return master_pb2.HeartbeatReply(reregister=True)
         reply = master_pb2.HeartbeatReply(delete_block_ids=deletes)
         self.replication.on_heartbeat(req, reply)
         return reply
+
+    # ------------------------------------------------------------------ capacity
+    def report_access(self, req: master_pb2.ReportAccessRequest) -> None:
+        self.capacity.report_access(req.inos)
+
+    def set_policy(self, req: master_pb2.SetPolicyRequest) -> master_pb2.InodeReply:
+        check_ino(req.ino)
+        value = self.submit(lambda t: self.ns.plan_set_policy(t, req), req.request_id,
+                            session=req.session)
+        node = self.getattr(value.ino if isinstance(value, RetryHit) else req.ino)
+        self.capacity.on_policy(node)
+        return master_pb2.InodeReply(inode=node)
+
+    def capacity_status(self) -> master_pb2.CapacityStatusReply:
+        return self.capacity.status()

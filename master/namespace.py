@@ -27,6 +27,8 @@ from .store import Store
 FILE = common_pb2.FILE
 DIRECTORY = common_pb2.DIRECTORY
 MAX_BLOCKS_PER_FILE = 1 << 20
+MAX_TTL_MS = 100 * 365 * 86400 * 1000  # SetPolicy: 100 years
+MAX_REPLICAS = 8
 
 
 @dataclass
@@ -152,7 +154,7 @@ class Namespace:
             return None, node  # opening an existing file for write changes nothing yet
         node = self._new_inode(txn, parent, name, FILE, req.mode, req.uid, req.gid)
         rec = journal_pb2.CreateRecord(request_id=req.request_id, parent=parent.ino, name=name,
-                                       inode=node)
+                                       inode=node, writer_session=req.session)
         return journal_pb2.JournalEntry(create=rec), node
 
     def plan_unlink(self, txn, req, rmdir: bool):
@@ -288,6 +290,8 @@ class Namespace:
 
     def _apply_create(self, txn, rec, fx: Effects) -> None:
         self._link_new(txn, rec, fx)
+        if rec.writer_session:  # until complete: who writes it (orphans, capacity.py)
+            self.store.put_writer(txn, rec.inode.ino, rec.writer_session)
 
     def _link_new(self, txn, rec, fx: Effects) -> None:
         s = self.store
@@ -311,6 +315,7 @@ class Namespace:
                 s.unindex_block(txn, b)
                 fx.freed.extend((w, b.block_id) for w in b.worker_ids)
         s.put_blocks(txn, node.ino, [])
+        s.del_writer(txn, node.ino)
         s.del_inode(txn, node.ino)
         s.put_u64(txn, b"inode_count", max(s.get_u64(txn, b"inode_count") - 1, 0))
 
@@ -437,7 +442,73 @@ class Namespace:
         node.version += 1
         node.mtime_ns = node.ctime_ns = rec.mtime_ns
         s.put_inode(txn, node)
+        s.del_writer(txn, node.ino)
         fx.completed.extend(new_ids)
+
+    # ------------------------------------------------------------------ capacity
+    # (master/capacity.py decides what to remove; these plan and apply it)
+
+    def plan_evict(self, txn, reason: int, inos, still_wanted):
+        """Remove the files ``inos`` that still exist and for which
+        ``still_wanted(node)`` holds (checked against the state of this batch).
+        Value: (removed inos, {worker id: bytes freed there})."""
+        removed: list[int] = []
+        freed: dict[int, int] = {}
+        for ino in inos:
+            node = self.store.get_inode(txn, ino)
+            if node is None or node.type != FILE or not still_wanted(node):
+                continue
+            for b in self.store.get_blocks(txn, ino):
+                if b.block_id:
+                    for w in b.worker_ids:
+                        freed[w] = freed.get(w, 0) + b.length
+            removed.append(ino)
+        if not removed:
+            return None, ([], {})
+        rec = journal_pb2.EvictRecord(reason=reason, inos=removed, time_ns=now_ns())
+        return journal_pb2.JournalEntry(evict=rec), (removed, freed)
+
+    def _apply_evict(self, txn, rec, fx: Effects) -> None:
+        s = self.store
+        for ino in rec.inos:
+            node = s.get_inode(txn, ino)
+            if node is None:
+                continue
+            if s.lookup(txn, node.parent, node.name) == ino:
+                s.del_dentry(txn, node.parent, node.name)
+                fx.names.append((node.parent, node.name))
+                self._touch_parent(txn, node.parent, rec.time_ns)
+            fx.inodes.append(ino)
+            self._remove(txn, node, fx)
+
+    def plan_set_policy(self, txn, req: master_pb2.SetPolicyRequest):
+        node = self.inode(txn, req.ino)
+        if not req.HasField("ttl_ms") and not req.HasField("replicas"):
+            raise invalid("ttl_ms", "give ttl_ms, replicas or both")
+        rec = journal_pb2.SetPolicyRecord(request_id=req.request_id, ino=node.ino,
+                                          time_ns=now_ns())
+        if req.HasField("ttl_ms"):
+            if req.ttl_ms > MAX_TTL_MS:
+                raise invalid("ttl_ms", f"{req.ttl_ms} is more than {MAX_TTL_MS} (100 years)")
+            rec.ttl_ms = req.ttl_ms
+        if req.HasField("replicas"):
+            if req.replicas > MAX_REPLICAS:
+                raise invalid("replicas", f"{req.replicas} not in 0..{MAX_REPLICAS} "
+                                          "(0 = the cluster default)")
+            rec.replicas = req.replicas
+        return journal_pb2.JournalEntry(set_policy=rec), None
+
+    def _apply_set_policy(self, txn, rec, fx: Effects) -> None:
+        node = self.store.get_inode(txn, rec.ino)
+        if node is None:
+            return
+        if rec.HasField("ttl_ms"):
+            node.ttl_ms = rec.ttl_ms
+        if rec.HasField("replicas"):
+            node.replicas = rec.replicas
+        node.ctime_ns = rec.time_ns
+        self.store.put_inode(txn, node)
+        fx.inodes.append(node.ino)
 
     def _apply_reserve_block_ids(self, txn, rec, fx: Effects) -> None:
         s = self.store

@@ -115,6 +115,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             yield master_pb2.SessionEvent(session_id=0, lease_ms=0)  # no leases: cache nothing
             return
         sess = leases.open_session(ctx.peer(), first.dropped)
+        self.m.capacity.session_opened(sess.id, first.dropped)  # writers' liveness
+        ctx.add_callback(lambda: self.m.capacity.session_closed(sess.id))
 
         def read_acks():
             try:
@@ -142,6 +144,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     @handler
     def EndSessions(self, req, ctx):
         self.m.leases.end_sessions(req.sessions)
+        for sid in req.sessions:
+            self.m.capacity.session_closed(sid)
         return common_pb2.Empty()
 
     def Calls(self, request_iterator, ctx):
@@ -189,3 +193,17 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             log.exception("call %s failed", op)
             return master_pb2.CallResult(id=call.id, error_kind=int(ErrorKind.IO),
                                          error=f"internal error in {op}: {e}")
+
+    # -- capacity (master/capacity.py)
+    @handler
+    def ReportAccess(self, req, ctx):
+        self.m.report_access(req)
+        return common_pb2.Empty()
+
+    @handler
+    def SetPolicy(self, req, ctx):
+        return self.m.set_policy(req)
+
+    @handler
+    def CapacityStatus(self, req, ctx):
+        return self.m.capacity_status()

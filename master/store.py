@@ -15,6 +15,9 @@ Key schema (all integers fixed-width big-endian, so LMDB's byte order is numeric
     block     block id u64                        ino u64 owning the block
     wblock    worker id u32 + block id u64        b"" (index: blocks located on a worker)
     worker    worker id u32                       WorkerInfo (protobuf): registrations
+    writer    ino u64                             u64: lease session of the mount that
+                                                  created the file, while it is being
+                                                  written (orphan detection, capacity.py)
 
 A directory lists as one range scan of ``dentry`` over its 8-byte prefix, in name
 order, so one directory can hold millions of entries and pages resume by name.
@@ -36,7 +39,7 @@ U64 = struct.Struct(">Q")
 WBLOCK = struct.Struct(">IQ")
 FORMAT = 1
 
-_DBS = ("meta", "inode", "dentry", "fblocks", "block", "wblock", "worker")
+_DBS = ("meta", "inode", "dentry", "fblocks", "block", "wblock", "worker", "writer")
 
 
 def k64(n: int) -> bytes:
@@ -175,3 +178,15 @@ class Store:
 
     def put_worker(self, txn, w: common_pb2.WorkerInfo) -> None:
         txn.put(U32.pack(w.worker_id), w.SerializeToString(), db=self.db["worker"])
+
+    # -- capacity (master/capacity.py) ---------------------------------------------
+    def put_writer(self, txn, ino: int, session: int) -> None:
+        txn.put(k64(ino), k64(session), db=self.db["writer"])
+
+    def del_writer(self, txn, ino: int) -> None:
+        txn.delete(k64(ino), db=self.db["writer"])
+
+    def writers(self, txn) -> Iterator[tuple[int, int]]:
+        """(ino, session) of files whose creating mount's session is recorded."""
+        for k, v in txn.cursor(db=self.db["writer"]):
+            yield U64.unpack(k)[0], U64.unpack(v)[0]

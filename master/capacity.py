@@ -1,0 +1,464 @@
+"""Capacity: what keeps the cache from filling up (DESIGN "Capacity").
+
+One background thread of the master removes files, each batch as one journaled
+``EvictRecord`` (so a restarted master replays the same namespace) whose blocks go to
+the workers' delete queues like any unlink, and whose names are revoked from the
+mounts' leases by ``Master.submit``:
+
+- **LRU eviction.**  Mounts report the files they open for reading in batches
+  (``ReportAccess``, never journaled); creating and completing a file counts as an
+  access too.  ``AccessLog`` keeps ino -> last access in an OrderedDict, oldest
+  first; a restarted master rebuilds it from the inodes' atime/mtime in LMDB, so it
+  still evicts the oldest first.  When the live workers' estimated usage passes
+  ``master.evict_high`` (a fraction of their capacity), the least recently used
+  *complete* files are evicted until it is below ``master.evict_low``.
+- **TTL.**  A complete file whose mtime + ttl has passed is removed (ttl_ms comes
+  from its directory at create, or from SetPolicy on the file).
+- **Orphans.**  A file still being written whose writer's mount is gone: Create
+  records the mount's lease session (``CreateRecord.writer_session``, kept in
+  LMDB's ``writer`` table until the file completes); once every session known to
+  write the file has been closed for ``master.orphan_timeout``, and no block was
+  added to it for as long, the file is removed.  A mount that reconnects opens a new
+  session listing its old ones (``SessionRequest.dropped``): those count as alive
+  again, so a live but slow writer is never removed.  Files created without a
+  session (mounts without leases, the CLI) are never treated as orphans.
+
+Usage as the workers report it lags: a heartbeat carries the usage measured before
+the deletes its reply hands out, so bytes this module freed count as used until the
+second heartbeat after their removal.  ``_WorkerUse`` keeps those bytes (and bytes of
+blocks completed since the last heartbeat) so that one round neither evicts the same
+space twice nor misses new data.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from curvine.common.errors import CurvineError, invalid
+from curvine.proto import common_pb2, journal_pb2, master_pb2
+
+log = logging.getLogger(__name__)
+
+FILE = common_pb2.FILE
+COMPLETE = common_pb2.COMPLETE
+WRITING = common_pb2.WRITING
+MAX_REPORT = 10_000  # inodes per ReportAccess
+SCAN_PER_ROUND = 20_000  # LRU entries looked at per eviction round
+REBUILD_BATCH = 10_000  # inodes read per LMDB read transaction at start
+
+
+class AccessLog:
+    """ino -> last access (ns), least recently used first; thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._od: collections.OrderedDict[int, int] = collections.OrderedDict()
+
+    def touch(self, inos, t_ns: int) -> None:
+        with self._lock:
+            od = self._od
+            for ino in inos:
+                od[ino] = t_ns
+                od.move_to_end(ino)
+
+    def get(self, ino: int) -> int | None:
+        return self._od.get(ino)
+
+    def forget(self, inos) -> None:
+        with self._lock:
+            for ino in inos:
+                self._od.pop(ino, None)
+
+    def oldest(self, n: int) -> list[tuple[int, int]]:
+        with self._lock:
+            return list(itertools.islice(self._od.items(), n))
+
+    def merge_older(self, entries: list[tuple[int, int]]) -> None:
+        """Put ``entries`` (ino, time) from the start-up scan *before* everything
+        touched meanwhile (those accesses are newer)."""
+        entries.sort(key=lambda e: e[1])
+        with self._lock:
+            od = collections.OrderedDict((ino, t) for ino, t in entries if ino not in self._od)
+            od.update(self._od)
+            self._od = od
+
+    def __len__(self) -> int:
+        return len(self._od)
+
+
+@dataclass
+class _WorkerUse:
+    heartbeats: int = 0
+    completed: int = 0  # bytes of blocks completed here since its last heartbeat
+    # (heartbeat count when removed, bytes): freed, not yet in a reported usage
+    removed: list[tuple[int, int]] = field(default_factory=list)
+
+    def pending_removed(self) -> int:
+        return sum(n for _, n in self.removed)
+
+
+class Capacity:
+    """Eviction, TTL expiry and orphan removal for one master (see the module doc)."""
+
+    def __init__(self, master):
+        self.m = master
+        mc = master.cfg.master
+        self.high = float(mc.evict_high)
+        self.low = float(mc.evict_low)
+        self.interval = float(mc.evict_interval)
+        self.batch = int(mc.evict_batch)
+        self.orphan_timeout = float(mc.orphan_timeout)
+        self.lru = AccessLog()
+        self._lock = threading.Lock()
+        self._use: dict[int, _WorkerUse] = {}
+        self._ttl_due: dict[int, int] = {}  # ino -> expiry (ns); authority for _ttl_heap
+        self._ttl_heap: list[tuple[int, int]] = []  # (expiry ns, ino), lazily pruned
+        self._writers: dict[int, set[int]] = {}  # ino being written -> writer sessions
+        self._activity: dict[int, float] = {}  # ino being written -> last create/add block
+        self._open_sessions: set[int] = set()
+        self._closed_at: dict[int, float] = {}  # session -> monotonic time it closed
+        self._alias: dict[int, int] = {}  # old session -> the session that replaced it
+        self.started = time.monotonic()  # sessions of a previous run count as closed now
+        self.stats = {"rounds": 0, "evicted_files": 0, "evicted_bytes": 0,
+                      "expired_files": 0, "expired_bytes": 0, "orphans_removed": 0,
+                      "orphan_bytes": 0, "access_reports": 0, "accesses": 0,
+                      "evict_failures": 0}
+        self.ready = threading.Event()  # the start-up scan is done
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="capacity", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def _run(self) -> None:
+        try:
+            self._rebuild()
+        except Exception:  # noqa: BLE001 - without the scan, eviction starts from scratch
+            log.exception("capacity: start-up scan failed")
+        self.ready.set()
+        while not self._stop.is_set():
+            more = False
+            try:
+                more = self.run_round()
+            except CurvineError as e:
+                self.stats["evict_failures"] += 1
+                log.warning("capacity round failed: %s", e)
+            except Exception:  # noqa: BLE001 - the loop must survive a bug in one round
+                self.stats["evict_failures"] += 1
+                log.exception("capacity round failed")
+            if not more:
+                self._wake.wait(self.interval)
+                self._wake.clear()
+
+    def _rebuild(self) -> None:
+        """LRU order, TTL deadlines and writers of a (re)started master, from LMDB."""
+        started = time.monotonic()
+        store = self.m.store
+        entries: list[tuple[int, int]] = []
+        due: list[tuple[int, int]] = []
+        writing: set[int] = set()
+        after = 0
+        while not self._stop.is_set():
+            with store.read() as txn:
+                cur = txn.cursor(db=store.db["inode"])
+                if not cur.set_range(after.to_bytes(8, "big")):
+                    break
+                n = 0
+                for key, val in cur:
+                    ino = int.from_bytes(key, "big")
+                    if ino == after:
+                        continue
+                    node = common_pb2.Inode()
+                    node.ParseFromString(val)
+                    after = ino
+                    n += 1
+                    if node.type == FILE:
+                        if node.state == COMPLETE:
+                            entries.append((ino, max(node.atime_ns, node.mtime_ns)))
+                            if node.ttl_ms:
+                                due.append((node.mtime_ns + node.ttl_ms * 1_000_000, ino))
+                        else:
+                            writing.add(ino)
+                    if n >= REBUILD_BATCH:
+                        break
+                if n < REBUILD_BATCH:
+                    break
+        with store.read() as txn:
+            recorded = [(ino, sid) for ino, sid in store.writers(txn) if ino in writing]
+        self.lru.merge_older(entries)
+        with self._lock:
+            for expiry, ino in due:
+                self._set_due(ino, expiry)
+            for ino, sid in recorded:
+                self._writers.setdefault(ino, set()).add(sid)
+        log.info("capacity: %d files tracked, %d with a TTL, %d being written by a known "
+                 "mount (scan %.2fs)", len(entries), len(due), len(recorded),
+                 time.monotonic() - started)
+
+    # ------------------------------------------------------------------ hooks
+    def on_create(self, node: common_pb2.Inode, session: int) -> None:
+        """A Create (new file, or an existing one opened for write) by ``session``."""
+        if node.type != FILE or node.state != WRITING:
+            return
+        with self._lock:
+            if session:
+                self._writers.setdefault(node.ino, set()).add(session)
+            self._activity[node.ino] = time.monotonic()
+        self.lru.touch([node.ino], time.time_ns())
+
+    def on_add_block(self, ino: int) -> None:
+        with self._lock:
+            if ino in self._writers:
+                self._activity[ino] = time.monotonic()
+
+    def on_complete(self, node: common_pb2.Inode, blocks) -> None:
+        """A version was published: an access, maybe a TTL deadline, new bytes."""
+        self.lru.touch([node.ino], time.time_ns())
+        with self._lock:
+            self._writers.pop(node.ino, None)
+            self._activity.pop(node.ino, None)
+            if node.ttl_ms:
+                self._set_due(node.ino, node.mtime_ns + node.ttl_ms * 1_000_000)
+            for b in blocks:
+                if b.block_id:
+                    for w in b.worker_ids:
+                        self._use_of(w).completed += b.length
+        if self.estimated_over_high():
+            self._wake.set()
+
+    def on_policy(self, node: common_pb2.Inode) -> None:
+        if node.type == FILE and node.state == COMPLETE and node.ttl_ms:
+            with self._lock:
+                self._set_due(node.ino, node.mtime_ns + node.ttl_ms * 1_000_000)
+            self._wake.set()
+
+    def on_heartbeat(self, worker_id: int) -> None:
+        with self._lock:
+            u = self._use_of(worker_id)
+            u.heartbeats += 1
+            u.completed = 0
+            # the heartbeat after the one whose reply carried the deletes reports them
+            u.removed = [(n0, n) for n0, n in u.removed if u.heartbeats < n0 + 2]
+
+    def report_access(self, inos) -> None:
+        if len(inos) > MAX_REPORT:
+            raise invalid("inos", f"{len(inos)} entries, at most {MAX_REPORT} per report")
+        self.lru.touch(inos, time.time_ns())
+        self.stats["access_reports"] += 1
+        self.stats["accesses"] += len(inos)
+
+    def session_opened(self, sid: int, dropped) -> None:
+        with self._lock:
+            self._open_sessions.add(sid)
+            self._closed_at.pop(sid, None)
+            for old in dropped:
+                if old and old != sid:
+                    self._alias[old] = sid
+
+    def session_closed(self, sid: int) -> None:
+        with self._lock:
+            if sid in self._open_sessions:
+                self._open_sessions.discard(sid)
+                self._closed_at[sid] = time.monotonic()
+
+    # ------------------------------------------------------------------ usage
+    def _use_of(self, worker_id: int) -> _WorkerUse:
+        u = self._use.get(worker_id)
+        if u is None:
+            u = self._use[worker_id] = _WorkerUse()
+        return u
+
+    def usage(self) -> tuple[int, int, int]:
+        """(capacity, reported used, estimated used) of the live workers."""
+        capacity = used = estimate = 0
+        with self._lock:
+            for info, alive in self.m.registry.snapshot():
+                if not alive:
+                    continue
+                capacity += info.capacity
+                used += info.used
+                u = self._use.get(info.worker_id)
+                extra = (u.completed - u.pending_removed()) if u is not None else 0
+                estimate += max(info.used + extra, 0)
+        return capacity, used, estimate
+
+    def estimated_over_high(self) -> bool:
+        capacity, _, estimate = self.usage()
+        return capacity > 0 and estimate > self.high * capacity
+
+    def status(self) -> master_pb2.CapacityStatusReply:
+        capacity, used, estimate = self.usage()
+        return master_pb2.CapacityStatusReply(
+            capacity=capacity, used=used, estimated_used=estimate, high=self.high,
+            low=self.low, stats=dict(self.stats), tracked_files=len(self.lru))
+
+    # ------------------------------------------------------------------ rounds
+    def run_round(self) -> bool:
+        """One bounded round of TTL expiry, orphan removal and eviction; True when
+        there is more to do right away."""
+        if not self.ready.is_set():
+            return False
+        self.stats["rounds"] += 1
+        more = self._expire_ttl()
+        more = self._remove_orphans() or more
+        more = self._evict_lru() or more
+        return more
+
+    def _evict_lru(self) -> bool:
+        capacity, _, estimate = self.usage()
+        if capacity <= 0 or estimate <= self.high * capacity:
+            return False
+        need = estimate - int(self.low * capacity)
+        live = {info.worker_id for info, alive in self.m.registry.snapshot() if alive}
+        chosen: list[tuple[int, int]] = []  # (ino, last access seen)
+        planned = 0
+        gone = []
+        store = self.m.store
+        with store.read() as txn:
+            for ino, t in self.lru.oldest(SCAN_PER_ROUND):
+                node = store.get_inode(txn, ino)
+                if node is None or node.type != FILE:
+                    gone.append(ino)
+                    continue
+                if node.state != COMPLETE:
+                    continue  # being written: never evicted (orphans are handled apart)
+                size = sum(b.length * sum(1 for w in b.worker_ids if w in live)
+                           for b in store.get_blocks(txn, ino) if b.block_id)
+                chosen.append((ino, t))
+                planned += size
+                if planned >= need or len(chosen) >= self.batch:
+                    break
+        self.lru.forget(gone)
+        if not chosen:
+            log.warning("pool above the high watermark (%d of %d bytes) but no complete "
+                        "file to evict", estimate, capacity)
+            return False
+        seen = dict(chosen)
+
+        def still_wanted(node):
+            # complete, and not read (nor republished) since it was chosen
+            return node.state == COMPLETE and self.lru.get(node.ino) == seen[node.ino]
+
+        removed, freed = self._remove(journal_pb2.EVICT_LRU, [i for i, _ in chosen],
+                                      still_wanted)
+        self.stats["evicted_files"] += len(removed)
+        self.stats["evicted_bytes"] += sum(freed.values())
+        log.info("evicted %d least recently used files (%d bytes): pool at %d of %d bytes "
+                 "(high %.2f, low %.2f)", len(removed), sum(freed.values()), estimate,
+                 capacity, self.high, self.low)
+        # more to do if this batch was cut short by its size
+        return len(chosen) >= self.batch and planned < need
+
+    def _expire_ttl(self) -> bool:
+        now = time.time_ns()
+        due: list[int] = []
+        with self._lock:
+            heap = self._ttl_heap
+            while heap and heap[0][0] <= now and len(due) < self.batch:
+                expiry, ino = heapq.heappop(heap)
+                if self._ttl_due.get(ino) == expiry:
+                    del self._ttl_due[ino]
+                    due.append(ino)
+            more = bool(heap) and heap[0][0] <= now
+        if not due:
+            return False
+        later: list[common_pb2.Inode] = []
+
+        def still_wanted(node):
+            if node.state != COMPLETE or not node.ttl_ms:
+                return False
+            if node.mtime_ns + node.ttl_ms * 1_000_000 > time.time_ns():
+                later.append(node)  # new version or mtime since: not yet
+                return False
+            return True
+
+        removed, freed = self._remove(journal_pb2.EVICT_TTL, due, still_wanted)
+        for node in later:
+            self.on_policy(node)
+        self.stats["expired_files"] += len(removed)
+        self.stats["expired_bytes"] += sum(freed.values())
+        if removed:
+            log.info("removed %d expired files (TTL, %d bytes)", len(removed), sum(freed.values()))
+        return more
+
+    def _writer_gone_since(self, sessions: set[int]) -> float | None:
+        """When the last of ``sessions`` closed (monotonic); None if one is open."""
+        latest = 0.0
+        for sid in sessions:
+            seen = set()
+            while sid in self._alias and sid not in seen:  # a reconnected mount
+                seen.add(sid)
+                sid = self._alias[sid]
+            if sid in self._open_sessions:
+                return None
+            latest = max(latest, self._closed_at.get(sid, self.started))
+        return latest
+
+    def _remove_orphans(self) -> bool:
+        now = time.monotonic()
+        orphans = []
+        with self._lock:
+            for ino, sessions in self._writers.items():
+                gone = self._writer_gone_since(sessions)
+                if gone is None or now - gone < self.orphan_timeout:
+                    continue
+                if now - self._activity.get(ino, self.started) < self.orphan_timeout:
+                    continue
+                orphans.append(ino)
+                if len(orphans) >= self.batch:
+                    break
+        if not orphans:
+            return False
+
+        def still_wanted(node):
+            return node.state == WRITING and node.ino in self._writers
+
+        removed, freed = self._remove(journal_pb2.EVICT_ORPHAN, orphans, still_wanted)
+        with self._lock:
+            for ino in orphans:  # removed, completed meanwhile, or gone already
+                self._writers.pop(ino, None)
+                self._activity.pop(ino, None)
+        self.stats["orphans_removed"] += len(removed)
+        self.stats["orphan_bytes"] += sum(freed.values())
+        if removed:
+            log.info("removed %d files whose writer's mount is gone for over %.0fs "
+                     "(orphans, %d bytes)", len(removed), self.orphan_timeout,
+                     sum(freed.values()))
+        return len(orphans) >= self.batch
+
+    def _remove(self, reason: int, inos: list[int], still_wanted) -> tuple[list[int], dict]:
+        """Journal the removal of those of ``inos`` that ``still_wanted`` in one record;
+        the bytes freed count as used until the workers report them gone."""
+        ns = self.m.ns
+        value = self.m.submit(lambda txn: ns.plan_evict(txn, reason, inos, still_wanted))
+        removed, freed = value if value is not None else ([], {})
+        self.lru.forget(removed)
+        with self._lock:
+            for ino in removed:
+                self._ttl_due.pop(ino, None)
+            for w, n in freed.items():
+                u = self._use_of(w)
+                u.removed.append((u.heartbeats, n))
+        return removed, freed
+
+    def _set_due(self, ino: int, expiry: int) -> None:
+        """(under _lock) ino expires at ``expiry`` (ns)."""
+        if self._ttl_due.get(ino) != expiry:
+            self._ttl_due[ino] = expiry
+            heapq.heappush(self._ttl_heap, (expiry, ino))

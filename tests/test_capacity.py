@@ -1,0 +1,235 @@
+"""Capacity (master/capacity.py): LRU eviction under the watermarks, TTL expiry, orphaned
+``*.tmp`` files, a worker on a full file system, and replay of all of it.
+
+In-process tests drive a real Master round by round (its background loop stopped);
+cluster tests run real daemons and FUSE mounts with small capacities and short
+intervals (each prints its numbers).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from cluster_util import wait_for
+from curvine.client.master_client import MasterClient
+from curvine.common.config import Config, ConfigError, apply_dict
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.ids import ROOT_INO, new_request_id
+from curvine.master.master import Master
+from curvine.proto import common_pb2, master_pb2
+
+MiB = 1 << 20
+
+
+# ---------------------------------------------------------------------- in-process
+def make_master(tmp_path, **master_cfg) -> Master:
+    cfg = Config()
+    cfg.master.meta_dir = str(tmp_path / "meta")
+    cfg.journal.dir = str(tmp_path / "journal")
+    cfg.cluster.block_size = 16 * MiB
+    cfg.master.evict_interval = 3600.0  # rounds run when the test says so
+    for k, v in master_cfg.items():
+        setattr(cfg.master, k, v)
+    m = Master(cfg)
+    assert m.capacity.ready.wait(10)
+    return m
+
+
+def add_worker(m, capacity: int) -> int:
+    wid = m.register_worker(common_pb2.WorkerInfo(
+        uuid="w1", host_id="h1", address="127.0.0.1:1", data_dirs=["/d"],
+        capacity=capacity)).worker_id
+    m.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=capacity, used=0))
+    return wid
+
+
+def create(m, parent, name, session=0):
+    return m.create(master_pb2.CreateRequest(request_id=new_request_id(), parent=parent,
+                                             name=name, mode=0o644, session=session)).inode
+
+
+def publish(m, ino, length) -> tuple[common_pb2.Inode, int]:
+    r = m.add_block(master_pb2.AddBlockRequest(ino=ino, client_host_id="h1", size_hint=length))
+    block = common_pb2.Block(block_id=r.block_id, length=length, checksum=1,
+                             worker_ids=[w.worker_id for w in r.workers])
+    node = m.complete(master_pb2.CompleteFileRequest(
+        request_id=new_request_id(), ino=ino, blocks=[block], size=length)).inode
+    return node, r.block_id
+
+
+def names(m, ino=ROOT_INO) -> list[bytes]:
+    return [e.name for e in m.listdir(ino, b"", 0).entries]
+
+
+def test_watermark_config_is_validated():
+    with pytest.raises(ConfigError, match="evict_low"):
+        apply_dict(Config(), {"master": {"evict_high": 0.5, "evict_low": 0.6}})
+    with pytest.raises(ConfigError, match="evict_low"):
+        apply_dict(Config(), {"master": {"evict_high": 1.5}})
+    with pytest.raises(ConfigError, match="evict_high"):
+        apply_dict(Config(), {"master": {"evict_high": "lots"}})
+    cfg = apply_dict(Config(), {"master": {"evict_high": 0.95, "evict_low": 0.5,
+                                           "orphan_timeout": "2s"}})
+    assert (cfg.master.evict_high, cfg.master.evict_low, cfg.master.orphan_timeout) == (0.95, 0.5, 2.0)
+
+
+def test_lru_eviction_plan_watermarks_and_replay(tmp_path):
+    m = make_master(tmp_path)
+    try:
+        m.capacity.close()  # no background rounds: this test drives them
+        wid = add_worker(m, 100 * MiB)
+        files, blocks = [], {}
+        for i in range(10):
+            node, block_id = publish(m, create(m, ROOT_INO, b"f%d" % i).ino, 10 * MiB)
+            files.append(node.ino)
+            blocks[node.ino] = block_id
+        # the heartbeat after the writes: 100% used
+        m.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=100 * MiB, used=100 * MiB))
+        m.capacity.report_access(files[:3])  # f0..f2 were read: most recently used now
+        m.capacity.run_round()
+        # 100% -> 80% (low): exactly the two least recently used files go
+        assert names(m) == [b"f%d" % i for i in (0, 1, 2, 5, 6, 7, 8, 9)]
+        st = m.capacity.status()
+        print(f"\nafter one round: stats {dict(st.stats)}, estimated {st.estimated_used / MiB:.0f} MiB")
+        assert st.stats["evicted_files"] == 2 and st.stats["evicted_bytes"] == 20 * MiB
+        assert st.estimated_used == 80 * MiB
+        # the workers' usage lags: the next heartbeat still says 100% (its reply carries
+        # the deletes), yet nothing more is evicted
+        deletes = m.heartbeat(master_pb2.HeartbeatRequest(
+            worker_id=wid, capacity=100 * MiB, used=100 * MiB)).delete_block_ids
+        assert sorted(deletes) == sorted(blocks[i] for i in files[3:5])
+        m.capacity.run_round()
+        assert len(names(m)) == 8
+        m.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=100 * MiB, used=80 * MiB))
+        m.capacity.run_round()
+        assert len(names(m)) == 8 and m.capacity.status().estimated_used == 80 * MiB
+        # new data above the high watermark, before any heartbeat reports it
+        for i in range(10, 12):
+            publish(m, create(m, ROOT_INO, b"f%d" % i).ino, 10 * MiB)
+        assert m.capacity.status().estimated_used == 100 * MiB
+        m.capacity.run_round()
+        assert b"f5" not in names(m) and b"f6" not in names(m) and b"f0" in names(m)
+        before = names(m)
+    finally:
+        m.close()
+    # a restarted master: same namespace; LRU order from the inodes' times
+    m = make_master(tmp_path)
+    try:
+        assert names(m) == before
+        order = [ino for ino, _ in m.capacity.lru.oldest(100)]
+        assert order.index(files[7]) < order.index(files[9])
+    finally:
+        m.close()
+    shutil.rmtree(tmp_path / "meta")  # and from the journal alone
+    m = make_master(tmp_path)
+    try:
+        assert names(m) == before
+    finally:
+        m.close()
+
+
+def test_ttl_policy_expires_new_files_of_the_directory(tmp_path):
+    m = make_master(tmp_path)
+    try:
+        m.capacity.close()
+        add_worker(m, 1 << 40)
+        d = m.mkdir(master_pb2.MkdirRequest(request_id=new_request_id(), parent=ROOT_INO,
+                                            name=b"d", mode=0o755)).inode
+        old, _ = publish(m, create(m, d.ino, b"old").ino, MiB)
+        with pytest.raises(CurvineError) as e:
+            m.set_policy(master_pb2.SetPolicyRequest(ino=d.ino, replicas=9))
+        assert e.value.kind == ErrorKind.INVALID and "replicas" in e.value.message
+        with pytest.raises(CurvineError) as e:
+            m.set_policy(master_pb2.SetPolicyRequest(ino=d.ino))
+        assert e.value.kind == ErrorKind.INVALID
+        node = m.set_policy(master_pb2.SetPolicyRequest(request_id=new_request_id(), ino=d.ino,
+                                                        ttl_ms=300, replicas=2)).inode
+        assert (node.ttl_ms, node.replicas) == (300, 2)
+        new = create(m, d.ino, b"new")
+        assert (new.ttl_ms, new.replicas) == (300, 2)
+        publish(m, new.ino, MiB)
+        sub = m.mkdir(master_pb2.MkdirRequest(request_id=new_request_id(), parent=d.ino,
+                                              name=b"sub", mode=0o755)).inode
+        publish(m, create(m, sub.ino, b"deep").ino, MiB)
+        publish(m, create(m, ROOT_INO, b"other").ino, MiB)
+        writing = create(m, d.ino, b"writing")  # never completed: TTL does not apply
+        m.capacity.run_round()
+        assert sorted(names(m, d.ino)) == [b"new", b"old", b"sub", b"writing"]
+        time.sleep(0.4)
+        m.capacity.run_round()
+        assert sorted(names(m, d.ino)) == [b"old", b"sub", b"writing"]
+        assert names(m, sub.ino) == [] and b"other" in names(m)
+        assert m.capacity.stats["expired_files"] == 2
+        assert m.getattr(writing.ino).state == common_pb2.WRITING
+        # clearing the TTL: later files stay
+        m.set_policy(master_pb2.SetPolicyRequest(request_id=new_request_id(), ino=d.ino, ttl_ms=0))
+        publish(m, create(m, d.ino, b"kept").ino, MiB)
+        time.sleep(0.4)
+        m.capacity.run_round()
+        assert b"kept" in names(m, d.ino)
+        before = (sorted(names(m, d.ino)), m.getattr(d.ino).ttl_ms, m.getattr(d.ino).replicas)
+    finally:
+        m.close()
+    m = make_master(tmp_path)
+    try:
+        assert (sorted(names(m, d.ino)), m.getattr(d.ino).ttl_ms, m.getattr(d.ino).replicas) == before
+    finally:
+        m.close()
+
+
+def test_orphans_follow_the_writers_sessions(tmp_path):
+    m = make_master(tmp_path, orphan_timeout=0.3)
+    try:
+        m.capacity.close()
+        add_worker(m, 1 << 40)
+        cap = m.capacity
+        for sid in (11, 22, 33):
+            cap.session_opened(sid, [])
+        dead = create(m, ROOT_INO, b"dead.tmp", session=11)
+        alive = create(m, ROOT_INO, b"alive.tmp", session=22)
+        moved = create(m, ROOT_INO, b"moved.tmp", session=33)
+        anon = create(m, ROOT_INO, b"anon.tmp")  # no session: never an orphan
+        done = create(m, ROOT_INO, b"done.tmp", session=11)
+        publish(m, done.ino, MiB)
+        cap.session_closed(11)
+        cap.session_closed(33)
+        cap.session_opened(44, [33])  # mount of session 33 reconnected
+        time.sleep(0.4)
+        cap.run_round()
+        assert sorted(names(m)) == [b"alive.tmp", b"anon.tmp", b"done.tmp", b"moved.tmp"]
+        assert cap.stats["orphans_removed"] == 1
+        # a slow writer adding a block keeps its file, even with its mount gone
+        cap.session_closed(44)
+        m.add_block(master_pb2.AddBlockRequest(ino=moved.ino, client_host_id="h1", size_hint=MiB))
+        cap.run_round()
+        assert b"moved.tmp" in names(m)
+        time.sleep(0.4)
+        cap.run_round()
+        assert b"moved.tmp" not in names(m)
+        assert {dead.ino, alive.ino, anon.ino} and m.getattr(alive.ino).state == common_pb2.WRITING
+    finally:
+        m.close()
+    # the writer table survives a restart: the old session counts as closed from the
+    # start, unless its mount comes back with it in `dropped`
+    m = make_master(tmp_path, orphan_timeout=0.3)
+    try:
+        m.capacity.close()
+        m.capacity.session_opened(55, [22])
+        time.sleep(0.4)
+        m.capacity.run_round()
+        assert sorted(names(m)) == [b"alive.tmp", b"anon.tmp", b"done.tmp"]
+        m.capacity.session_closed(55)
+        time.sleep(0.4)
+        m.capacity.run_round()
+        assert sorted(names(m)) == [b"anon.tmp", b"done.tmp"]
+    finally:
+        m.close()
