@@ -62,6 +62,7 @@ class ReplicationMonitor:
         self._inflight: dict[int, dict[int, float]] = {}  # block id -> {target: deadline}
         self._commands: dict[int, dict[int, master_pb2.ReplicateCommand]] = {}  # by target
         self._lost: set[int] = set()  # workers whose locations were dropped
+        self._dropping: set[int] = set()  # lost, locations being dropped right now
         self.scanned = False
         self._round_lock = threading.Lock()  # one round at a time (loop or a test)
         self._stop = threading.Event()
@@ -117,6 +118,7 @@ class ReplicationMonitor:
                 if wid in self._lost:
                     continue
                 self._lost.add(wid)  # from here on its heartbeats ask it to re-register
+                self._dropping.add(wid)
                 dropped_cmds = self._commands.pop(wid, {})
                 for b, targets in self._inflight.items():
                     targets.pop(wid, None)
@@ -128,8 +130,16 @@ class ReplicationMonitor:
             log.warning("worker %d (%s) missed heartbeats for %.0fs: declared lost, "
                         "dropping its %d block locations", wid, info.address if info else "?",
                         self.m.registry.lost_after, len(ids))
-            for i in range(0, len(ids), DROP_CHUNK):
-                self._drop(wid, ids[i:i + DROP_CHUNK])
+            try:
+                for i in range(0, len(ids), DROP_CHUNK):
+                    self._drop(wid, ids[i:i + DROP_CHUNK])
+            except BaseException:
+                with self._lock:  # declared again in the next round
+                    self._lost.discard(wid)
+                raise
+            finally:
+                with self._lock:
+                    self._dropping.discard(wid)
             self.hint(ids)
 
     def _drop(self, wid: int, block_ids: list[int]) -> None:
@@ -324,8 +334,9 @@ class ReplicationMonitor:
             ids = set(self._suspects) | set(self._inflight)
             in_flight = sum(len(t) for t in self._inflight.values())
             lost = sorted(self._lost)
+            dropped = sorted(self._lost - self._dropping)
         reply = master_pb2.ReplicationStatusReply(copies_in_flight=in_flight,
-                                                  lost_workers=lost, scanned=self.scanned)
+                                                  lost_workers=dropped, scanned=self.scanned)
         inos: set[int] = set()
         with self.m.store.read() as txn:
             for b in ids:

@@ -234,3 +234,243 @@ def test_lost_only_replica_removes_file(tmp_path):
         assert any(locs == [a] for _, _, locs in files)
     finally:
         m.close()
+
+
+# ---------------------------------------------------------------------- real processes
+READER = textwrap.dedent('''
+    """Read every file of a directory in a loop, compare digests; stop when told."""
+    import hashlib, json, os, sys
+    directory, digests_path, stop_path, out_path = sys.argv[1:5]
+    digests = json.load(open(digests_path))
+    loops = reads = errors = wrong = 0
+    first_errors = []
+    while not os.path.exists(stop_path):
+        for name, digest in digests.items():
+            try:
+                with open(os.path.join(directory, name), "rb") as f:
+                    got = hashlib.sha256(f.read()).hexdigest()
+            except OSError as e:
+                errors += 1
+                if len(first_errors) < 5:
+                    first_errors.append(f"{name}: {e}")
+                continue
+            reads += 1
+            if got != digest:
+                wrong += 1
+                if len(first_errors) < 5:
+                    first_errors.append(f"{name}: wrong bytes")
+        loops += 1
+    json.dump({"loops": loops, "reads": reads, "errors": errors, "wrong": wrong,
+               "first_errors": first_errors}, open(out_path, "w"))
+''')
+
+
+def _conf(tmp_path, lost_after: str = "3s") -> str:
+    path = tmp_path / "replicas.toml"
+    path.write_text(f'[master]\nworker_lost_after = "{lost_after}"\n'
+                    f'[worker]\nheartbeat_interval = "0.3s"\n')
+    return str(path)
+
+
+def _write_files(directory: str, n: int, seed: int, lo: int = MiB, hi: int = 2 * MiB) -> dict:
+    """n files of lo..hi random bytes, the LMCache way (.tmp, rename); name -> sha256."""
+    import random
+    rnd = random.Random(seed)
+    digests = {}
+    for i in range(n):
+        data = rnd.randbytes(rnd.randrange(lo, hi))
+        name = f"k{seed}-{i:03d}.data"
+        tmp = os.path.join(directory, name[:-5] + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.rename(tmp, os.path.join(directory, name))
+        digests[name] = hashlib.sha256(data).hexdigest()
+    return digests
+
+
+def _read_back(directory: str, digests: dict, what: str) -> None:
+    for name, digest in digests.items():
+        with open(os.path.join(directory, name), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == digest, f"{what}: {name} differs"
+
+
+class _Meta:
+    """Block locations and replication status straight from the master."""
+
+    def __init__(self, c):
+        from curvine.client.master_client import MasterClient
+        from curvine.common.rpc import RpcClient
+        from curvine.proto import master_pb2_grpc
+        self.mc = MasterClient(c.master_addr, timeout=10, wait=10)
+        self.rpc = RpcClient(c.master_addr, master_pb2_grpc.MasterStub, timeout=10, wait=10)
+        self.worker_ids = {}  # worker index -> worker id, by address
+        addresses = {s["address"]: s["index"] for s in c.status() if s["role"] == "worker"}
+        for w in self.rpc.call("StatFs", master_pb2.StatFsRequest()).workers:
+            if w.address in addresses:
+                self.worker_ids[addresses[w.address]] = w.worker_id
+
+    def close(self):
+        self.mc.close()
+        self.rpc.close()
+
+    def status(self) -> master_pb2.ReplicationStatusReply:
+        return self.rpc.call("ReplicationStatus", master_pb2.ReplicationStatusRequest())
+
+    def locations(self, dir_name: bytes, names) -> dict[str, list[list[int]]]:
+        """name -> each block's worker ids (a missing name is left out)."""
+        parent = self.mc.lookup(ROOT_INO, dir_name).ino
+        out = {}
+        for name in names:
+            try:
+                ino = self.mc.lookup(parent, name.encode()).ino
+            except CurvineError as e:
+                if e.kind == ErrorKind.NOT_FOUND:
+                    continue
+                raise
+            _, blocks, _ = self.mc.get_blocks(ino)
+            out[name] = [sorted(b.worker_ids) for b in blocks]
+        return out
+
+    def fully_replicated(self, dir_name: bytes, names, wanted: int, without=()) -> bool:
+        locs = self.locations(dir_name, names)
+        return len(locs) == len(names) and all(
+            len(ws) == wanted and not set(ws) & set(without) for bl in locs.values() for ws in bl)
+
+
+def _start_reader(tmp_path, directory: str, digests: dict, tag: str):
+    import json
+    paths = {k: str(tmp_path / f"{tag}.{k}") for k in ("py", "digests", "stop", "out")}
+    with open(paths["py"], "w") as f:
+        f.write(READER)
+    with open(paths["digests"], "w") as f:
+        json.dump(digests, f)
+    proc = subprocess.Popen([sys.executable, paths["py"], directory, paths["digests"],
+                             paths["stop"], paths["out"]])
+    return proc, paths
+
+
+def _stop_reader(proc, paths) -> dict:
+    import json
+    open(paths["stop"], "w").close()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError("the reader did not stop within 60 s")
+    assert proc.returncode == 0, f"the reader exited with {proc.returncode}"
+    with open(paths["out"]) as f:
+        return json.load(f)
+
+
+def test_reads_survive_worker_sigkill_and_rejoin(make_cluster, tmp_path):
+    """replicas=2 on 2 workers: SIGKILL worker 0 while readers on both mounts (mount 0
+    short-circuit, mount 1 streaming from the workers) read 100 files in a loop: no
+    error, no wrong byte.  Worker 0 is declared lost meanwhile (its locations dropped);
+    once it is back its block report makes every file fully replicated again."""
+    c = make_cluster(workers=2, mounts=2, replicas=2, conf=_conf(tmp_path),
+                     short_circuit=[True, False])
+    a, b = (os.path.join(m, "kv") for m in c.mounts)
+    os.mkdir(a)
+    t0 = time.monotonic()
+    digests = _write_files(a, 100, 1)
+    print(f"wrote 100 files in {time.monotonic() - t0:.1f}s")
+    meta = _Meta(c)
+    try:
+        assert meta.fully_replicated(b"kv", digests, 2), "a file was written with < 2 replicas"
+        readers = [_start_reader(tmp_path, d, digests, f"reader{i}") for i, d in enumerate((a, b))]
+        time.sleep(1.0)
+        c.kill("worker", 0, sig=signal.SIGKILL)
+        t_kill = time.monotonic()
+        victim = meta.worker_ids[0]
+        wait_until(lambda: victim in meta.status().lost_workers, 30, "worker 0 declared lost")
+        print(f"worker 0 declared lost {time.monotonic() - t_kill:.1f}s after SIGKILL")
+        assert all(victim not in ws for bl in meta.locations(b"kv", digests).values()
+                   for ws in bl)
+        time.sleep(1.0)  # the readers go on with one replica per block
+        c.start("worker", 0)
+        t_back = time.monotonic()
+        wait_until(lambda: meta.fully_replicated(b"kv", digests, 2), 30,
+                   "every file fully replicated after worker 0 rejoined")
+        print(f"fully replicated {time.monotonic() - t_back:.1f}s after the restart")
+        assert meta.status().under_replicated_blocks == 0
+        time.sleep(0.5)
+        results = [_stop_reader(*r) for r in readers]
+    finally:
+        meta.close()
+    for i, r in enumerate(results):
+        print(f"reader on mount {i}: {r}")
+        assert r["errors"] == 0 and r["wrong"] == 0, f"mount {i}: {r['first_errors']}"
+        assert r["loops"] >= 1 and r["reads"] >= 100
+    _read_back(b, digests, "after the rejoin (remote reads)")
+    with open(c.log_path("fuse", 1), errors="replace") as f:
+        failovers = sum(1 for line in f if "failed" in line and "reading block" in line)
+    print(f"mount 1 failed over to the other replica {failovers} times")
+    assert failovers, "mount 1 never read from the killed worker: the test proved nothing"
+
+
+def test_lost_worker_blocks_copied_elsewhere(make_cluster, tmp_path):
+    """replicas=2 on 3 workers: SIGKILL one for good; once it is declared lost every
+    block that had a copy on it gets one on another worker, and all files read back
+    (mount 1 streams from the workers)."""
+    c = make_cluster(workers=3, mounts=2, replicas=2, conf=_conf(tmp_path),
+                     short_circuit=[True, False])
+    a, b = (os.path.join(m, "kv") for m in c.mounts)
+    os.mkdir(a)
+    digests = _write_files(a, 30, 2)
+    meta = _Meta(c)
+    try:
+        assert meta.fully_replicated(b"kv", digests, 2)
+        victim = meta.worker_ids[1]
+        on_victim = [n for n, bl in meta.locations(b"kv", digests).items()
+                     if any(victim in ws for ws in bl)]
+        assert on_victim, "no block was placed on worker 1"
+        c.kill("worker", 1, sig=signal.SIGKILL)
+        t_kill = time.monotonic()
+        wait_until(lambda: victim in meta.status().lost_workers, 30, "worker 1 declared lost")
+        t_lost = time.monotonic()
+        wait_until(lambda: meta.fully_replicated(b"kv", digests, 2, without=[victim]), 60,
+                   "every block copied to a live worker")
+        print(f"{len(on_victim)} files had a block on worker 1; lost after "
+              f"{t_lost - t_kill:.1f}s, re-replicated {time.monotonic() - t_lost:.1f}s later")
+        assert meta.status().under_replicated_blocks == 0
+    finally:
+        meta.close()
+    _read_back(b, digests, "after re-replication (remote reads)")
+    _read_back(a, digests, "after re-replication (short-circuit reads)")
+
+
+def test_single_replica_files_vanish_with_their_worker(make_cluster, tmp_path):
+    """replicas=1: SIGKILL a worker for good; once it is declared lost, files whose
+    block was only there are a clean ENOENT on every mount and gone from listings;
+    every other name reads back intact (no EIO on a name that still exists)."""
+    c = make_cluster(workers=2, mounts=2, replicas=1, conf=_conf(tmp_path),
+                     short_circuit=[True, False])
+    a, b = (os.path.join(m, "kv") for m in c.mounts)
+    os.mkdir(a)
+    digests = _write_files(a, 40, 3, lo=256 * 1024, hi=MiB)
+    for name in digests:  # mount 1 has looked the names up (and may hold leases on them)
+        os.stat(os.path.join(b, name))
+    meta = _Meta(c)
+    try:
+        victim = meta.worker_ids[0]
+        locs = meta.locations(b"kv", digests)
+        gone = sorted(n for n, bl in locs.items() if all(ws == [victim] for ws in bl))
+        assert gone and len(gone) < len(digests), f"placement: {locs}"
+        c.kill("worker", 0, sig=signal.SIGKILL)
+        wait_until(lambda: victim in meta.status().lost_workers, 30, "worker 0 declared lost")
+    finally:
+        meta.close()
+    for m in (a, b):
+        listing = set(os.listdir(m))
+        assert not listing & set(gone), f"{m}: lost files still listed"
+        assert listing == set(digests) - set(gone)
+        for name in gone:
+            with pytest.raises(FileNotFoundError):
+                os.stat(os.path.join(m, name))
+            with pytest.raises(FileNotFoundError):
+                open(os.path.join(m, name), "rb")
+        for name in listing:  # every name that exists reads back whole
+            with open(os.path.join(m, name), "rb") as f:
+                assert hashlib.sha256(f.read()).hexdigest() == digests[name], name
+    print(f"{len(gone)} of {len(digests)} files vanished with worker 0")
