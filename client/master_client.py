@@ -23,7 +23,7 @@ import grpc
 
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import new_request_id
-from curvine.common.rpc import RpcClient
+from curvine.common.rpc import RETRY_MAX, RpcClient
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
 Inode = common_pb2.Inode
@@ -360,7 +360,10 @@ class LeaseSession:
                 pass
             except grpc.RpcError as e:
                 if not self._stop.is_set():
-                    log.info("lease session lost: %s", e.code() if hasattr(e, "code") else e)
+                    # once per outage; the retries while the master is down go quietly
+                    log.log(logging.INFO if self.client.session else logging.DEBUG,
+                            "lease session lost: %s (reopening it)",
+                            e.code() if hasattr(e, "code") else e)
             except Exception:  # noqa: BLE001 - keep the mount going, without leases
                 log.exception("lease session failed")
             finally:
@@ -377,7 +380,7 @@ class LeaseSession:
                     except Exception:  # noqa: BLE001
                         log.exception("dropping cached entries failed")
             self._stop.wait(self.retry_idle if idle else delay)
-            delay = min(delay * 2, 2.0)
+            delay = min(delay * 2, RETRY_MAX)
 
 
 class AccessReporter:

@@ -36,6 +36,10 @@ CHANNEL_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+# Backoff of retries while a peer is unavailable: a restarted master is found again
+# within about RETRY_MAX (plus the channel's reconnect backoff above) of its start.
+RETRY_FIRST = 0.05
+RETRY_MAX = 0.5
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MESSAGE_LIMIT),
     ("grpc.max_send_message_length", MESSAGE_LIMIT),
@@ -116,7 +120,8 @@ class RpcClient:
 
     ``call(name, request, idempotent=...)``: idempotent calls (reads, and mutations
     carrying a request id) are retried with backoff while the peer is UNAVAILABLE,
-    for up to ``wait`` seconds in all.
+    for ``wait`` seconds in all, then raise UNAVAILABLE; ``close()`` ends the waiting
+    at once.
     """
 
     def __init__(self, address: str, stub_cls: Any, timeout: float = 30.0, wait: float = 60.0):
@@ -138,19 +143,28 @@ class RpcClient:
     def call(self, method: str, request: Any, *, idempotent: bool = True,
              timeout: float | None = None, wait: float | None = None) -> Any:
         fn = getattr(self._stub, method)
-        deadline = time.monotonic() + (self.wait if wait is None else wait)
-        delay = 0.05
+        wait_s = self.wait if wait is None else wait
+        deadline = time.monotonic() + wait_s
+        delay = RETRY_FIRST
         while True:
             try:
                 return fn(request, timeout=timeout or self.timeout)
             except grpc.RpcError as e:
                 err = from_rpc_error(e)
                 retry = idempotent and err.kind in (ErrorKind.UNAVAILABLE,) and not self._closed.is_set()
-                if not retry or time.monotonic() + delay > deadline:
+                left = deadline - time.monotonic()
+                if not retry or left <= 0:
+                    if retry and delay > RETRY_FIRST:  # it was retried: say for how long
+                        err = CurvineError(err.kind, f"{method}: {self.address} unavailable "
+                                                     f"for {wait_s:g}s ({err.message})")
                     raise err from None
-                log.debug("%s to %s unavailable, retrying in %.2fs", method, self.address, delay)
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 2.0)
+                # The last attempt is made at the deadline itself: a caller waits the
+                # whole ``wait`` (not up to one backoff step less) before it gives up.
+                pause = min(delay * (0.5 + random.random()), left)
+                log.debug("%s to %s unavailable, retrying in %.2fs", method, self.address, pause)
+                if self._closed.wait(pause):
+                    raise err from None
+                delay = min(delay * 2, RETRY_MAX)
 
     def close(self) -> None:
         self._closed.set()

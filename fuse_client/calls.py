@@ -26,6 +26,7 @@ import trio
 
 from curvine.client.master_client import MasterClient, Prepared
 from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.rpc import RETRY_MAX
 from curvine.proto import master_pb2
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class CallStream:
 
     def _run(self) -> None:
         delay = 0.1
+        lost = False  # since the last result: retries while the master is down log quietly
         while not self._stop.is_set() and not self.master._rpc.closed:
             out: queue.SimpleQueue = queue.SimpleQueue()
 
@@ -114,11 +116,17 @@ class CallStream:
                 with self._lock:
                     self._out = out
                 for result in call:
+                    if lost:
+                        log.info("calls stream working again")
+                        lost = False
                     delay = 0.1
                     self._resolve(result.id, outcome.Value(result))
             except grpc.RpcError as e:
                 if not self._stop.is_set():
-                    log.info("calls stream lost: %s", e.code() if hasattr(e, "code") else e)
+                    log.log(logging.DEBUG if lost else logging.INFO,
+                            "calls stream lost: %s (namespace calls go unary until it is "
+                            "back)", e.code() if hasattr(e, "code") else e)
+                    lost = True
             except Exception:  # noqa: BLE001 - unary calls still work
                 log.exception("calls stream failed")
             finally:
@@ -136,7 +144,7 @@ class CallStream:
                     except trio.RunFinishedError:
                         pass
             self._stop.wait(delay)
-            delay = min(delay * 2, 2.0)
+            delay = min(delay * 2, RETRY_MAX)
 
 
 class Calls:
