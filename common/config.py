@@ -125,6 +125,7 @@ class ClientConfig:
     short_circuit: bool = True  # read blocks on this host straight from their files
     rpc_threads: int = 16
     readahead_blocks: int = 4  # MiB in flight per remote read stream
+    access_report_interval: Duration = Duration(1.0)  # opens reported for LRU eviction
 
 
 @dataclass

@@ -172,7 +172,7 @@ class Operations(pyfuse3.Operations):
         self._dir_attrs: OrderedDict[int, tuple[Inode, float]] = OrderedDict()
         self._read_buf = bytearray(MIB)  # reads answered in the loop (read_cached)
         # opens for reading, reported to the master in batches (LRU eviction)
-        self._access = AccessReporter(self.master)
+        self._access = AccessReporter(self.master, float(cfg.client.access_report_interval))
 
     # -- helpers --------------------------------------------------------------
 

@@ -25,9 +25,10 @@ mounts' leases by ``Master.submit``:
 
 Usage as the workers report it lags: a heartbeat carries the usage measured before
 the deletes its reply hands out, so bytes this module freed count as used until the
-second heartbeat after their removal.  ``_WorkerUse`` keeps those bytes (and bytes of
-blocks completed since the last heartbeat) so that one round neither evicts the same
-space twice nor misses new data.
+second heartbeat after their removal.  ``_WorkerUse`` keeps those bytes (and the bytes
+of blocks placed since the last heartbeat) so that one round neither evicts the same
+space twice nor misses new data; a placement wakes the loop at once when it pushes the
+estimate over the mark.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class AccessLog:
 @dataclass
 class _WorkerUse:
     heartbeats: int = 0
-    completed: int = 0  # bytes of blocks completed here since its last heartbeat
+    allocated: int = 0  # bytes of blocks placed here since its last heartbeat
     # (heartbeat count when removed, bytes): freed, not yet in a reported usage
     removed: list[tuple[int, int]] = field(default_factory=list)
 
@@ -222,25 +223,25 @@ class Capacity:
             self._activity[node.ino] = time.monotonic()
         self.lru.touch([node.ino], time.time_ns())
 
-    def on_add_block(self, ino: int) -> None:
+    def on_add_block(self, ino: int, worker_ids, size: int) -> None:
+        """A block was placed: its bytes count as used from now on (the workers'
+        heartbeats report them once they are written), and its file is being written."""
         with self._lock:
             if ino in self._writers:
                 self._activity[ino] = time.monotonic()
+            for w in worker_ids:
+                self._use_of(w).allocated += size
+        if self.estimated_over_high():
+            self._wake.set()
 
-    def on_complete(self, node: common_pb2.Inode, blocks) -> None:
-        """A version was published: an access, maybe a TTL deadline, new bytes."""
+    def on_complete(self, node: common_pb2.Inode) -> None:
+        """A version was published: an access, maybe a TTL deadline."""
         self.lru.touch([node.ino], time.time_ns())
         with self._lock:
             self._writers.pop(node.ino, None)
             self._activity.pop(node.ino, None)
             if node.ttl_ms:
                 self._set_due(node.ino, node.mtime_ns + node.ttl_ms * 1_000_000)
-            for b in blocks:
-                if b.block_id:
-                    for w in b.worker_ids:
-                        self._use_of(w).completed += b.length
-        if self.estimated_over_high():
-            self._wake.set()
 
     def on_policy(self, node: common_pb2.Inode) -> None:
         if node.type == FILE and node.state == COMPLETE and node.ttl_ms:
@@ -252,7 +253,7 @@ class Capacity:
         with self._lock:
             u = self._use_of(worker_id)
             u.heartbeats += 1
-            u.completed = 0
+            u.allocated = 0
             # the heartbeat after the one whose reply carried the deletes reports them
             u.removed = [(n0, n) for n0, n in u.removed if u.heartbeats < n0 + 2]
 
@@ -294,13 +295,23 @@ class Capacity:
                 capacity += info.capacity
                 used += info.used
                 u = self._use.get(info.worker_id)
-                extra = (u.completed - u.pending_removed()) if u is not None else 0
+                extra = (u.allocated - u.pending_removed()) if u is not None else 0
                 estimate += max(info.used + extra, 0)
         return capacity, used, estimate
 
+    def limits(self, capacity: int) -> tuple[int, int]:
+        """(evict above, evict down to) in bytes: the watermarks, but leaving room for
+        a block on every live worker too (placement needs a whole block free, and a
+        small pool's 10% may be less)."""
+        live = sum(1 for _, alive in self.m.registry.snapshot() if alive)
+        headroom = self.m.block_size * live
+        above = min(int(self.high * capacity), capacity - headroom)
+        below = min(int(self.low * capacity), capacity - 2 * headroom)
+        return max(above, 0), max(below, 0)
+
     def estimated_over_high(self) -> bool:
         capacity, _, estimate = self.usage()
-        return capacity > 0 and estimate > self.high * capacity
+        return capacity > 0 and estimate > self.limits(capacity)[0]
 
     def status(self) -> master_pb2.CapacityStatusReply:
         capacity, used, estimate = self.usage()
@@ -315,6 +326,7 @@ class Capacity:
         if not self.ready.is_set():
             return False
         self.stats["rounds"] += 1
+        self._free_abandoned_blocks()
         more = self._expire_ttl()
         more = self._remove_orphans() or more
         more = self._evict_lru() or more
@@ -322,9 +334,10 @@ class Capacity:
 
     def _evict_lru(self) -> bool:
         capacity, _, estimate = self.usage()
-        if capacity <= 0 or estimate <= self.high * capacity:
+        above, below = self.limits(capacity)
+        if capacity <= 0 or estimate <= above:
             return False
-        need = estimate - int(self.low * capacity)
+        need = estimate - below
         live = {info.worker_id for info, alive in self.m.registry.snapshot() if alive}
         chosen: list[tuple[int, int]] = []  # (ino, last access seen)
         planned = 0
@@ -396,6 +409,25 @@ class Capacity:
         if removed:
             log.info("removed %d expired files (TTL, %d bytes)", len(removed), sum(freed.values()))
         return more
+
+    def _free_abandoned_blocks(self) -> None:
+        """Blocks handed out for a version of a file that no longer exists (removed
+        while written, e.g. a failed store whose ``.tmp`` was unlinked): that version
+        can never be published, so their space goes back now, not at the workers' next
+        block report."""
+        m = self.m
+        with m._pending_lock:
+            inos = {ino for ino, _, _ in m._pending.values()}
+        if not inos:
+            return
+        with m.store.read() as txn:
+            gone = {ino for ino in inos if m.store.get_inode(txn, ino) is None}
+        if gone:
+            with m._pending_lock:
+                blocks = [b for b, (ino, _, _) in m._pending.items() if ino in gone]
+            m._free_pending(blocks)
+            log.info("freed %d blocks written for files removed before they completed",
+                     len(blocks))
 
     def _writer_gone_since(self, sessions: set[int]) -> float | None:
         """When the last of ``sessions`` closed (monotonic); None if one is open."""

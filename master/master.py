@@ -308,7 +308,7 @@ class Master:
             raise
         node = self.getattr(value.ino if isinstance(value, RetryHit) else req.ino)
         self.replication.hint_completed(req.blocks, node)
-        self.capacity.on_complete(node, req.blocks)
+        self.capacity.on_complete(node)
         return master_pb2.InodeReply(inode=node)
 
     # ------------------------------------------------------------------ blocks
@@ -326,7 +326,7 @@ class Master:
                 raise CurvineError(ErrorKind.UNAVAILABLE, "no live workers")
             raise CurvineError(ErrorKind.NO_SPACE, "no worker has room for another block")
         block_id = self._allocate_block_id()
-        self.capacity.on_add_block(node.ino)
+        self.capacity.on_add_block(node.ino, [w.worker_id for w in workers], size)
         with self._pending_lock:
             self._pending[block_id] = (node.ino, time.time(), [w.worker_id for w in workers])
         return master_pb2.AddBlockReply(block_id=block_id, workers=workers)

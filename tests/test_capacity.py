@@ -35,7 +35,7 @@ def make_master(tmp_path, **master_cfg) -> Master:
     cfg = Config()
     cfg.master.meta_dir = str(tmp_path / "meta")
     cfg.journal.dir = str(tmp_path / "journal")
-    cfg.cluster.block_size = 16 * MiB
+    cfg.cluster.block_size = MiB  # small pools: the block headroom stays below 10%
     cfg.master.evict_interval = 3600.0  # rounds run when the test says so
     for k, v in master_cfg.items():
         setattr(cfg.master, k, v)
@@ -86,36 +86,36 @@ def test_lru_eviction_plan_watermarks_and_replay(tmp_path):
     m = make_master(tmp_path)
     try:
         m.capacity.close()  # no background rounds: this test drives them
-        wid = add_worker(m, 100 * MiB)
+        wid = add_worker(m, 10 * MiB)
         files, blocks = [], {}
         for i in range(10):
-            node, block_id = publish(m, create(m, ROOT_INO, b"f%d" % i).ino, 10 * MiB)
+            node, block_id = publish(m, create(m, ROOT_INO, b"f%d" % i).ino, MiB)
             files.append(node.ino)
             blocks[node.ino] = block_id
         # the heartbeat after the writes: 100% used
-        m.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=100 * MiB, used=100 * MiB))
+        m.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=10 * MiB, used=10 * MiB))
         m.capacity.report_access(files[:3])  # f0..f2 were read: most recently used now
         m.capacity.run_round()
         # 100% -> 80% (low): exactly the two least recently used files go
         assert names(m) == [b"f%d" % i for i in (0, 1, 2, 5, 6, 7, 8, 9)]
         st = m.capacity.status()
         print(f"\nafter one round: stats {dict(st.stats)}, estimated {st.estimated_used / MiB:.0f} MiB")
-        assert st.stats["evicted_files"] == 2 and st.stats["evicted_bytes"] == 20 * MiB
-        assert st.estimated_used == 80 * MiB
+        assert st.stats["evicted_files"] == 2 and st.stats["evicted_bytes"] == 2 * MiB
+        assert st.estimated_used == 8 * MiB
         # the workers' usage lags: the next heartbeat still says 100% (its reply carries
         # the deletes), yet nothing more is evicted
         deletes = m.heartbeat(master_pb2.HeartbeatRequest(
-            worker_id=wid, capacity=100 * MiB, used=100 * MiB)).delete_block_ids
+            worker_id=wid, capacity=10 * MiB, used=10 * MiB)).delete_block_ids
         assert sorted(deletes) == sorted(blocks[i] for i in files[3:5])
         m.capacity.run_round()
         assert len(names(m)) == 8
-        m.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=100 * MiB, used=80 * MiB))
+        m.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=10 * MiB, used=8 * MiB))
         m.capacity.run_round()
-        assert len(names(m)) == 8 and m.capacity.status().estimated_used == 80 * MiB
+        assert len(names(m)) == 8 and m.capacity.status().estimated_used == 8 * MiB
         # new data above the high watermark, before any heartbeat reports it
         for i in range(10, 12):
-            publish(m, create(m, ROOT_INO, b"f%d" % i).ino, 10 * MiB)
-        assert m.capacity.status().estimated_used == 100 * MiB
+            publish(m, create(m, ROOT_INO, b"f%d" % i).ino, MiB)
+        assert m.capacity.status().estimated_used == 10 * MiB
         m.capacity.run_round()
         assert b"f5" not in names(m) and b"f6" not in names(m) and b"f0" in names(m)
         before = names(m)
@@ -233,3 +233,129 @@ def test_orphans_follow_the_writers_sessions(tmp_path):
         assert sorted(names(m)) == [b"anon.tmp", b"done.tmp"]
     finally:
         m.close()
+
+
+# ---------------------------------------------------------------------- real clusters
+CHUNK = 14 * MiB  # one LMCache chunk of a 7B model
+
+
+def write_conf(tmp_path, **sections) -> str:
+    lines = []
+    for sec, values in sections.items():
+        lines.append(f"[{sec}]")
+        for k, v in values.items():
+            lines.append(f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"')
+    path = tmp_path / "capacity.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def chunk(i: int, size: int = CHUNK) -> bytes:
+    stamp = b"%08d" % i
+    return stamp * (size // len(stamp))
+
+
+def store(directory: str, key: str, data: bytes) -> None:
+    """LMCache's put: write <key>.tmp, close, rename it to <key>.data."""
+    tmp = os.path.join(directory, key + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.rename(tmp, os.path.join(directory, key + ".data"))
+
+
+def usage(mnt: str) -> float:
+    st = os.statvfs(mnt)
+    return (st.f_blocks - st.f_bfree) / st.f_blocks if st.f_blocks else 0.0
+
+
+def exists(path: str) -> bool:
+    try:
+        os.stat(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def master_client(c) -> MasterClient:
+    return MasterClient(c.master_addr, timeout=10.0, wait=10.0)
+
+
+def test_lmcache_stores_five_times_the_pool(make_cluster, tmp_path):
+    high, low = 0.7, 0.4
+    conf = write_conf(tmp_path, cluster={"block_size": "16MiB"},
+                      master={"evict_high": high, "evict_low": low, "evict_interval": "200ms"},
+                      worker={"heartbeat_interval": "100ms"},
+                      client={"access_report_interval": "100ms"})
+    c = make_cluster(workers=2, mounts=2, worker_capacity=256 * MiB, conf=conf)
+    a, b = (os.path.join(m, "l2cache") for m in c.mounts)
+    os.mkdir(a)
+    mc = master_client(c)
+    try:
+        pool = mc.capacity_status().capacity
+        assert pool == 512 * MiB
+        n = 5 * pool // CHUNK + 1
+        hot = ["key%04d" % i for i in range(2)]
+        samples: list[tuple[float, float]] = []
+        stop = threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                samples.append((time.monotonic(), usage(c.mounts[0])))
+                stop.wait(0.05)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        enospc_before, enospc_after = 0, 0
+        started = time.monotonic()
+        try:
+            for i in range(n):
+                key = "key%04d" % i
+                try:
+                    store(a, key, chunk(i))
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    if mc.capacity_status().stats["evicted_files"]:
+                        enospc_after += 1
+                    else:
+                        enospc_before += 1
+                if i >= len(hot) and i % 2 == 0:
+                    for k in hot:  # LMCache hits on the hot prefix: opened and read on B
+                        with open(os.path.join(b, k + ".data"), "rb") as f:
+                            f.read(MiB)
+        finally:
+            elapsed = time.monotonic() - started
+            stop.set()
+            sampler.join()
+        wait_for(lambda: usage(c.mounts[0]) <= high, timeout=15,
+                 what="pool usage below the high watermark after the writes")
+        st = mc.capacity_status()
+        # the longest stretch of samples above the high watermark
+        longest, since = 0.0, None
+        for t, u in samples:
+            if u > high and since is None:
+                since = t
+            elif u <= high and since is not None:
+                longest, since = max(longest, t - since), None
+        if since is not None:
+            longest = max(longest, samples[-1][0] - since)
+        survivors = sorted(k[:-5] for k in os.listdir(b) if k.endswith(".data"))
+        print(f"\n{n} stores of 14 MiB ({n * CHUNK / MiB:.0f} MiB) into a {pool / MiB:.0f} MiB "
+              f"pool in {elapsed:.1f}s; evicted {st.stats['evicted_files']} files "
+              f"({st.stats['evicted_bytes'] / MiB:.0f} MiB) in {st.stats['rounds']} rounds; "
+              f"ENOSPC before/after the first eviction: {enospc_before}/{enospc_after}; "
+              f"max usage seen {max(u for _, u in samples):.2f}, longest above {high}: "
+              f"{longest:.2f}s; {len(survivors)} files left; access reports "
+              f"{st.stats['access_reports']} ({st.stats['accesses']} opens)")
+        assert enospc_after == 0
+        assert st.stats["evicted_files"] >= n - pool // CHUNK
+        assert longest < 15, "usage stayed above the high watermark"
+        for k in hot:  # read throughout: kept, intact
+            with open(os.path.join(b, k + ".data"), "rb") as f:
+                assert f.read() == chunk(int(k[3:])), k
+        unread = [k for k in survivors if k not in hot]
+        # the survivors that nobody read are the newest ones
+        assert all(int(k[3:]) >= n - pool // CHUNK for k in unread), unread
+        assert not exists(os.path.join(b, "key%04d.data" % len(hot)))
+    finally:
+        mc.close()
