@@ -359,3 +359,98 @@ def test_lmcache_stores_five_times_the_pool(make_cluster, tmp_path):
         assert not exists(os.path.join(b, "key%04d.data" % len(hot)))
     finally:
         mc.close()
+
+
+def curvine_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "curvine.cli.main", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def sessions_opened(c) -> int:
+    with open(c.log_path("master"), errors="replace") as f:
+        return sum(1 for line in f if "session" in line and "opened by" in line)
+
+
+def test_ttl_orphans_and_replay(make_cluster, tmp_path):
+    conf = write_conf(tmp_path, master={"evict_interval": "200ms", "orphan_timeout": "2s",
+                                        "lease_time": "3s"})
+    c = make_cluster(workers=1, mounts=2, conf=conf)
+    a, b = c.mounts
+    wait_for(lambda: sessions_opened(c) >= 2, timeout=20, what="both mounts' lease sessions")
+    for d in ("ttl", "keep", "tmp"):
+        os.mkdir(os.path.join(a, d))
+    # --- TTL, set through the CLI (a path on a mount; the namespace path works too)
+    r = curvine_cli("fs", "ttl", os.path.join(a, "ttl"), "2s", "--master", c.master_addr)
+    assert r.returncode == 0 and r.stdout.strip() == "/ttl: ttl 2s", r
+    r = curvine_cli("fs", "replicas", "/keep", "1", "--master", c.master_addr)
+    assert r.returncode == 0 and r.stdout.strip() == "/keep: replicas 1", r
+    r = curvine_cli("fs", "ttl", "/nope/deeper", "2s", "--master", c.master_addr)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == "curvine: error: /nope: no such file or directory", r.stderr
+    r = curvine_cli("fs", "replicas", "/keep", "9", "--master", c.master_addr)
+    assert r.returncode == 2 and "between 0 and 8" in r.stderr
+    for d in ("ttl", "keep"):
+        with open(os.path.join(a, d, "f"), "wb") as f:
+            f.write(b"x" * 100_000)
+    assert all(exists(os.path.join(m, d, "f")) for m in (a, b) for d in ("ttl", "keep"))
+    t0 = time.monotonic()
+    wait_for(lambda: not exists(os.path.join(a, "ttl", "f")) and not exists(os.path.join(b, "ttl", "f")),
+             timeout=20, interval=0.1, what="the expired file to disappear from both mounts")
+    expired_after = time.monotonic() - t0
+    assert exists(os.path.join(a, "keep", "f")) and exists(os.path.join(b, "keep", "f"))
+    # --- orphans: a writer on mount A whose mount is SIGKILLed, a slow one on mount B
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "f = open(sys.argv[1], 'wb')\n"
+        "f.write(b'y' * (1 << 20)); f.flush()\n"
+        "print('written', flush=True)\n"
+        "time.sleep(600)\n"), os.path.join(a, "tmp", "x.tmp")],
+        stdout=subprocess.PIPE, text=True)
+    slow_stop = threading.Event()
+    slow_written = []
+
+    def slow_writer():
+        with open(os.path.join(b, "tmp", "slow.tmp"), "wb", buffering=0) as f:
+            while not slow_stop.wait(0.3):
+                f.write(b"z")
+                slow_written.append(1)
+
+    slow = threading.Thread(target=slow_writer, daemon=True)
+    slow.start()
+    try:
+        assert writer.stdout.readline().strip() == "written"
+        wait_for(lambda: {"x.tmp", "slow.tmp"} <= set(os.listdir(os.path.join(b, "tmp"))),
+                 timeout=10, what="both files being written")
+        c.kill("fuse", 0, sig=signal.SIGKILL)
+        t0 = time.monotonic()
+        wait_for(lambda: "x.tmp" not in os.listdir(os.path.join(b, "tmp")), timeout=30,
+                 interval=0.2, what="the orphaned x.tmp to be removed")
+        orphan_after = time.monotonic() - t0
+        time.sleep(2.5)  # another orphan timeout: the slow writer's mount is alive
+        assert "slow.tmp" in os.listdir(os.path.join(b, "tmp"))
+    finally:
+        writer.kill()
+        writer.wait(timeout=10)
+        slow_stop.set()
+        slow.join(timeout=10)
+    assert os.stat(os.path.join(b, "tmp", "slow.tmp")).st_size == len(slow_written)
+    mc = master_client(c)
+    try:  # counted once the removal's lease revocations are done
+        stats = wait_for(lambda: (lambda st: st["orphans_removed"] and st)(
+            dict(mc.capacity_status().stats)), timeout=15, what="the orphan count")
+    finally:
+        mc.close()
+    print(f"\nexpired file gone {expired_after:.1f}s after its 2s TTL was due to start; "
+          f"orphan removed {orphan_after:.1f}s after its mount was killed (timeout 2s, "
+          f"lease 3s); slow writer wrote {len(slow_written)} bytes; stats {stats}")
+    assert stats["expired_files"] == 1 and stats["orphans_removed"] == 1
+
+    # --- replay: a master restarted after the removals has the same namespace
+    def listing():
+        return {d: sorted(os.listdir(os.path.join(b, d))) for d in ("ttl", "keep", "tmp")}
+
+    before = listing()
+    assert before == {"ttl": [], "keep": ["f"], "tmp": ["slow.tmp"]}
+    c.kill("master", sig=signal.SIGKILL)
+    c.start("master")
+    assert wait_for(listing, timeout=30, what="the restarted master") == before
