@@ -454,3 +454,79 @@ def test_ttl_orphans_and_replay(make_cluster, tmp_path):
     c.kill("master", sig=signal.SIGKILL)
     c.start("master")
     assert wait_for(listing, timeout=30, what="the restarted master") == before
+
+
+def test_worker_on_a_full_tmpfs(make_cluster, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    conf = write_conf(tmp_path, cluster={"block_size": "16MiB"},
+                      master={"evict_interval": "200ms"}, worker={"heartbeat_interval": "100ms"})
+    c = make_cluster(workers=1, mounts=1, conf=conf, up=False)
+    data_root = os.path.join(c.base, "worker", "0")
+    os.makedirs(data_root)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", data_root],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    mc = None
+    try:
+        c.up(timeout=60)
+        mnt = os.path.join(c.mounts[0], "kv")
+        os.mkdir(mnt)
+        mc = master_client(c)
+        # automatic capacity = what the worker's file system can hold: the tmpfs
+        st = wait_for(lambda: (lambda s: s.capacity and s)(mc.capacity_status()), timeout=10,
+                      what="the worker's capacity")
+        assert 56 * MiB <= st.capacity <= 64 * MiB, st.capacity
+        assert os.statvfs(c.mounts[0]).f_blocks * 4096 == st.capacity  # statfs: the same
+        before = {f"a{i}": chunk(100 + i, 8 * MiB) for i in range(2)}
+        for key, data in before.items():
+            store(mnt, key, data)
+        # a value larger than the whole disk: ENOSPC reaches the writer
+        big = os.path.join(mnt, "big.tmp")
+        failed_at = None
+        try:
+            with open(big, "wb") as f:
+                for i in range(80):
+                    f.write(b"b" * MiB)
+            failed_at = "nowhere"
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+            failed_at = "write/close"
+        assert failed_at == "write/close"
+        os.unlink(big)  # LMCache drops its failed .tmp
+        # nothing stored before is damaged (eviction may have removed some: a miss)
+        intact = 0
+        for key, data in before.items():
+            path = os.path.join(mnt, key + ".data")
+            if exists(path):
+                with open(path, "rb") as f:
+                    assert f.read() == data, key
+                intact += 1
+        # eviction (and the freed blocks of big.tmp) make room for the next store again
+        attempts = []
+
+        def store_again():
+            try:
+                store(mnt, "after", chunk(7, 8 * MiB))
+                return True
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                attempts.append(e)
+                return False
+
+        wait_for(store_again, timeout=30, interval=0.5, what="a store after the disk filled")
+        with open(os.path.join(mnt, "after.data"), "rb") as f:
+            assert f.read() == chunk(7, 8 * MiB)
+        st = mc.capacity_status()
+        print(f"\ntmpfs capacity {st.capacity / MiB:.1f} MiB; the 80 MiB value failed at "
+              f"{failed_at}; {intact}/{len(before)} earlier values left, all intact; the next "
+              f"store succeeded after {len(attempts)} ENOSPC; stats {dict(st.stats)}")
+    finally:
+        if mc is not None:
+            mc.close()
+        try:
+            c.down()
+        finally:
+            subprocess.run(["umount", "-l", data_root], capture_output=True)
