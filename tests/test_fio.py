@@ -26,7 +26,7 @@ FIO = shutil.which("fio")
 pytestmark = pytest.mark.skipif(FIO is None, reason="fio is not installed "
                                                     "(scripts/setup.sh installs it)")
 
-COMMON = ["--ioengine=psync", "--fallocate=none", "--verify=crc32c", "--end_fsync=0",
+COMMON = ["--ioengine=psync", "--fallocate=none", "--verify=crc32c", "--verify_state_save=0",
           "--output-format=json"]
 
 

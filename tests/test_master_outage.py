@@ -140,16 +140,40 @@ def _show(results: dict[str, dict]) -> str:
     return ", ".join(f"{k}: {one(r)}" for k, r in results.items())
 
 
-class _Writer:
-    """A file open for writing in a child process, half written."""
+# A reader in a child process: open, read 1 MiB, say "half", wait for a line on stdin,
+# read the rest; prints {"errno": ..., "sha256": ...}.
+_READER = r"""
+import hashlib, json, sys
+path = sys.argv[1]
+f = open(path, "rb")
+h = hashlib.sha256(f.read(1 << 20))
+print("half", flush=True)
+sys.stdin.readline()
+res = {"errno": 0}
+try:
+    while True:
+        chunk = f.read(1 << 20)
+        if not chunk:
+            break
+        h.update(chunk)
+    f.close()
+    res["sha256"] = h.hexdigest()
+except OSError as e:
+    res["errno"], res["error"] = e.errno, str(e)
+print(json.dumps(res), flush=True)
+"""
 
-    def __init__(self, path: str, seed: int, size: int):
-        self.data = random.Random(seed).randbytes(size)
-        self.proc = subprocess.Popen([sys.executable, "-c", _WRITER, path, str(seed), str(size)],
+
+class _Child:
+    """A file open in a child process (``script``: _WRITER or _READER), half done:
+    ``finish()`` lets it do the rest and close, ``result()`` is its JSON line."""
+
+    def __init__(self, script: str, *args: str):
+        self.proc = subprocess.Popen([sys.executable, "-c", script, *args],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         line = self._line(30)
-        assert line == "half", f"the writer did not start: {line!r}"
+        assert line == "half", f"the child did not start: {line!r}"
 
     def _line(self, timeout: float) -> str:
         import selectors
@@ -173,6 +197,14 @@ class _Writer:
         self.proc.stdin.close()
         self.proc.wait(10)
         return json.loads(line)
+
+
+class _Writer(_Child):
+    """A file open for writing (O_TRUNC) in a child process, half written."""
+
+    def __init__(self, path: str, seed: int, size: int):
+        self.data = random.Random(seed).randbytes(size)
+        super().__init__(_WRITER, path, str(seed), str(size))
 
 
 def _conf(tmp_path, wait: float) -> str:
@@ -295,8 +327,9 @@ def test_master_down_beyond_wait_is_eio(make_cluster, tmp_path, sig):
                    f"mount {i}'s Calls stream to carry calls again")
 
 
-def test_master_back_within_wait_calls_succeed(make_cluster, tmp_path):
-    """Master SIGKILLed; calls started while it is down (stat, open+read, create,
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_master_back_within_wait_calls_succeed(make_cluster, tmp_path, sig):
+    """Master stopped; calls started while it is down (stat, open+read, create,
     readdir, mkdir, and the close of a file written across the outage) wait for it
     and succeed once it is back within cluster.master_wait."""
     c = make_cluster(workers=1, mounts=2, conf=_conf(tmp_path, LONG_WAIT))
@@ -305,8 +338,13 @@ def test_master_back_within_wait_calls_succeed(make_cluster, tmp_path):
     files = _store(a, 4, 21)
     some = next(iter(files))
     writer = _Writer(os.path.join(a, "across.data"), 7, 5 * MIB + 3)
-    c.kill("master", sig=signal.SIGKILL)
+    big = random.Random(8).randbytes(24 * MIB)
+    with open(os.path.join(a, "big.data"), "wb") as f:
+        f.write(big)
+    reader = _Child(_READER, os.path.join(b, "big.data"))  # 1 MiB read, 23 to go
+    c.kill("master", sig=sig)
     writer.finish()
+    reader.finish()
     calls = [_Op(*o) for o in [
         ("stat", os.path.join(b, some)), ("read", os.path.join(b, some), str(len(files[some]))),
         ("create", os.path.join(a, "during.data"), "written during the outage"),
@@ -319,7 +357,11 @@ def test_master_back_within_wait_calls_succeed(make_cluster, tmp_path):
     deadline = time.monotonic() + LONG_WAIT + RPC_TIMEOUT
     results = {o.what: o.result(deadline) for o in calls}
     closed = writer.result(LONG_WAIT + RPC_TIMEOUT)
-    print(f"calls during the outage: {_show(results)}; writer: {closed}")
+    read = reader.result(LONG_WAIT + RPC_TIMEOUT)
+    print(f"calls during the outage: {_show(results)}; writer: {closed}; "
+          f"reader: {read.get('error', 'ok')}")
+    assert read.get("errno") == 0, f"a file open for reading across the outage: {read}"
+    assert read["sha256"] == sha256(big), "a file read across the outage: other bytes"
     want = {"stat missing.data": errno.ENOENT}
     wrong = {k: r for k, r in results.items() if r.get("errno") != want.get(k, 0)}
     assert not wrong, f"calls made while the master was down: {_show(wrong)}"
@@ -328,3 +370,70 @@ def test_master_back_within_wait_calls_succeed(make_cluster, tmp_path):
     assert read_all(os.path.join(b, "during.data")) == b"written during the outage"
     assert os.path.isdir(os.path.join(a, "dir-during"))
     _check(b, files, "after the outage")
+
+
+@pytest.mark.slow
+def test_master_restarts_under_writers_long(make_cluster, tmp_path):
+    """30 master restarts, SIGTERM and SIGKILL in turn, under four writers on two
+    mounts (the default wait): no writer ever gets an error, both mounts stay up, and
+    every chunk whose close and rename returned reads back through the other mount."""
+    from fs_helpers import chunk_writer, file_sha256, join_procs, read_results, spawn_ctx, \
+        start_procs
+    restarts = 30
+    c = make_cluster(workers=2, mounts=2)
+    dirs = [os.path.join(m, "kv") for m in c.mounts]
+    os.mkdir(dirs[0])
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    rnd = random.Random(seed)
+    stop = spawn_ctx().Event()
+    results = [str(tmp_path / f"w{w}.txt") for w in range(4)]
+    procs = start_procs(chunk_writer, [(w, dirs[w % 2], results[w], stop, seed + w)
+                                       for w in range(4)])
+
+    def stored() -> int:
+        return sum(len(read_results(r)[0]) for r in results if os.path.exists(r))
+
+    took = []
+    try:
+        wait_until(lambda: stored() >= 4, 60, "the writers' first chunks")
+        for i in range(restarts):
+            sig = (signal.SIGTERM, signal.SIGKILL)[i % 2]
+            time.sleep(rnd.uniform(0.2, 2.0))
+            before = stored()
+            t0 = time.monotonic()
+            c.kill("master", sig=sig)
+            time.sleep(rnd.uniform(0.0, 1.0))
+            c.start("master")
+            wait_until(lambda: stored() >= before + 4, 90,
+                       f"writers to make progress after restart {i + 1} "
+                       f"({signal.Signals(sig).name})")
+            took.append(time.monotonic() - t0)
+    finally:
+        stop.set()
+        join_procs(procs, timeout=120)
+    done, errors = [], []
+    for w, r in enumerate(results):
+        d, e = read_results(r)
+        done.extend((w, *x) for x in d)
+        errors.extend(f"writer {w}: {x}" for x in e)
+    print(f"{len(done)} chunks stored across {restarts} restarts; stop -> 4 more chunks "
+          f"stored: median {sorted(took)[len(took) // 2]:.1f}s, max {max(took):.1f}s; "
+          f"writer errors {len(errors)}")
+    for i, m in enumerate(c.mounts):
+        assert is_mounted(m) and _fuse_alive(c, i), f"mount {i} went away"
+    problems = [f"a writer got an error: {e}" for e in errors[:10]]
+    for w, name, digest, size, _ in done:
+        p = os.path.join(dirs[(w + 1) % 2], name)
+        try:
+            got = file_sha256(p)
+        except OSError as e:
+            problems.append(f"{p}: acknowledged, now {e}")
+            continue
+        if got != (digest, size):
+            problems.append(f"{p}: acknowledged {size} bytes, now reads {got[1]} bytes "
+                            f"with another digest")
+    missing = {x[1] for x in done} - set(os.listdir(dirs[1]))
+    if missing:
+        problems.append(f"{len(missing)} acknowledged chunks not listed: {sorted(missing)[:5]}")
+    assert not problems, "\n".join(problems[:30])
