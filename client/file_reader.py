@@ -22,6 +22,7 @@ import bisect
 import logging
 import os
 import threading
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Mapping
 
@@ -221,7 +222,12 @@ class BlockFetcher:
         if self.short_circuit:
             fd = self.open_local(block)
             if fd is not None:
-                data = os.pread(fd, size, offset)
+                try:
+                    data = os.pread(fd, size, offset)
+                except OSError as e:  # a failing disk: another replica may be fine
+                    log.warning("reading the local file of block %016x failed (%s); "
+                                "reading remotely", block.block_id, e)
+                    data = b""
                 if len(data) == size:
                     return data
                 log.warning("local file of block %016x is short (%d of %d bytes at %d); "
@@ -235,18 +241,33 @@ class BlockFetcher:
         if self.short_circuit:
             fd = self.open_local(block)
             if fd is not None:
-                data = os.pread(fd, block.length, 0)
-                if len(data) == block.length:
+                try:
+                    data = os.pread(fd, block.length, 0)
+                except OSError as e:
+                    log.warning("reading the local file of block %016x failed: %s",
+                                block.block_id, e)
+                    data = b""
+                if len(data) == block.length and self._intact(block, data):
                     return data
         last: CurvineError | None = None
         for w in self._candidates(block):
             try:
-                return block_client.read_block(w, block.block_id, 0, block.length,
+                data = block_client.read_block(w, block.block_id, 0, block.length,
                                                timeout=self.timeout)
+                if not self._intact(block, data):
+                    raise CurvineError(ErrorKind.CHECKSUM, f"worker {w.address}: block "
+                                       f"{block.block_id:016x} does not match its crc32")
+                return data
             except CurvineError as e:
                 last = e
                 self._mark_bad(w, block, e)
         raise self._no_replica(block, last)
+
+    @staticmethod
+    def _intact(block: Block, data) -> bool:
+        """A whole block against the crc32 recorded at publish (0: not known, e.g. a
+        truncated block)."""
+        return not block.checksum or zlib.crc32(data) == block.checksum
 
     def _candidates(self, block: Block) -> list[WorkerInfo]:
         """Replicas to try: local first, known-bad workers last."""

@@ -4,8 +4,9 @@ Start order: open the block store (removes staging leftovers, scans blocks), ser
 gRPC, then register with the master in a background thread (retrying quietly while
 the master is down), send the full block report, and only then tell systemd
 READY=1.  Reads are served from the moment the gRPC server is up.  A heartbeat every
-``worker.heartbeat_interval`` carries capacity and usage; the master answers with
-blocks to delete, or asks the worker to register again.  SIGTERM stops cleanly.
+``worker.heartbeat_interval`` carries capacity and usage (and the outcome of block
+copies); the master answers with blocks to delete, blocks to copy from other workers
+(re-replication, worker/replication.py), or asks the worker to register again.  SIGTERM stops cleanly.
 
 Exit codes: 0 clean shutdown, 1 cannot start (data dir, port), 2 bad config or flags.
 """
