@@ -469,6 +469,7 @@ def test_worker_on_a_full_tmpfs(make_cluster, tmp_path):
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
     mc = None
+    held: dict = {}
     try:
         c.up(timeout=60)
         mnt = os.path.join(c.mounts[0], "kv")
@@ -482,6 +483,14 @@ def test_worker_on_a_full_tmpfs(make_cluster, tmp_path):
         before = {f"a{i}": chunk(100 + i, 8 * MiB) for i in range(2)}
         for key, data in before.items():
             store(mnt, key, data)
+        # Readers that opened the earlier values before the disk fills: eviction may
+        # remove the names afterwards (they are the only complete files), but what these
+        # readers get must still be exactly the stored bytes (or a clean error).
+        held.clear()
+        for key in before:
+            f = open(os.path.join(mnt, key + ".data"), "rb")
+            held[key] = f
+            assert f.read(1) == before[key][:1]
         # a value larger than the whole disk: ENOSPC reaches the writer
         big = os.path.join(mnt, "big.tmp")
         failed_at = None
@@ -495,7 +504,13 @@ def test_worker_on_a_full_tmpfs(make_cluster, tmp_path):
             failed_at = "write/close"
         assert failed_at == "write/close"
         os.unlink(big)  # LMCache drops its failed .tmp
-        # nothing stored before is damaged (eviction may have removed some: a miss)
+        # nothing stored before is damaged: the open readers read every byte back ...
+        for key, f in held.items():
+            f.seek(0)
+            assert f.read() == before[key], f"{key}: other bytes through a handle opened before"
+            f.close()
+        held.clear()
+        # ... and so does a new open of every name eviction left (a removed one is a miss)
         intact = 0
         for key, data in before.items():
             path = os.path.join(mnt, key + ".data")
@@ -521,9 +536,12 @@ def test_worker_on_a_full_tmpfs(make_cluster, tmp_path):
             assert f.read() == chunk(7, 8 * MiB)
         st = mc.capacity_status()
         print(f"\ntmpfs capacity {st.capacity / MiB:.1f} MiB; the 80 MiB value failed at "
-              f"{failed_at}; {intact}/{len(before)} earlier values left, all intact; the next "
+              f"{failed_at}; earlier values read back intact through handles opened before; "
+              f"{intact}/{len(before)} still listed, all intact; the next "
               f"store succeeded after {len(attempts)} ENOSPC; stats {dict(st.stats)}")
     finally:
+        for f in held.values():
+            f.close()
         if mc is not None:
             mc.close()
         try:
