@@ -23,7 +23,7 @@ from curvine.proto import common_pb2, journal_pb2, master_pb2
 from .capacity import Capacity
 from .committer import Committer, RetryHit
 from .leases import LeaseTable
-from .namespace import DIRECTORY, FILE, Effects, Namespace, RetryCache, now_ns
+from .namespace import FILE, Effects, Namespace, RetryCache, now_ns
 from .replication import ReplicationMonitor
 from .store import Store
 from .workers import WorkerRegistry

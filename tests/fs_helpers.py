@@ -313,6 +313,29 @@ def read_results(path: str) -> tuple[list[tuple[str, str, int, float]], list[str
 
 # --------------------------------------------------------------------------- journal
 
+def acknowledged_problems(done: list[tuple], dirs: list[str]) -> list[str]:
+    """What went wrong with chunks that chunk_writer processes reported as stored:
+    ``done`` holds (writer, name, digest, size, seconds); each chunk is read through the
+    mount the writer did not use (``dirs[(writer + 1) % 2]``) and must have its bytes,
+    and every name must be listed in ``dirs[0]``."""
+    problems = []
+    for w, name, digest, size, _ in done:
+        p = os.path.join(dirs[(w + 1) % 2], name)
+        try:
+            got = file_sha256(p)
+        except OSError as e:
+            problems.append(f"{p}: acknowledged, now {e}")
+            continue
+        if got != (digest, size):
+            problems.append(f"{p}: acknowledged {size} bytes {digest[:12]}, now reads "
+                            f"{got[1]} bytes {got[0][:12]}")
+    missing = {x[1] for x in done} - set(os.listdir(dirs[0]))
+    if missing:
+        problems.append(f"{len(missing)} acknowledged chunks missing from the listing: "
+                        f"{sorted(missing)[:5]}")
+    return problems
+
+
 def journal_frames(journal_dir: str) -> list[tuple[str, list[tuple[int, int, int, int]]]]:
     """Per segment file, in order: its path and (start, end, seq, type) of every
     frame, read with the journal's own reader (which must find no damage)."""

@@ -21,9 +21,9 @@ import pytest
 
 from curvine.journal.segment import encode_frame
 from curvine.worker.blockstore import block_path
-from fs_helpers import (MIB, chunk_writer, file_sha256, join_procs, journal_frames, log_text,
-                        read_all, read_results, run_master_once, sha256, spawn_ctx, start_procs,
-                        wait_until)
+from fs_helpers import (MIB, acknowledged_problems, chunk_writer, join_procs, journal_frames,
+                        log_text, read_all, read_results, run_master_once, sha256, spawn_ctx,
+                        start_procs, wait_until)
 
 KILLS = 10
 
@@ -133,21 +133,7 @@ def test_master_sigkill_under_writers(make_cluster, tmp_path):
           f"store (tmp write + close + rename) {slowest:.1f}s; writer errors: {len(errors)}")
     problems = [f"a writer got an error: {e}" for e in errors[:10]]
     # every acknowledged chunk, read through the mount that did not write it
-    for w, name, digest, size, _ in done:
-        p = os.path.join(dirs[(w + 1) % 2], name)
-        try:
-            got = file_sha256(p)
-        except OSError as e:
-            problems.append(f"{p}: acknowledged, now {e}")
-            continue
-        if got != (digest, size):
-            problems.append(f"{p}: acknowledged {size} bytes {digest[:12]}, now reads "
-                            f"{got[1]} bytes {got[0][:12]}")
-    listed = set(os.listdir(dirs[0]))
-    missing = {x[1] for x in done} - listed
-    if missing:
-        problems.append(f"{len(missing)} acknowledged chunks missing from the listing: "
-                        f"{sorted(missing)[:5]}")
+    problems += acknowledged_problems(done, dirs)
     assert not problems, "\n".join(problems[:30])
 
 

@@ -19,7 +19,7 @@ import pyfuse3
 import pytest
 import trio
 
-from curvine.client import block_client, file_reader, file_writer
+from curvine.client import block_client
 from curvine.client.file_reader import FileReader
 from curvine.client.file_writer import FileWriter
 from curvine.client.master_client import MasterClient

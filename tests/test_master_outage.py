@@ -301,7 +301,7 @@ def test_master_down_beyond_wait_is_eio(make_cluster, tmp_path, sig):
                    ("stat", c.mounts[0]), ("mkdir", os.path.join(b, "newdir")),
                    ("stat", os.path.join(a, "missing.data"))], BOUND)
     print(f"master back: {_show(up)}")
-    want = {f"stat missing.data": errno.ENOENT}
+    want = {"stat missing.data": errno.ENOENT}
     wrong = {k: r for k, r in up.items() if r.get("errno") != want.get(k, 0)}
     assert not wrong, f"calls after the master came back: {_show(wrong)}"
     _check(b, files, "after the outage (mount 1)")
@@ -377,8 +377,8 @@ def test_master_restarts_under_writers_long(make_cluster, tmp_path):
     """30 master restarts, SIGTERM and SIGKILL in turn, under four writers on two
     mounts (the default wait): no writer ever gets an error, both mounts stay up, and
     every chunk whose close and rename returned reads back through the other mount."""
-    from fs_helpers import chunk_writer, file_sha256, join_procs, read_results, spawn_ctx, \
-        start_procs
+    from fs_helpers import (acknowledged_problems, chunk_writer, join_procs, read_results,
+                            spawn_ctx, start_procs)
     restarts = 30
     c = make_cluster(workers=2, mounts=2)
     dirs = [os.path.join(m, "kv") for m in c.mounts]
@@ -423,17 +423,5 @@ def test_master_restarts_under_writers_long(make_cluster, tmp_path):
     for i, m in enumerate(c.mounts):
         assert is_mounted(m) and _fuse_alive(c, i), f"mount {i} went away"
     problems = [f"a writer got an error: {e}" for e in errors[:10]]
-    for w, name, digest, size, _ in done:
-        p = os.path.join(dirs[(w + 1) % 2], name)
-        try:
-            got = file_sha256(p)
-        except OSError as e:
-            problems.append(f"{p}: acknowledged, now {e}")
-            continue
-        if got != (digest, size):
-            problems.append(f"{p}: acknowledged {size} bytes, now reads {got[1]} bytes "
-                            f"with another digest")
-    missing = {x[1] for x in done} - set(os.listdir(dirs[1]))
-    if missing:
-        problems.append(f"{len(missing)} acknowledged chunks not listed: {sorted(missing)[:5]}")
+    problems += acknowledged_problems(done, dirs)
     assert not problems, "\n".join(problems[:30])

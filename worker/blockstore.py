@@ -40,7 +40,7 @@ from typing import Iterable
 from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.common.blocks import (CLIENT_STAGING_NAME, MAX_BLOCK_ID, block_path,
                                    check_block_id)
-from curvine.common.ids import MIB, BlockId
+from curvine.common.ids import MIB
 
 log = logging.getLogger(__name__)
 
