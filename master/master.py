@@ -372,7 +372,13 @@ class Master:
                 info.address, info.host_id, list(info.data_dirs)):
             def plan(txn):
                 if not record.worker_id:
-                    record.worker_id = self.registry.next_id()
+                    # From the store inside this transaction, not the registry: workers
+                    # registering at the same time are planned in one batch, and the
+                    # registry learns of each only after the batch commits.
+                    known = list(self.store.workers(txn))
+                    same = [w.worker_id for w in known if w.uuid == record.uuid]
+                    record.worker_id = same[0] if same else max(
+                        (w.worker_id for w in known), default=0) + 1
                 return journal_pb2.JournalEntry(
                     register_worker=journal_pb2.RegisterWorkerRecord(worker=record)), record.worker_id
             wid = self.submit(plan)

@@ -50,10 +50,6 @@ class WorkerRegistry:
                     return st.info
         return None
 
-    def next_id(self) -> int:
-        with self._lock:
-            return max(self._workers, default=0) + 1
-
     def known(self, worker_id: int) -> bool:
         with self._lock:
             return worker_id in self._workers

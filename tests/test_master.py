@@ -289,6 +289,38 @@ def test_add_block_without_workers(master):
     assert e.value.kind == ErrorKind.UNAVAILABLE
 
 
+def test_workers_registering_at_once_get_distinct_ids(tmp_path):
+    """Registrations planned in one journal batch must not share an id (they did: the
+    id came from the registry, which learns of a worker only after its batch commits)."""
+    import threading
+    m = make_master(tmp_path)
+    try:
+        ids, start = {}, threading.Barrier(12)
+
+        def register(i):
+            start.wait()
+            ids[i] = m.register_worker(common_pb2.WorkerInfo(
+                uuid=f"w{i}", host_id="h", address=f"127.0.0.1:{1000 + i}",
+                data_dirs=["/d"])).worker_id
+
+        threads = [threading.Thread(target=register, args=(i,)) for i in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sorted(ids.values()) == list(range(1, 13)), ids
+        again = m.register_worker(common_pb2.WorkerInfo(uuid="w3", host_id="h",
+                                                        address="127.0.0.1:9", data_dirs=["/d"]))
+        assert again.worker_id == ids[3]  # same uuid, new address: same worker
+    finally:
+        m.close()
+    m = make_master(tmp_path)  # and so after replay
+    try:
+        assert sorted(w.worker_id for w, _ in m.registry.snapshot()) == list(range(1, 13))
+    finally:
+        m.close()
+
+
 def test_block_report_reconciles(master):
     wid = add_worker(master)
     f = create(master, ROOT_INO, b"keep")

@@ -305,9 +305,22 @@ class _Meta:
         self.rpc = RpcClient(c.master_addr, master_pb2_grpc.MasterStub, timeout=10, wait=10)
         self.worker_ids = {}  # worker index -> worker id, by address
         addresses = {s["address"]: s["index"] for s in c.status() if s["role"] == "worker"}
-        for w in self.rpc.call("StatFs", master_pb2.StatFsRequest()).workers:
-            if w.address in addresses:
-                self.worker_ids[addresses[w.address]] = w.worker_id
+        registered = []
+
+        def mapped() -> bool:  # a worker may still be (re)registering on a busy machine
+            registered[:] = self.rpc.call("StatFs", master_pb2.StatFsRequest()).workers
+            for w in registered:
+                if w.address in addresses:
+                    self.worker_ids[addresses[w.address]] = w.worker_id
+            return len(self.worker_ids) == len(addresses)
+
+        deadline = time.monotonic() + 20
+        while not mapped():
+            if time.monotonic() > deadline:
+                self.close()
+                raise AssertionError(f"workers {addresses} not all registered with the "
+                                     f"master: {[(w.worker_id, w.address) for w in registered]}")
+            time.sleep(0.1)
 
     def close(self):
         self.mc.close()
