@@ -465,3 +465,86 @@ class CapacityStatusReply(_message.Message):
     stats: _containers.ScalarMap[str, int]
     tracked_files: int
     def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., estimated_used: _Optional[int] = ..., high: _Optional[float] = ..., low: _Optional[float] = ..., stats: _Optional[_Mapping[str, int]] = ..., tracked_files: _Optional[int] = ...) -> None: ...
+
+class ReportRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerReport(_message.Message):
+    __slots__ = ("worker_id", "address", "host_id", "state", "capacity", "used", "blocks", "heartbeat_age")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_AGE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    address: str
+    host_id: str
+    state: str
+    capacity: int
+    used: int
+    blocks: int
+    heartbeat_age: float
+    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., host_id: _Optional[str] = ..., state: _Optional[str] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., blocks: _Optional[int] = ..., heartbeat_age: _Optional[float] = ...) -> None: ...
+
+class ReportReply(_message.Message):
+    __slots__ = ("workers", "inodes", "files_with_data", "blocks", "block_locations", "under_replicated_blocks", "copies_in_flight", "replication_scanned", "capacity", "lookup_hits", "lookup_misses", "lease_stats", "lease_sessions", "applied_seq", "journal_first_seq", "checkpoint_seq", "uptime")
+    class LeaseStatsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    INODES_FIELD_NUMBER: _ClassVar[int]
+    FILES_WITH_DATA_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_LOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    UNDER_REPLICATED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    COPIES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_SCANNED_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_HITS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_MISSES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_STATS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerReport]
+    inodes: int
+    files_with_data: int
+    blocks: int
+    block_locations: int
+    under_replicated_blocks: int
+    copies_in_flight: int
+    replication_scanned: bool
+    capacity: CapacityStatusReply
+    lookup_hits: int
+    lookup_misses: int
+    lease_stats: _containers.ScalarMap[str, int]
+    lease_sessions: int
+    applied_seq: int
+    journal_first_seq: int
+    checkpoint_seq: int
+    uptime: float
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerReport, _Mapping]]] = ..., inodes: _Optional[int] = ..., files_with_data: _Optional[int] = ..., blocks: _Optional[int] = ..., block_locations: _Optional[int] = ..., under_replicated_blocks: _Optional[int] = ..., copies_in_flight: _Optional[int] = ..., replication_scanned: _Optional[bool] = ..., capacity: _Optional[_Union[CapacityStatusReply, _Mapping]] = ..., lookup_hits: _Optional[int] = ..., lookup_misses: _Optional[int] = ..., lease_stats: _Optional[_Mapping[str, int]] = ..., lease_sessions: _Optional[int] = ..., applied_seq: _Optional[int] = ..., journal_first_seq: _Optional[int] = ..., checkpoint_seq: _Optional[int] = ..., uptime: _Optional[float] = ...) -> None: ...
+
+class CheckpointRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CheckpointReply(_message.Message):
+    __slots__ = ("seq", "path", "retired_segments")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    path: str
+    retired_segments: int
+    def __init__(self, seq: _Optional[int] = ..., path: _Optional[str] = ..., retired_segments: _Optional[int] = ...) -> None: ...

@@ -150,6 +150,16 @@ class MasterStub:
                 request_serializer=curvine_dot_proto_dot_master__pb2.CapacityStatusRequest.SerializeToString,
                 response_deserializer=curvine_dot_proto_dot_master__pb2.CapacityStatusReply.FromString,
                 _registered_method=True)
+        self.Report = channel.unary_unary(
+                '/curvine.Master/Report',
+                request_serializer=curvine_dot_proto_dot_master__pb2.ReportRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.ReportReply.FromString,
+                _registered_method=True)
+        self.Checkpoint = channel.unary_unary(
+                '/curvine.Master/Checkpoint',
+                request_serializer=curvine_dot_proto_dot_master__pb2.CheckpointRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.CheckpointReply.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -304,6 +314,20 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Report(self, request, context):
+        """Admin (master/report.py): the whole cluster at a glance (`curvine report`), and
+        a checkpoint on demand (`curvine journal checkpoint`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Checkpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -421,6 +445,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.CapacityStatus,
                     request_deserializer=curvine_dot_proto_dot_master__pb2.CapacityStatusRequest.FromString,
                     response_serializer=curvine_dot_proto_dot_master__pb2.CapacityStatusReply.SerializeToString,
+            ),
+            'Report': grpc.unary_unary_rpc_method_handler(
+                    servicer.Report,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.ReportRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.ReportReply.SerializeToString,
+            ),
+            'Checkpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.Checkpoint,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.CheckpointRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.CheckpointReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1044,6 +1078,60 @@ class Master:
             '/curvine.Master/CapacityStatus',
             curvine_dot_proto_dot_master__pb2.CapacityStatusRequest.SerializeToString,
             curvine_dot_proto_dot_master__pb2.CapacityStatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Report(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/Report',
+            curvine_dot_proto_dot_master__pb2.ReportRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.ReportReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Checkpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/Checkpoint',
+            curvine_dot_proto_dot_master__pb2.CheckpointRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.CheckpointReply.FromString,
             options,
             channel_credentials,
             insecure,
