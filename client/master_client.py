@@ -277,6 +277,17 @@ class MasterClient:
     def capacity_status(self) -> master_pb2.CapacityStatusReply:
         return self._call("CapacityStatus", master_pb2.CapacityStatusRequest())
 
+    # -- admin (master/report.py) ----------------------------------------------
+
+    def report(self) -> master_pb2.ReportReply:
+        return self._call("Report", master_pb2.ReportRequest())
+
+    def checkpoint(self, timeout: float = 600.0) -> master_pb2.CheckpointReply:
+        """Ask the master to checkpoint now; returns once the checkpoint exists (a
+        large namespace takes a while to copy, hence the long deadline)."""
+        return self._rpc.call("Checkpoint", master_pb2.CheckpointRequest(), idempotent=True,
+                              timeout=timeout)
+
     def close(self) -> None:
         self._rpc.close()
 

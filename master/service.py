@@ -14,6 +14,7 @@ from curvine.common.ids import check_ino
 from curvine.common.rpc import handler
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
+from . import report
 from .master import Master
 
 log = logging.getLogger(__name__)
@@ -30,10 +31,18 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         # mutations from Calls streams wait for the journal (and revocations) here
         self._call_pool = futures.ThreadPoolExecutor(max_workers=call_threads,
                                                      thread_name_prefix="call")
+        self.lookups = report.LookupCounts()  # for the Report RPC
 
     @handler
     def Lookup(self, req, ctx):
-        return self.m.lookup_reply(req)
+        try:
+            reply = self.m.lookup_reply(req)
+        except CurvineError as e:
+            if e.kind == ErrorKind.NOT_FOUND:
+                self.lookups.count(found=False)
+            raise
+        self.lookups.count(found=reply.HasField("inode"))
+        return reply
 
     @handler
     def GetAttr(self, req, ctx):
@@ -207,3 +216,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     @handler
     def CapacityStatus(self, req, ctx):
         return self.m.capacity_status()
+
+    # -- admin (master/report.py)
+    @handler
+    def Report(self, req, ctx):
+        return report.build(self.m, self.lookups)
+
+    @handler
+    def Checkpoint(self, req, ctx):
+        remaining = ctx.time_remaining() if ctx is not None else None
+        return report.checkpoint_now(self.m, remaining)
