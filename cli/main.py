@@ -21,6 +21,7 @@ COMMAND_GROUPS = [
     ("demo", "curvine.cli.demo"),
     ("bench", "curvine.cli.bench"),
     ("fs", "curvine.cli.fs_cmd"),
+    ("config", "curvine.cli.config_cmd"),
 ]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130

@@ -230,13 +230,27 @@ def load(path: str | None = None) -> Config:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: {e}") from None
+        raise ConfigError(_syntax_error(path, text, str(e))) from None
     return apply_dict(cfg, data, path, text)
+
+
+def _syntax_error(path: str, text: str, message: str) -> str:
+    """tomllib's message as ``file:line: ...`` like every other config error."""
+    m = re.search(r"\s*\(at line (\d+), column (\d+)\)$", message)
+    if m:
+        return f"{path}:{m.group(1)}: TOML syntax: {message[:m.start()]} (column {m.group(2)})"
+    m = re.search(r"\s*\(at end of document\)$", message)
+    if m:
+        return f"{path}:{len(text.splitlines())}: TOML syntax: {message[:m.start()]} at the end of the file"
+    return f"{path}: TOML syntax: {message}"
 
 
 def apply_dict(cfg: Config, data: dict, path: str = "<config>", text: str = "") -> Config:
     sections = {f.name: f for f in dataclasses.fields(cfg)}
     for sec_name, sec_val in data.items():
+        if sec_name not in sections and not isinstance(sec_val, dict):
+            raise ConfigError(f"{path}:{_line_of(text, '', sec_name)}: {sec_name}: a key "
+                              f"outside any section (sections: {', '.join(sections)})")
         if sec_name not in sections:
             line = _line_of(text, sec_name, None)
             raise ConfigError(f"{path}:{line}: unknown section [{sec_name}]")
@@ -250,26 +264,97 @@ def apply_dict(cfg: Config, data: dict, path: str = "<config>", text: str = "") 
             if key not in hints:
                 raise ConfigError(f"{where}: unknown key")
             setattr(section, key, _coerce(value, hints[key], where))
-    validate(cfg)
+    validate(cfg, path, text)
     return cfg
 
 
-def validate(cfg: Config) -> None:
-    if cfg.cluster.block_size < (1 << 20) or cfg.cluster.block_size % (1 << 20):
-        raise ConfigError("cluster.block_size: must be a positive multiple of 1MiB")
-    if not 1 <= cfg.cluster.replicas <= 8:
-        raise ConfigError("cluster.replicas: must be between 1 and 8")
-    m = cfg.master
+def validate(cfg: Config, path: str = "", text: str = "") -> None:
+    """Check values that parse but cannot work; the error names the key and, when
+    ``path`` (and its ``text``) are given, the file and the key's line in it."""
+    for keys, message in _problems(cfg):
+        raise ConfigError(f"{_location(path, text, keys)}{' / '.join(keys)}: {message}")
+
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_PORTS = ("master.port", "master.http_port", "worker.port", "worker.http_port", "fuse.http_port")
+_THREADS = ("master.rpc_threads", "worker.rpc_threads", "client.rpc_threads")
+
+
+def _location(path: str, text: str, keys: tuple[str, ...]) -> str:
+    """``file:line: `` of the first of ``keys`` written in the file (the section's line
+    when none is; 0 when the value is a default or came from a command-line flag)."""
+    if not path:
+        return ""
+    line = 0
+    for key in keys:
+        section, name = key.split(".", 1)
+        line = _line_of(text, section, name) if text else 0
+        if line:
+            break
+    if not line and text:
+        line = _line_of(text, keys[0].split(".", 1)[0], None)
+    return f"{path}:{line}: "
+
+
+def _problems(cfg: Config):
+    """Yield ``((key, ...), message)`` for every value that cannot work."""
+    c, m, w = cfg.cluster, cfg.master, cfg.worker
+    for sec in dataclasses.fields(cfg):
+        section = getattr(cfg, sec.name)
+        for f in dataclasses.fields(section):
+            v = getattr(section, f.name)
+            if type(v) is int and v < 0:
+                yield (f"{sec.name}.{f.name}",), f"must not be negative, got {v}"
+    if c.block_size < (1 << 20) or c.block_size % (1 << 20):
+        yield ("cluster.block_size",), f"must be a positive multiple of 1MiB, got {int(c.block_size)}"
+    if not 1 <= c.replicas <= 8:
+        yield ("cluster.replicas",), f"must be between 1 and 8, got {c.replicas}"
+    host, sep, port = c.master_addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        yield ("cluster.master_addr",), f"expected host:port, got {c.master_addr!r}"
+    if c.rpc_timeout <= 0:
+        yield ("cluster.rpc_timeout",), "must be positive"
     if not 0 < m.evict_low < m.evict_high <= 1:
-        raise ConfigError(f"master.evict_low / master.evict_high: need 0 < low < high <= 1, "
-                          f"got low {m.evict_low} and high {m.evict_high}")
+        yield (("master.evict_low", "master.evict_high"),
+               f"need 0 < low < high <= 1, got low {m.evict_low} and high {m.evict_high}")
     if m.evict_batch < 1:
-        raise ConfigError("master.evict_batch: must be at least 1")
+        yield ("master.evict_batch",), "must be at least 1"
     if m.evict_interval <= 0:
-        raise ConfigError("master.evict_interval: must be positive")
-    for name, port in (("master.port", cfg.master.port), ("worker.port", cfg.worker.port)):
-        if not 0 <= port <= 65535:
-            raise ConfigError(f"{name}: {port} is not a port number")
+        yield ("master.evict_interval",), "must be positive"
+    if m.worker_lost_after <= w.heartbeat_interval:
+        yield (("master.worker_lost_after", "worker.heartbeat_interval"),
+               f"a worker is declared lost after {m.worker_lost_after:g}s, which must be "
+               f"longer than its heartbeat interval ({w.heartbeat_interval:g}s)")
+    if m.replication_max_inflight < 1:
+        yield ("master.replication_max_inflight",), "must be at least 1"
+    for key in _PORTS:
+        section, name = key.split(".")
+        port_no = getattr(getattr(cfg, section), name)
+        if not 0 <= port_no <= 65535:
+            yield (key,), f"{port_no} is not a port number"
+    for key in _THREADS:
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) < 1:
+            yield (key,), "must be at least 1"
+    for key, value in (("master.meta_dir", m.meta_dir), ("journal.dir", cfg.journal.dir),
+                       ("fuse.mountpoint", cfg.fuse.mountpoint)):
+        if not value:
+            yield (key,), "must not be empty"
+    if cfg.journal.segment_size < 4096:
+        yield ("journal.segment_size",), "must be at least 4KiB"
+    if not w.data_dirs or not all(w.data_dirs):
+        yield ("worker.data_dirs",), "needs at least one directory, and no empty names"
+    if w.heartbeat_interval <= 0:
+        yield ("worker.heartbeat_interval",), "must be positive"
+    if cfg.client.readahead_blocks < 1:
+        yield ("client.readahead_blocks",), "must be at least 1"
+    if cfg.log.level.upper() not in _LOG_LEVELS:
+        yield ("log.level",), f"{cfg.log.level!r} is not one of {', '.join(_LOG_LEVELS)}"
+    for f in dataclasses.fields(cfg.security):
+        if getattr(cfg.security, f.name):
+            # Better to refuse than to run unauthenticated while the operator thinks not.
+            yield (f"security.{f.name}",), ("authentication and TLS are not implemented "
+                                            "in this version; leave it empty")
 
 
 def to_toml(cfg: Config) -> str:
