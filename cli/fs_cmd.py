@@ -1,5 +1,14 @@
-"""`curvine fs`: per-directory policy and capacity, talking to the master.
+"""`curvine fs`: the namespace and its data, talking to the master directly (no mount).
 
+    curvine fs ls [-l] [-d] [-h] [--json] [PATH...]
+    curvine fs stat [--json] PATH...
+    curvine fs mkdir [-p] [-m MODE] PATH...
+    curvine fs put LOCAL REMOTE      # LOCAL may be - (stdin)
+    curvine fs get REMOTE LOCAL      # LOCAL may be - (stdout)
+    curvine fs rm [-r] [-f] PATH...
+    curvine fs mv SRC DST
+    curvine fs du [-s] [-h] [PATH...]
+    curvine fs df [-h] [--json]
     curvine fs ttl PATH DURATION     # files created in PATH afterwards expire (0 clears)
     curvine fs replicas PATH N       # replicas of files created in PATH (0 = default)
     curvine fs status                # pool usage, watermarks, eviction counters
@@ -7,58 +16,138 @@
 PATH is a path in the cluster's namespace (``/l2cache``), resolved at the master
 name by name from the root; a path on a local curvine mount (``/mnt/kv/l2cache``)
 works too and is translated.  The master is ``--master H:P``, else the config's
-``cluster.master_addr`` (``--conf``, ``$CURVINE_CONF``).
+``cluster.master_addr`` (``--conf``, ``$CURVINE_CONF``).  Errors name the path;
+docs/cli.md lists the exit codes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
+import grp
+import json
 import os
+import posixpath
+import pwd
+import stat as stat_mod
+import sys
+import tempfile
+import time
+from typing import Iterator
 
+from curvine.client.fs import CurvineFS
 from curvine.client.master_client import MasterClient
 from curvine.common import config as config_mod
 from curvine.common.errors import CurvineError, ErrorKind
-from curvine.common.ids import ROOT_INO
+from curvine.common.ids import MIB, ROOT_INO
+from curvine.proto import common_pb2
 
 MOUNT_FS_TYPE = "fuse.curvine"
+CHUNK = MIB  # put/get copy in 1 MiB pieces: memory stays constant whatever the size
+PROGRESS_EVERY = 0.2  # seconds between progress bar redraws
+Inode = common_pb2.Inode
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "fs", help="TTL and replicas of directories, capacity status",
-        description="Set the TTL or the replica count of a directory (inherited by files "
-                    "created in it afterwards; on a file, its own TTL), or show the pool's "
-                    "usage and eviction counters.")
+        "fs", help="files and directories in the cluster, TTL, replicas, capacity",
+        description="Work with the cluster's namespace through the master (no mount "
+                    "needed): list, inspect, copy in and out, remove, move, sizes; set the "
+                    "TTL or replica count of a directory; show pool usage.")
     sub = p.add_subparsers(dest="fs_command", metavar="SUBCOMMAND", required=True)
 
-    def common(sp):
+    def add(name, func, help, description=None, human=False):
+        # -h is "human-readable sizes" where sizes are printed (like du and df),
+        # otherwise help; --help always is
+        sp = sub.add_parser(name, help=help, description=description or help, add_help=False)
+        sp.add_argument("--help", *([] if human else ["-h"]), action="help",
+                        help="show this help and exit")
+        if human:
+            sp.add_argument("-h", "--human", action="store_true", help="sizes as Ki, Mi, Gi")
         sp.add_argument("--master", metavar="H:P", help="master address "
                         "(default: cluster.master_addr of the config)")
         sp.add_argument("--conf", help="config file (default $CURVINE_CONF or "
                         f"{config_mod.DEFAULT_PATH})")
+        sp.set_defaults(func=func, _parser=sp)
+        return sp
 
-    t = sub.add_parser("ttl", help="set the TTL of a directory (or file)",
-                       description="Files created in PATH afterwards are removed once "
-                                   "DURATION has passed since they were last written. "
-                                   "DURATION: e.g. 30s, 2h, 7d; 0 clears it.")
+    ls = add("ls", _cmd_ls, "list directories",
+             "List the entries of each directory PATH (a file lists itself), in name order.",
+             human=True)
+    ls.add_argument("paths", metavar="PATH", nargs="*", default=["/"])
+    ls.add_argument("-l", dest="long", action="store_true",
+                    help="long format: mode, links, owner, group, size, mtime, name")
+    ls.add_argument("-d", dest="directory", action="store_true",
+                    help="list directories themselves, not their entries")
+    ls.add_argument("--json", action="store_true", help="one JSON object per entry and line")
+
+    st = add("stat", _cmd_stat, "attributes and blocks of files and directories")
+    st.add_argument("paths", metavar="PATH", nargs="+")
+    st.add_argument("--json", action="store_true", help="one JSON object per PATH and line")
+
+    mk = add("mkdir", _cmd_mkdir, "create directories")
+    mk.add_argument("paths", metavar="PATH", nargs="+")
+    mk.add_argument("-p", dest="parents", action="store_true",
+                    help="create missing parents; an existing directory is no error")
+    mk.add_argument("-m", dest="mode", type=_mode, default=0o755,
+                    help="permission bits, octal (default 755)")
+
+    put = add("put", _cmd_put, "copy a local file into the cluster",
+              "Copy LOCAL (- for stdin) to REMOTE (into it when REMOTE is a directory). "
+              "Readers see the new contents all at once when the copy completes. A progress "
+              "bar is drawn on stderr when it is a terminal.")
+    put.add_argument("local", metavar="LOCAL")
+    put.add_argument("remote", metavar="REMOTE")
+    put.add_argument("-m", dest="mode", type=_mode, default=None,
+                     help="permission bits, octal (default: LOCAL's, 644 for stdin)")
+    put.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+    get = add("get", _cmd_get, "copy a file out of the cluster",
+              "Copy REMOTE to LOCAL (- for stdout; into it when LOCAL is a directory). "
+              "LOCAL is replaced only once the whole file has been read.")
+    get.add_argument("remote", metavar="REMOTE")
+    get.add_argument("local", metavar="LOCAL")
+    get.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+    rm = add("rm", _cmd_rm, "remove files (and directories with -r)")
+    rm.add_argument("paths", metavar="PATH", nargs="+")
+    rm.add_argument("-r", dest="recursive", action="store_true",
+                    help="remove directories and everything in them")
+    rm.add_argument("-f", dest="force", action="store_true", help="a missing PATH is no error")
+
+    mv = add("mv", _cmd_mv, "rename or move a file or directory",
+             "Atomically rename SRC to DST (into DST when it is a directory), replacing "
+             "an existing file DST.")
+    mv.add_argument("src", metavar="SRC")
+    mv.add_argument("dst", metavar="DST")
+
+    du = add("du", _cmd_du, "sizes of directory trees",
+             "Sum the sizes of the files under each PATH (apparent sizes: replicas are "
+             "not counted). Without -s each directory is listed, children first.",
+             human=True)
+    du.add_argument("paths", metavar="PATH", nargs="*", default=["/"])
+    du.add_argument("-s", dest="summarize", action="store_true", help="only a total per PATH")
+
+    df = add("df", _cmd_df, "pool capacity, used, free and number of files", human=True)
+    df.add_argument("--json", action="store_true")
+
+    t = add("ttl", _cmd_ttl, "set the TTL of a directory (or file)",
+            "Files created in PATH afterwards are removed once DURATION has passed since "
+            "they were last written. DURATION: e.g. 30s, 2h, 7d; 0 clears it.")
     t.add_argument("path", metavar="PATH")
     t.add_argument("duration", metavar="DURATION", type=_duration)
-    common(t)
-    t.set_defaults(func=_cmd_ttl, _parser=t)
 
-    r = sub.add_parser("replicas", help="set the replica count of a directory",
-                       description="Files created in PATH afterwards get N replicas "
-                                   "(0 = the cluster default).")
+    r = add("replicas", _cmd_replicas, "set the replica count of a directory",
+            "Files created in PATH afterwards get N replicas (0 = the cluster default).")
     r.add_argument("path", metavar="PATH")
     r.add_argument("replicas", metavar="N", type=_replicas)
-    common(r)
-    r.set_defaults(func=_cmd_replicas, _parser=r)
 
-    s = sub.add_parser("status", help="pool usage, watermarks and eviction counters")
-    common(s)
-    s.set_defaults(func=_cmd_status, _parser=s)
+    add("status", _cmd_status, "pool usage, watermarks and eviction counters")
     p.set_defaults(_parser=p)
 
+
+# ---------------------------------------------------------------- argument types
 
 def _duration(text: str) -> float:
     try:
@@ -77,6 +166,18 @@ def _replicas(text: str) -> int:
     return n
 
 
+def _mode(text: str) -> int:
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an octal mode") from None
+    if not 0 <= mode <= 0o7777:
+        raise argparse.ArgumentTypeError(f"{text!r} is outside 0..7777")
+    return mode
+
+
+# ---------------------------------------------------------------- connection, paths
+
 def _client(args) -> MasterClient:
     cfg = config_mod.load(args.conf)
     address = args.master or cfg.cluster.master_addr
@@ -84,9 +185,22 @@ def _client(args) -> MasterClient:
     return MasterClient(address, timeout=float(cfg.cluster.rpc_timeout), wait=2.0)
 
 
+@contextlib.contextmanager
+def _fs(args) -> Iterator[CurvineFS]:
+    cfg = config_mod.load(args.conf)
+    client = MasterClient(args.master or cfg.cluster.master_addr,
+                          timeout=float(cfg.cluster.rpc_timeout), wait=2.0)
+    fs = CurvineFS(cfg=cfg, master=client)
+    try:
+        yield fs
+    finally:
+        fs.close()
+
+
 def namespace_path(path: str) -> str:
-    """``path`` as a path in the namespace: a path on a local curvine mount is taken
-    relative to its mount point; anything else must be absolute in the namespace."""
+    """``path`` as a normalised path in the namespace: a path on a local curvine mount
+    is taken relative to its mount point; anything else must be absolute in the
+    namespace."""
     if os.path.exists(path):
         real = os.path.realpath(path)
         best = ""
@@ -98,7 +212,7 @@ def namespace_path(path: str) -> str:
     if not path.startswith("/"):
         raise CurvineError(ErrorKind.INVALID, f"PATH: {path!r} is neither on a curvine mount "
                                               "nor absolute in the namespace")
-    return path
+    return posixpath.normpath(path).replace("//", "/")
 
 
 def _curvine_mounts() -> list[str]:
@@ -116,26 +230,483 @@ def _curvine_mounts() -> list[str]:
     return out
 
 
-def resolve(client: MasterClient, path: str) -> int:
-    """The inode of a namespace path, walking from the root one name at a time."""
-    ino = ROOT_INO
+def stat_path(client: MasterClient, path: str) -> Inode:
+    """The inode at namespace ``path``, walking from the root one name at a time;
+    errors name the path."""
+    node = client.getattr(ROOT_INO)
     walked = ""
     for part in path.split("/"):
         if part in ("", "."):
             continue
+        if node.type != common_pb2.DIRECTORY:
+            raise CurvineError(ErrorKind.NOT_DIR, f"{walked}: not a directory")
         walked += "/" + part
-        node = client.lookup_or_none(ino, part.encode())
-        if node is None:
+        child = client.lookup_or_none(node.ino, os.fsencode(part))
+        if child is None:
             raise CurvineError(ErrorKind.NOT_FOUND, f"{walked}: no such file or directory")
-        ino = node.ino
-    return ino
+        node = child
+    return node
 
+
+def resolve(client: MasterClient, path: str) -> int:
+    """The inode number of a namespace path."""
+    return stat_path(client, path).ino
+
+
+def stat_or_none(client: MasterClient, path: str) -> Inode | None:
+    try:
+        return stat_path(client, path)
+    except CurvineError as e:
+        if e.kind == ErrorKind.NOT_FOUND:
+            return None
+        raise
+
+
+@contextlib.contextmanager
+def _about(path: str):
+    """Prefix the path to errors of the calls inside (the master names no paths)."""
+    try:
+        yield
+    except CurvineError as e:
+        if e.message.startswith("/"):  # names its path already
+            raise
+        raise CurvineError(e.kind, f"{path}: {e.message}") from None
+
+
+def _is_dir(node: Inode) -> bool:
+    return node.type == common_pb2.DIRECTORY
+
+
+# ---------------------------------------------------------------- formatting
+
+def human_size(n: int) -> str:
+    """1023 -> '1023', 1536 -> '1.5Ki', 41943040 -> '40.0Mi' (binary units)."""
+    value = float(n)
+    for unit in ("", "Ki", "Mi", "Gi", "Ti", "Pi"):
+        if value < 1024 or unit == "Pi":
+            return f"{int(value)}" if not unit else f"{value:.1f}{unit}"
+        value /= 1024
+    return str(n)
+
+
+def _size(n: int, human: bool) -> str:
+    return human_size(n) if human else str(n)
+
+
+def _display(name: bytes | str) -> str:
+    """A name for the terminal: undecodable bytes shown as escapes, never an error."""
+    if isinstance(name, str):
+        return name
+    return name.decode("utf-8", "backslashreplace")
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _group(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _filemode(node: Inode) -> str:
+    kind = stat_mod.S_IFDIR if _is_dir(node) else stat_mod.S_IFREG
+    return stat_mod.filemode(kind | node.mode)
+
+
+def _time(ns: int) -> str:
+    return datetime.datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M")
+
+
+def _iso(ns: int) -> str:
+    return datetime.datetime.fromtimestamp(ns / 1e9).astimezone().isoformat(timespec="milliseconds")
+
+
+def _inode_dict(node: Inode, path: str | None = None, name: bytes | None = None) -> dict:
+    d = {}
+    if path is not None:
+        d["path"] = path
+    if name is not None:
+        d["name"] = _display(name)
+    d.update(ino=node.ino, type="directory" if _is_dir(node) else "file",
+             mode=f"{node.mode:04o}", uid=node.uid, gid=node.gid, size=node.size,
+             nlink=node.nlink, mtime_ns=node.mtime_ns, atime_ns=node.atime_ns,
+             ctime_ns=node.ctime_ns, ttl_ms=node.ttl_ms, replicas=node.replicas,
+             version=node.version)
+    if not _is_dir(node):
+        d["state"] = "complete" if node.state == common_pb2.COMPLETE else "writing"
+    return d
+
+
+def _fmt_ttl(ms: int) -> str:
+    if not ms:
+        return "none"
+    for unit, n in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % n == 0:
+            return f"{ms // n}{unit}"
+    return f"{ms}ms"
+
+
+class Progress:
+    """A one-line progress bar on stderr, redrawn with ``\\r`` at most every
+    PROGRESS_EVERY seconds; drawn only when stderr is a terminal (a pipe or a log
+    file gets nothing)."""
+
+    def __init__(self, label: str, total: int | None, enabled: bool = True):
+        self.label = label
+        self.total = total
+        self.done = 0
+        self.enabled = enabled and sys.stderr.isatty()
+        self.started = time.monotonic()
+        self._drawn = 0.0
+
+    def update(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.enabled and now - self._drawn >= PROGRESS_EVERY:
+            self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        self._drawn = now
+        rate = self.done / max(now - self.started, 1e-6)
+        if self.total:
+            frac = min(self.done / self.total, 1.0)
+            bar = "#" * int(frac * 30)
+            text = (f"{self.label} [{bar:<30}] {100 * frac:5.1f}% {human_size(self.done)}B"
+                    f" / {human_size(self.total)}B  {human_size(int(rate))}B/s")
+        else:
+            text = f"{self.label} {human_size(self.done)}B  {human_size(int(rate))}B/s"
+        sys.stderr.write("\r" + text[:120] + "\x1b[K")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._draw(time.monotonic())
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+# ---------------------------------------------------------------- ls, stat
+
+def _cmd_ls(args, parser) -> int:
+    with _fs(args) as fs:
+        for i, arg in enumerate(args.paths):
+            path = namespace_path(arg)
+            node = stat_path(fs.master, path)
+            if _is_dir(node) and not args.directory:
+                if len(args.paths) > 1 and not args.json:
+                    if i:
+                        print()
+                    print(f"{path}:")
+                with _about(path):
+                    for e in fs.master.iterdir(node.ino):
+                        _ls_line(args, e.name, e.inode, posixpath.join(path, _display(e.name)))
+            else:
+                _ls_line(args, posixpath.basename(path) or "/", node, path)
+    return 0
+
+
+def _ls_line(args, name: bytes | str, node: Inode, path: str) -> None:
+    if args.json:
+        print(json.dumps(_inode_dict(node, path=path)))
+    elif args.long:
+        suffix = "/" if _is_dir(node) else ""
+        state = "  (writing)" if not _is_dir(node) and node.state == common_pb2.WRITING else ""
+        print(f"{_filemode(node)} {node.nlink:>3} {_user(node.uid):<8} {_group(node.gid):<8} "
+              f"{_size(node.size, args.human):>12} {_time(node.mtime_ns)} "
+              f"{_display(name)}{suffix}{state}")
+    else:
+        print(_display(name) + ("/" if _is_dir(node) else ""))
+
+
+def _cmd_stat(args, parser) -> int:
+    with _fs(args) as fs:
+        for arg in args.paths:
+            path = namespace_path(arg)
+            node = stat_path(fs.master, path)
+            blocks, workers = [], {}
+            if not _is_dir(node):
+                with _about(path):
+                    _, blocks, workers = fs.master.get_blocks(node.ino)
+            if args.json:
+                d = _inode_dict(node, path=path)
+                d["blocks"] = [{"block_id": b.block_id, "length": b.length,
+                                "checksum": b.checksum,
+                                "workers": [workers[w].address if w in workers else str(w)
+                                            for w in b.worker_ids]} for b in blocks]
+                print(json.dumps(d))
+                continue
+            kind = "directory" if _is_dir(node) else "regular file"
+            state = "" if _is_dir(node) else (
+                "  State: complete" if node.state == common_pb2.COMPLETE else
+                "  State: writing (no version published yet)")
+            print(f"  File: {path}")
+            print(f"  Type: {kind}  Inode: {node.ino}{state}")
+            print(f"  Size: {node.size}  Blocks: {len(blocks)}  Links: {node.nlink}  "
+                  f"Version: {node.version}")
+            print(f"  Mode: {node.mode:04o} ({_filemode(node)})  Uid: {node.uid} "
+                  f"({_user(node.uid)})  Gid: {node.gid} ({_group(node.gid)})")
+            print(f"   TTL: {_fmt_ttl(node.ttl_ms)}  Replicas: {node.replicas or 'default'}")
+            print(f"Access: {_iso(node.atime_ns)}")
+            print(f"Modify: {_iso(node.mtime_ns)}")
+            print(f"Change: {_iso(node.ctime_ns)}")
+            for i, b in enumerate(blocks):
+                where = ", ".join(f"{w}@{workers[w].address}" if w in workers else str(w)
+                                  for w in b.worker_ids)
+                print(f" Block {i}: id {b.block_id}  length {b.length}  "
+                      f"crc32 {b.checksum:08x}  on {where or 'no worker (hole)'}")
+    return 0
+
+
+# ---------------------------------------------------------------- mkdir, rm, mv
+
+def _cmd_mkdir(args, parser) -> int:
+    with _fs(args) as fs:
+        for arg in args.paths:
+            path = namespace_path(arg)
+            if path == "/":
+                if args.parents:
+                    continue
+                raise CurvineError(ErrorKind.EXISTS, "/: file exists")
+            with _about(path):
+                if args.parents:
+                    fs.mkdir(path, args.mode, parents=True)
+                else:
+                    parent, name = _parent_of(fs.master, path)
+                    fs.master.mkdir(parent.ino, name, args.mode, os.getuid(), os.getgid())
+    return 0
+
+
+def _cmd_rm(args, parser) -> int:
+    with _fs(args) as fs:
+        for arg in args.paths:
+            path = namespace_path(arg)
+            if path == "/":
+                raise CurvineError(ErrorKind.INVALID, "/: refusing to remove the root")
+            node = stat_or_none(fs.master, path)
+            if node is None:
+                if args.force:
+                    continue
+                raise CurvineError(ErrorKind.NOT_FOUND, f"{path}: no such file or directory")
+            parent, name = _parent_of(fs.master, path)
+            with _about(path):
+                if not _is_dir(node):
+                    fs.master.unlink(parent.ino, name)
+                elif not args.recursive:
+                    raise CurvineError(ErrorKind.IS_DIR, "is a directory (use -r)")
+                else:
+                    _remove_tree(fs.master, parent.ino, name, node.ino)
+    return 0
+
+
+def _parent_of(client: MasterClient, path: str) -> tuple[Inode, bytes]:
+    """The directory holding ``path`` (not the root) and its last name."""
+    parent = stat_path(client, posixpath.dirname(path))
+    if not _is_dir(parent):
+        raise CurvineError(ErrorKind.NOT_DIR, f"{posixpath.dirname(path)}: not a directory")
+    return parent, os.fsencode(posixpath.basename(path))
+
+
+def _remove_tree(client: MasterClient, parent: int, name: bytes, ino: int) -> None:
+    """Remove a directory and everything below it, files before their directory."""
+    for e in client.iterdir(ino):
+        # iterdir pages resume after the last name seen, so removing entries already
+        # listed does not disturb it
+        if _is_dir(e.inode):
+            _remove_tree(client, ino, e.name, e.inode.ino)
+        else:
+            client.unlink(ino, e.name)
+    client.rmdir(parent, name)
+
+
+def _cmd_mv(args, parser) -> int:
+    with _fs(args) as fs:
+        src, dst = namespace_path(args.src), namespace_path(args.dst)
+        if src == "/":
+            raise CurvineError(ErrorKind.INVALID, "/: cannot move the root")
+        node = stat_path(fs.master, src)
+        src_dir, src_name = _parent_of(fs.master, src)
+        target = stat_or_none(fs.master, dst)
+        if target is not None and _is_dir(target) and target.ino != node.ino:
+            dst_dir, name = target, src_name  # into the directory, like mv(1)
+        elif dst == "/":
+            raise CurvineError(ErrorKind.EXISTS, "/: file exists")
+        else:
+            dst_dir, name = _parent_of(fs.master, dst)
+        with _about(f"{src} -> {dst}"):
+            fs.master.rename(src_dir.ino, src_name, dst_dir.ino, name)
+    return 0
+
+
+# ---------------------------------------------------------------- du, df
+
+def _cmd_du(args, parser) -> int:
+    with _fs(args) as fs:
+        for arg in args.paths:
+            path = namespace_path(arg)
+            node = stat_path(fs.master, path)
+            with _about(path):
+                total = _du(fs.master, node, path, args)
+            print(f"{_size(total, args.human)}\t{path}")
+    return 0
+
+
+def _du(client: MasterClient, node: Inode, path: str, args) -> int:
+    """Bytes of the files under ``node``; prints each subdirectory unless -s."""
+    if not _is_dir(node):
+        return node.size
+    total = 0
+    for e in client.iterdir(node.ino):
+        if _is_dir(e.inode):
+            sub_path = posixpath.join(path, _display(e.name))
+            sub = _du(client, e.inode, sub_path, args)
+            if not args.summarize:
+                print(f"{_size(sub, args.human)}\t{sub_path}")
+            total += sub
+        else:
+            total += e.inode.size
+    return total
+
+
+def _cmd_df(args, parser) -> int:
+    client = _client(args)
+    try:
+        st = client.statfs()
+        cap = client.capacity_status()
+    finally:
+        client.close()
+    free = max(st.capacity - st.used, 0)
+    pct = 100.0 * st.used / st.capacity if st.capacity else 0.0
+    if args.json:
+        print(json.dumps({"master": client.address, "capacity": st.capacity, "used": st.used,
+                          "free": free, "use_percent": round(pct, 1),
+                          "estimated_used": cap.estimated_used, "files": st.files,
+                          "live_workers": st.live_workers, "workers": len(st.workers),
+                          "block_size": st.block_size}))
+        return 0
+    h = args.human
+    print(f"{'Master':<22} {'Size':>14} {'Used':>14} {'Avail':>14} {'Use%':>5} "
+          f"{'Files':>10} {'Workers':>8}")
+    print(f"{client.address:<22} {_size(st.capacity, h):>14} {_size(st.used, h):>14} "
+          f"{_size(free, h):>14} {pct:4.0f}% {st.files:>10} "
+          f"{st.live_workers:>4}/{len(st.workers):<3}")
+    return 0
+
+
+# ---------------------------------------------------------------- put, get
+
+def _cmd_put(args, parser) -> int:
+    with _fs(args) as fs:
+        dst = namespace_path(args.remote)
+        existing = stat_or_none(fs.master, dst)
+        if args.remote.endswith("/") or (existing is not None and _is_dir(existing)):
+            if args.local == "-":
+                raise CurvineError(ErrorKind.IS_DIR, f"{dst}: is a directory (name the file "
+                                                     "to write stdin to)")
+            dst = posixpath.join(dst, os.path.basename(args.local))
+            existing = stat_or_none(fs.master, dst)
+        if args.local == "-":
+            src, total, mode = sys.stdin.buffer, None, 0o644
+        else:
+            src = open(args.local, "rb")
+            st = os.fstat(src.fileno())
+            if stat_mod.S_ISDIR(st.st_mode):
+                src.close()
+                raise CurvineError(ErrorKind.IS_DIR, f"{args.local}: is a directory")
+            total = st.st_size if stat_mod.S_ISREG(st.st_mode) else None
+            mode = st.st_mode & 0o7777
+        if args.mode is not None:
+            mode = args.mode
+        try:
+            with _about(dst):
+                _upload(fs, src, dst, mode, Progress(f"put {dst}", total, not args.quiet),
+                        created=existing is None)
+        finally:
+            if src is not sys.stdin.buffer:
+                src.close()
+    return 0
+
+
+def _upload(fs: CurvineFS, src, dst: str, mode: int, progress: Progress, created: bool) -> None:
+    """Stream ``src`` into a new version of ``dst``, published only when complete."""
+    writer = fs.open_writer(dst, mode)
+    ok = False
+    try:
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        off = 0
+        while True:
+            n = src.readinto(buf)
+            if not n:
+                break
+            writer.write(off, view[:n])
+            off += n
+            progress.update(n)
+        writer.publish()
+        ok = True
+    finally:
+        writer.close()
+        progress.close()
+        if not ok and created:
+            # do not leave an empty, never-published file behind that we created
+            with contextlib.suppress(CurvineError):
+                fs.unlink(dst)
+
+
+def _cmd_get(args, parser) -> int:
+    with _fs(args) as fs:
+        src = namespace_path(args.remote)
+        node = stat_path(fs.master, src)
+        if _is_dir(node):
+            raise CurvineError(ErrorKind.IS_DIR, f"{src}: is a directory")
+        progress = Progress(f"get {src}", node.size, not args.quiet)
+        if args.local == "-":
+            with _about(src):
+                _download(fs, src, sys.stdout.buffer, progress)
+            sys.stdout.buffer.flush()
+            return 0
+        dest = args.local
+        if os.path.isdir(dest):
+            dest = os.path.join(dest, posixpath.basename(src))
+        # a temporary name next to the destination: LOCAL is replaced only when the
+        # whole file has been read
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dest)}.",
+                                   dir=os.path.dirname(os.path.abspath(dest)))
+        try:
+            with os.fdopen(fd, "wb") as out, _about(src):
+                _download(fs, src, out, progress)
+            os.chmod(tmp, node.mode & 0o777)
+            os.replace(tmp, dest)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    return 0
+
+
+def _download(fs: CurvineFS, src: str, out, progress: Progress) -> None:
+    try:
+        for data in fs.iter_read(src, CHUNK):
+            out.write(data)
+            progress.update(len(data))
+    finally:
+        progress.close()
+
+
+# ---------------------------------------------------------------- ttl, replicas, status
 
 def _cmd_ttl(args, parser) -> int:
     client = _client(args)
     try:
         path = namespace_path(args.path)
-        node = client.set_policy(resolve(client, path), ttl_ms=int(round(args.duration * 1000)))
+        with _about(path):
+            node = client.set_policy(resolve(client, path),
+                                     ttl_ms=int(round(args.duration * 1000)))
     finally:
         client.close()
     print(f"{path}: ttl {_fmt_ttl(node.ttl_ms)}")
@@ -146,7 +717,8 @@ def _cmd_replicas(args, parser) -> int:
     client = _client(args)
     try:
         path = namespace_path(args.path)
-        node = client.set_policy(resolve(client, path), replicas=args.replicas)
+        with _about(path):
+            node = client.set_policy(resolve(client, path), replicas=args.replicas)
     finally:
         client.close()
     print(f"{path}: replicas {node.replicas or 'cluster default'}")
@@ -167,12 +739,3 @@ def _cmd_status(args, parser) -> int:
     for k in sorted(st.stats):
         print(f"{k:16s}{st.stats[k]}")
     return 0
-
-
-def _fmt_ttl(ms: int) -> str:
-    if not ms:
-        return "none"
-    for unit, n in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms % n == 0:
-            return f"{ms // n}{unit}"
-    return f"{ms}ms"

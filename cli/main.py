@@ -2,8 +2,9 @@
 
 One module per command group, each with ``register(subparsers)`` that adds its parser
 and sets ``func(args, parser) -> exit code``.  Errors reach the user as one line,
-``curvine: error: ...``, with exit code 1 (2 for usage errors); never a traceback
-(set CURVINE_DEBUG=1 to see one).
+``curvine: error: ...``, with exit code 1 (2 for usage errors, 3 when something named
+does not exist, 4 for a damaged journal: docs/cli.md); never a traceback (set
+CURVINE_DEBUG=1 to see one).
 """
 
 from __future__ import annotations
@@ -22,9 +23,14 @@ COMMAND_GROUPS = [
     ("bench", "curvine.cli.bench"),
     ("fs", "curvine.cli.fs_cmd"),
     ("config", "curvine.cli.config_cmd"),
+    ("report", "curvine.cli.report"),
+    ("journal", "curvine.cli.journal_cmd"),
 ]
 
+# Documented in docs/cli.md.
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_NOT_FOUND = 3  # a path, file or directory named on the command line does not exist
+EXIT_DAMAGED = 4    # the journal is damaged (journal verify, journal dump)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +46,19 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from curvine.cli.local import ClusterError
     from curvine.common.config import ConfigError
     from curvine.common.errors import CurvineError
-    return (ClusterError, ConfigError, CurvineError, OSError)
+    from curvine.journal import JournalError
+    return (ClusterError, ConfigError, CurvineError, JournalError, OSError)
+
+
+def _exit_code(exc: BaseException) -> int:
+    from curvine.common.errors import CurvineError, ErrorKind
+    from curvine.journal import JournalCorruption
+    if isinstance(exc, JournalCorruption):
+        return EXIT_DAMAGED
+    if isinstance(exc, FileNotFoundError) or (
+            isinstance(exc, CurvineError) and exc.kind == ErrorKind.NOT_FOUND):
+        return EXIT_NOT_FOUND
+    return EXIT_ERROR
 
 
 def _message(exc: BaseException) -> str:
@@ -74,9 +92,9 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         if isinstance(e, _known_errors()):
             print(f"curvine: error: {_message(e)}", file=sys.stderr)
-        else:
-            print(f"curvine: error: internal error: {type(e).__name__}: {_message(e)}",
-                  file=sys.stderr)
+            return _exit_code(e)
+        print(f"curvine: error: internal error: {type(e).__name__}: {_message(e)}",
+              file=sys.stderr)
         return EXIT_ERROR
 
 

@@ -385,7 +385,7 @@ def test_ttl_orphans_and_replay(make_cluster, tmp_path):
     r = curvine_cli("fs", "replicas", "/keep", "1", "--master", c.master_addr)
     assert r.returncode == 0 and r.stdout.strip() == "/keep: replicas 1", r
     r = curvine_cli("fs", "ttl", "/nope/deeper", "2s", "--master", c.master_addr)
-    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.returncode == 3 and "Traceback" not in r.stderr  # 3: not found (docs/cli.md)
     assert r.stderr.strip() == "curvine: error: /nope: no such file or directory", r.stderr
     r = curvine_cli("fs", "replicas", "/keep", "9", "--master", c.master_addr)
     assert r.returncode == 2 and "between 0 and 8" in r.stderr

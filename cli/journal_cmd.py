@@ -1,0 +1,333 @@
+"""`curvine journal`: read, check and checkpoint the master's write-ahead journal.
+
+    curvine journal dump [--journal-dir DIR] [--from SEQ] [--limit N] [--json]
+    curvine journal verify [--journal-dir DIR]
+    curvine journal checkpoint [--master H:P]                  # the running master
+    curvine journal checkpoint --offline [--meta-dir D] [--journal-dir D]  # a stopped one
+
+dump and verify only read the segment files (no lock, nothing changed), so they are
+safe next to a running master; a record the master is appending at that moment may
+show as an incomplete last record.  The formats are in journal/segment.py.  The
+directories default to the config's ``journal.dir`` and ``master.meta_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+
+from curvine.common import config as config_mod
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.journal.segment import (
+    JournalCorruption,
+    SegmentReader,
+    find_valid_frame,
+    parse_segment_name,
+)
+from curvine.proto import journal_pb2
+
+from .fs_cmd import _client, human_size
+
+EXIT_DAMAGED = 4  # verify found damage before the tail (docs/cli.md)
+_TYPE_NAMES = {f.number: f.name
+               for f in journal_pb2.JournalEntry.DESCRIPTOR.oneofs_by_name["op"].fields}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "journal", help="dump, verify or checkpoint the master's journal",
+        description="Read the master's write-ahead journal record by record, check every "
+                    "segment's checksums, or have the master checkpoint its metadata now.")
+    sub = p.add_subparsers(dest="journal_command", metavar="SUBCOMMAND", required=True)
+
+    def dirs(sp, meta: bool = False):
+        sp.add_argument("--journal-dir", metavar="DIR",
+                        help="journal directory (default: journal.dir of the config)")
+        if meta:
+            sp.add_argument("--meta-dir", metavar="DIR",
+                            help="metadata directory (default: master.meta_dir of the config)")
+        sp.add_argument("--conf", help="config file (default $CURVINE_CONF or "
+                        f"{config_mod.DEFAULT_PATH})")
+
+    d = sub.add_parser("dump", help="print records, one per line",
+                       description="Print the journal's records in order, one per line: "
+                                   "seq, type and fields (or one JSON object per line).")
+    dirs(d)
+    d.add_argument("--from", dest="from_seq", metavar="SEQ", type=_non_negative, default=0,
+                   help="first seq to print (default: the oldest kept)")
+    d.add_argument("--limit", metavar="N", type=_non_negative, default=0,
+                   help="print at most N records (0 = all)")
+    d.add_argument("--json", action="store_true",
+                   help="JSON lines: seq, type, type_id, bytes, record")
+    d.set_defaults(func=_cmd_dump, _parser=d)
+
+    v = sub.add_parser("verify", help="check every segment's records and checksums",
+                       description="Walk every segment and check its header, each record's "
+                                   "checksum and the sequence numbers. Exit 0 when intact "
+                                   f"(an incomplete last record is reported but is no "
+                                   f"damage: the master cuts it at start), {EXIT_DAMAGED} "
+                                   "with the segment and byte offset of the damage.")
+    dirs(v)
+    v.set_defaults(func=_cmd_verify, _parser=v)
+
+    c = sub.add_parser("checkpoint", help="checkpoint the master's metadata now",
+                       description="Ask the running master to copy its metadata (LMDB) into "
+                                   "a checkpoint and retire the journal segments it covers; "
+                                   "with --offline, do it here for a stopped master.")
+    c.add_argument("--master", metavar="H:P", help="master address "
+                   "(default: cluster.master_addr of the config)")
+    c.add_argument("--offline", action="store_true",
+                   help="the master is stopped: replay and checkpoint its directories here")
+    dirs(c, meta=True)
+    c.set_defaults(func=_cmd_checkpoint, _parser=c)
+    p.set_defaults(_parser=p)
+
+
+def _non_negative(text: str) -> int:
+    import argparse
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return n
+
+
+def _journal_dir(args) -> str:
+    d = args.journal_dir or config_mod.load(args.conf).journal.dir
+    if not os.path.isdir(d):
+        raise CurvineError(ErrorKind.NOT_FOUND, f"journal directory {d}: no such directory")
+    return os.path.abspath(d)
+
+
+def _segments(directory: str) -> list[tuple[int, str]]:
+    """(first seq, path) of every segment file, oldest first."""
+    found = []
+    for name in os.listdir(directory):
+        first = parse_segment_name(name)
+        if first is not None:
+            found.append((first, os.path.join(directory, name)))
+    return sorted(found)
+
+
+# ---------------------------------------------------------------- verify
+
+@dataclass
+class Damage:
+    segment: str
+    offset: int
+    reason: str
+    torn_tail: bool  # the last record is incomplete: what a crash mid-append leaves
+
+
+@dataclass
+class Walk:
+    segments: int = 0
+    records: int = 0
+    first_seq: int = 0
+    last_seq: int = 0
+    bytes: int = 0
+    damage: Damage | None = None
+
+
+def walk(directory: str) -> Walk:
+    """Check every segment the way the master does at start (journal.Journal._scan):
+    damage anywhere but an incomplete tail of the last segment is corruption."""
+    w = Walk()
+    segs = _segments(directory)
+    expect = None
+    for i, (first, path) in enumerate(segs):
+        is_last = i == len(segs) - 1
+        w.segments += 1
+        w.bytes += os.path.getsize(path)
+        if expect is not None and first != expect:
+            w.damage = Damage(path, 0, f"segment starts at seq {first} but the previous one "
+                                       f"ends at seq {expect - 1}", False)
+            return w
+        reader = SegmentReader(path, first)
+        last = first - 1
+        for rec in reader:
+            last = rec.seq
+            w.records += 1
+            w.first_seq = w.first_seq or rec.seq
+        w.last_seq = max(w.last_seq, last)
+        if reader.bad is not None:
+            w.damage = _damage(reader, last, is_last)
+            if not w.damage.torn_tail:
+                return w
+        expect = last + 1
+    return w
+
+
+def _damage(reader: SegmentReader, last_seq: int, is_last: bool) -> Damage:
+    """Where and why ``reader`` stopped, and whether it is only a torn tail: bytes that
+    may be a partial write (not intact-but-wrong ones) at the end of the last segment
+    with no valid record after them."""
+    bad = reader.bad
+    torn = is_last and bad.torn_ok
+    reason = bad.reason
+    if torn:
+        later = find_valid_frame(reader.path, bad.offset + 1, last_seq + 1)
+        if later is not None:
+            torn = False
+            reason += f", but a valid record (seq {later[1]}) follows at offset {later[0]}"
+    return Damage(reader.path, bad.offset, reason, torn)
+
+
+def _cmd_verify(args, parser) -> int:
+    directory = _journal_dir(args)
+    w = walk(directory)
+    if w.segments == 0:
+        print(f"journal {directory}: no segments (an empty journal)")
+        return 0
+    summary = (f"journal {directory}: {w.segments} segments, {w.records} records "
+               f"(seq {w.first_seq}..{w.last_seq}), {human_size(w.bytes)}B")
+    if w.damage is not None and not w.damage.torn_tail:
+        print(summary + " before the damage")
+        print(f"curvine: error: journal damaged: segment {w.damage.segment} at byte offset "
+              f"{w.damage.offset}: {w.damage.reason}", file=sys.stderr)
+        return EXIT_DAMAGED
+    print(summary + ": OK")
+    if w.damage is not None:
+        print(f"note: the last record is incomplete (segment {w.damage.segment} at byte "
+              f"offset {w.damage.offset}: {w.damage.reason}): a record being appended now, or "
+              f"a torn write the master cuts off when it starts")
+    return 0
+
+
+# ---------------------------------------------------------------- dump
+
+def _cmd_dump(args, parser) -> int:
+    directory = _journal_dir(args)
+    segs = _segments(directory)
+    printed = 0
+    for i, (first, path) in enumerate(segs):
+        if i + 1 < len(segs) and segs[i + 1][0] <= args.from_seq:
+            continue  # every record of this segment is before --from
+        reader = SegmentReader(path, first)
+        last = first - 1
+        for rec in reader:
+            last = rec.seq
+            if rec.seq < args.from_seq:
+                continue
+            print(_format(rec, args.json))
+            printed += 1
+            if args.limit and printed >= args.limit:
+                return 0
+        if reader.bad is not None:
+            damage = _damage(reader, last, i == len(segs) - 1)
+            if damage.torn_tail:
+                break  # an incomplete last record: being written, or torn (see verify)
+            sys.stdout.flush()
+            raise JournalCorruption(path, damage.offset, damage.reason)
+    return 0
+
+
+def _format(rec, as_json: bool) -> str:
+    """One record as a line: ``SEQ TYPE field=value ...`` (values as JSON), or a JSON
+    object with seq, type, type_id, bytes and record."""
+    name = _TYPE_NAMES.get(rec.type, f"type{rec.type}")
+    entry = journal_pb2.JournalEntry()
+    try:
+        entry.ParseFromString(rec.payload)
+        op = entry.WhichOneof("op")
+        fields = _fields(getattr(entry, op)) if op else None
+    except DecodeError:  # a payload this version cannot parse: say so, go on
+        fields = None
+    if as_json:
+        return json.dumps({"seq": rec.seq, "type": name, "type_id": rec.type,
+                           "bytes": len(rec.payload), "record": fields})
+    if fields is None:
+        return f"{rec.seq} {name} <{len(rec.payload)} bytes not understood>"
+    parts = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in fields.items())
+    return f"{rec.seq} {name} {parts}"
+
+
+def _fields(msg) -> dict:
+    """The fields set in ``msg`` as JSON values: integers as numbers, enums by name,
+    request ids as hex, names as text (bytes that are not UTF-8 as \\xNN escapes)."""
+    out = {}
+    for fd, value in msg.ListFields():
+        out[fd.name] = ([_value(fd, v) for v in value] if _repeated(fd)
+                        else _value(fd, value))
+    return out
+
+
+def _repeated(fd) -> bool:
+    return fd.is_repeated
+
+
+def _value(fd, v):
+    if fd.type == fd.TYPE_MESSAGE:
+        return _fields(v)
+    if fd.type == fd.TYPE_ENUM:
+        ev = fd.enum_type.values_by_number.get(v)
+        return ev.name if ev is not None else v
+    if fd.type == fd.TYPE_BYTES:
+        return v.hex() if fd.name == "request_id" else v.decode("utf-8", "backslashreplace")
+    return v
+
+
+# ---------------------------------------------------------------- checkpoint
+
+def _cmd_checkpoint(args, parser) -> int:
+    if args.offline:
+        return _checkpoint_offline(args)
+    if args.meta_dir or args.journal_dir:
+        parser.error("--meta-dir and --journal-dir only go with --offline")
+    client = _client(args)
+    try:
+        reply = client.checkpoint()
+    finally:
+        client.close()
+    print(f"checkpoint at seq {reply.seq}: {reply.path} ({reply.retired_segments} journal "
+          f"segments retired)")
+    return 0
+
+
+def _checkpoint_offline(args) -> int:
+    """Replay the journal into LMDB and checkpoint, as the master would at start.
+
+    The journal's directory lock makes this refuse to run next to a live master."""
+    from curvine.journal import Journal
+    from curvine.master.committer import Committer
+    from curvine.master.namespace import Namespace, RetryCache
+    from curvine.master.store import Store
+
+    if args.master:
+        raise CurvineError(ErrorKind.INVALID, "--master: not used with --offline")
+    cfg = config_mod.load(args.conf)
+    journal_dir = _journal_dir(args)
+    meta_dir = os.path.abspath(args.meta_dir or cfg.master.meta_dir)
+    lmdb_dir = os.path.join(meta_dir, "lmdb")
+    if not os.path.isdir(lmdb_dir):
+        raise CurvineError(ErrorKind.NOT_FOUND, f"{lmdb_dir}: no master metadata here "
+                                                "(is --meta-dir right?)")
+    journal = Journal(journal_dir, segment_size=int(cfg.journal.segment_size),
+                      fsync=cfg.journal.fsync)
+    try:
+        store = Store(lmdb_dir)
+        try:
+            ns = Namespace(store, RetryCache(cfg.master.retry_cache_entries),
+                           int(cfg.cluster.block_size))
+            committer = Committer(store, journal, ns, lambda fx: None,
+                                  os.path.join(meta_dir, "checkpoints"))
+            replayed = committer.replay()
+            retired = journal.stats["segments_retired"]
+            path = committer.checkpoint()
+            retired = journal.stats["segments_retired"] - retired
+        finally:
+            store.close()
+    finally:
+        journal.close()
+    if path is None:
+        print("nothing to checkpoint: the journal holds no records")
+        return 0
+    print(f"checkpoint at seq {committer.applied_seq}: {path} ({replayed} records replayed, "
+          f"{retired} journal segments retired)")
+    return 0

@@ -1,0 +1,144 @@
+"""`curvine report`: the cluster at a glance, from the master's Report RPC.
+
+    curvine report [--json] [--master H:P] [--conf FILE]
+
+Workers (id, address, host, state, capacity, used, blocks, last heartbeat), the
+namespace (inodes, files with data, blocks, replicas), under-replicated blocks,
+pool usage and evictions, lookup hits and misses, lease sessions, and where the
+journal stands.  ``--json`` prints one object with the same content (integers as
+numbers, fields as in docs/cli.md).
+"""
+
+from __future__ import annotations
+
+import json
+
+from curvine.common import config as config_mod
+from curvine.proto import master_pb2
+
+from .fs_cmd import _client, human_size
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "report", help="workers, capacity, files, replication, evictions, lookups",
+        description="Show the cluster as the master sees it: every worker with its state "
+                    "and usage, the namespace, under-replicated blocks, evictions, lookup "
+                    "hits and misses, lease sessions and the journal position.")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.add_argument("--master", metavar="H:P", help="master address "
+                   "(default: cluster.master_addr of the config)")
+    p.add_argument("--conf", help="config file (default $CURVINE_CONF or "
+                   f"{config_mod.DEFAULT_PATH})")
+    p.set_defaults(func=_cmd_report, _parser=p)
+
+
+def report_dict(r: master_pb2.ReportReply, master: str) -> dict:
+    """The report as plain JSON-ready values (what ``--json`` prints)."""
+    cap = r.capacity
+    return {
+        "master": master,
+        "uptime_seconds": round(r.uptime, 3),
+        "workers": [{
+            "id": w.worker_id, "address": w.address, "host": w.host_id, "state": w.state,
+            "capacity": w.capacity, "used": w.used, "blocks": w.blocks,
+            "heartbeat_age_seconds": round(w.heartbeat_age, 3) if w.heartbeat_age >= 0 else None,
+        } for w in r.workers],
+        "workers_live": sum(1 for w in r.workers if w.state == "live"),
+        "workers_lost": sum(1 for w in r.workers if w.state == "lost"),
+        "inodes": r.inodes,
+        "files_with_data": r.files_with_data,
+        "blocks": r.blocks,
+        "block_replicas": r.block_locations,
+        "under_replicated_blocks": r.under_replicated_blocks,
+        "copies_in_flight": r.copies_in_flight,
+        "replication_scan_done": r.replication_scanned,
+        "capacity": cap.capacity,
+        "used": cap.used,
+        "estimated_used": cap.estimated_used,
+        "evict_high": cap.high,
+        "evict_low": cap.low,
+        "lru_tracked_files": cap.tracked_files,
+        "evictions": dict(sorted(cap.stats.items())),
+        "lookup_hits": r.lookup_hits,
+        "lookup_misses": r.lookup_misses,
+        "lease_sessions": r.lease_sessions,
+        "leases": dict(sorted(r.lease_stats.items())),
+        "journal": {"applied_seq": r.applied_seq, "first_seq": r.journal_first_seq,
+                    "checkpoint_seq": r.checkpoint_seq},
+    }
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+def _age(seconds: float) -> str:
+    if seconds < 0:
+        return "never"
+    if seconds < 120:
+        return f"{seconds:.1f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d}d" if d else "") + (f"{h}h" if d or h else "") + f"{m}m{s:02d}s"
+
+
+def print_report(d: dict) -> None:
+    j = d["journal"]
+    print(f"Master {d['master']}  up {_duration(d['uptime_seconds'])}  journal seq "
+          f"{j['applied_seq']} (oldest kept {j['first_seq']}, checkpoint "
+          f"{j['checkpoint_seq'] or 'none'})")
+    print()
+    print(f"Workers: {d['workers_live']} live, {d['workers_lost']} lost, "
+          f"{len(d['workers'])} registered")
+    if d["workers"]:
+        print(f"  {'ID':>4}  {'ADDRESS':<21} {'HOST':<12} {'STATE':<7} {'CAPACITY':>10} "
+              f"{'USED':>10} {'USE%':>6} {'BLOCKS':>8}  HEARTBEAT")
+        for w in d["workers"]:
+            age = w["heartbeat_age_seconds"]
+            print(f"  {w['id']:>4}  {w['address']:<21} {w['host'][:12]:<12} {w['state']:<7} "
+                  f"{human_size(w['capacity']):>10} {human_size(w['used']):>10} "
+                  f"{_pct(w['used'], w['capacity']):>6} {w['blocks']:>8}  "
+                  f"{_age(age if age is not None else -1)}")
+    print()
+    print(f"Namespace: {d['inodes']} inodes (files and directories), {d['files_with_data']} "
+          f"files with data, {d['blocks']} blocks, {d['block_replicas']} block replicas")
+    scan = "" if d["replication_scan_done"] else " (start-up scan not done yet: incomplete)"
+    print(f"Replication: {d['under_replicated_blocks']} under-replicated blocks, "
+          f"{d['copies_in_flight']} copies in flight{scan}")
+    print(f"Capacity: {human_size(d['capacity'])}B on live workers, used "
+          f"{human_size(d['used'])}B ({_pct(d['used'], d['capacity'])}), estimated "
+          f"{human_size(d['estimated_used'])}B; evict above {100 * d['evict_high']:.0f}% "
+          f"down to {100 * d['evict_low']:.0f}%")
+    ev = d["evictions"]
+    print(f"Evictions: LRU {ev.get('evicted_files', 0)} files "
+          f"({human_size(ev.get('evicted_bytes', 0))}B), TTL {ev.get('expired_files', 0)} files "
+          f"({human_size(ev.get('expired_bytes', 0))}B), orphans {ev.get('orphans_removed', 0)} "
+          f"files ({human_size(ev.get('orphan_bytes', 0))}B), failed rounds "
+          f"{ev.get('evict_failures', 0)}; {d['lru_tracked_files']} files tracked")
+    hits, misses = d["lookup_hits"], d["lookup_misses"]
+    print(f"Lookups: {hits} hits, {misses} misses (hit ratio {_pct(hits, hits + misses)})")
+    leases = ", ".join(f"{k} {v}" for k, v in d["leases"].items())
+    print(f"Leases: {d['lease_sessions']} sessions open; {leases}")
+
+
+def _cmd_report(args, parser) -> int:
+    client = _client(args)
+    try:
+        reply = client.report()
+    finally:
+        client.close()
+    d = report_dict(reply, client.address)
+    if args.json:
+        print(json.dumps(d, indent=2))
+    else:
+        print_report(d)
+    return 0
