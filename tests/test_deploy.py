@@ -157,3 +157,176 @@ def test_fuse_unit_mounts_where_the_host_sees_it():
         out = subprocess.run(["systemd-escape", "--path", "--template=curvine-fuse@.service",
                               "/mnt/kv"], capture_output=True, text=True, timeout=30)
         assert out.stdout.strip() == FUSE_INSTANCE
+
+# -------------------------------------------------------------------------- Kubernetes
+
+K8S_VERSIONS = ["1.28.0", "1.37.0"]  # the oldest still common on managed clusters, the newest
+K8S_FILES = ["namespace.yaml", "configmap.yaml", "master.yaml", "daemonset.yaml",
+             "example-inference-pod.yaml"]
+
+
+def _manifests(overrides: dict[str, str] | None = None) -> list[dict]:
+    yaml = pytest.importorskip("yaml", reason="PyYAML is a test dependency (pip install -e '.[test]')")
+    docs = []
+    for name in K8S_FILES:
+        text = (overrides or {}).get(name) or open(os.path.join(K8S, name)).read()
+        docs += [d for d in yaml.safe_load_all(text) if d is not None]
+    return docs
+
+
+def _schema_errors(docs: list[dict]) -> list[str]:
+    kv = pytest.importorskip("kubernetes_validate",
+                             reason="kubernetes-validate is a test dependency")
+    errors = []
+    for version in K8S_VERSIONS:
+        for d in docs:
+            try:
+                kv.validate(d, version, strict=True)
+            except kv.ValidationError as e:
+                errors.append(f"{version} {d.get('kind')} {d['metadata'].get('name')}: "
+                              f"{e.message if hasattr(e, 'message') else str(e).splitlines()[0]}")
+    return errors
+
+
+def _one(docs, kind: str, name: str | None = None) -> dict:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, (kind, name, len(found))
+    return found[0]
+
+
+def _container(pod_spec: dict, name: str) -> dict:
+    return next(c for c in pod_spec["containers"] if c["name"] == name)
+
+
+def _config_of(docs, tmp_path) -> config.Config:
+    cm = _one(docs, "ConfigMap", "curvine-config")
+    path = tmp_path / "curvine.toml"
+    path.write_text(cm["data"]["curvine.toml"])
+    return config.load(str(path))  # ConfigError (file:line: key) if the ConfigMap is wrong
+
+
+def _http_probe_ports(container: dict) -> set:
+    ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    out = set()
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        if probe in container:
+            get = container[probe]["httpGet"]
+            assert get["path"] == "/healthz", (container["name"], probe)
+            out.add(ports.get(get["port"], get["port"]))
+    return out
+
+
+def test_manifests_match_the_kubernetes_schema():
+    docs = _manifests()
+    assert {(d["apiVersion"], d["kind"]) for d in docs} == {
+        ("v1", "Namespace"), ("v1", "ConfigMap"), ("v1", "Service"), ("apps/v1", "StatefulSet"),
+        ("apps/v1", "DaemonSet"), ("v1", "Pod")}
+    assert _schema_errors(docs) == []
+
+
+def test_schema_check_catches_a_typo():
+    text = open(os.path.join(K8S, "daemonset.yaml")).read()
+    assert "mountPropagation: Bidirectional" in text
+    broken = _manifests({"daemonset.yaml": text.replace("mountPropagation:", "mountPropogation:")})
+    errors = _schema_errors(broken)
+    assert len(errors) == len(K8S_VERSIONS) and "mountPropogation" in errors[0]
+
+
+def test_configmap_is_a_valid_config_and_agrees_with_the_manifests(tmp_path):
+    docs = _manifests()
+    cfg = _config_of(docs, tmp_path)
+    namespace = _one(docs, "Namespace")["metadata"]["name"]
+    assert all(d["metadata"].get("namespace", namespace) == namespace for d in docs)
+
+    # master: the Service named by cluster.master_addr, ports from the config
+    host, port = cfg.cluster.master_addr.rsplit(":", 1)
+    svc = _one(docs, "Service", "curvine-master")
+    assert host == f"{svc['metadata']['name']}.{namespace}.svc.cluster.local"
+    assert {p["port"] for p in svc["spec"]["ports"]} == {int(port), cfg.master.http_port}
+    sts = _one(docs, "StatefulSet", "curvine-master")
+    assert sts["spec"]["replicas"] == 1
+    assert _one(docs, "Service", sts["spec"]["serviceName"])["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"] == sts["spec"]["template"]["metadata"]["labels"]
+    master = _container(sts["spec"]["template"]["spec"], "master")
+    assert {p["containerPort"] for p in master["ports"]} == {cfg.master.port, cfg.master.http_port}
+    assert _http_probe_ports(master) == {cfg.master.http_port}
+    assert cfg.master.host == "0.0.0.0"
+    # the journal and the LMDB are on the claim's volume, not in the container
+    claims = {c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]}
+    state = [m for m in master["volumeMounts"] if m["name"] in claims]
+    assert len(state) == 1
+    for d in (cfg.journal.dir, cfg.master.meta_dir):
+        assert d.startswith(state[0]["mountPath"].rstrip("/") + "/"), d
+    assert cfg.journal.fsync
+
+    # every container gets the ConfigMap at CURVINE_CONF
+    ds = _one(docs, "DaemonSet", "curvine-node")
+    pod = ds["spec"]["template"]["spec"]
+    for spec, c in [(sts["spec"]["template"]["spec"], master),
+                    *[(pod, c) for c in pod["containers"]]]:
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        conf_dir = os.path.dirname(env["CURVINE_CONF"])
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == conf_dir)
+        volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+        assert volume["configMap"]["name"] == "curvine-config"
+        assert os.path.basename(env["CURVINE_CONF"]) == "curvine.toml"
+
+    # DaemonSet: GPU nodes, host network, worker and FUSE client side by side
+    assert pod["nodeSelector"] and pod["tolerations"]
+    assert pod["hostNetwork"] and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    worker, fuse = _container(pod, "worker"), _container(pod, "fuse")
+    assert {p["containerPort"] for p in worker["ports"]} == {cfg.worker.port, cfg.worker.http_port}
+    assert _http_probe_ports(worker) == {cfg.worker.http_port}
+    assert _http_probe_ports(fuse) == {cfg.fuse.http_port}
+    assert worker["args"] == ["--host", "$(NODE_IP)"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # the NVMe hostPath at worker.data_dirs in both containers (short-circuit needs the
+    # same path on both sides)
+    for c in (worker, fuse):
+        data = next(m for m in c["volumeMounts"] if m["mountPath"] == cfg.worker.data_dirs[0])
+        assert "hostPath" in volumes[data["name"]]
+    # the FUSE mount is made under a Bidirectional hostPath, by a privileged container
+    assert fuse["securityContext"]["privileged"] is True
+    bidi = [m for m in fuse["volumeMounts"] if m.get("mountPropagation") == "Bidirectional"]
+    assert len(bidi) == 1
+    assert cfg.fuse.mountpoint.startswith(bidi[0]["mountPath"].rstrip("/") + "/")
+    assert cfg.fuse.mountpoint in " ".join(fuse["args"])
+    assert volumes[[m for m in fuse["volumeMounts"] if m["mountPath"] == "/dev/fuse"][0]["name"]][
+        "hostPath"]["type"] == "CharDevice"
+    assert cfg.fuse.allow_other  # vLLM containers run as other uids
+
+    # the inference pod sees the same host directory, HostToContainer, and LMCache's
+    # URL points into the mount
+    vllm_pod = _one(docs, "Pod")["spec"]
+    vllm = vllm_pod["containers"][0]
+    h2c = [m for m in vllm["volumeMounts"] if m.get("mountPropagation") == "HostToContainer"]
+    assert len(h2c) == 1
+    vol = next(v for v in vllm_pod["volumes"] if v["name"] == h2c[0]["name"])
+    assert vol["hostPath"]["path"] == volumes[bidi[0]["name"]]["hostPath"]["path"]
+    assert h2c[0]["mountPath"] == bidi[0]["mountPath"]
+    env = {e["name"]: e.get("value") for e in vllm["env"]}
+    assert env["LMCACHE_REMOTE_URL"].startswith(f"fs://localhost:0{cfg.fuse.mountpoint}/")
+    assert env["PYTHONHASHSEED"] == "0"
+
+
+def test_a_bad_configmap_is_caught(tmp_path):
+    text = open(os.path.join(K8S, "configmap.yaml")).read()
+    assert "    replicas = 1\n" in text
+    docs = _manifests({"configmap.yaml": text.replace("    replicas = 1\n", "    replicas = 0\n")})
+    with pytest.raises(config.ConfigError, match=r"curvine\.toml:\d+: cluster\.replicas"):
+        _config_of(docs, tmp_path)
+
+
+def test_kustomization_lists_the_cluster_manifests():
+    yaml = pytest.importorskip("yaml")
+    k = yaml.safe_load(open(os.path.join(K8S, "kustomization.yaml")))
+    assert k["resources"] == [f for f in K8S_FILES if f != "example-inference-pod.yaml"]
+    if shutil.which("kubectl") is None:
+        return
+    # kubectl builds the kustomization offline (apply --dry-run needs an API server)
+    out = subprocess.run(["kubectl", "kustomize", K8S], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    built = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert sorted(d["kind"] for d in built) == sorted(
+        d["kind"] for d in _manifests() if d["kind"] != "Pod")
