@@ -28,6 +28,7 @@ from typing import Iterable, Mapping
 
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, host_id
+from curvine.common.metrics import CLIENT_READ_REMOTE, CLIENT_READ_SHORT_CIRCUIT
 from curvine.proto import common_pb2
 
 from . import block_client
@@ -229,10 +230,13 @@ class BlockFetcher:
                                 "reading remotely", block.block_id, e)
                     data = b""
                 if len(data) == size:
+                    CLIENT_READ_SHORT_CIRCUIT.inc(size)
                     return data
                 log.warning("local file of block %016x is short (%d of %d bytes at %d); "
                             "reading remotely", block.block_id, len(data), size, offset)
-        return self._read_remote(block, offset, size)
+        data = self._read_remote(block, offset, size)
+        CLIENT_READ_REMOTE.inc(len(data))
+        return data
 
     def read_all(self, block: Block) -> bytes | memoryview:
         """The whole block (used to modify it into a new one)."""
@@ -248,6 +252,7 @@ class BlockFetcher:
                                 block.block_id, e)
                     data = b""
                 if len(data) == block.length and self._intact(block, data):
+                    CLIENT_READ_SHORT_CIRCUIT.inc(len(data))
                     return data
         last: CurvineError | None = None
         for w in self._candidates(block):
@@ -257,6 +262,7 @@ class BlockFetcher:
                 if not self._intact(block, data):
                     raise CurvineError(ErrorKind.CHECKSUM, f"worker {w.address}: block "
                                        f"{block.block_id:016x} does not match its crc32")
+                CLIENT_READ_REMOTE.inc(len(data))
                 return data
             except CurvineError as e:
                 last = e
@@ -356,6 +362,7 @@ class BlockFetcher:
             while s.pos < end:
                 if not s.pull_nowait(keep_behind=window + size):
                     return None
+            CLIENT_READ_REMOTE.inc(size)
             return s.slice(offset, end)
         finally:
             s.lock.release()
@@ -497,6 +504,7 @@ class FileReader:
             return None
         if got != n:
             return None
+        CLIENT_READ_SHORT_CIRCUIT.inc(n)
         self._ahead(i, end - start, background=True)
         return view
 

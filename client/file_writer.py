@@ -40,6 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterable, Mapping
 
 from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.metrics import CLIENT_WRITTEN_REMOTE, CLIENT_WRITTEN_SHORT_CIRCUIT
 from curvine.proto import common_pb2
 
 from . import block_client
@@ -865,6 +866,7 @@ class FileWriter:
                 block_client.adopt_block(buf.worker, buf.block_id, buf.path, length, crc,
                                          timeout=self.timeout)
                 buf.adopted = True
+                CLIENT_WRITTEN_SHORT_CIRCUIT.inc(length)
             except CurvineError as e:
                 log.info("worker %d (%s) did not adopt block %016x: %s; streaming it",
                          buf.worker.worker_id, buf.worker.address, buf.block_id, e)
@@ -879,6 +881,7 @@ class FileWriter:
                     try:
                         block_client.write_block(w, buf.block_id, data, timeout=self.timeout)
                         stored.append(w)
+                        CLIENT_WRITTEN_REMOTE.inc(length)
                     except CurvineError as e:
                         log.info("writing block %016x to worker %d (%s) failed: %s",
                                  buf.block_id, w.worker_id, w.address, e)
@@ -908,6 +911,7 @@ class FileWriter:
             try:
                 _, crc = st.finish(timeout=self.timeout)
                 stored.append(st.worker)
+                CLIENT_WRITTEN_REMOTE.inc(len(buf))
             except CurvineError as e:
                 log.info("finishing block %016x on worker %d (%s) failed: %s", st.block_id,
                          st.worker.worker_id, st.worker.address, e)
@@ -941,6 +945,7 @@ class FileWriter:
                 try:
                     _, crc = block_client.write_block(w, block_id, data, timeout=self.timeout)
                     stored.append(w)
+                    CLIENT_WRITTEN_REMOTE.inc(length)
                 except CurvineError as e:
                     log.info("writing block %016x to worker %d (%s) failed: %s", block_id,
                              w.worker_id, w.address, e)

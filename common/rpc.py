@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import grpc
 
+from . import metrics
 from .errors import ERROR_KIND_KEY, CurvineError, ErrorKind, from_rpc_error, status_code
 
 log = logging.getLogger(__name__)
@@ -53,12 +54,18 @@ def abort(context: grpc.ServicerContext, err: CurvineError) -> None:
 
 
 def handler(fn: Callable) -> Callable:
-    """Wrap a unary servicer method: domain errors become statuses, no tracebacks leak."""
+    """Wrap a unary servicer method: domain errors become statuses, no tracebacks leak.
+
+    Each call is counted and timed (common/metrics.py) by method and status code.
+    ``wrapper.__wrapped__`` is the body plus that accounting, without the error
+    mapping: callers that map errors themselves (the master's Calls stream) call it and
+    so are counted under the same method."""
+    timed = _timed(fn)
 
     @functools.wraps(fn)
     def wrapper(self, request, context):
         try:
-            return fn(self, request, context)
+            return timed(self, request, context)
         except CurvineError as e:
             abort(context, e)
         except Exception as e:  # noqa: BLE001 - the one place unknown errors become EIO
@@ -67,25 +74,80 @@ def handler(fn: Callable) -> Callable:
             log.exception("%s failed", fn.__name__)
             abort(context, CurvineError(ErrorKind.IO, f"internal error in {fn.__name__}: {e}"))
 
+    wrapper.__wrapped__ = timed
     return wrapper
 
 
 def stream_handler(fn: Callable) -> Callable:
-    """Like :func:`handler` for server-streaming methods (generators)."""
+    """Like :func:`handler` for server-streaming methods (generators); the time counted
+    is the whole stream's."""
+    m = metrics.MethodMetrics(fn.__name__)
 
     @functools.wraps(fn)
     def wrapper(self, request, context):
+        started = time.perf_counter()
+        code = "OK"
         try:
             yield from fn(self, request, context)
         except CurvineError as e:
+            code = status_code(e.kind).name
             abort(context, e)
+        except GeneratorExit:
+            code = "CANCELLED"  # the client went away mid-stream
+            raise
         except Exception as e:  # noqa: BLE001
             if isinstance(e, grpc.RpcError) or _is_abort(e):
+                code = _abort_code(context, e)
                 raise
+            code = "INTERNAL"
             log.exception("%s failed", fn.__name__)
             abort(context, CurvineError(ErrorKind.IO, f"internal error in {fn.__name__}: {e}"))
+        finally:
+            m.duration.observe(time.perf_counter() - started)
+            if code == "OK":
+                m.ok.inc()
+            else:
+                m.error(code)
 
     return wrapper
+
+
+def _timed(fn: Callable) -> Callable:
+    """``fn`` counted and timed per method and status code; exceptions pass through."""
+    m = metrics.MethodMetrics(fn.__name__)
+
+    @functools.wraps(fn)
+    def timed(self, request, context):
+        started = time.perf_counter()
+        try:
+            reply = fn(self, request, context)
+        except CurvineError as e:
+            m.duration.observe(time.perf_counter() - started)
+            m.error(status_code(e.kind).name)
+            raise
+        except BaseException as e:
+            m.duration.observe(time.perf_counter() - started)
+            m.error(_abort_code(context, e) if isinstance(e, grpc.RpcError) or _is_abort(e)
+                    else "INTERNAL")
+            raise
+        m.duration.observe(time.perf_counter() - started)
+        m.ok.inc()
+        return reply
+
+    return timed
+
+
+def _abort_code(context, e: BaseException) -> str:
+    """The status of a call the handler aborted itself (context.abort) or whose own
+    client call failed."""
+    if isinstance(e, grpc.RpcError) and hasattr(e, "code"):
+        return e.code().name
+    code = getattr(context, "code", None)
+    try:
+        value = code() if callable(code) else None
+    except Exception:  # noqa: BLE001 - older grpc: no code() on the context
+        value = None
+    return value.name if isinstance(value, grpc.StatusCode) else "UNKNOWN"
 
 
 def _is_abort(e: Exception) -> bool:

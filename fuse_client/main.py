@@ -13,9 +13,12 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import re
 import resource
 import signal
 import sys
+import threading
+import time
 
 import pyfuse3
 import trio
@@ -23,7 +26,11 @@ import trio
 from curvine.common import config as config_mod
 from curvine.common import daemon
 from curvine.common import log as log_mod
+from curvine.common import metrics
 from curvine.common.errors import CurvineError
+from curvine.common.ids import ROOT_INO
+from curvine.common.rpc import RpcClient
+from curvine.proto import master_pb2, master_pb2_grpc
 
 from .operations import Operations
 
@@ -91,7 +98,74 @@ def set_readahead(mountpoint: str, kb: int) -> None:
         log.info("cannot set the mount's readahead to %d KiB: %s", kb, e)
 
 
-async def serve(cfg: config_mod.Config, ops: Operations) -> None:
+PROBE_TIMEOUT = 2.0  # deadline of the master probe of one /healthz
+
+
+def is_mounted(mountpoint: str) -> bool:
+    """Whether ``mountpoint`` is a FUSE mount, from /proc/self/mountinfo (a stat() of
+    the mount from this process could wait on its own loop)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields, _, fs = line.partition(" - ")
+                fields = fields.split()
+                if len(fields) < 5 or not fs:
+                    continue
+                # mountinfo escapes space, tab, newline and backslash as \ooo
+                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+                if point == mountpoint and fs.split()[0].startswith("fuse"):
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+class FuseHealth:
+    """/healthz of a mount: mounted, and the master not unreachable for longer than
+    cluster.master_wait (how long a file-system call waits for it before EIO).
+
+    Each /healthz probes the master (GetAttr of the root, PROBE_TIMEOUT deadline, no
+    retry); the outage is counted from the first failed probe after a good one, so an
+    outage shorter than the wait, which calls ride out, leaves the mount healthy."""
+
+    def __init__(self, cfg: config_mod.Config):
+        self.mountpoint = cfg.fuse.mountpoint
+        self.master_addr = cfg.cluster.master_addr
+        self.wait = float(cfg.cluster.master_wait)
+        self.ready = threading.Event()  # mounted and serving (set once READY=1 is sent)
+        self._down_since: float | None = None
+        self._lock = threading.Lock()
+        self._probe = RpcClient(self.master_addr, master_pb2_grpc.MasterStub,
+                                timeout=min(PROBE_TIMEOUT, float(cfg.cluster.rpc_timeout)),
+                                wait=0)
+
+    def __call__(self) -> str | None:
+        if not self.ready.is_set():
+            return "not mounted yet (or unmounting)"
+        if not is_mounted(self.mountpoint):
+            return f"{self.mountpoint} is not mounted"
+        try:
+            self._probe.call("GetAttr", master_pb2.GetAttrRequest(ino=ROOT_INO), wait=0)
+        except CurvineError as e:
+            now = time.monotonic()
+            with self._lock:
+                if self._down_since is None:
+                    self._down_since = now
+                down = now - self._down_since
+            if down < self.wait:
+                return None  # calls still wait for the master: they may yet succeed
+            return (f"master {self.master_addr} unreachable for {down:.1f}s, beyond "
+                    f"cluster.master_wait {self.wait:g}s (calls fail with EIO): {e}")
+        with self._lock:
+            self._down_since = None
+        return None
+
+    def close(self) -> None:
+        self._probe.close()
+
+
+async def serve(cfg: config_mod.Config, ops: Operations,
+                health: FuseHealth | None = None) -> None:
     async with trio.open_nursery() as nursery:
         async def main_loop():
             try:
@@ -103,6 +177,8 @@ async def serve(cfg: config_mod.Config, ops: Operations) -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for signum in signals:
                     log.info("received %s, unmounting", signal.Signals(signum).name)
+                    if health is not None:
+                        health.ready.clear()
                     # Calls waiting for a master that is down would hold the unmount
                     # for up to cluster.master_wait: cut them short.
                     ops.stop_streams()
@@ -121,6 +197,8 @@ async def serve(cfg: config_mod.Config, ops: Operations) -> None:
             log.info("mounted %s (master %s)", cfg.fuse.mountpoint, cfg.cluster.master_addr)
             if await trio.to_thread.run_sync(ops.start_streams):
                 log.info("caching leased names and file attributes (fuse.leases)")
+            if health is not None:
+                health.ready.set()
             daemon.notify("READY=1")
 
         nursery.start_soon(main_loop)
@@ -141,9 +219,15 @@ def run(cfg: config_mod.Config) -> int:
         log.error("cannot mount %s: %s", cfg.fuse.mountpoint, e)
         ops.close()
         return 1
+    # The FUSE client has no host of its own in the config: it listens where this
+    # node's worker does (worker.host; 127.0.0.1 by default).
+    health = FuseHealth(cfg)
+    http = metrics.serve("fuse", cfg.worker.host, cfg.fuse.http_port, "fuse.http_port",
+                         metrics.registry(groups=(metrics.CLIENT_IO_METRICS,
+                                                  metrics.FUSE_METRICS)), health)
     code = 0
     try:
-        trio.run(serve, cfg, ops)
+        trio.run(serve, cfg, ops, health)
     except BaseException as e:  # noqa: BLE001 - unmount whatever killed the loop
         if isinstance(e, KeyboardInterrupt):
             log.info("interrupted, unmounting")
@@ -151,6 +235,10 @@ def run(cfg: config_mod.Config) -> int:
             log.exception("the FUSE loop failed")
             code = 1
     finally:
+        health.ready.clear()
+        if http is not None:
+            http.close()
+        health.close()
         ops.stop_streams()
         pyfuse3.close(unmount=True)
         ops.close()

@@ -34,6 +34,7 @@ from curvine.client.master_client import AccessReporter, LeaseSession, MasterCli
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, to_errno
 from curvine.common.ids import MIB, check_name, host_id
+from curvine.common.metrics import FUSE_LOOKUP_ERROR, FUSE_LOOKUP_HIT, FUSE_LOOKUP_MISS
 from curvine.proto import common_pb2
 
 from .calls import Calls, CallStream
@@ -447,9 +448,15 @@ class Operations(pyfuse3.Operations):
             check_name(name)
             # One RPC; a miss is a plain reply, not an error status (LMCache's miss path).
             sent = time.monotonic()
-            inode, lease_ms = await self._calls.run("lookup", parent_inode, name)
+            try:
+                inode, lease_ms = await self._calls.run("lookup", parent_inode, name)
+            except Exception:
+                FUSE_LOOKUP_ERROR.inc()
+                raise
             if inode is None:
+                FUSE_LOOKUP_MISS.inc()
                 raise pyfuse3.FUSEError(errno.ENOENT)
+            FUSE_LOOKUP_HIT.inc()
             self._note_dirs(inode)
             return self._attrs(inode, lease=self._lease_ttl(lease_ms, sent))
         return self._attrs(inode)

@@ -130,6 +130,16 @@ class Committer:
             self._thread.join(timeout=30)
             self._thread = None
 
+    def problem(self) -> str | None:
+        """Why mutations cannot be committed now (for /healthz), or None."""
+        if self.fatal is not None:
+            return f"journal failure: {self.fatal}"
+        if self.journal.failure is not None:
+            return f"journal not writable: {self.journal.failure}"
+        if self._thread is None or not self._thread.is_alive():
+            return "the committer thread is not running"
+        return None
+
     def submit(self, plan: Plan, request_id: bytes = b"", timeout: float = 30.0) -> Any:
         """Run ``plan`` in the committer; return its value once durable (or a RetryHit)."""
         return self.submit_fx(plan, request_id, timeout)[0]

@@ -9,13 +9,15 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 
 from curvine.common import config as config_mod
-from curvine.common import daemon, log as log_mod, rpc
+from curvine.common import daemon, log as log_mod, metrics as metrics_mod, rpc
 from curvine.common.errors import CurvineError
 from curvine.journal import JournalError
 from curvine.proto import master_pb2_grpc
 
+from . import metrics as master_metrics
 from .master import Master
 from .service import MasterServicer
 
@@ -71,14 +73,24 @@ def main(argv: list[str] | None = None) -> int:
         master.close()
         return 1
     server.start()
+    serving = threading.Event()
+    http = metrics_mod.serve("master", cfg.master.host, cfg.master.http_port,
+                             "master.http_port", master_metrics.registry(master),
+                             lambda: master_metrics.health(master, serving))
+    serving.set()
     log.info("master serving on %s:%d (meta %s, journal %s, applied seq %d)", cfg.master.host,
              port, master.meta_dir, master.journal_dir, master.committer.applied_seq)
     daemon.notify("READY=1")
-    while not stop.wait(1.0):
-        if master.committer.fatal is not None:
-            log.critical("stopping: journal failure")
-            server.stop(0)
-            return 1
+    try:
+        while not stop.wait(1.0):
+            if master.committer.fatal is not None:
+                log.critical("stopping: journal failure")
+                server.stop(0)
+                return 1
+    finally:
+        serving.clear()
+        if http is not None:
+            http.close()  # before the store closes under a scrape
     daemon.notify("STOPPING=1")
     server.stop(grace=5).wait(6)
     master.close()

@@ -22,9 +22,12 @@ import threading
 import time
 import uuid
 
+from prometheus_client.core import GaugeMetricFamily
+
 from curvine.common import config as config_mod
 from curvine.common import daemon
 from curvine.common import log as log_mod
+from curvine.common import metrics
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import host_id
 from curvine.common.rpc import RpcClient, bind, make_server
@@ -136,6 +139,8 @@ class MasterLink:
         self._registered = False
         self._master_down = False
         self._last_error = ""
+        self.last_contact = 0.0  # monotonic time the master last accepted a call (health)
+        self.last_failure = ""  # why the last call failed, until one succeeds
         self._thread = threading.Thread(target=self._run, name="master-link", daemon=True)
 
     def start(self) -> None:
@@ -174,9 +179,12 @@ class MasterLink:
                     log.info("master %s is reachable again", self.cfg.cluster.master_addr)
                 self._master_down = False
                 self._last_error = ""
+                self.last_contact = time.monotonic()
+                self.last_failure = ""
             except CurvineError as e:
                 if self.stop.is_set():
                     break
+                self.last_failure = str(e)
                 if e.kind in _MASTER_DOWN:
                     if not self._master_down:
                         log.warning("master %s unavailable (%s); retrying every %.1fs",
@@ -256,6 +264,40 @@ class MasterLink:
         daemon.notify("READY=1")
 
 
+def health(link: MasterLink) -> str | None:
+    """Healthy while the master has accepted this worker's registration or heartbeat
+    within master.worker_lost_after (after that the master counts it lost)."""
+    master = link.cfg.cluster.master_addr
+    if not link.ready.is_set():
+        return f"not registered with master {master} yet" + (
+            f" ({link.last_failure})" if link.last_failure else "")
+    lost_after = float(link.cfg.master.worker_lost_after)
+    silent = time.monotonic() - link.last_contact
+    if silent > lost_after:
+        return (f"no heartbeat accepted by master {master} for {silent:.1f}s "
+                f"(master.worker_lost_after {lost_after:g}s)"
+                + (f": {link.last_failure}" if link.last_failure else ""))
+    return None
+
+
+def metrics_registry(store: BlockStore, link: MasterLink):
+    def state():
+        capacity, used, blocks = store.stats()
+        yield GaugeMetricFamily("curvine_worker_capacity_bytes",
+                                "Bytes this worker may hold (worker.capacity or the free "
+                                "space of its data dirs)", value=capacity)
+        yield GaugeMetricFamily("curvine_worker_used_bytes", "Bytes of the blocks stored",
+                                value=used)
+        yield GaugeMetricFamily("curvine_worker_blocks", "Blocks stored", value=blocks)
+        yield GaugeMetricFamily("curvine_worker_registered", "1 once registered with the "
+                                "master (and its block report sent)", value=int(link.ready.is_set()))
+        age = time.monotonic() - link.last_contact if link.last_contact else float("nan")
+        yield GaugeMetricFamily("curvine_worker_master_contact_age_seconds", "Seconds since "
+                                "the master last accepted a heartbeat or registration", value=age)
+    return metrics.registry(groups=(metrics.RPC_METRICS, metrics.WORKER_IO_METRICS),
+                            collectors=[metrics.Collector("worker", state)])
+
+
 def tune_malloc() -> None:
     """glibc: serve 1 MiB message buffers from the reused heap, not fresh mmaps.
 
@@ -295,6 +337,8 @@ def run(cfg: config_mod.Config, stop: threading.Event) -> int:
         server.stop(None)
         return 1
     link.start()
+    http = metrics.serve("worker", wc.host, wc.http_port, "worker.http_port",
+                         metrics_registry(store, link), lambda: health(link))
     try:
         next_sweep = time.monotonic() + STAGING_SWEEP_INTERVAL
         while not stop.wait(1.0):
@@ -306,6 +350,8 @@ def run(cfg: config_mod.Config, stop: threading.Event) -> int:
                     log.exception("sweeping client staging files failed")
     finally:
         daemon.notify("STOPPING=1")
+        if http is not None:
+            http.close()
         link.close()
         server.stop(grace=5).wait()
     log.info("worker stopped")

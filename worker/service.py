@@ -16,6 +16,8 @@ from curvine.common.rpc import handler, stream_handler
 from curvine.proto import common_pb2, worker_pb2, worker_pb2_grpc
 
 from curvine.common import wire
+from curvine.common.metrics import (WORKER_READ_REMOTE, WORKER_WRITTEN_REMOTE,
+                                    WORKER_WRITTEN_SHORT_CIRCUIT)
 from curvine.common.blocks import check_block_id
 
 from .blockstore import READ_CHUNK, BlockStore
@@ -84,6 +86,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 raise invalid("header.expected_length",
                               f"announced {expected} bytes, received {writer.length}")
             length, crc = writer.finish(req.checksum)
+        WORKER_WRITTEN_REMOTE.inc(length)
         log.debug("wrote block %016x: %d bytes", block_id, length)
         return worker_pb2.WriteBlockReply(block_id=block_id, length=length, checksum=crc)
 
@@ -95,14 +98,19 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise invalid("chunk_size", f"{chunk} is larger than {READ_CHUNK}")
         self._authorize(context, block_id, "read")
         chunks = self.store.read(block_id, request.offset, request.length, chunk)
+        sent = 0
         try:
             if self.raw_read_replies:
-                yield from chunks  # framed by wire.encode_read_reply
+                for data in chunks:  # framed by wire.encode_read_reply
+                    yield data
+                    sent += len(data)
             else:
                 for data in chunks:
                     yield worker_pb2.ReadBlockReply(data=data)
+                    sent += len(data)
         finally:
             chunks.close()
+            WORKER_READ_REMOTE.inc(sent)  # once per stream: no lock per chunk
 
     @handler
     def AdoptBlock(self, request, context):
@@ -111,6 +119,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise invalid("length", f"{request.length} exceeds the block size {self.block_size}")
         self._authorize(context, block_id, "write")
         length, crc = self.store.adopt(block_id, request.path, request.length, request.checksum)
+        WORKER_WRITTEN_SHORT_CIRCUIT.inc(length)
         log.debug("adopted block %016x: %d bytes", block_id, length)
         return worker_pb2.WriteBlockReply(block_id=block_id, length=length, checksum=crc)
 

@@ -1,0 +1,255 @@
+"""Prometheus metrics and the HTTP endpoint (``/metrics``, ``/healthz``) of each daemon.
+
+The metric objects are defined here, at module level and unregistered, so that
+instrumented code anywhere in a process (the RPC handler decorator, the journal, the
+client's readers and writers, the FUSE lookup) updates them without plumbing.  Each
+daemon builds its own ``CollectorRegistry`` from the groups it owns plus collectors
+that read its live state at scrape time (namespace size, pool usage, eviction and
+lease stats), and serves it with :func:`serve`.
+
+Hot paths touch only label children resolved once (at import or decoration time):
+one update is one lock inside prometheus_client, never a lookup by label strings.
+
+``/healthz`` answers 200 ``ok`` when the daemon's health function returns None, and
+503 with the one-line reason it returns otherwise.
+"""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import socket
+import threading
+from typing import Callable, Iterable
+
+from prometheus_client import (CollectorRegistry, Counter, Histogram, ProcessCollector,
+                               disable_created_metrics)
+from prometheus_client.exposition import choose_encoder
+
+log = logging.getLogger(__name__)
+
+# No ``*_created`` series: a daemon's counters start with the process, which
+# process_start_time_seconds says once.
+disable_created_metrics()
+
+# Latencies of a unary call on loopback start at ~0.5 ms (MEASURED.md); a mutation
+# waits for a journal fsync; a block stream may take seconds.
+RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+               2.5, 5.0, 10.0, 30.0)
+FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                 0.25, 0.5, 1.0, 2.5)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+# -- RPC servers (master, worker): common/rpc.py's handler decorators -----------------
+RPC_HANDLED = Counter(
+    "curvine_rpc_server_handled_total",
+    "RPCs completed by this server, by method and gRPC status code (OK or the error); "
+    "namespace calls on a mount's Calls stream count under their unary method",
+    ["method", "code"], registry=None)
+RPC_DURATION = Histogram(
+    "curvine_rpc_server_duration_seconds",
+    "Time from a call's arrival at its handler to its reply (streams: to their end)",
+    ["method"], buckets=RPC_BUCKETS, registry=None)
+RPC_METRICS = (RPC_HANDLED, RPC_DURATION)
+
+# -- journal (master) -----------------------------------------------------------------
+JOURNAL_FSYNC = Histogram(
+    "curvine_journal_fsync_duration_seconds",
+    "Duration of one fdatasync of the journal's active segment",
+    buckets=FSYNC_BUCKETS, registry=None)
+JOURNAL_BATCH = Histogram(
+    "curvine_journal_batch_records",
+    "Records made durable by one journal sync (group commit batch size)",
+    buckets=BATCH_BUCKETS, registry=None)
+JOURNAL_METRICS = (JOURNAL_FSYNC, JOURNAL_BATCH)
+
+# -- data path ------------------------------------------------------------------------
+# path="short_circuit": a block file on this host, read or written without the worker's
+# data stream (reads straight from the file; writes adopted by the local worker);
+# path="remote": bytes carried by a worker's ReadBlock/WriteBlock stream.
+WORKER_READ_BYTES = Counter(
+    "curvine_worker_read_bytes",
+    "Block bytes this worker sent to clients (ReadBlock streams)",
+    ["path"], registry=None)
+WORKER_WRITTEN_BYTES = Counter(
+    "curvine_worker_written_bytes",
+    "Block bytes this worker stored for clients: remote = received on WriteBlock "
+    "streams, short_circuit = staging files written by a client on this host and adopted",
+    ["path"], registry=None)
+WORKER_IO_METRICS = (WORKER_READ_BYTES, WORKER_WRITTEN_BYTES)
+WORKER_READ_REMOTE = WORKER_READ_BYTES.labels(path="remote")
+WORKER_WRITTEN_REMOTE = WORKER_WRITTEN_BYTES.labels(path="remote")
+WORKER_WRITTEN_SHORT_CIRCUIT = WORKER_WRITTEN_BYTES.labels(path="short_circuit")
+
+CLIENT_READ_BYTES = Counter(
+    "curvine_client_read_bytes",
+    "File bytes this client read from blocks, by path (short_circuit: from the block "
+    "file on this host; remote: streamed from a worker)",
+    ["path"], registry=None)
+CLIENT_WRITTEN_BYTES = Counter(
+    "curvine_client_written_bytes",
+    "Block bytes this client stored, by path (short_circuit: a staging file adopted by "
+    "the worker on this host; remote: streamed to a worker, once per replica)",
+    ["path"], registry=None)
+CLIENT_IO_METRICS = (CLIENT_READ_BYTES, CLIENT_WRITTEN_BYTES)
+CLIENT_READ_SHORT_CIRCUIT = CLIENT_READ_BYTES.labels(path="short_circuit")
+CLIENT_READ_REMOTE = CLIENT_READ_BYTES.labels(path="remote")
+CLIENT_WRITTEN_SHORT_CIRCUIT = CLIENT_WRITTEN_BYTES.labels(path="short_circuit")
+CLIENT_WRITTEN_REMOTE = CLIENT_WRITTEN_BYTES.labels(path="remote")
+
+# -- FUSE client ----------------------------------------------------------------------
+FUSE_LOOKUPS = Counter(
+    "curvine_fuse_lookups",
+    "Name lookups that reached this FUSE client, by result: hit = the name exists, "
+    "miss = it does not (ENOENT; LMCache's miss path), error = anything else",
+    ["result"], registry=None)
+FUSE_METRICS = (FUSE_LOOKUPS,)
+FUSE_LOOKUP_HIT = FUSE_LOOKUPS.labels(result="hit")
+FUSE_LOOKUP_MISS = FUSE_LOOKUPS.labels(result="miss")
+FUSE_LOOKUP_ERROR = FUSE_LOOKUPS.labels(result="error")
+
+
+class MethodMetrics:
+    """The label children of one RPC method, resolved once (by the handler decorator)."""
+
+    __slots__ = ("method", "duration", "ok", "_errors")
+
+    def __init__(self, method: str):
+        self.method = method
+        self.duration = RPC_DURATION.labels(method=method)
+        self.ok = RPC_HANDLED.labels(method=method, code="OK")
+        self._errors: dict[str, object] = {}
+
+    def error(self, code: str) -> None:
+        child = self._errors.get(code)
+        if child is None:  # a benign race: two threads resolve the same child
+            child = self._errors[code] = RPC_HANDLED.labels(method=self.method, code=code)
+        child.inc()
+
+
+def registry(groups: Iterable[Iterable] = (), collectors: Iterable = ()) -> CollectorRegistry:
+    """A daemon's registry: the metric groups it updates, its scrape-time collectors,
+    and the standard ``process_*`` metrics (CPU, memory, open files, start time)."""
+    reg = CollectorRegistry()
+    ProcessCollector(registry=reg)
+    for group in groups:
+        for metric in group:
+            reg.register(metric)
+    for c in collectors:
+        reg.register(c)
+    return reg
+
+
+class Collector:
+    """A scrape-time collector from a function yielding metric families; a failure
+    is logged (once per distinct message) and leaves those families out."""
+
+    def __init__(self, name: str, fn: Callable[[], Iterable]):
+        self.name = name
+        self.fn = fn
+        self._last_error = ""
+
+    def collect(self):
+        try:
+            families = list(self.fn())
+        except Exception as e:  # noqa: BLE001 - a scrape must not fail for one group
+            if str(e) != self._last_error:
+                self._last_error = str(e)
+                log.warning("metrics: collecting %s failed: %s", self.name, e)
+            return []
+        self._last_error = ""
+        return families
+
+
+Health = Callable[[], "str | None"]  # None when healthy, else a one-line reason
+
+
+class MetricsServer:
+    """``/metrics`` and ``/healthz`` over HTTP, served by daemon threads."""
+
+    def __init__(self, host: str, port: int, reg: CollectorRegistry, health: Health,
+                 role: str = "daemon"):
+        self.registry = reg
+        self.health = health
+        self.role = role
+        handler = _make_handler(self)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        class Server(http.server.ThreadingHTTPServer):
+            address_family = family
+            daemon_threads = True  # a hung scrape never holds up the daemon's exit
+
+        self._server = Server((host.strip("[]"), port), handler)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.2},
+                                        name=f"{role}-http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join(5)
+        self._server.server_close()
+
+    def check(self) -> str | None:
+        try:
+            reason = self.health()
+        except Exception as e:  # noqa: BLE001 - an unhealthy answer, not a crash
+            log.debug("health check of %s failed", self.role, exc_info=True)
+            reason = f"health check failed: {e}"
+        return None if reason is None else " ".join(str(reason).split())
+
+
+def _make_handler(ms: MetricsServer) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        server_version = "curvine"
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):  # noqa: N802 - the name http.server calls
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                encoder, content_type = choose_encoder(self.headers.get("Accept"))
+                self._reply(200, encoder(ms.registry), content_type)
+            elif path == "/healthz":
+                reason = ms.check()
+                if reason is None:
+                    self._reply(200, b"ok\n")
+                else:
+                    self._reply(503, reason.encode() + b"\n")
+            else:
+                self._reply(404, b"not found: try /metrics or /healthz\n")
+
+        def _reply(self, status: int, body: bytes,
+                   content_type: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format, *args):  # noqa: A002 - http.server's signature
+            log.debug("http %s: " + format, self.address_string(), *args)
+
+    return Handler
+
+
+def serve(role: str, host: str, port: int, key: str, reg: CollectorRegistry,
+          health: Health) -> MetricsServer | None:
+    """Start the endpoint on ``host:port``; None when ``port`` is 0 (off) or cannot be
+    bound.  A port that cannot be bound is logged as an ERROR naming the config key
+    ``key`` and the daemon goes on without metrics: the data path matters more."""
+    if not port:
+        log.info("metrics and health endpoint off (%s = 0)", key)
+        return None
+    try:
+        server = MetricsServer(host, port, reg, health, role)
+    except OSError as e:
+        log.error("cannot serve /metrics and /healthz on %s:%d (%s): %s; running without "
+                  "them", host, port, key, e.strerror or e)
+        return None
+    server.start()
+    log.info("metrics on http://%s:%d/metrics, health on /healthz", host, server.port)
+    return server
