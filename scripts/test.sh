@@ -5,6 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/python proto/generate.py --check
+# LMCache and a CPU torch for tests/test_lmcache.py (about 1.5 GiB, 1-3 minutes the
+# first time); when they cannot be installed, that test skips and the reason is above.
+if [ "${CURVINE_SKIP_LMCACHE_INSTALL:-0}" != 1 ]; then
+  bash scripts/install-lmcache.sh ||
+    echo "test.sh: LMCache not installed (reason above); tests/test_lmcache.py will skip" >&2
+fi
 rc=0
 .venv/bin/python -m pytest -q "$@" || rc=$?
 if [ "$rc" -eq 5 ]; then
