@@ -237,18 +237,12 @@ def check_l2_round_trip(make_cluster, tmp_path, model: str, n_chunks: int) -> No
     assert len(w["keys"]) == n_chunks
 
     # What curvine holds, seen from mount B: one <key>.data per chunk (LMCache's name
-    # for a key: its string with '/' as '-SEP-'), no .tmp left behind, and each file's
-    # tail is that chunk's KV bytes (the head is LMCache's small metadata record).
+    # for a key: its string with '/' as '-SEP-'), no .tmp left behind.
     names = [k.replace("/", "-SEP-") + ".data" for k in w["keys"]]
     assert sorted(os.listdir(b_dir)) == sorted(names)
-    for name, digest in zip(names, w["chunk_sha256"]):
-        path = os.path.join(b_dir, name)
-        size = os.stat(path).st_size
+    for name in names:
+        size = os.stat(os.path.join(b_dir, name)).st_size
         assert per_chunk <= size <= per_chunk + 4096, f"{name}: {size} bytes for a {per_chunk}-byte chunk"
-        with open(path, "rb") as f:
-            data = f.read()
-        assert len(data) == size
-        assert sha256_hex(data[-per_chunk:]) == digest, f"{name}: bytes differ from the writer's chunk"
 
     # Reader: another pod, configured only through environment variables (the
     # legacy remote_url form), L2 on mount B.
@@ -266,6 +260,13 @@ def check_l2_round_trip(make_cluster, tmp_path, model: str, n_chunks: int) -> No
     assert r["miss_contains"] is False
     assert r["retrieved_tokens"] == n_tokens
     assert r["kv_sha256"] == w["kv_sha256"], "the retrieved KV cache differs from the stored one"
+    # Each file's tail is that chunk's KV bytes (its head is LMCache's small metadata
+    # record); read after the reader pod, so that its reads were the mount's first.
+    for name, digest in zip(names, w["chunk_sha256"]):
+        with open(os.path.join(b_dir, name), "rb") as f:
+            data = f.read()
+        assert sha256_hex(data[-per_chunk:]) == digest, f"{name}: bytes differ from the writer's chunk"
+
     mb = n_chunks * per_chunk / 1e6
     print(f"\nlmcache {model}: {n_chunks} chunks x {per_chunk / MIB:g} MiB ({mb:.0f} MB); "
           f"store to L2 {w['store_s']:.2f} s ({mb / w['store_s']:.0f} MB/s), "
