@@ -206,14 +206,31 @@ def _config_of(docs, tmp_path) -> config.Config:
 
 
 def _http_probe_ports(container: dict) -> set:
+    """The ports every probe of ``container`` checks (HTTP probes must ask /healthz)."""
     ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
     out = set()
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         if probe in container:
-            get = container[probe]["httpGet"]
-            assert get["path"] == "/healthz", (container["name"], probe)
-            out.add(ports.get(get["port"], get["port"]))
+            check = container[probe]
+            if "tcpSocket" in check:
+                port = check["tcpSocket"]["port"]
+            else:
+                port = check["httpGet"]["port"]
+                assert check["httpGet"]["path"] == "/healthz", (container["name"], probe)
+            out.add(ports.get(port, port))
     return out
+
+
+def test_worker_and_fuse_liveness_does_not_depend_on_the_master():
+    """Their /healthz reports a master outage; a liveness probe on it would restart the
+    FUSE container during one and take the mount away from the inference pods."""
+    for doc in _manifests():
+        if doc.get("kind") != "DaemonSet":
+            continue
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            live = c.get("livenessProbe")
+            assert live is None or "httpGet" not in live, c["name"]
+            assert c["readinessProbe"]["httpGet"]["path"] == "/healthz", c["name"]
 
 
 def test_manifests_match_the_kubernetes_schema():
