@@ -365,6 +365,10 @@ class FileWriter:
         # Blocks this version shares with the file's published version.  Another
         # writer's publish frees them, so publish checks they are still live.
         self._shared = {e.block.block_id for e in self._extents if e.block.block_id}
+        # Block ids the master gave this writer since its last publish: those the next
+        # publish does not include were dropped (rewritten, uploaded again), and the
+        # publish hands them back so they do not sit on the workers as garbage.
+        self._allocated: set[int] = set()
         self._cur: _Extent | None = None  # the one buffer being written
         self._uploading: _Extent | None = None  # at most one background upload
         self.dirty = False  # changed since open or the last publish
@@ -592,9 +596,12 @@ class FileWriter:
             blocks = self.blocks()
             seq = self._wb_seq  # writes queued from here on are not in this version
             self._check_shared(blocks)
+            published = {b.block_id for b in blocks if b.block_id}
             inode = self.master.complete_file(self.ino, blocks, self._size,
-                                              mtime_ns=self.mtime_ns)
-            self._shared = {b.block_id for b in blocks if b.block_id}
+                                              mtime_ns=self.mtime_ns,
+                                              abandoned=sorted(self._allocated - published))
+            self._allocated.clear()
+            self._shared = published
             with self._wb_cond:
                 if self._wb_seq == seq:
                     self.dirty = False
@@ -758,6 +765,7 @@ class FileWriter:
         places the block there, else memory streamed to the workers while written."""
         try:
             block_id, targets = self.master.add_block(self.ino, self.host_id, 0, [])
+            self._allocated.add(block_id)
         except CurvineError as e:
             # E.g. the file was unlinked or replaced meanwhile, or no worker has room:
             # writes go on in memory and publishing reports it (as without this path).
@@ -938,6 +946,7 @@ class FileWriter:
             if not targets:
                 block_id, targets = self.master.add_block(self.ino, self.host_id, length,
                                                           exclude)
+                self._allocated.add(block_id)
             if not targets:
                 raise CurvineError(ErrorKind.NO_SPACE, "the master found no worker to write to")
             stored, crc = [], 0

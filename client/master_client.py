@@ -139,11 +139,12 @@ class MasterClient:
             writer_inos=list(writer_inos)), _parents)
 
     def _prep_complete(self, ino: int, blocks: Sequence[Block], size: int, mtime_ns: int = 0,
-                       if_unpublished: bool = False) -> Prepared:
+                       if_unpublished: bool = False,
+                       abandoned: Sequence[int] = ()) -> Prepared:
         return Prepared("CompleteFile", "complete", master_pb2.CompleteFileRequest(
             request_id=new_request_id(), ino=ino, blocks=list(blocks), size=size,
-            mtime_ns=mtime_ns, if_unpublished=if_unpublished, session=self.session),
-            _inode)
+            mtime_ns=mtime_ns, if_unpublished=if_unpublished, session=self.session,
+            abandoned_block_ids=list(abandoned)), _inode)
 
     # -- namespace -------------------------------------------------------------
 
@@ -250,9 +251,12 @@ class MasterClient:
         return reply.block_id, list(reply.workers)
 
     def complete_file(self, ino: int, blocks: Sequence[Block], size: int,
-                      mtime_ns: int = 0, if_unpublished: bool = False) -> Inode:
-        """Publish a version; with ``if_unpublished`` only if none was ever published."""
-        return self.call(self._prep_complete(ino, blocks, size, mtime_ns, if_unpublished))
+                      mtime_ns: int = 0, if_unpublished: bool = False,
+                      abandoned: Sequence[int] = ()) -> Inode:
+        """Publish a version; with ``if_unpublished`` only if none was ever published.
+        ``abandoned``: blocks this writer was given and dropped (the master frees them)."""
+        return self.call(self._prep_complete(ino, blocks, size, mtime_ns, if_unpublished,
+                                             abandoned))
 
     # -- capacity (master/capacity.py) ------------------------------------------
 

@@ -306,6 +306,8 @@ class Master:
             if e.kind == ErrorKind.NOT_FOUND:
                 self._free_pending(b.block_id for b in req.blocks)
             raise
+        if req.abandoned_block_ids:
+            self._free_abandoned(req.ino, req.abandoned_block_ids)
         node = self.getattr(value.ino if isinstance(value, RetryHit) else req.ino)
         self.replication.hint_completed(req.blocks, node)
         self.capacity.on_complete(node)
@@ -353,6 +355,20 @@ class Master:
                 if p is not None:
                     pairs.extend((w, b) for w in p[2])
         self.registry.queue_deletes(pairs)
+
+    def _free_abandoned(self, ino: int, block_ids) -> None:
+        """Blocks a writer of ``ino`` was given and dropped (CompleteFileRequest.
+        abandoned_block_ids): delete them now.  Only blocks still pending for that inode
+        qualify, so a wrong or repeated list can free nothing that a file uses."""
+        pairs = []
+        with self._pending_lock:
+            for b in block_ids:
+                p = self._pending.get(b)
+                if p is not None and p[0] == ino:
+                    del self._pending[b]
+                    pairs.extend((w, b) for w in p[2])
+        if pairs:
+            self.registry.queue_deletes(pairs)
 
     def is_pending(self, block_id: int) -> bool:
         with self._pending_lock:

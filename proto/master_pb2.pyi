@@ -238,7 +238,7 @@ class AddBlockReply(_message.Message):
     def __init__(self, block_id: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class CompleteFileRequest(_message.Message):
-    __slots__ = ("request_id", "ino", "blocks", "size", "mtime_ns", "if_unpublished", "session")
+    __slots__ = ("request_id", "ino", "blocks", "size", "mtime_ns", "if_unpublished", "session", "abandoned_block_ids")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INO_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -246,6 +246,7 @@ class CompleteFileRequest(_message.Message):
     MTIME_NS_FIELD_NUMBER: _ClassVar[int]
     IF_UNPUBLISHED_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     ino: int
     blocks: _containers.RepeatedCompositeFieldContainer[_common_pb2.Block]
@@ -253,7 +254,8 @@ class CompleteFileRequest(_message.Message):
     mtime_ns: int
     if_unpublished: bool
     session: int
-    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., if_unpublished: _Optional[bool] = ..., session: _Optional[int] = ...) -> None: ...
+    abandoned_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., if_unpublished: _Optional[bool] = ..., session: _Optional[int] = ..., abandoned_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker",)

@@ -178,6 +178,7 @@ class FakeMaster:
         self.next_ino = 2
         self.next_block = 100
         self.completes = 0
+        self.abandoned: list[int] = []  # block ids writers handed back at publish
         self.inodes[1] = common_pb2.Inode(ino=1, type=common_pb2.DIRECTORY, mode=0o755,
                                           nlink=2, state=common_pb2.COMPLETE, parent=1)
 
@@ -373,7 +374,8 @@ class FakeMaster:
             targets = [w for i, w in self.w.workers.items() if i not in exclude]
         return self.next_block, targets
 
-    def complete_file(self, ino, blocks, size, mtime_ns=0, if_unpublished=False):
+    def complete_file(self, ino, blocks, size, mtime_ns=0, if_unpublished=False, abandoned=()):
+        self.abandoned.extend(abandoned)
         if ino not in self.inodes:
             self._err(ErrorKind.NOT_FOUND, f"inode {ino}")
         if if_unpublished and self.inodes[ino].state == common_pb2.COMPLETE:
