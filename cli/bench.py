@@ -38,8 +38,8 @@ import threading
 import time
 from typing import Callable
 
-from .demo import (SEED, _positive, _size, chunk_data, chunk_keys, format_table, get_chunk,
-                   put_chunk)
+from . import argtypes
+from .demo import SEED, chunk_data, chunk_keys, format_table, get_chunk, put_chunk
 from .local import ClusterError, LocalCluster, mounted_paths
 
 MiB = 1 << 20
@@ -981,7 +981,7 @@ def register(subparsers) -> None:
                         "next to the cluster)")
     p.add_argument("--workdir", metavar="DIR",
                    help="where the temporary cluster and plain directory go (default $TMPDIR)")
-    p.add_argument("--runs", type=_positive, metavar="N", help="runs per workload (default 3)")
+    p.add_argument("--runs", type=argtypes.positive, metavar="N", help="runs per workload (default 3)")
     p.add_argument("--json", default="bench-results.json", metavar="FILE",
                    help="where to write all figures (default bench-results.json)")
     p.add_argument("--quick", action="store_true",
@@ -991,19 +991,19 @@ def register(subparsers) -> None:
     p.add_argument("--no-drop-caches", dest="drop_caches", action="store_false",
                    help="do not evict the page cache before cold reads")
     g = p.add_argument_group("sizes")
-    g.add_argument("--kv-files", type=_positive, metavar="N", help="KV chunk files (default 64)")
-    g.add_argument("--kv-size", type=_size, metavar="SIZE", help="bytes per KV file (16MiB)")
-    g.add_argument("--prompt-tokens", type=_positive, metavar="N",
+    g.add_argument("--kv-files", type=argtypes.positive, metavar="N", help="KV chunk files (default 64)")
+    g.add_argument("--kv-size", type=argtypes.size, metavar="SIZE", help="bytes per KV file (16MiB)")
+    g.add_argument("--prompt-tokens", type=argtypes.positive, metavar="N",
                    help="tokens of the reference prompt (1925: 7 full 256-token chunks + 133)")
-    g.add_argument("--prompt-chunk-size", type=_size, metavar="SIZE",
+    g.add_argument("--prompt-chunk-size", type=argtypes.size, metavar="SIZE",
                    help="bytes of a full 256-token chunk (14MiB)")
-    g.add_argument("--meta-files", type=_positive, metavar="N",
+    g.add_argument("--meta-files", type=argtypes.positive, metavar="N",
                    help="files per metadata run (default 5000)")
-    g.add_argument("--meta-procs", type=_positive, metavar="N",
+    g.add_argument("--meta-procs", type=argtypes.positive, metavar="N",
                    help="processes of the parallel metadata run (default 8)")
-    g.add_argument("--missing", type=_positive, metavar="N",
+    g.add_argument("--missing", type=argtypes.positive, metavar="N",
                    help="missing names to stat (default 1000)")
-    g.add_argument("--rss-file-size", type=_size, metavar="SIZE",
+    g.add_argument("--rss-file-size", type=argtypes.size, metavar="SIZE",
                    help="file read through mount B for the FUSE RSS check (default 1GiB)")
     p.set_defaults(func=_cmd_bench, _parser=p)
 

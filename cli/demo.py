@@ -9,7 +9,6 @@ workload on a plain local directory is printed next to it for comparison.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import hashlib
@@ -22,8 +21,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from curvine.common.config import parse_size
 
+from . import argtypes
 from .local import LocalCluster, mounted_paths
 
 MODEL = "Qwen2.5-7B"
@@ -226,32 +225,12 @@ def register(subparsers) -> None:
                     "through mount 0 the way LMCache does, read them back through mount 1, "
                     "print hit rate and timings next to a plain local directory, tear down.")
     p.add_argument("--base", help="cluster directory (default: a new temporary directory)")
-    p.add_argument("--chunks", type=_positive, default=16, metavar="N",
+    p.add_argument("--chunks", type=argtypes.positive, default=16, metavar="N",
                    help="number of chunks (default 16)")
-    p.add_argument("--chunk-size", type=_size, default=14 << 20, metavar="SIZE",
+    p.add_argument("--chunk-size", type=argtypes.size, default=14 << 20, metavar="SIZE",
                    help="bytes per chunk, e.g. 14MiB (default; a 256-token chunk of a 7B model)")
     p.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
     p.set_defaults(func=_cmd_demo, _parser=p)
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return n
-
-
-def _size(text: str) -> int:
-    try:
-        n = parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be at least 1 byte")
-    return n
 
 
 def _cmd_demo(args, parser) -> int:

@@ -30,6 +30,7 @@ from curvine.journal.segment import (
 )
 from curvine.proto import journal_pb2
 
+from . import argtypes
 from .fs_cmd import _client, human_size
 
 EXIT_DAMAGED = 4  # verify found damage before the tail (docs/cli.md)
@@ -57,9 +58,9 @@ def register(subparsers) -> None:
                        description="Print the journal's records in order, one per line: "
                                    "seq, type and fields (or one JSON object per line).")
     dirs(d)
-    d.add_argument("--from", dest="from_seq", metavar="SEQ", type=_non_negative, default=0,
+    d.add_argument("--from", dest="from_seq", metavar="SEQ", type=argtypes.non_negative, default=0,
                    help="first seq to print (default: the oldest kept)")
-    d.add_argument("--limit", metavar="N", type=_non_negative, default=0,
+    d.add_argument("--limit", metavar="N", type=argtypes.non_negative, default=0,
                    help="print at most N records (0 = all)")
     d.add_argument("--json", action="store_true",
                    help="JSON lines: seq, type, type_id, bytes, record")
@@ -85,17 +86,6 @@ def register(subparsers) -> None:
     dirs(c, meta=True)
     c.set_defaults(func=_cmd_checkpoint, _parser=c)
     p.set_defaults(_parser=p)
-
-
-def _non_negative(text: str) -> int:
-    import argparse
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
-    return n
 
 
 def _journal_dir(args) -> str:

@@ -40,6 +40,8 @@ from typing import Any
 
 from curvine.common import config as _config
 
+from . import argtypes
+
 STATE_FILE = "cluster.json"
 STATE_VERSION = 1
 ROLES = ("master", "worker", "fuse")
@@ -687,18 +689,18 @@ def register(subparsers) -> None:
 
     up = sub.add_parser("up", help="start a cluster and print its mount paths")
     up.add_argument("--base", required=True, help="directory for state, data, logs and mounts")
-    up.add_argument("--workers", type=_non_negative, default=2, metavar="N",
+    up.add_argument("--workers", type=argtypes.non_negative, default=2, metavar="N",
                     help="number of workers (default 2)")
-    up.add_argument("--mounts", type=_non_negative, default=2, metavar="M",
+    up.add_argument("--mounts", type=argtypes.non_negative, default=2, metavar="M",
                     help="number of FUSE mounts, at BASE/mnt/0 ... (default 2)")
     up.add_argument("--conf", metavar="FILE", help="config file passed to every daemon")
     up.add_argument("--no-short-circuit-mount", type=int, nargs="+", action="extend",
                     default=[], metavar="K",
                     help="mount K reads local blocks through the worker instead of the file")
-    up.add_argument("--worker-capacity", type=_size, default=0, metavar="SIZE",
+    up.add_argument("--worker-capacity", type=argtypes.size, default=0, metavar="SIZE",
                     help="bytes each worker may store, e.g. 2GiB (default: worker.capacity "
                          "of the config, else the free space of its disk)")
-    up.add_argument("--replicas", type=_replicas, default=0, metavar="N",
+    up.add_argument("--replicas", type=argtypes.replicas, default=0, metavar="N",
                     help="copies of each block, 1..8 (default: cluster.replicas, 1)")
     up.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                     help="how long to wait for everything to come up (default 60)")
@@ -714,36 +716,6 @@ def register(subparsers) -> None:
     st.add_argument("--base", required=True)
     st.add_argument("--json", action="store_true", help="print JSON instead of a table")
     st.set_defaults(func=_cmd_status, _parser=st)
-
-
-def _non_negative(text: str) -> int:
-    import argparse
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{n} is negative")
-    return n
-
-
-def _size(text: str) -> int:
-    import argparse
-    try:
-        n = _config.parse_size(text)
-    except (_config.ConfigError, ValueError) as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be larger than 0")
-    return n
-
-
-def _replicas(text: str) -> int:
-    import argparse
-    n = _non_negative(text)
-    if not 1 <= n <= 8:
-        raise argparse.ArgumentTypeError(f"{n} is not between 1 and 8")
-    return n
 
 
 def _cmd_up(args, parser) -> int:
