@@ -1,0 +1,194 @@
+"""POSIX permissions on a real mount, seen by a user who is not root.
+
+The mount is made with ``default_permissions``, so the kernel checks mode bits and
+ownership (stored by the master, taken from the FUSE request context on create and
+mkdir) before a request reaches the FUSE client.  ``fuse.allow_other`` lets other
+users reach the mount at all; without it the kernel refuses them everything.
+
+The non-root user is uid/gid 65534 (``nobody``): a forked child that drops to it,
+with no supplementary groups.  The test directory under pytest's tmp dir is not traversable
+by that user, so the child gets a descriptor of the mount's root, opened by root and
+inherited, and does every call relative to it (``dir_fd``): only the mount's own
+permissions are tested, not those of the directories above it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+
+NOBODY = 65534
+
+def _run_ops(fd: int, ops: list[tuple[str, str, str]]) -> dict[str, str]:
+    """Each op is (name, kind, path relative to ``fd``); {name: "ok:<detail>" | errno name}."""
+    out = {}
+    for name, kind, path in ops:
+        try:
+            detail = ""
+            if kind == "read":
+                f = os.open(path, os.O_RDONLY, dir_fd=fd)
+                try:
+                    detail = os.read(f, 100).decode()
+                finally:
+                    os.close(f)
+            elif kind == "write":
+                os.close(os.open(path, os.O_WRONLY, dir_fd=fd))
+            elif kind == "create":
+                f = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640, dir_fd=fd)
+                try:
+                    os.write(f, b"from nobody")
+                finally:
+                    os.close(f)
+            elif kind == "mkdir":
+                os.mkdir(path, 0o755, dir_fd=fd)
+            elif kind == "chmod":
+                os.chmod(path, 0o666, dir_fd=fd)
+            elif kind == "stat":
+                detail = oct(os.stat(path, dir_fd=fd).st_mode)
+            elif kind == "uid":
+                detail = f"{os.getuid()}:{os.getgid()}:{os.getgroups()}"
+            out[name] = "ok:" + detail
+        except OSError as e:
+            out[name] = errno.errorcode.get(e.errno, str(e.errno))
+    return out
+
+
+def as_nobody(root_fd: int, ops: list[tuple[str, str, str]]) -> dict[str, str]:
+    """Run ``ops`` in a forked child that has dropped to uid/gid NOBODY (no groups).
+
+    A fork rather than a new interpreter: this one may live where NOBODY cannot read."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        code = 1
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            os.umask(0o022)
+            os.write(w, json.dumps(_run_ops(root_fd, ops)).encode())
+            code = 0
+        except BaseException as e:  # noqa: BLE001 - report, then exit the child
+            os.write(w, json.dumps({"child error": repr(e)}).encode())
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()  # EOF when the child exits (it does only bounded calls)
+    _, status = os.waitpid(pid, 0)
+    result = json.loads(data or b"{}")
+    assert os.waitstatus_to_exitcode(status) == 0, f"child failed: {result}"
+    return result
+
+
+@pytest.fixture
+def root_only():
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the test switches to another user and mounts with allow_other")
+
+
+def _write(path: str, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, mode)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.chmod(path, mode)  # whatever the umask
+
+
+def _conf(tmp_path, allow_other: bool) -> str:
+    conf = tmp_path / f"allow_other_{allow_other}.toml"
+    conf.write_text(f"[fuse]\nallow_other = {'true' if allow_other else 'false'}\n")
+    return str(conf)
+
+
+def _open_root(mount: str) -> int:
+    return os.open(mount, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def test_other_user_is_held_to_mode_bits(make_cluster, tmp_path, root_only):
+    c = make_cluster(workers=1, mounts=1, conf=_conf(tmp_path, allow_other=True))
+    mnt = c.mounts[0]
+    _write(os.path.join(mnt, "secret"), b"root only", 0o600)
+    _write(os.path.join(mnt, "public"), b"everyone", 0o644)
+    os.mkdir(os.path.join(mnt, "rootdir"))
+    os.chmod(os.path.join(mnt, "rootdir"), 0o755)
+    os.mkdir(os.path.join(mnt, "shared"))
+    os.chmod(os.path.join(mnt, "shared"), 0o777)
+    os.mkdir(os.path.join(mnt, "private"))
+    os.chmod(os.path.join(mnt, "private"), 0o700)
+    _write(os.path.join(mnt, "private", "inner"), b"hidden", 0o644)
+
+    root_fd = _open_root(mnt)
+    try:
+        got = as_nobody(root_fd, [
+            ("whoami", "uid", "."),
+            ("read secret 0600", "read", "secret"),
+            ("read public 0644", "read", "public"),
+            ("write public 0644", "write", "public"),
+            ("chmod public", "chmod", "public"),
+            ("create in 0755 root dir", "create", "rootdir/mine"),
+            ("mkdir in 0755 root dir", "mkdir", "rootdir/sub"),
+            ("create in 0777 dir", "create", "shared/mine"),
+            ("mkdir in 0777 dir", "mkdir", "shared/sub"),
+            ("read own 0640 file", "read", "shared/mine"),
+            ("read through 0700 dir", "read", "private/inner"),
+        ])
+    finally:
+        os.close(root_fd)
+    print("as nobody:", json.dumps(got, indent=1))
+
+    assert got == {
+        "whoami": f"ok:{NOBODY}:{NOBODY}:[]",
+        "read secret 0600": "EACCES",
+        "read public 0644": "ok:everyone",
+        "write public 0644": "EACCES",
+        "chmod public": "EPERM",
+        "create in 0755 root dir": "EACCES",
+        "mkdir in 0755 root dir": "EACCES",
+        "create in 0777 dir": "ok:",
+        "mkdir in 0777 dir": "ok:",
+        "read own 0640 file": "ok:from nobody",
+        "read through 0700 dir": "EACCES",
+    }
+    # What the other user made is theirs: the master stored the caller's uid and gid.
+    for name, kind, mode in (("mine", "file", 0o640), ("sub", "dir", 0o755)):
+        st = os.stat(os.path.join(mnt, "shared", name))
+        assert (st.st_uid, st.st_gid) == (NOBODY, NOBODY), f"owner of the {kind} {name}"
+        assert st.st_mode & 0o7777 == mode, f"mode of the {kind} {name}"
+    # Refused requests changed nothing.
+    assert sorted(os.listdir(os.path.join(mnt, "rootdir"))) == []
+    assert os.stat(os.path.join(mnt, "public")).st_mode & 0o7777 == 0o644
+    with open(os.path.join(mnt, "public"), "rb") as f:
+        assert f.read() == b"everyone"
+
+
+def test_without_allow_other_other_users_cannot_use_the_mount(make_cluster, tmp_path,
+                                                               root_only):
+    c = make_cluster(workers=1, mounts=1, conf=_conf(tmp_path, allow_other=False))
+    mnt = c.mounts[0]
+    _write(os.path.join(mnt, "public"), b"everyone", 0o644)
+    os.mkdir(os.path.join(mnt, "shared"))
+    os.chmod(os.path.join(mnt, "shared"), 0o777)
+
+    root_fd = _open_root(mnt)
+    try:
+        got = as_nobody(root_fd, [
+            ("stat root", "stat", "."),
+            ("read public 0644", "read", "public"),
+            ("create in 0777 dir", "create", "shared/mine"),
+        ])
+    finally:
+        os.close(root_fd)
+    print("as nobody, no allow_other:", json.dumps(got, indent=1))
+
+    assert got == {
+        "stat root": "EACCES",
+        "read public 0644": "EACCES",
+        "create in 0777 dir": "EACCES",
+    }
+    assert os.listdir(os.path.join(mnt, "shared")) == []
