@@ -23,6 +23,7 @@ import time
 import pyfuse3
 import trio
 
+from curvine.common import auth
 from curvine.common import config as config_mod
 from curvine.common import daemon
 from curvine.common import log as log_mod
@@ -164,6 +165,35 @@ class FuseHealth:
         self._probe.close()
 
 
+FUSE_CONF = "/etc/fuse.conf"
+
+
+def mount_options(cfg: config_mod.Config) -> set[str]:
+    """Options of the mount.  ``default_permissions`` is always on: the kernel then
+    checks mode bits and ownership (which the master stores from each request's
+    uid/gid) before a call reaches Operations, which does no checks of its own.
+    ``allow_other`` (fuse.allow_other) lets users other than the mounting one in at
+    all; without it the kernel refuses them every call with EACCES."""
+    options = {"fsname=curvine", "subtype=curvine", "default_permissions"}
+    if cfg.fuse.allow_other:
+        options.add("allow_other")
+    return options
+
+
+def allow_other_hint(cfg: config_mod.Config) -> str:
+    """Why a non-root mount with fuse.allow_other fails, if that is the likely cause."""
+    if not cfg.fuse.allow_other or os.geteuid() == 0:
+        return ""
+    try:
+        with open(FUSE_CONF, encoding="utf-8", errors="replace") as f:
+            if any(line.strip() == "user_allow_other" for line in f):
+                return ""
+    except OSError:
+        pass
+    return (f" (fuse.allow_other = true needs 'user_allow_other' in {FUSE_CONF} "
+            "when not mounting as root)")
+
+
 async def serve(cfg: config_mod.Config, ops: Operations,
                 health: FuseHealth | None = None) -> None:
     async with trio.open_nursery() as nursery:
@@ -210,13 +240,10 @@ def run(cfg: config_mod.Config) -> int:
     tune_malloc()
     raise_fd_limit()
     ops = Operations(cfg)
-    options = {"fsname=curvine", "subtype=curvine", "default_permissions"}
-    if cfg.fuse.allow_other:
-        options.add("allow_other")
     try:
-        pyfuse3.init(ops, cfg.fuse.mountpoint, options)
+        pyfuse3.init(ops, cfg.fuse.mountpoint, mount_options(cfg))
     except (RuntimeError, OSError) as e:
-        log.error("cannot mount %s: %s", cfg.fuse.mountpoint, e)
+        log.error("cannot mount %s: %s%s", cfg.fuse.mountpoint, e, allow_other_hint(cfg))
         ops.close()
         return 1
     # The FUSE client has no host of its own in the config: it listens where this
@@ -250,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = load_config(args)
-    except (config_mod.ConfigError, CurvineError) as e:
+        auth.configure(cfg)  # every channel sends the cluster token
+    except (config_mod.ConfigError, CurvineError, auth.TokenError) as e:
         print(f"curvine-fuse: {e}", file=sys.stderr)
         return 2
     log_mod.setup("DEBUG" if cfg.fuse.debug else cfg.log.level, role="curvine-fuse")

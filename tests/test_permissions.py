@@ -192,3 +192,32 @@ def test_without_allow_other_other_users_cannot_use_the_mount(make_cluster, tmp_
         "create in 0777 dir": "EACCES",
     }
     assert os.listdir(os.path.join(mnt, "shared")) == []
+
+
+def test_mount_options_and_the_allow_other_hint(tmp_path, monkeypatch):
+    """default_permissions is always on; allow_other only when configured.  A non-root
+    mount with allow_other but without user_allow_other in fuse.conf fails, and the
+    error says why."""
+    from curvine.common import config
+    from curvine.fuse_client import main as fuse_main
+
+    cfg = config.Config()
+    assert "default_permissions" in fuse_main.mount_options(cfg)
+    assert "allow_other" not in fuse_main.mount_options(cfg)
+    cfg.fuse.allow_other = True
+    assert {"default_permissions", "allow_other"} <= fuse_main.mount_options(cfg)
+
+    fuse_conf = tmp_path / "fuse.conf"
+    fuse_conf.write_text("# mount_max = 1000\n#user_allow_other\n")
+    monkeypatch.setattr(fuse_main, "FUSE_CONF", str(fuse_conf))
+    monkeypatch.setattr(fuse_main.os, "geteuid", lambda: 1000)
+    hint = fuse_main.allow_other_hint(cfg)
+    assert "user_allow_other" in hint and str(fuse_conf) in hint, hint
+    fuse_conf.write_text("user_allow_other\n")
+    assert fuse_main.allow_other_hint(cfg) == ""
+    monkeypatch.setattr(fuse_main.os, "geteuid", lambda: 0)  # root needs no fuse.conf
+    fuse_conf.write_text("")
+    assert fuse_main.allow_other_hint(cfg) == ""
+    cfg.fuse.allow_other = False
+    monkeypatch.setattr(fuse_main.os, "geteuid", lambda: 1000)
+    assert fuse_main.allow_other_hint(cfg) == ""
