@@ -15,7 +15,7 @@ from curvine.common.ids import MIB
 from curvine.common.rpc import handler, stream_handler
 from curvine.proto import common_pb2, worker_pb2, worker_pb2_grpc
 
-from curvine.common import wire
+from curvine.common import checked_service, wire
 from curvine.common.metrics import (WORKER_READ_REMOTE, WORKER_WRITTEN_REMOTE,
                                     WORKER_WRITTEN_SHORT_CIRCUIT)
 from curvine.common.blocks import check_block_id
@@ -143,30 +143,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
 def add_to_server(servicer: WorkerServicer, server: grpc.Server) -> None:
     """Register the Worker service (instead of the generated add_WorkerServicer_to_server)
-    with ReadBlock replies framed by hand: the servicer yields raw data bytes."""
+    with ReadBlock replies framed by hand (the servicer yields raw data bytes) and
+    requests that do not parse refused as INVALID without a traceback."""
     servicer.raw_read_replies = True
-    handlers = {
-        "WriteBlock": grpc.stream_unary_rpc_method_handler(
-            servicer.WriteBlock,
-            request_deserializer=worker_pb2.WriteBlockRequest.FromString,
-            response_serializer=worker_pb2.WriteBlockReply.SerializeToString),
-        "ReadBlock": grpc.unary_stream_rpc_method_handler(
-            servicer.ReadBlock,
-            request_deserializer=worker_pb2.ReadBlockRequest.FromString,
-            response_serializer=wire.encode_read_reply),
-        "DeleteBlocks": grpc.unary_unary_rpc_method_handler(
-            servicer.DeleteBlocks,
-            request_deserializer=worker_pb2.DeleteBlocksRequest.FromString,
-            response_serializer=common_pb2.Empty.SerializeToString),
-        "GetBlockInfo": grpc.unary_unary_rpc_method_handler(
-            servicer.GetBlockInfo,
-            request_deserializer=worker_pb2.GetBlockInfoRequest.FromString,
-            response_serializer=worker_pb2.BlockInfoReply.SerializeToString),
-        "AdoptBlock": grpc.unary_unary_rpc_method_handler(
-            servicer.AdoptBlock,
-            request_deserializer=worker_pb2.AdoptBlockRequest.FromString,
-            response_serializer=worker_pb2.WriteBlockReply.SerializeToString),
-    }
-    generic = grpc.method_handlers_generic_handler("curvine.Worker", handlers)
-    server.add_generic_rpc_handlers((generic,))
-    server.add_registered_method_handlers("curvine.Worker", handlers)
+    checked_service.add_service(server, worker_pb2.DESCRIPTOR.services_by_name["Worker"],
+                                servicer, {"ReadBlock": wire.encode_read_reply})
