@@ -44,6 +44,8 @@ def _run_ops(fd: int, ops: list[tuple[str, str, str]]) -> dict[str, str]:
                     os.close(f)
             elif kind == "mkdir":
                 os.mkdir(path, 0o755, dir_fd=fd)
+            elif kind == "unlink":
+                os.unlink(path, dir_fd=fd)
             elif kind == "chmod":
                 os.chmod(path, 0o666, dir_fd=fd)
             elif kind == "stat":
@@ -122,6 +124,9 @@ def test_other_user_is_held_to_mode_bits(make_cluster, tmp_path, root_only):
     os.mkdir(os.path.join(mnt, "private"))
     os.chmod(os.path.join(mnt, "private"), 0o700)
     _write(os.path.join(mnt, "private", "inner"), b"hidden", 0o644)
+    os.mkdir(os.path.join(mnt, "sticky"))
+    os.chmod(os.path.join(mnt, "sticky"), 0o1777)  # like /tmp
+    _write(os.path.join(mnt, "sticky", "roots"), b"kept", 0o666)
 
     root_fd = _open_root(mnt)
     try:
@@ -137,6 +142,9 @@ def test_other_user_is_held_to_mode_bits(make_cluster, tmp_path, root_only):
             ("mkdir in 0777 dir", "mkdir", "shared/sub"),
             ("read own 0640 file", "read", "shared/mine"),
             ("read through 0700 dir", "read", "private/inner"),
+            ("unlink root's file in 1777 dir", "unlink", "sticky/roots"),
+            ("create in 1777 dir", "create", "sticky/mine"),
+            ("unlink own file in 1777 dir", "unlink", "sticky/mine"),
         ])
     finally:
         os.close(root_fd)
@@ -154,6 +162,9 @@ def test_other_user_is_held_to_mode_bits(make_cluster, tmp_path, root_only):
         "mkdir in 0777 dir": "ok:",
         "read own 0640 file": "ok:from nobody",
         "read through 0700 dir": "EACCES",
+        "unlink root's file in 1777 dir": "EPERM",
+        "create in 1777 dir": "ok:",
+        "unlink own file in 1777 dir": "ok:",
     }
     # What the other user made is theirs: the master stored the caller's uid and gid.
     for name, kind, mode in (("mine", "file", 0o640), ("sub", "dir", 0o755)):
@@ -161,7 +172,8 @@ def test_other_user_is_held_to_mode_bits(make_cluster, tmp_path, root_only):
         assert (st.st_uid, st.st_gid) == (NOBODY, NOBODY), f"owner of the {kind} {name}"
         assert st.st_mode & 0o7777 == mode, f"mode of the {kind} {name}"
     # Refused requests changed nothing.
-    assert sorted(os.listdir(os.path.join(mnt, "rootdir"))) == []
+    assert os.listdir(os.path.join(mnt, "rootdir")) == []
+    assert os.listdir(os.path.join(mnt, "sticky")) == ["roots"]
     assert os.stat(os.path.join(mnt, "public")).st_mode & 0o7777 == 0o644
     with open(os.path.join(mnt, "public"), "rb") as f:
         assert f.read() == b"everyone"
