@@ -38,6 +38,7 @@ from typing import Iterator
 
 from curvine.client.fs import CurvineFS
 from curvine.client.master_client import MasterClient
+from curvine.common import auth
 from curvine.common import config as config_mod
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, ROOT_INO
@@ -180,6 +181,7 @@ def _mode(text: str) -> int:
 
 def _client(args) -> MasterClient:
     cfg = config_mod.load(args.conf)
+    auth.configure(cfg)  # every channel sends the cluster token
     address = args.master or cfg.cluster.master_addr
     # a CLI should fail fast when the master is down, not wait for it
     return MasterClient(address, timeout=float(cfg.cluster.rpc_timeout), wait=2.0)
@@ -188,6 +190,7 @@ def _client(args) -> MasterClient:
 @contextlib.contextmanager
 def _fs(args) -> Iterator[CurvineFS]:
     cfg = config_mod.load(args.conf)
+    auth.configure(cfg)  # every channel sends the cluster token
     client = MasterClient(args.master or cfg.cluster.master_addr,
                           timeout=float(cfg.cluster.rpc_timeout), wait=2.0)
     fs = CurvineFS(cfg=cfg, master=client)

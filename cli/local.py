@@ -6,6 +6,7 @@ integration tests use.  Everything lives under one base directory::
     BASE/cluster.json          state: ports, pids, argv and env extras of every process
     BASE/conf.toml             copy of the user's --conf (if given)
     BASE/conf/<role>-<i>.toml  config handed to each daemon (user conf + its own HTTP port)
+    BASE/token                 the cluster token every RPC carries (mode 0600; see --no-token)
     BASE/master/meta           master LMDB
     BASE/master/journal        master write-ahead journal
     BASE/worker/<i>/data       block files of worker i
@@ -38,6 +39,7 @@ import threading
 import time
 from typing import Any
 
+from curvine.common import auth
 from curvine.common import config as _config
 
 from . import argtypes
@@ -247,7 +249,7 @@ class LocalCluster:
 
     def __init__(self, base: str, workers: int = 2, mounts: int = 2, conf: str | None = None,
                  short_circuit: list[bool] | None = None, env: dict | None = None,
-                 worker_capacity: int = 0, replicas: int = 0):
+                 worker_capacity: int = 0, replicas: int = 0, token: bool = True):
         if workers < 0 or mounts < 0:
             raise ClusterError("workers and mounts must not be negative")
         if worker_capacity < 0:
@@ -257,6 +259,10 @@ class LocalCluster:
         # override the config's worker.capacity / cluster.replicas when non-zero
         self.worker_capacity = worker_capacity
         self.replicas = replicas
+        # token=True: every daemon requires the cluster token in BASE/token (made at
+        # `up` unless the config names a token file); False: an open cluster.
+        self.token = token
+        self.token_file = ""
         if short_circuit is not None and len(short_circuit) != mounts:
             raise ClusterError(f"short_circuit has {len(short_circuit)} entries for {mounts} mounts")
         self.base = os.path.realpath(base)
@@ -306,6 +312,7 @@ class LocalCluster:
             "conf": self.conf,
             "short_circuit": self.short_circuit,
             "env": self.env,
+            "token_file": self.token_file,
             "updated": time.time(),
             "procs": [dataclasses.asdict(p) for p in self._procs.values()],
         }
@@ -342,6 +349,10 @@ class LocalCluster:
                     conf=state.get("conf"), short_circuit=state.get("short_circuit"),
                     env=state.get("env") or {})
             c.master_addr = str(state.get("master_addr", ""))
+            c.token_file = str(state.get("token_file") or "")
+            c.token = bool(c.token_file)
+            with contextlib.suppress(ClusterError):  # `down` works without it
+                c._use_token()
             for rec in state["procs"]:
                 p = _Proc(**rec)
                 c._procs[(p.role, p.index)] = p
@@ -455,6 +466,13 @@ class LocalCluster:
                                              capacity=_config.Size(self.worker_capacity))
         if self.conf:
             shutil.copyfile(self.conf, self._path("conf.toml"))
+        if self.token and not cfg.security.token_file:
+            self.token_file = self._path(auth.TOKEN_FILE_NAME)
+            auth.write_token_file(self.token_file)
+            cfg.security = dataclasses.replace(cfg.security, token_file=self.token_file)
+        else:
+            self.token_file = cfg.security.token_file
+        self._use_token()
         n = 1 + self.n_workers
         ports = free_ports(2 * n + self.n_mounts)
         grpc_ports, http_ports = ports[:n], ports[n:]
@@ -499,6 +517,14 @@ class LocalCluster:
             if not self.short_circuit[i]:
                 argv.append("--no-short-circuit")
             self._add("fuse", i, argv, mount=mnt, http_port=http)
+
+    def _use_token(self) -> None:
+        """Clients of this process (tests, `curvine local`) send the cluster's token."""
+        if self.token_file:
+            try:
+                auth.set_client_token(auth.read_token_file(self.token_file))
+            except auth.TokenError as e:
+                raise ClusterError(str(e)) from None
 
     def _add(self, role: str, index: int, args: list[str], **kw) -> None:
         self._procs[(role, index)] = _Proc(role=role, index=index,
@@ -704,6 +730,9 @@ def register(subparsers) -> None:
                     help="copies of each block, 1..8 (default: cluster.replicas, 1)")
     up.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                     help="how long to wait for everything to come up (default 60)")
+    up.add_argument("--no-token", dest="token", action="store_false",
+                    help="run without a cluster token (default: generate BASE/token and "
+                         "require it on every RPC, unless --conf names security.token_file)")
     up.set_defaults(func=_cmd_up, _parser=up)
 
     down = sub.add_parser("down", help="unmount and stop everything a cluster started")
@@ -729,7 +758,8 @@ def _cmd_up(args, parser) -> int:
     sc = [i not in args.no_short_circuit_mount for i in range(args.mounts)]
     cluster = LocalCluster(args.base, workers=args.workers, mounts=args.mounts,
                            conf=args.conf, short_circuit=sc,
-                           worker_capacity=args.worker_capacity, replicas=args.replicas)
+                           worker_capacity=args.worker_capacity, replicas=args.replicas,
+                           token=args.token)
     for m in cluster.up(timeout=args.timeout):
         print(m)
     return 0

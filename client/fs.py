@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
+from curvine.common import auth
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, ROOT_INO, check_name, host_id
@@ -41,6 +42,8 @@ class CurvineFS:
     def __init__(self, master_addr: str | None = None, cfg: Config | None = None,
                  master: MasterClient | None = None):
         self.cfg = cfg or Config()
+        if self.cfg.security.token_file:
+            auth.configure(self.cfg)  # this process's channels send the cluster token
         self.master = master or MasterClient(master_addr or self.cfg.cluster.master_addr,
                                              timeout=self.cfg.cluster.rpc_timeout,
                                              wait=self.cfg.cluster.master_wait)

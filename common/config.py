@@ -350,11 +350,18 @@ def _problems(cfg: Config):
         yield ("client.readahead_blocks",), "must be at least 1"
     if cfg.log.level.upper() not in _LOG_LEVELS:
         yield ("log.level",), f"{cfg.log.level!r} is not one of {', '.join(_LOG_LEVELS)}"
+    if cfg.security.token_file:
+        # Checked here so that every daemon refuses a bad file at start (exit 2).
+        from .auth import TokenError, read_token_file
+        try:
+            read_token_file(cfg.security.token_file)
+        except TokenError as e:
+            yield ("security.token_file",), str(e).removeprefix("security.token_file: ")
     for f in dataclasses.fields(cfg.security):
-        if getattr(cfg.security, f.name):
-            # Better to refuse than to run unauthenticated while the operator thinks not.
-            yield (f"security.{f.name}",), ("authentication and TLS are not implemented "
-                                            "in this version; leave it empty")
+        if f.name != "token_file" and getattr(cfg.security, f.name):
+            # Better to refuse than to run without TLS while the operator thinks not.
+            yield (f"security.{f.name}",), ("TLS is not implemented in this version; "
+                                            "leave it empty")
 
 
 def to_toml(cfg: Config) -> str:

@@ -50,7 +50,12 @@ RPC_DURATION = Histogram(
     "curvine_rpc_server_duration_seconds",
     "Time from a call's arrival at its handler to its reply (streams: to their end)",
     ["method"], buckets=RPC_BUCKETS, registry=None)
-RPC_METRICS = (RPC_HANDLED, RPC_DURATION)
+RPC_UNAUTHENTICATED = Counter(
+    "curvine_rpc_unauthenticated_total",
+    "Calls refused because the cluster token was missing or wrong (common/auth.py), "
+    "by method (\"unknown\" for a method this server does not have)",
+    ["method"], registry=None)
+RPC_METRICS = (RPC_HANDLED, RPC_DURATION, RPC_UNAUTHENTICATED)
 
 # -- journal (master) -----------------------------------------------------------------
 JOURNAL_FSYNC = Histogram(

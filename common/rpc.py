@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import grpc
 
-from . import metrics
+from . import auth, metrics
 from .errors import ERROR_KIND_KEY, CurvineError, ErrorKind, from_rpc_error, status_code
 
 log = logging.getLogger(__name__)
@@ -156,10 +156,14 @@ def _is_abort(e: Exception) -> bool:
 
 
 def make_server(threads: int, interceptors: list | None = None,
-                max_concurrent: int | None = None) -> grpc.Server:
+                max_concurrent: int | None = None, token: str = "") -> grpc.Server:
+    """A server; with ``token``, every method refuses calls without it (common/auth.py)."""
+    interceptors = list(interceptors or [])
+    if token:
+        interceptors.insert(0, auth.TokenServerInterceptor(token))
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
-        interceptors=interceptors or [],
+        interceptors=interceptors,
         options=SERVER_OPTIONS,
         maximum_concurrent_rpcs=max_concurrent or threads * 4,
     )
@@ -174,7 +178,9 @@ def bind(server: grpc.Server, host: str, port: int) -> int:
 
 
 def make_channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    """The one place channels are made: each call sends this process's cluster token
+    (common/auth.py; none configured = none sent)."""
+    return auth.with_token(grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
 
 
 class RpcClient:

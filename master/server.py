@@ -12,7 +12,7 @@ import sys
 import threading
 
 from curvine.common import config as config_mod
-from curvine.common import daemon, log as log_mod, metrics as metrics_mod, rpc
+from curvine.common import auth, daemon, log as log_mod, metrics as metrics_mod, rpc
 from curvine.common.errors import CurvineError
 from curvine.journal import JournalError
 from curvine.proto import master_pb2_grpc
@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = config_mod.load(args.conf)
-    except config_mod.ConfigError as e:
+        token = auth.configure(cfg)  # never logged
+    except (config_mod.ConfigError, auth.TokenError) as e:
         print(f"curvine-master: {e}", file=sys.stderr)
         return 2
     if args.host:
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     # lifetime
     streams = 2 * cfg.master.max_sessions
     server = rpc.make_server(cfg.master.rpc_threads + streams,
-                             max_concurrent=cfg.master.rpc_threads * 4 + streams)
+                             max_concurrent=cfg.master.rpc_threads * 4 + streams,
+                             token=token)
     master_pb2_grpc.add_MasterServicer_to_server(
         MasterServicer(master, cfg.master.max_sessions, cfg.master.rpc_threads), server)
     try:

@@ -85,7 +85,7 @@ BAD = [
     ("[journal]\ndir = ''\n", "FILE:2: journal.dir: must not be empty"),
     ("[log]\nlevel = 'loud'\n", "FILE:2: log.level: 'loud' is not one of DEBUG"),
     ("[security]\ntls_cert = '/etc/curvine/cert.pem'\n",
-     "FILE:2: security.tls_cert: authentication and TLS are not implemented"),
+     "FILE:2: security.tls_cert: TLS is not implemented"),
 ]
 
 

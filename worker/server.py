@@ -24,6 +24,7 @@ import uuid
 
 from prometheus_client.core import GaugeMetricFamily
 
+from curvine.common import auth
 from curvine.common import config as config_mod
 from curvine.common import daemon
 from curvine.common import log as log_mod
@@ -319,7 +320,7 @@ def run(cfg: config_mod.Config, stop: threading.Event) -> int:
         log.error("cannot open data dirs: %s", e)
         return 1
     servicer = WorkerServicer(store, block_size=int(cfg.cluster.block_size))
-    server = make_server(wc.rpc_threads)
+    server = make_server(wc.rpc_threads, token=auth.client_token())
     add_to_server(servicer, server)
     try:
         port = bind(server, wc.host, wc.port)
@@ -362,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = load_config(args)
-    except config_mod.ConfigError as e:
+        auth.configure(cfg)  # the token is never logged
+    except (config_mod.ConfigError, auth.TokenError) as e:
         log_mod.setup("INFO", "curvine-worker")
         log.error("%s", e)
         return 2

@@ -1,0 +1,184 @@
+"""The cluster token: every RPC carries ``authorization: Bearer <token>``.
+
+The token lives in the file named by ``security.token_file`` (never on a command line,
+never logged).  A process calls :func:`configure` once after loading its config; from
+then on every channel made by ``common.rpc.make_channel`` sends the token, and servers
+built with ``common.rpc.make_server(token=...)`` refuse calls without it
+(UNAUTHENTICATED, counted in ``curvine_rpc_unauthenticated_total``).
+
+No token configured = no checks: the default for a trusted single-tenant network.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from typing import Callable
+
+import grpc
+
+from .metrics import RPC_UNAUTHENTICATED
+
+METADATA_KEY = "authorization"
+SCHEME = "Bearer "
+TOKEN_FILE_KEY = "security.token_file"
+TOKEN_FILE_NAME = "token"  # `curvine local up` writes BASE/token
+
+# The token this process sends on every call; read at call time, so channels cached
+# before configure() (the client's per-worker channels) send the current one.
+_client_token = ""
+
+
+class TokenError(Exception):
+    """The token file named in the config cannot be used (one line, names key and file)."""
+
+
+def read_token_file(path: str) -> str:
+    """The token in ``path`` with surrounding whitespace stripped; TokenError if the file
+    is unreadable, empty, or holds more than one line (never says what it holds)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(4097)
+    except OSError as e:
+        raise TokenError(f"{TOKEN_FILE_KEY}: cannot read {path}: "
+                         f"{e.strerror or e}") from None
+    if len(raw) > 4096:
+        raise TokenError(f"{TOKEN_FILE_KEY}: {path} is larger than 4096 bytes")
+    try:
+        token = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise TokenError(f"{TOKEN_FILE_KEY}: {path} must hold printable ASCII") from None
+    if not token:
+        raise TokenError(f"{TOKEN_FILE_KEY}: {path} is empty")
+    if not all(33 <= ord(ch) <= 126 for ch in token):
+        raise TokenError(f"{TOKEN_FILE_KEY}: {path} must hold one word of printable "
+                         "ASCII (no spaces or control characters)")
+    return token
+
+
+def configure(cfg) -> str:
+    """Read ``cfg.security.token_file`` (if set) and make it this process's client
+    token; returns it ("" when none is configured)."""
+    path = cfg.security.token_file
+    token = read_token_file(path) if path else ""
+    set_client_token(token)
+    return token
+
+
+def set_client_token(token: str) -> None:
+    global _client_token
+    _client_token = token
+
+
+def client_token() -> str:
+    return _client_token
+
+
+def new_token() -> str:
+    """A fresh random token (256 bits, URL-safe)."""
+    import secrets
+    return secrets.token_urlsafe(32)
+
+
+def write_token_file(path: str, token: str | None = None) -> str:
+    """Create ``path`` (mode 0600) holding a token; returns the token."""
+    token = token or new_token()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, (token + "\n").encode())
+    finally:
+        os.close(fd)
+    return token
+
+
+# -- client side ----------------------------------------------------------------------
+class _TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor,
+                              grpc.UnaryStreamClientInterceptor,
+                              grpc.StreamUnaryClientInterceptor,
+                              grpc.StreamStreamClientInterceptor):
+    """Adds the current client token to every call's metadata."""
+
+    def __init__(self, token: Callable[[], str]):
+        self._token = token
+
+    def _details(self, details):
+        token = self._token()
+        if not token:
+            return details
+        metadata = [m for m in (details.metadata or ()) if m[0] != METADATA_KEY]
+        metadata.append((METADATA_KEY, SCHEME + token))
+        return _CallDetails(details.method, details.timeout, metadata,
+                            details.credentials, getattr(details, "wait_for_ready", None),
+                            getattr(details, "compression", None))
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._details(details), request_iterator)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression):
+        self.method = method
+        self.timeout = timeout
+        self.metadata = metadata
+        self.credentials = credentials
+        self.wait_for_ready = wait_for_ready
+        self.compression = compression
+
+
+def with_token(channel: grpc.Channel, token: Callable[[], str] = client_token) -> grpc.Channel:
+    """``channel`` sending ``token()`` (by default this process's token) on every call."""
+    return grpc.intercept_channel(channel, _TokenClientInterceptor(token))
+
+
+# -- server side ----------------------------------------------------------------------
+class TokenServerInterceptor(grpc.ServerInterceptor):
+    """Refuses every call (unary and streaming) whose metadata lacks the token."""
+
+    def __init__(self, token: str):
+        if not token:
+            raise ValueError("TokenServerInterceptor needs a non-empty token")
+        self._expected = (SCHEME + token).encode()
+
+    def _authorized(self, metadata) -> bool:
+        for key, value in metadata or ():
+            if key == METADATA_KEY:
+                got = value.encode() if isinstance(value, str) else bytes(value)
+                return hmac.compare_digest(got, self._expected)
+        return False
+
+    def intercept_service(self, continuation, handler_call_details):
+        if self._authorized(handler_call_details.invocation_metadata):
+            return continuation(handler_call_details)
+        handler = continuation(handler_call_details)
+        # Label by known method only: random names must not grow the metric.
+        method = handler_call_details.method.rsplit("/", 1)[-1] if handler else "unknown"
+        RPC_UNAUTHENTICATED.labels(method=method).inc()
+        return _refusal(handler)
+
+
+def _refuse(request_or_iterator, context):
+    context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                  "missing or wrong cluster token (metadata 'authorization: Bearer ...'; "
+                  f"see {TOKEN_FILE_KEY})")
+
+
+def _refusal(handler) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as ``handler`` that only refuses (the request, which
+    may be large or endless, is never read)."""
+    if handler is None or not (handler.request_streaming or handler.response_streaming):
+        return grpc.unary_unary_rpc_method_handler(_refuse)
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(_refuse)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(_refuse)
+    return grpc.unary_stream_rpc_method_handler(_refuse)
