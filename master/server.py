@@ -15,11 +15,10 @@ from curvine.common import config as config_mod
 from curvine.common import auth, daemon, log as log_mod, metrics as metrics_mod, rpc
 from curvine.common.errors import CurvineError
 from curvine.journal import JournalError
-from curvine.proto import master_pb2_grpc
 
 from . import metrics as master_metrics
 from .master import Master
-from .service import MasterServicer
+from .service import MasterServicer, add_to_server
 
 log = logging.getLogger("curvine.master")
 
@@ -66,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     server = rpc.make_server(cfg.master.rpc_threads + streams,
                              max_concurrent=cfg.master.rpc_threads * 4 + streams,
                              token=token)
-    master_pb2_grpc.add_MasterServicer_to_server(
+    add_to_server(
         MasterServicer(master, cfg.master.max_sessions, cfg.master.rpc_threads), server)
     try:
         port = rpc.bind(server, cfg.master.host, cfg.master.port)

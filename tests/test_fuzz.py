@@ -18,6 +18,7 @@ The default runs are bounded and derandomized (CI-stable, a few seconds each);
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import zlib
 from collections import Counter
@@ -29,7 +30,7 @@ from google.protobuf import message_factory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from curvine.common.errors import CurvineError
+from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO, new_request_id
 from curvine.journal import Journal, JournalCorruption
 from curvine.journal.segment import encode_frame, encode_header, segment_name
@@ -164,6 +165,7 @@ NAMES = [b"", b"a", b"f", b"d", b".", b"..", b"a/b", b"/", b"a\0b", b"\0", b"x" 
          b"x" * 256, b"\xff\xfe", "é".encode()]
 STRINGS = ["", "a", "/etc/passwd", "../../x", "\x00", "x" * 300, "127.0.0.1:1", "h1"]
 _T = pb_descriptor.FieldDescriptor
+FIELD_FIRST = re.compile(r"[a-z_][a-z_0-9.\[\]]*: ")  # "parent: ...", "blocks[2].length: ..."
 
 
 def _scalar(field) -> st.SearchStrategy:
@@ -264,6 +266,8 @@ def _call_master(m, servicer, method, req):
         body(servicer, req, None)
     except CurvineError as e:
         assert e.message, f"{method.name}: an error without a message"
+        if e.kind in (ErrorKind.INVALID, ErrorKind.NAME_TOO_LONG):
+            assert FIELD_FIRST.match(e.message), f"{method.name}: no field named: {e}"
         after = _snapshot(m)
         assert after == before, (f"{method.name} was refused ({e}) but changed the "
                                  f"namespace or the journal: {req}")
@@ -296,6 +300,28 @@ def test_master_handler_fuzz(fuzz_master, master_servicer, method):
 
     run()
     print(f"{method}: {dict(outcomes)}")
+
+
+def test_master_calls_stream_fuzz(fuzz_master, master_servicer):
+    """The Calls stream's entries (Call messages) run through the same handlers; an
+    unexpected exception there would be answered as "internal error" (EIO)."""
+    outcomes = Counter()
+
+    @settings(max_examples=80, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(message_strategy(master_pb2.Call.DESCRIPTOR))
+    def run(call):
+        before = _snapshot(fuzz_master)
+        r = master_servicer._run_call(call)
+        assert r.id == call.id
+        if r.error_kind:
+            assert not r.error.startswith("internal error"), r.error
+            assert _snapshot(fuzz_master) == before, f"{call} was refused but changed state"
+        outcomes[ErrorKind(r.error_kind).name] += 1
+
+    run()
+    print(f"Calls: {dict(outcomes)}")
+    assert outcomes["INVALID"] and len(outcomes) > 2
 
 
 @pytest.mark.slow
@@ -343,6 +369,8 @@ def _call_worker(servicer, root, name, req):
             body(servicer, req, None)
     except CurvineError as e:
         assert e.message
+        if e.kind in (ErrorKind.INVALID, ErrorKind.NAME_TOO_LONG):
+            assert FIELD_FIRST.match(e.message), f"{name}: no field named: {e}"
         assert _tree(root) == before, f"{name} was refused ({e}) but changed the data dir"
         return e.kind.name
     return "OK"

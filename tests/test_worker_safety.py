@@ -16,7 +16,7 @@ import pytest
 
 from curvine.common.errors import ERROR_KIND_KEY
 from curvine.common.rpc import MESSAGE_LIMIT, make_channel
-from curvine.proto import worker_pb2, worker_pb2_grpc
+from curvine.proto import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 DEADLINE = 10.0
 BAD_BLOCK_IDS = [0, 1 << 63, (1 << 64) - 1]
@@ -211,3 +211,18 @@ def test_malformed_and_oversized_messages_are_refused(worker):
         finish=True)]), timeout=DEADLINE), {grpc.StatusCode.INVALID_ARGUMENT}, "data")
     assert not os.path.exists(os.path.join(data_dir, "blocks", "63", f"{99:016x}.blk"))
     _assert_alive(c, stub)
+    # the master refuses unparsable requests the same way (unary and in a Calls stream)
+    with make_channel(c.master_addr) as master:
+        for method in ("Create", "GetAttr", "RegisterWorker"):
+            call = master.unary_unary(f"/curvine.Master/{method}",
+                                      request_serializer=lambda b: b,
+                                      response_deserializer=lambda b: b)
+            _refused(lambda: call(b"\x12\x02\xc3", timeout=DEADLINE),
+                     {grpc.StatusCode.INVALID_ARGUMENT}, "request")
+        calls = master.stream_stream("/curvine.Master/Calls",
+                                     request_serializer=lambda b: b,
+                                     response_deserializer=lambda b: b)
+        replies = list(calls(iter([b"\xff\xff\xff"]), timeout=DEADLINE))
+        assert replies == []  # the stream just ends
+        stub = master_pb2_grpc.MasterStub(master)
+        assert stub.StatFs(master_pb2.StatFsRequest(), timeout=DEADLINE) is not None
