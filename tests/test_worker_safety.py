@@ -226,3 +226,36 @@ def test_malformed_and_oversized_messages_are_refused(worker):
         assert replies == []  # the stream just ends
         stub = master_pb2_grpc.MasterStub(master)
         assert stub.StatFs(master_pb2.StatFsRequest(), timeout=DEADLINE) is not None
+
+
+def test_adopt_refuses_a_staging_file_swapped_after_its_checks(tmp_path, monkeypatch):
+    """A client on the worker's host owns the staging area and could swap its file for
+    a symlink to a secret between the worker's checks and its rename.  That window
+    cannot be hit on purpose from outside, so the swap is made inside os.replace."""
+    from curvine.common.errors import CurvineError, ErrorKind
+    from curvine.worker import blockstore as bs
+
+    store = bs.BlockStore([str(tmp_path / "data")], capacity=1 << 30)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"x" * 10)
+    staging = os.path.join(store.data_dirs[0], "staging", f"{7:016x}.c{'ab' * 8}.tmp")
+    with open(staging, "wb") as f:
+        f.write(b"y" * 10)
+    real_replace = os.replace
+
+    def swap_then_replace(src, dst):
+        os.unlink(src)
+        os.symlink(str(secret), src)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(bs.os, "replace", swap_then_replace)
+    with pytest.raises(CurvineError) as e:
+        store.adopt(7, staging, 10, 0)
+    monkeypatch.undo()
+    assert e.value.kind == ErrorKind.INVALID and e.value.message.startswith("path:")
+    assert 7 not in store and store.used == 0
+    assert not os.path.lexists(bs.block_path(store.data_dirs[0], 7))
+    assert secret.read_bytes() == b"x" * 10
+    with pytest.raises(CurvineError) as e:
+        store.read(7)
+    assert e.value.kind == ErrorKind.NOT_FOUND

@@ -352,6 +352,15 @@ class BlockStore:
                     os.replace(path, final)
                 if self.fsync:
                     _fsync_dir(os.path.dirname(final))
+                _check_same_file(final, st, path)
+            except CurvineError:  # the staging file was swapped: final is gone
+                with self._lock:
+                    self._used -= length
+                    old = self._blocks.get(block_id)
+                    if old is not None and old.dir_index == di:
+                        del self._blocks[block_id]
+                        self._used -= old.size
+                raise
             except OSError as e:
                 with self._lock:
                     self._used -= length
@@ -436,7 +445,8 @@ class BlockStore:
             raise CurvineError(ErrorKind.NOT_FOUND, f"block {block_id:016x} not on this worker")
         path = block_path(self.data_dirs[entry.dir_index], block_id)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            # never a symlink: block files are made only by rename of checked files
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             raise CurvineError(ErrorKind.NOT_FOUND,
                                f"block {block_id:016x} not on this worker") from None
@@ -611,6 +621,17 @@ def _disk_error(e: OSError, path: str) -> CurvineError:
     if e.errno in _NO_SPACE_ERRNOS:
         return CurvineError(ErrorKind.NO_SPACE, f"disk full: {path}: {e.strerror}")
     return CurvineError(ErrorKind.IO, f"{path}: {e.strerror or e}")
+
+
+def _check_same_file(final: str, checked: os.stat_result, staging: str) -> None:
+    """After adopt renamed ``staging`` to ``final``: the file now at ``final`` must be
+    the one whose type, links and length were checked through the open descriptor.
+    A client that swapped the staging name meanwhile (for a symlink or a link to a
+    file outside the data dir) gets INVALID, and what it swapped in is removed."""
+    st = os.lstat(final)
+    if (st.st_dev, st.st_ino) != (checked.st_dev, checked.st_ino):
+        _unlink(final)
+        raise invalid("path", f"{staging} was replaced while being adopted")
 
 
 def _unlink(path: str) -> None:
