@@ -22,6 +22,8 @@ import sys
 import time
 import traceback
 
+from curvine.common import auth
+
 MIB = 1 << 20
 
 # --------------------------------------------------------------------------- patterns
@@ -120,10 +122,17 @@ def spawn_ctx():
 
 def start_procs(target, arg_lists: list[tuple]) -> list:
     ctx = spawn_ctx()
-    procs = [ctx.Process(target=target, args=args, daemon=True) for args in arg_lists]
+    # children send the cluster token of this process (LocalCluster set it)
+    procs = [ctx.Process(target=_with_token, args=(auth.client_token(), target, *args),
+                         daemon=True) for args in arg_lists]
     for p in procs:
         p.start()
     return procs
+
+
+def _with_token(token: str, target, *args):
+    auth.set_client_token(token)
+    return target(*args)
 
 
 def join_procs(procs: list, timeout: float) -> None:

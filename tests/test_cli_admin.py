@@ -94,7 +94,7 @@ def test_fs_commands_report_and_a_lost_worker(make_cluster, tmp_path):
     conf = tmp_path / "cli.toml"
     conf.write_text('[master]\nworker_lost_after = "3s"\n[worker]\nheartbeat_interval = "0.3s"\n')
     c = make_cluster(workers=2, mounts=1, replicas=2, conf=str(conf))
-    m = ("--master", c.master_addr)
+    m = ("--master", c.master_addr, "--conf", os.path.join(c.base, "conf", "master-0.toml"))
     mnt = c.mounts[0]
 
     # --- put / get of a large file, piped: no progress bar (no \r on stderr)
@@ -237,7 +237,7 @@ def _frames(path: str, first_seq: int) -> list[tuple[int, int]]:
 
 def test_journal_dump_verify_checkpoint(make_cluster, tmp_path):
     c = make_cluster(workers=1, mounts=0)
-    m = ("--master", c.master_addr)
+    m = ("--master", c.master_addr, "--conf", os.path.join(c.base, "conf", "master-0.toml"))
     jdir = os.path.join(c.base, "master", "journal")
     meta = os.path.join(c.base, "master", "meta")
     ok("fs", "mkdir", "-p", "/a/b", *m)
