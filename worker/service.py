@@ -100,14 +100,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         chunks = self.store.read(block_id, request.offset, request.length, chunk)
         sent = 0
         try:
+            # counted before each yield: a client that has what it asked for may end
+            # the stream, and the generator is then closed at that yield
             if self.raw_read_replies:
                 for data in chunks:  # framed by wire.encode_read_reply
-                    yield data
                     sent += len(data)
+                    yield data
             else:
                 for data in chunks:
-                    yield worker_pb2.ReadBlockReply(data=data)
                     sent += len(data)
+                    yield worker_pb2.ReadBlockReply(data=data)
         finally:
             chunks.close()
             WORKER_READ_REMOTE.inc(sent)  # once per stream: no lock per chunk
