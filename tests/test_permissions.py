@@ -6,10 +6,10 @@ mkdir) before a request reaches the FUSE client.  ``fuse.allow_other`` lets othe
 users reach the mount at all; without it the kernel refuses them everything.
 
 The non-root user is uid/gid 65534 (``nobody``): a forked child that drops to it,
-with no supplementary groups.  The test directory under pytest's tmp dir is not traversable
-by that user, so the child gets a descriptor of the mount's root, opened by root and
-inherited, and does every call relative to it (``dir_fd``): only the mount's own
-permissions are tested, not those of the directories above it.
+with no supplementary groups.  pytest's tmp dir is not traversable by that user, so
+the child inherits a descriptor of the mount's root, opened by root, and does every
+call relative to it (``dir_fd``): only the mount's own permissions are tested, not
+those of the directories above it.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def as_nobody(root_fd: int, ops: list[tuple[str, str, str]]) -> dict[str, str]:
 @pytest.fixture
 def root_only():
     if os.geteuid() != 0:
-        pytest.skip("needs root: the test switches to another user and mounts with allow_other")
+        pytest.skip("needs root: the test switches to another user and mounts with "
+                    "allow_other")
 
 
 def _write(path: str, data: bytes, mode: int) -> None:
