@@ -37,13 +37,13 @@ def _run_ops(fd: int, ops: list[tuple[str, str, str]]) -> dict[str, str]:
             elif kind == "write":
                 os.close(os.open(path, os.O_WRONLY, dir_fd=fd))
             elif kind == "create":
-                f = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640, dir_fd=fd)
+                f = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666, dir_fd=fd)
                 try:
                     os.write(f, b"from nobody")
                 finally:
                     os.close(f)
             elif kind == "mkdir":
-                os.mkdir(path, 0o755, dir_fd=fd)
+                os.mkdir(path, 0o777, dir_fd=fd)
             elif kind == "unlink":
                 os.unlink(path, dir_fd=fd)
             elif kind == "chmod":
@@ -141,7 +141,7 @@ def test_other_user_is_held_to_mode_bits(make_cluster, tmp_path, root_only):
             ("mkdir in 0755 root dir", "mkdir", "rootdir/sub"),
             ("create in 0777 dir", "create", "shared/mine"),
             ("mkdir in 0777 dir", "mkdir", "shared/sub"),
-            ("read own 0640 file", "read", "shared/mine"),
+            ("read own file", "read", "shared/mine"),
             ("read through 0700 dir", "read", "private/inner"),
             ("unlink root's file in 1777 dir", "unlink", "sticky/roots"),
             ("create in 1777 dir", "create", "sticky/mine"),
@@ -161,14 +161,15 @@ def test_other_user_is_held_to_mode_bits(make_cluster, tmp_path, root_only):
         "mkdir in 0755 root dir": "EACCES",
         "create in 0777 dir": "ok:",
         "mkdir in 0777 dir": "ok:",
-        "read own 0640 file": "ok:from nobody",
+        "read own file": "ok:from nobody",
         "read through 0700 dir": "EACCES",
         "unlink root's file in 1777 dir": "EPERM",
         "create in 1777 dir": "ok:",
         "unlink own file in 1777 dir": "ok:",
     }
     # What the other user made is theirs: the master stored the caller's uid and gid.
-    for name, kind, mode in (("mine", "file", 0o640), ("sub", "dir", 0o755)):
+    # ... with the mode it asked for less its umask (0o022): 0o666 -> 0o644, 0o777 -> 0o755.
+    for name, kind, mode in (("mine", "file", 0o644), ("sub", "dir", 0o755)):
         st = os.stat(os.path.join(mnt, "shared", name))
         assert (st.st_uid, st.st_gid) == (NOBODY, NOBODY), f"owner of the {kind} {name}"
         assert st.st_mode & 0o7777 == mode, f"mode of the {kind} {name}"
