@@ -380,7 +380,9 @@ class LeaseSession:
                             "lease session lost: %s (reopening it)",
                             e.code() if hasattr(e, "code") else e)
             except Exception:  # noqa: BLE001 - keep the mount going, without leases
-                log.exception("lease session failed")
+                # closing: the channel was closed under the call (ValueError), not a fault
+                if not (self._stop.is_set() or self.client._rpc.closed):
+                    log.exception("lease session failed")
             finally:
                 acks.put(None)
                 self._call = None

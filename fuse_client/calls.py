@@ -128,7 +128,9 @@ class CallStream:
                             "back)", e.code() if hasattr(e, "code") else e)
                     lost = True
             except Exception:  # noqa: BLE001 - unary calls still work
-                log.exception("calls stream failed")
+                # closing: the channel was closed under the call (ValueError), not a fault
+                if not (self._stop.is_set() or self.master._rpc.closed):
+                    log.exception("calls stream failed")
             finally:
                 with self._lock:
                     self._out = None

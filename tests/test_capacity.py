@@ -375,19 +375,20 @@ def test_ttl_orphans_and_replay(make_cluster, tmp_path):
     conf = write_conf(tmp_path, master={"evict_interval": "200ms", "orphan_timeout": "2s",
                                         "lease_time": "3s"})
     c = make_cluster(workers=1, mounts=2, conf=conf)
+    cli_conf = os.path.join(c.base, "conf", "master-0.toml")  # names the cluster token
     a, b = c.mounts
     wait_for(lambda: sessions_opened(c) >= 2, timeout=20, what="both mounts' lease sessions")
     for d in ("ttl", "keep", "tmp"):
         os.mkdir(os.path.join(a, d))
     # --- TTL, set through the CLI (a path on a mount; the namespace path works too)
-    r = curvine_cli("fs", "ttl", os.path.join(a, "ttl"), "2s", "--master", c.master_addr)
+    r = curvine_cli("fs", "ttl", os.path.join(a, "ttl"), "2s", "--master", c.master_addr, "--conf", cli_conf)
     assert r.returncode == 0 and r.stdout.strip() == "/ttl: ttl 2s", r
-    r = curvine_cli("fs", "replicas", "/keep", "1", "--master", c.master_addr)
+    r = curvine_cli("fs", "replicas", "/keep", "1", "--master", c.master_addr, "--conf", cli_conf)
     assert r.returncode == 0 and r.stdout.strip() == "/keep: replicas 1", r
-    r = curvine_cli("fs", "ttl", "/nope/deeper", "2s", "--master", c.master_addr)
+    r = curvine_cli("fs", "ttl", "/nope/deeper", "2s", "--master", c.master_addr, "--conf", cli_conf)
     assert r.returncode == 3 and "Traceback" not in r.stderr  # 3: not found (docs/cli.md)
     assert r.stderr.strip() == "curvine: error: /nope: no such file or directory", r.stderr
-    r = curvine_cli("fs", "replicas", "/keep", "9", "--master", c.master_addr)
+    r = curvine_cli("fs", "replicas", "/keep", "9", "--master", c.master_addr, "--conf", cli_conf)
     assert r.returncode == 2 and "between 0 and 8" in r.stderr
     for d in ("ttl", "keep"):
         with open(os.path.join(a, d, "f"), "wb") as f:
