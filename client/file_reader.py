@@ -23,7 +23,6 @@ import logging
 import os
 import threading
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Mapping
 
 from curvine.common.errors import CurvineError, ErrorKind
@@ -32,6 +31,7 @@ from curvine.common.metrics import CLIENT_READ_REMOTE, CLIENT_READ_SHORT_CIRCUIT
 from curvine.proto import common_pb2
 
 from . import block_client
+from .pools import LazyExecutor
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +45,8 @@ PREFETCH_BYTES = 64 * MIB  # local block bytes the kernel is asked to read ahead
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
-_ahead_lock = threading.Lock()
-_ahead_executor: ThreadPoolExecutor | None = None
-
-
-def _ahead_pool() -> ThreadPoolExecutor:
-    """Threads that start readahead for callers that must not block (the FUSE loop)."""
-    global _ahead_executor
-    with _ahead_lock:
-        if _ahead_executor is None:
-            _ahead_executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="readahead")
-        return _ahead_executor
+# threads that start readahead for callers that must not block (the FUSE loop)
+_ahead_pool = LazyExecutor(4, "readahead")
 
 
 def zeros(n: int) -> bytes | memoryview:

@@ -36,7 +36,7 @@ import os
 import queue
 import threading
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Iterable, Mapping
 
 from curvine.common.errors import CurvineError, ErrorKind
@@ -44,6 +44,7 @@ from curvine.common.metrics import CLIENT_WRITTEN_REMOTE, CLIENT_WRITTEN_SHORT_C
 from curvine.proto import common_pb2
 
 from . import block_client
+from .pools import LazyExecutor
 from .file_reader import BlockFetcher, join, zeros
 
 log = logging.getLogger(__name__)
@@ -53,31 +54,11 @@ WorkerInfo = common_pb2.WorkerInfo
 
 UPLOAD_ATTEMPTS = 3  # block allocations tried (excluding failed workers) per upload
 
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-
-
-def _upload_pool() -> ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="block-upload")
-        return _pool
-
-
-_drain_lock = threading.Lock()
-_drain: ThreadPoolExecutor | None = None
+_upload_pool = LazyExecutor(16, "block-upload")
+_drain_pool = LazyExecutor(64, "write-behind")  # write-behind queues, one task per writer
 
 WRITE_BEHIND_BYTES = 8 << 20  # queued write-behind bytes per writer before writes block
 STREAM_DEADLINE = 600.0  # seconds a block may take to be written while it streams
-
-
-def _drain_pool() -> ThreadPoolExecutor:
-    global _drain
-    with _drain_lock:
-        if _drain is None:
-            _drain = ThreadPoolExecutor(max_workers=64, thread_name_prefix="write-behind")
-        return _drain
 
 
 IDLE_BUFFER_BYTES = 256 << 20  # block buffers kept mapped for reuse, per process
