@@ -685,15 +685,58 @@ class LocalCluster:
                 for p in group:
                     self._signal(p, signal.SIGKILL)
                 self._wait_exit(group, time.monotonic() + 10.0)
+        strays = self._stop_strays({p.pid for p in procs if p.pid}, deadline)
         for m in mounts:
             fusermount_unmount(m)
         alive = [f"{p.name} (pid {p.pid})" for p in procs if p.alive()]
+        alive += [f"daemon pid {pid} (not in the state file)" for pid in strays]
         stuck = [m for m in mounts if is_mounted(m)]
         if alive or stuck:
             raise ClusterError("could not stop everything in " + self.base + ": "
                                + ", ".join(alive + [f"mount {m}" for m in stuck]))
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.state_path)
+
+    def _stray_pids(self, known: set[int]) -> list[int]:
+        """Daemons of this base that the state does not name: one started in the instant
+        an interrupted `up` was stopped, before its pid was recorded.  Every daemon is
+        one of COMMANDS with its --conf in BASE/conf/."""
+        conf_dir = (self._path("conf") + os.sep).encode()
+        modules = {argv[-1].encode() for argv in self.COMMANDS.values()}
+        out = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in known or int(name) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    zombie = f.read().rsplit(b")", 1)[-1].split()[0] == b"Z"
+            except OSError:
+                continue
+            if zombie:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(int(name), os.WNOHANG)  # ours: reap it
+                continue
+            if modules & set(args) and any(a.startswith(conf_dir) for a in args):
+                out.append(int(name))
+        return out
+
+    def _stop_strays(self, known: set[int], deadline: float) -> list[int]:
+        """SIGTERM (then SIGKILL) every stray daemon; returns those still alive."""
+        strays = self._stray_pids(known)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not strays:
+                return []
+            for pid in strays:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            until = max(deadline, time.monotonic() + 2.0) if sig == signal.SIGTERM \
+                else time.monotonic() + 5.0
+            while strays and time.monotonic() < until:
+                time.sleep(0.05)
+                strays = [pid for pid in strays if pid in self._stray_pids(known)]
+        return strays
 
     # ----------------------------------------------------------------- context manager
     def __enter__(self) -> "LocalCluster":

@@ -133,6 +133,28 @@ def test_worker_capacity_and_replicas_override_the_config(tmp_path):
         LocalCluster(str(tmp_path / "r"), replicas=9)
 
 
+def test_down_stops_a_daemon_the_state_does_not_name(tmp_path):
+    """A daemon started in the instant an interrupted `up` was stopped is in no state
+    file; `down` finds it by its --conf in BASE/conf/ and stops it."""
+    c = _planned(tmp_path, workers=0, mounts=0)
+    master = c._procs[("master", 0)]
+    os.makedirs(os.path.dirname(master.log), exist_ok=True)
+    with open(master.log, "ab") as log:
+        stray = subprocess.Popen(master.argv, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    try:
+        wait_for(lambda: "master serving" in open(master.log).read() or stray.poll() is not None,
+                 timeout=30, what="the stray master to start")
+        assert stray.poll() is None, open(master.log).read()
+        c._procs.clear()  # as if its pid was never recorded
+        c.down(timeout=10)
+        assert stray.wait(timeout=10) == 0  # SIGTERM: a clean stop
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+            stray.wait()
+
+
 def test_bad_user_config_is_a_cluster_error(tmp_path):
     conf = tmp_path / "bad.toml"
     conf.write_text("[worker]\nno_such_key = 1\n")
