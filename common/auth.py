@@ -17,6 +17,7 @@ from typing import Callable
 
 import grpc
 
+from . import tls
 from .metrics import RPC_UNAUTHENTICATED
 
 METADATA_KEY = "authorization"
@@ -58,9 +59,11 @@ def read_token_file(path: str) -> str:
 
 def configure(cfg) -> str:
     """Read ``cfg.security.token_file`` (if set) and make it this process's client
-    token; returns it ("" when none is configured)."""
+    token; returns it ("" when none is configured).  Also configures this process's
+    TLS (common/tls.py; tls.TLSError, a ConfigError, when its files cannot be used)."""
     path = cfg.security.token_file
     token = read_token_file(path) if path else ""
+    tls.configure(cfg)
     set_client_token(token)
     return token
 

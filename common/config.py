@@ -145,9 +145,12 @@ class FuseConfig:
 @dataclass
 class SecurityConfig:
     token_file: str = ""
+    # TLS on gRPC (common/tls.py): on when tls_ca is set
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    tls_client_auth: bool = False
+    tls_server_name: str = ""
 
 
 @dataclass
@@ -357,11 +360,13 @@ def _problems(cfg: Config):
             read_token_file(cfg.security.token_file)
         except TokenError as e:
             yield ("security.token_file",), str(e).removeprefix("security.token_file: ")
-    for f in dataclasses.fields(cfg.security):
-        if f.name != "token_file" and getattr(cfg.security, f.name):
-            # Better to refuse than to run without TLS while the operator thinks not.
-            yield (f"security.{f.name}",), ("TLS is not implemented in this version; "
-                                            "leave it empty")
+    # Checked here too, so that every daemon refuses bad TLS files or keys at start
+    # (exit 2); the files read are kept for tls.configure.
+    sec = cfg.security
+    if sec.tls_cert or sec.tls_key or sec.tls_ca or sec.tls_client_auth or sec.tls_server_name:
+        from .tls import problems as tls_problems
+        for key, message in tls_problems(sec):
+            yield (key,), message
 
 
 def to_toml(cfg: Config) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import grpc
 
-from . import auth, metrics
+from . import auth, metrics, tls
 from .errors import ERROR_KIND_KEY, CurvineError, ErrorKind, from_rpc_error, status_code
 
 log = logging.getLogger(__name__)
@@ -170,17 +170,32 @@ def make_server(threads: int, interceptors: list | None = None,
 
 
 def bind(server: grpc.Server, host: str, port: int) -> int:
-    """Bind insecurely (TLS arrives with the security work); returns the bound port."""
-    bound = server.add_insecure_port(f"{host}:{port}")
+    """Bind ``host:port``, with TLS when this process has it configured (common/tls.py,
+    set by auth.configure); returns the bound port."""
+    if tls.enabled():
+        try:
+            creds = tls.server_credentials()
+        except tls.TLSError as e:  # TLS on but no certificate to serve with
+            raise CurvineError(ErrorKind.UNAVAILABLE, f"cannot serve {host}:{port}: {e}") from None
+        bound = server.add_secure_port(f"{host}:{port}", creds)
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise CurvineError(ErrorKind.UNAVAILABLE, f"cannot bind {host}:{port}")
     return bound
 
 
 def make_channel(address: str) -> grpc.Channel:
-    """The one place channels are made: each call sends this process's cluster token
-    (common/auth.py; none configured = none sent)."""
-    return auth.with_token(grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
+    """The one place channels are made: TLS when this process has it configured
+    (common/tls.py), and each call sends this process's cluster token (common/auth.py;
+    none configured = none sent)."""
+    creds = tls.channel_credentials()
+    if creds is None:
+        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    else:
+        channel = grpc.secure_channel(address, creds,
+                                      options=CHANNEL_OPTIONS + tls.channel_options())
+    return auth.with_token(channel)
 
 
 class RpcClient:

@@ -85,7 +85,17 @@ BAD = [
     ("[journal]\ndir = ''\n", "FILE:2: journal.dir: must not be empty"),
     ("[log]\nlevel = 'loud'\n", "FILE:2: log.level: 'loud' is not one of DEBUG"),
     ("[security]\ntls_cert = '/etc/curvine/cert.pem'\n",
-     "FILE:2: security.tls_cert: TLS is not implemented"),
+     "FILE:2: security.tls_cert: is set but security.tls_key is not"),
+    ("[security]\ntls_key = '/etc/curvine/key.pem'\n",
+     "FILE:2: security.tls_key: is set but security.tls_cert is not"),
+    ("[security]\ntls_cert = 'c.pem'\ntls_key = 'k.pem'\n",
+     "FILE:1: security.tls_ca: must be set when security.tls_cert is"),
+    ("[security]\ntls_ca = '/nonexistent/ca.pem'\n",
+     "FILE:2: security.tls_ca: cannot read /nonexistent/ca.pem: No such file"),
+    ("[security]\ntls_client_auth = true\n",
+     "FILE:2: security.tls_client_auth: needs security.tls_ca"),
+    ("[security]\ntls_server_name = 'master.example'\n",
+     "FILE:2: security.tls_server_name: is set but TLS is off"),
 ]
 
 

@@ -1,0 +1,238 @@
+"""TLS for every gRPC connection of a curvine process (optional, off by default).
+
+Keys of ``[security]``:
+
+- ``tls_cert`` + ``tls_key``: this process's certificate chain and private key (PEM).
+  Servers present them; clients present them as their client certificate.
+- ``tls_ca``: CA bundle (PEM) used to verify peers: clients verify servers with it,
+  and servers verify clients with it when ``tls_client_auth`` is on.
+- ``tls_client_auth``: servers require a client certificate signed by ``tls_ca``.
+- ``tls_server_name``: the name clients check in server certificates instead of the
+  host of the address they dial.
+
+TLS is on when ``tls_ca`` is set.  A process with ``tls_ca`` but no certificate is a
+client of server-only TLS (it verifies servers, presents no certificate); it cannot
+serve, and servers with ``tls_client_auth`` refuse it.  Inconsistent combinations are
+refused by :func:`problems` at config time.
+
+A process calls ``auth.configure(cfg)`` once after loading its config; that calls
+:func:`configure`, after which ``common.rpc.bind`` opens secure ports and
+``common.rpc.make_channel`` makes secure channels.  Files are read once per process
+(config validation reads them, configure reuses what it read): rotating
+certificates means restarting the process.
+"""
+
+from __future__ import annotations
+
+import ssl
+import threading
+from dataclasses import dataclass
+
+import grpc
+
+from .config import ConfigError
+
+MAX_PEM = 1 << 20  # a CA bundle of a whole distribution is ~200 KiB
+_CERT_MARK = b"-----BEGIN CERTIFICATE-----"
+_KEY_MARKS = (b"-----BEGIN PRIVATE KEY-----", b"-----BEGIN RSA PRIVATE KEY-----",
+              b"-----BEGIN EC PRIVATE KEY-----")
+_ENCRYPTED_KEY_MARKS = (b"-----BEGIN ENCRYPTED PRIVATE KEY-----", b"Proc-Type: 4,ENCRYPTED")
+
+
+class TLSError(ConfigError):
+    """A TLS file or combination of keys cannot be used; one line naming the key."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Material:
+    """What one process read from its TLS files."""
+    cert: bytes | None       # chain, PEM
+    key: bytes | None        # private key, PEM
+    ca: bytes                # CA bundle, PEM
+    client_auth: bool
+    server_name: str
+
+
+def problems(sec):
+    """Yield ``(key, message)`` for inconsistent TLS keys of ``sec`` (a SecurityConfig),
+    then for files that cannot be used (they are read and kept for :func:`configure`)."""
+    on = bool(sec.tls_cert or sec.tls_key or sec.tls_ca)
+    if sec.tls_key and not sec.tls_cert:
+        yield "security.tls_key", "is set but security.tls_cert is not (a key needs its certificate)"
+        return
+    if sec.tls_cert and not sec.tls_key:
+        yield "security.tls_cert", "is set but security.tls_key is not (a certificate needs its key)"
+        return
+    if on and not sec.tls_ca:
+        yield ("security.tls_ca", "must be set when security.tls_cert is (the CA that peers' "
+               "certificates chain to; every daemon is also a client of others)")
+        return
+    if sec.tls_client_auth and not sec.tls_ca:
+        yield ("security.tls_client_auth", "needs security.tls_ca, tls_cert and tls_key "
+               "(servers verify client certificates with the CA)")
+        return
+    if sec.tls_client_auth and not sec.tls_cert:
+        yield ("security.tls_client_auth", "needs security.tls_cert and tls_key: with mutual "
+               "TLS every process, clients too, must present a certificate")
+        return
+    if sec.tls_server_name and not on:
+        yield "security.tls_server_name", "is set but TLS is off (set security.tls_ca)"
+        return
+    if sec.tls_server_name and not _valid_name(sec.tls_server_name):
+        yield "security.tls_server_name", f"{sec.tls_server_name!r} is not a host name"
+        return
+    if on:
+        try:
+            load(sec)
+        except TLSError as e:
+            yield e.key, e.message
+
+
+def _valid_name(name: str) -> bool:
+    return len(name) <= 253 and all(33 <= ord(c) <= 126 for c in name) and "/" not in name
+
+
+# Files read by this process, by (cert, key, ca) paths: validation reads them, configure
+# (usually right after) reuses them, so each file is read once per process.
+_read: dict[tuple[str, str, str], tuple[bytes | None, bytes | None, bytes]] = {}
+_lock = threading.Lock()
+
+
+def load(sec) -> Material | None:
+    """The TLS material named by ``sec``; None when TLS is off; TLSError naming the key
+    and file when a file is unreadable, not PEM, or the key does not fit the cert."""
+    if not sec.tls_ca:
+        return None
+    paths = (sec.tls_cert, sec.tls_key, sec.tls_ca)
+    with _lock:
+        files = _read.get(paths)
+    if files is None:
+        ca = _read_pem("security.tls_ca", sec.tls_ca, (_CERT_MARK,), "certificates")
+        _check_certs("security.tls_ca", sec.tls_ca, ca)
+        cert = key = None
+        if sec.tls_cert:
+            cert = _read_pem("security.tls_cert", sec.tls_cert, (_CERT_MARK,), "a certificate")
+            _check_certs("security.tls_cert", sec.tls_cert, cert)
+            key = _read_pem("security.tls_key", sec.tls_key, _KEY_MARKS, "a private key")
+            _check_pair(sec.tls_cert, sec.tls_key)
+        files = (cert, key, ca)
+        with _lock:
+            _read[paths] = files
+    return Material(*files, client_auth=bool(sec.tls_client_auth),
+                    server_name=sec.tls_server_name)
+
+
+def _read_pem(key: str, path: str, marks: tuple[bytes, ...], what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_PEM + 1)
+    except OSError as e:
+        raise TLSError(key, f"cannot read {path}: {e.strerror or e}") from None
+    if len(data) > MAX_PEM:
+        raise TLSError(key, f"{path} is larger than {MAX_PEM} bytes")
+    if key == "security.tls_key" and any(m in data for m in _ENCRYPTED_KEY_MARKS):
+        raise TLSError(key, f"{path} is encrypted; gRPC needs an unencrypted key "
+                            "(protect it with file mode 0600)")
+    if not any(m in data for m in marks):
+        raise TLSError(key, f"{path} is not PEM holding {what} "
+                            f"(no '{marks[0].decode()}' line)")
+    return data
+
+
+def _check_certs(key: str, path: str, data: bytes) -> None:
+    """Every certificate in ``data`` parses."""
+    try:
+        ssl.create_default_context(cadata=data.decode("ascii", "replace"))
+    except (ssl.SSLError, ValueError) as e:
+        raise TLSError(key, f"{path}: cannot parse its certificates ({_reason(e)})") from None
+
+
+def _check_pair(cert_path: str, key_path: str) -> None:
+    """The key parses and is the certificate's key."""
+    def no_password():  # never prompt on a terminal for an encrypted key
+        raise TLSError("security.tls_key", f"{key_path} is encrypted; gRPC needs an "
+                                           "unencrypted key")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(cert_path, key_path, password=no_password)
+    except ssl.SSLError as e:
+        reason = _reason(e)
+        if reason == "KEY_VALUES_MISMATCH":
+            raise TLSError("security.tls_key", f"{key_path} is not the key of the "
+                                               f"certificate in {cert_path}") from None
+        raise TLSError("security.tls_key", f"{key_path}: cannot use the key with "
+                                           f"{cert_path} ({reason})") from None
+    except OSError as e:  # a file went away since it was read
+        raise TLSError("security.tls_key", f"cannot read {key_path}: "
+                                           f"{e.strerror or e}") from None
+
+
+def _reason(e: Exception) -> str:
+    return str(getattr(e, "reason", None) or e)
+
+
+# -- this process ---------------------------------------------------------------------
+_material: Material | None = None
+_channel_creds: grpc.ChannelCredentials | None = None
+
+
+def configure(cfg) -> bool:
+    """Make ``cfg.security``'s TLS this process's (off when ``tls_ca`` is empty);
+    TLSError if the keys are inconsistent or a file cannot be used.  True if on."""
+    for key, message in problems(cfg.security):
+        raise TLSError(key, message)
+    set_material(load(cfg.security))
+    return _material is not None
+
+
+def set_material(material: Material | None) -> None:
+    """Use ``material`` (None: plaintext) for every later server port and channel."""
+    global _material, _channel_creds
+    with _lock:
+        _material = material
+        _channel_creds = None
+
+
+def enabled() -> bool:
+    return _material is not None
+
+
+def server_credentials() -> grpc.ServerCredentials:
+    """Credentials for this process's server ports; TLSError when TLS is on without a
+    certificate of its own (a client-only config cannot serve)."""
+    m = _material
+    if m is None:
+        raise TLSError("security.tls_ca", "TLS is not configured")
+    if m.cert is None:
+        raise TLSError("security.tls_cert", "a server needs security.tls_cert and "
+                                            "security.tls_key when TLS is on")
+    return grpc.ssl_server_credentials(
+        [(m.key, m.cert)],
+        root_certificates=m.ca if m.client_auth else None,
+        require_client_auth=m.client_auth)
+
+
+def channel_credentials() -> grpc.ChannelCredentials | None:
+    """Credentials of this process's channels (made once); None when TLS is off."""
+    global _channel_creds
+    with _lock:
+        m = _material
+        if m is None:
+            return None
+        if _channel_creds is None:
+            _channel_creds = grpc.ssl_channel_credentials(
+                root_certificates=m.ca, private_key=m.key, certificate_chain=m.cert)
+        return _channel_creds
+
+
+def channel_options() -> list[tuple[str, str]]:
+    """Extra channel options: the server-name override, when configured."""
+    m = _material
+    if m is not None and m.server_name:
+        return [("grpc.ssl_target_name_override", m.server_name)]
+    return []

@@ -1,0 +1,334 @@
+"""TLS on every gRPC connection (common/tls.py), with certificates made here.
+
+A real cluster (LocalCluster: master, 2 workers, a FUSE mount) runs with TLS and the
+cluster token: the mount writes files whose blocks land on both workers, and the client
+library of this process (server-only TLS: the CA, no certificate) reads them back.  A
+plaintext client and a client trusting another CA are refused.  With mutual TLS the
+daemons talk to each other with their certificates (workers register and heartbeat),
+a client with a certificate from the cluster's CA works, and clients without one or
+with one from another CA are refused.  Bad TLS configs stop a daemon at start with exit
+2 and one line naming the key.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import subprocess
+import sys
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from curvine.client.fs import CurvineFS
+from curvine.client.master_client import MasterClient
+from curvine.common import auth, rpc, tls
+from curvine.common.config import Config, SecurityConfig
+from curvine.master import server as master_server
+from curvine.proto import master_pb2, master_pb2_grpc
+
+# -- certificates ---------------------------------------------------------------------
+_NOW = datetime.datetime.now(datetime.timezone.utc)
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _write(path, key, cert) -> tuple[str, str]:
+    key_path, cert_path = f"{path}.key", f"{path}.pem"
+    with open(key_path, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM,
+                                  serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+def make_ca(path, cn: str):
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(_name(cn))
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(_NOW - datetime.timedelta(hours=1))
+            .not_valid_after(_NOW + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
+                                         crl_sign=True, content_commitment=False,
+                                         key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, encipher_only=False,
+                                         decipher_only=False), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, _ = _write(path, key, cert)
+    return key, cert, cert_path
+
+
+def make_leaf(path, ca, cn: str, server: bool,
+              names: list | None = None) -> tuple[str, str]:
+    """(cert file, key file) of a certificate signed by ``ca`` = (key, cert, path);
+    server certs name ``names`` (default 127.0.0.1 and localhost) and may also be used
+    as client certificates (daemons are both)."""
+    ca_key, ca_cert, _ = ca
+    key = ec.generate_private_key(ec.SECP256R1())
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+    b = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(ca_cert.subject)
+         .public_key(key.public_key()).serial_number(x509.random_serial_number())
+         .not_valid_before(_NOW - datetime.timedelta(hours=1))
+         .not_valid_after(_NOW + datetime.timedelta(days=1))
+         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True))
+    if server:
+        usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+        names = names or [x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                          x509.DNSName("localhost")]
+        b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    b = b.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+    return _write(path, key, b.sign(ca_key, hashes.SHA256()))
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    ca = make_ca(d / "ca", "curvine test CA")
+    other = make_ca(d / "other-ca", "some other CA")
+    return {
+        "ca": ca[2],
+        "server": make_leaf(d / "server", ca, "curvine daemon", server=True),
+        "client": make_leaf(d / "client", ca, "curvine client", server=False),
+        "other_ca": other[2],
+        "other_client": make_leaf(d / "other", other, "impostor", server=True),
+        "named": make_leaf(d / "named", ca, "curvine master", server=True,
+                           names=[x509.DNSName("master.curvine.test")]),
+    }
+
+
+@pytest.fixture(autouse=True)
+def plaintext_afterwards():
+    """TLS and the token are per-process state: leave this test process as it was."""
+    yield
+    tls.set_material(None)
+    auth.set_client_token("")
+
+
+def cluster_conf(tmp_path, pki, client_auth: bool = False) -> str:
+    cert, key = pki["server"]
+    path = tmp_path / "tls.toml"
+    path.write_text(f"[security]\ntls_cert = '{cert}'\ntls_key = '{key}'\n"
+                    f"tls_ca = '{pki['ca']}'\ntls_client_auth = {str(client_auth).lower()}\n")
+    return str(path)
+
+
+def use_client(token_file: str, ca: str, cert: tuple[str, str] | None = None) -> Config:
+    """Make this process a client with ``ca`` (and the client certificate ``cert``)."""
+    cfg = Config()
+    cfg.security = SecurityConfig(token_file=token_file, tls_ca=ca,
+                                  tls_cert=cert[0] if cert else "",
+                                  tls_key=cert[1] if cert else "")
+    auth.configure(cfg)
+    return cfg
+
+
+def statfs_code(address: str) -> grpc.StatusCode:
+    """StatFs over a channel made like every curvine channel (rpc.make_channel)."""
+    with rpc.make_channel(address) as channel:
+        try:
+            master_pb2_grpc.MasterStub(channel).StatFs(master_pb2.StatFsRequest(), timeout=10)
+        except grpc.RpcError as e:
+            return e.code()
+    return grpc.StatusCode.OK
+
+
+def plaintext_code(address: str, token: str) -> grpc.StatusCode:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            master_pb2_grpc.MasterStub(channel).StatFs(
+                master_pb2.StatFsRequest(), timeout=10,
+                metadata=[("authorization", "Bearer " + token)])
+        except grpc.RpcError as e:
+            return e.code()
+    return grpc.StatusCode.OK
+
+
+def write_and_read_back(fs: CurvineFS, files: dict[str, bytes]) -> set[int]:
+    """Read ``files`` back through ``fs``; the ids of the workers holding their blocks."""
+    holders = set()
+    for path, data in files.items():
+        assert fs.read_bytes(path) == data, path
+        _, blocks, _ = fs.master.get_blocks(fs.stat(path).ino)
+        for b in blocks:
+            holders.update(b.worker_ids)
+    return holders
+
+
+# -- a cluster with TLS ---------------------------------------------------------------
+@pytest.mark.fuse
+def test_cluster_runs_with_tls(make_cluster, tmp_path, pki):
+    c = make_cluster(workers=2, mounts=1, conf=cluster_conf(tmp_path, pki))
+    token = auth.read_token_file(c.token_file)
+
+    # The mount writes through TLS (master calls, lease session, worker streams or
+    # adopt); enough files that the blocks land on both workers.
+    files = {}
+    for i in range(8):
+        data = os.urandom((1 << 20) + i * 4099)
+        with open(os.path.join(c.mounts[0], f"kv{i}.data"), "wb") as f:
+            f.write(data)
+        files[f"/kv{i}.data"] = data
+
+    # This process: server-only TLS (it trusts the CA, has no certificate of its own).
+    cfg = use_client(c.token_file, pki["ca"])
+    assert tls.enabled() and tls.load(cfg.security).cert is None
+    with CurvineFS(c.master_addr, cfg=cfg) as fs:
+        fs.write_bytes("/from-client.data", files["/kv0.data"][::-1])
+        files["/from-client.data"] = files["/kv0.data"][::-1]
+        live = {w.worker_id for w in fs.master.statfs().workers if not w.lost}
+        assert len(live) == 2
+        assert write_and_read_back(fs, files) == live  # blocks on both workers
+    with open(os.path.join(c.mounts[0], "from-client.data"), "rb") as f:
+        assert f.read() == files["/from-client.data"]
+
+    for role, i in (("master", 0), ("worker", 0), ("worker", 1)):
+        address = c._proc(role, i).address
+        # A plaintext client cannot talk to a TLS port, even with the right token.
+        assert plaintext_code(address, token) == grpc.StatusCode.UNAVAILABLE, role
+    # A client that trusts another CA refuses the cluster's certificate.
+    use_client(c.token_file, pki["other_ca"])
+    assert statfs_code(c.master_addr) == grpc.StatusCode.UNAVAILABLE
+    # ... and with the right CA the same call works (the refusals were TLS's).
+    use_client(c.token_file, pki["ca"])
+    assert statfs_code(c.master_addr) == grpc.StatusCode.OK
+
+
+# -- mutual TLS -----------------------------------------------------------------------
+def test_mutual_tls(make_cluster, tmp_path, pki):
+    # The workers register and heartbeat presenting the daemon certificate: the
+    # cluster coming up at all shows the daemons authenticate each other.
+    c = make_cluster(workers=2, mounts=0, conf=cluster_conf(tmp_path, pki, client_auth=True))
+
+    cfg = use_client(c.token_file, pki["ca"], pki["client"])
+    with CurvineFS(c.master_addr, cfg=cfg) as fs:
+        files = {f"/m{i}.data": os.urandom(300_000 + i) for i in range(6)}
+        for path, data in files.items():
+            fs.write_bytes(path, data)
+        assert len(write_and_read_back(fs, files)) >= 1
+
+    # No client certificate (server-only TLS client): refused by the handshake.
+    use_client(c.token_file, pki["ca"])
+    assert statfs_code(c.master_addr) == grpc.StatusCode.UNAVAILABLE
+    assert statfs_code(c._proc("worker", 0).address) == grpc.StatusCode.UNAVAILABLE
+    # A certificate from another CA (the client still trusts the cluster's CA).
+    use_client(c.token_file, pki["ca"], pki["other_client"])
+    assert statfs_code(c.master_addr) == grpc.StatusCode.UNAVAILABLE
+    assert statfs_code(c._proc("worker", 1).address) == grpc.StatusCode.UNAVAILABLE
+    # The cluster's client certificate works on each daemon.
+    use_client(c.token_file, pki["ca"], pki["client"])
+    for address in (c.master_addr, c._proc("worker", 0).address):
+        assert statfs_code(address) in (grpc.StatusCode.OK, grpc.StatusCode.UNIMPLEMENTED)
+
+
+# -- bad configs ----------------------------------------------------------------------
+def _bad_configs(tmp_path, pki):
+    cert, key = pki["server"]
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("hello\n")
+    missing = str(tmp_path / "missing.pem")
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+    encrypted = tmp_path / "encrypted.key"
+    encrypted.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"secret")))
+    _, other_key = pki["other_client"]
+    return [
+        (f"tls_cert = '{missing}'\ntls_key = '{key}'\ntls_ca = '{pki['ca']}'",
+         "security.tls_cert", "cannot read " + missing),
+        (f"tls_cert = '{cert}'\ntls_key = '{key}'\ntls_ca = '{missing}'",
+         "security.tls_ca", "cannot read " + missing),
+        (f"tls_key = '{key}'\ntls_ca = '{pki['ca']}'", "security.tls_key", "tls_cert is not"),
+        (f"tls_cert = '{cert}'\ntls_ca = '{pki['ca']}'", "security.tls_cert", "tls_key is not"),
+        (f"tls_cert = '{cert}'\ntls_key = '{key}'", "security.tls_ca", "must be set"),
+        (f"tls_cert = '{not_pem}'\ntls_key = '{key}'\ntls_ca = '{pki['ca']}'",
+         "security.tls_cert", f"{not_pem} is not PEM"),
+        (f"tls_cert = '{cert}'\ntls_key = '{not_pem}'\ntls_ca = '{pki['ca']}'",
+         "security.tls_key", f"{not_pem} is not PEM"),
+        (f"tls_cert = '{garbage}'\ntls_key = '{key}'\ntls_ca = '{pki['ca']}'",
+         "security.tls_cert", f"{garbage}: cannot parse"),
+        (f"tls_cert = '{cert}'\ntls_key = '{key}'\ntls_ca = '{garbage}'",
+         "security.tls_ca", f"{garbage}: cannot parse"),
+        (f"tls_cert = '{cert}'\ntls_key = '{encrypted}'\ntls_ca = '{pki['ca']}'",
+         "security.tls_key", "is encrypted"),
+        (f"tls_cert = '{cert}'\ntls_key = '{other_key}'\ntls_ca = '{pki['ca']}'",
+         "security.tls_key", "is not the key of the certificate"),
+        (f"tls_ca = '{pki['ca']}'\ntls_client_auth = true", "security.tls_client_auth",
+         "needs security.tls_cert"),
+        ("tls_server_name = 'curvine'", "security.tls_server_name", "TLS is off"),
+    ]
+
+
+def test_bad_tls_config_stops_the_master_with_one_line(tmp_path, capsys, pki):
+    for n, (body, key, says) in enumerate(_bad_configs(tmp_path, pki)):
+        conf = tmp_path / f"bad{n}.toml"
+        conf.write_text(f"[security]\n{body}\n")
+        meta = tmp_path / f"m{n}"
+        assert master_server.main(["--conf", str(conf), "--meta-dir", str(meta),
+                                   "--journal-dir", str(tmp_path / f"j{n}")]) == 2, body
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert f"{conf}:" in err and key in err and says in err, (body, err)
+        assert not meta.exists()  # refused before touching anything
+
+
+def test_bad_tls_config_stops_a_worker_and_a_ca_only_daemon_cannot_serve(tmp_path, pki):
+    cert, _ = pki["server"]
+    conf = tmp_path / "worker.toml"
+    conf.write_text(f"[security]\ntls_cert = '{cert}'\ntls_ca = '{pki['ca']}'\n")
+    run = subprocess.run([sys.executable, "-m", "curvine.worker.server", "--conf", str(conf),
+                          "--data-dir", str(tmp_path / "data"), "--port", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "security.tls_cert" in lines[0], run.stderr
+
+    # tls_ca alone is a client config (server-only TLS): a daemon refuses to serve
+    # plaintext with it.
+    conf.write_text(f"[security]\ntls_ca = '{pki['ca']}'\n")
+    run = subprocess.run([sys.executable, "-m", "curvine.master.server", "--conf", str(conf),
+                          "--port", "0", "--meta-dir", str(tmp_path / "m"),
+                          "--journal-dir", str(tmp_path / "j")],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0, run
+    assert "security.tls_cert" in run.stderr and "needs" in run.stderr, run.stderr
+
+
+def test_server_name_override(tmp_path, pki):
+    """A server certificate that does not name the dialed address is refused, unless
+    tls_server_name names what the certificate does name."""
+    from curvine.master.master import Master
+    from curvine.master.service import MasterServicer
+    cfg = Config()
+    cfg.master.meta_dir, cfg.journal.dir = str(tmp_path / "meta"), str(tmp_path / "j")
+    cert, key = pki["named"]  # names master.curvine.test only
+    cfg.security = SecurityConfig(tls_cert=cert, tls_key=key, tls_ca=pki["ca"])
+    auth.configure(cfg)
+    m = Master(cfg)
+    server = rpc.make_server(4)
+    master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(m, call_threads=2), server)
+    address = f"127.0.0.1:{rpc.bind(server, '127.0.0.1', 0)}"
+    server.start()
+    try:
+        assert statfs_code(address) == grpc.StatusCode.UNAVAILABLE
+        cfg.security.tls_server_name = "master.curvine.test"
+        auth.configure(cfg)
+        assert statfs_code(address) == grpc.StatusCode.OK
+        client = MasterClient(address, timeout=10, wait=1)  # RpcClient: same channels
+        try:
+            assert client.statfs().block_size > 0
+        finally:
+            client.close()
+    finally:
+        server.stop(0)
+        m.close()
