@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -238,12 +239,22 @@ def test_lost_only_replica_removes_file(tmp_path):
 
 # ---------------------------------------------------------------------- real processes
 READER = textwrap.dedent('''
-    """Read every file of a directory in a loop, compare digests; stop when told."""
+    """Read every file of a directory in a loop, compare digests; stop when told.
+
+    After every file, the counts so far replace the progress file (the test waits on
+    them); at the end they go to the out file with the first errors."""
     import hashlib, json, os, sys
-    directory, digests_path, stop_path, out_path = sys.argv[1:5]
+    directory, digests_path, stop_path, out_path, progress_path = sys.argv[1:6]
     digests = json.load(open(digests_path))
     loops = reads = errors = wrong = 0
     first_errors = []
+
+    def report(path, **extra):
+        with open(path + ".tmp", "w") as f:
+            json.dump({"loops": loops, "reads": reads, "errors": errors, "wrong": wrong,
+                       **extra}, f)
+        os.replace(path + ".tmp", path)
+
     while not os.path.exists(stop_path):
         for name, digest in digests.items():
             try:
@@ -262,9 +273,9 @@ READER = textwrap.dedent('''
                 wrong += 1
                 if len(first_errors) < 5:
                     first_errors.append(f"{name}: wrong bytes")
+            report(progress_path)
         loops += 1
-    json.dump({"loops": loops, "reads": reads, "errors": errors, "wrong": wrong,
-               "first_errors": first_errors}, open(out_path, "w"))
+    report(out_path, first_errors=first_errors)
 ''')
 
 
@@ -353,78 +364,188 @@ class _Meta:
             len(ws) == wanted and not set(ws) & set(without) for bl in locs.values() for ws in bl)
 
 
-def _start_reader(tmp_path, directory: str, digests: dict, tag: str):
-    import json
-    paths = {k: str(tmp_path / f"{tag}.{k}") for k in ("py", "digests", "stop", "out")}
-    with open(paths["py"], "w") as f:
-        f.write(READER)
-    with open(paths["digests"], "w") as f:
-        json.dump(digests, f)
-    proc = subprocess.Popen([sys.executable, paths["py"], directory, paths["digests"],
-                             paths["stop"], paths["out"]])
-    return proc, paths
+class _Reader:
+    """A READER subprocess looping over ``digests`` in ``directory``."""
+
+    def __init__(self, tmp_path, directory: str, digests: dict, tag: str):
+        import json
+        self.tag = tag
+        self.paths = {k: str(tmp_path / f"{tag}.{k}")
+                      for k in ("py", "digests", "stop", "out", "progress")}
+        with open(self.paths["py"], "w") as f:
+            f.write(READER)
+        with open(self.paths["digests"], "w") as f:
+            json.dump(digests, f)
+        self.proc = subprocess.Popen([sys.executable, self.paths["py"], directory,
+                                      *(self.paths[k] for k in
+                                        ("digests", "stop", "out", "progress"))])
+
+    def reads(self) -> int:
+        """Files read so far (right or wrong bytes); fails if the reader died."""
+        import json
+        assert self.proc.poll() is None, f"{self.tag} exited with {self.proc.returncode}"
+        try:
+            with open(self.paths["progress"]) as f:
+                return json.load(f)["reads"]
+        except FileNotFoundError:
+            return 0
+
+    def wait_reads(self, n: int, what: str) -> None:
+        wait_until(lambda: self.reads() >= n, 120, f"{self.tag}: {n} reads ({what})")
+
+    def stop(self) -> dict:
+        import json
+        open(self.paths["stop"], "w").close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"{self.tag} did not stop within 60 s") from None
+        assert self.proc.returncode == 0, f"{self.tag} exited with {self.proc.returncode}"
+        with open(self.paths["out"]) as f:
+            return json.load(f)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
-def _stop_reader(proc, paths) -> dict:
+def _http_ports(c) -> dict[tuple[str, int], int]:
     import json
-    open(paths["stop"], "w").close()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise AssertionError("the reader did not stop within 60 s")
-    assert proc.returncode == 0, f"the reader exited with {proc.returncode}"
-    with open(paths["out"]) as f:
-        return json.load(f)
+    with open(c.state_path) as f:
+        return {(p["role"], p["index"]): p["http_port"] for p in json.load(f)["procs"]}
+
+
+def _metric(port: int, name: str, **labels) -> float:
+    """One sample of a daemon's /metrics page (0 if absent)."""
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0
+
+
+def _open_block_files(c, pid: int) -> set[int]:
+    """Indexes of the workers whose block files process ``pid`` has open now."""
+    data = {i: os.path.join(c.base, "worker", str(i), "data", "blocks") + os.sep
+            for i in range(c.n_workers)}
+    fd_dir = f"/proc/{pid}/fd"
+    found = set()
+    for fd in os.listdir(fd_dir):
+        try:
+            target = os.readlink(os.path.join(fd_dir, fd))
+        except OSError:  # closed meanwhile
+            continue
+        found.update(i for i, prefix in data.items() if target.startswith(prefix))
+    return found
+
+
+_FAILOVER = re.compile(r"reading block [0-9a-f]{16} from worker (\d+) \([^)]*\) failed")
+
+
+def _failovers(log_path: str, offset: int) -> dict[int, int]:
+    """worker id -> failed block reads the FUSE client logged after byte ``offset``."""
+    out: dict[int, int] = {}
+    with open(log_path, "rb") as f:
+        f.seek(offset)
+        for line in f.read().decode(errors="replace").splitlines():
+            m = _FAILOVER.search(line)
+            if m:
+                out[int(m.group(1))] = out.get(int(m.group(1)), 0) + 1
+    return out
 
 
 def test_reads_survive_worker_sigkill_and_rejoin(make_cluster, tmp_path):
-    """replicas=2 on 2 workers: SIGKILL worker 0 while readers on both mounts (mount 0
-    short-circuit, mount 1 streaming from the workers) read 100 files in a loop: no
-    error, no wrong byte.  Worker 0 is declared lost meanwhile (its locations dropped);
-    once it is back its block report makes every file fully replicated again."""
+    """replicas=2 on 2 workers: SIGKILL the worker both mounts read from while readers
+    on both mounts (mount 0 short-circuit, mount 1 streaming from the workers) read 100
+    files in a loop: no error, no wrong byte.  The victim is declared lost meanwhile
+    (its locations dropped); once it is back its block report makes every file fully
+    replicated again.
+
+    Which replica a mount reads is the client's choice (file_reader._candidates: the
+    order of the block's locations when all workers are on this host), so the test
+    finds out instead of assuming: the workers' ReadBlock byte counters say whom mount
+    1 streams from (mount 0 reads nothing remotely), /proc/<pid>/fd of mount 0's
+    daemon shows whose block files it reads.  That worker is killed; mount 1 must
+    then log failed reads from it (its failover ran), and both readers must go on
+    reading whole loops after the kill and after the rejoin."""
     c = make_cluster(workers=2, mounts=2, replicas=2, conf=_conf(tmp_path),
                      short_circuit=[True, False])
     a, b = (os.path.join(m, "kv") for m in c.mounts)
     os.mkdir(a)
     t0 = time.monotonic()
-    digests = _write_files(a, 100, 1)
-    print(f"wrote 100 files in {time.monotonic() - t0:.1f}s")
+    n = 100
+    digests = _write_files(a, n, 1)
+    print(f"wrote {n} files in {time.monotonic() - t0:.1f}s")
+    ports = _http_ports(c)
+    fuse0_pid = next(s["pid"] for s in c.status() if (s["role"], s["index"]) == ("fuse", 0))
     meta = _Meta(c)
+    readers = []
     try:
         assert meta.fully_replicated(b"kv", digests, 2), "a file was written with < 2 replicas"
-        readers = [_start_reader(tmp_path, d, digests, f"reader{i}") for i, d in enumerate((a, b))]
-        time.sleep(1.0)
-        c.kill("worker", 0, sig=signal.SIGKILL)
+        readers = [_Reader(tmp_path, d, digests, f"reader on mount {i}")
+                   for i, d in enumerate((a, b))]
+        for r in readers:
+            r.wait_reads(n, "a whole loop before the kill")
+
+        # whom mount 1 streams from: only its reads reach the workers' ReadBlock
+        assert _metric(ports[("fuse", 0)], "curvine_client_read_bytes_total",
+                       path="remote") == 0, "mount 0 read remotely: not short-circuit"
+        served = {i: _metric(ports[("worker", i)], "curvine_worker_read_bytes_total",
+                             path="remote") for i in range(2)}
+        v = max(served, key=served.get)
+        print(f"bytes the workers streamed to mount 1 before the kill: {served}")
+        assert served[v] > 0, "mount 1 read nothing from the workers"
+        victim = meta.worker_ids[v]
+        # ... and whose block files mount 0 reads (held open while a file is read)
+        wait_until(lambda: v in _open_block_files(c, fuse0_pid), 30,
+                   f"mount 0 reading a block file of worker {v}", interval=0.005)
+
+        log1 = c.log_path("fuse", 1)
+        log1_at_kill = os.path.getsize(log1)
+        at_kill = [r.reads() for r in readers]
+        c.kill("worker", v, sig=signal.SIGKILL)
         t_kill = time.monotonic()
-        victim = meta.worker_ids[0]
-        wait_until(lambda: victim in meta.status().lost_workers, 30, "worker 0 declared lost")
-        print(f"worker 0 declared lost {time.monotonic() - t_kill:.1f}s after SIGKILL")
+        wait_until(lambda: victim in meta.status().lost_workers, 30, f"worker {v} declared lost")
+        print(f"worker {v} declared lost {time.monotonic() - t_kill:.1f}s after SIGKILL; "
+              f"reads meanwhile: {[r.reads() - k for r, k in zip(readers, at_kill)]}")
         assert all(victim not in ws for bl in meta.locations(b"kv", digests).values()
                    for ws in bl)
-        time.sleep(1.0)  # the readers go on with one replica per block
-        c.start("worker", 0)
+        # the readers go on with one replica per block: a whole loop each
+        at_lost = [r.reads() for r in readers]
+        for r, k in zip(readers, at_lost):
+            r.wait_reads(k + n, "a whole loop after the victim was declared lost")
+        failed = _failovers(log1, log1_at_kill)
+        print(f"mount 1 logged failed block reads (worker id: count): {failed}")
+        assert failed.get(victim, 0) > 0, (
+            f"mount 1 never failed to read from worker {v} (id {victim}) after its SIGKILL: "
+            f"its failover was not exercised ({failed})")
+        assert set(failed) == {victim}, f"mount 1 failed reads from a live worker: {failed}"
+
+        c.start("worker", v)
         t_back = time.monotonic()
         wait_until(lambda: meta.fully_replicated(b"kv", digests, 2), 30,
-                   "every file fully replicated after worker 0 rejoined")
+                   f"every file fully replicated after worker {v} rejoined")
         print(f"fully replicated {time.monotonic() - t_back:.1f}s after the restart")
         assert meta.status().under_replicated_blocks == 0
-        time.sleep(0.5)
-        results = [_stop_reader(*r) for r in readers]
+        at_back = [r.reads() for r in readers]
+        for r, k in zip(readers, at_back):
+            r.wait_reads(k + n, "a whole loop after the rejoin")
+        results = [r.stop() for r in readers]
     finally:
+        for r in readers:
+            r.kill()
         meta.close()
     for i, r in enumerate(results):
         print(f"reader on mount {i}: {r}")
         assert r["errors"] == 0 and r["wrong"] == 0, f"mount {i}: {r['first_errors']}"
-        assert r["loops"] >= 1 and r["reads"] >= 100
+        assert r["reads"] >= 3 * n
     _read_back(b, digests, "after the rejoin (remote reads)")
-    with open(c.log_path("fuse", 1), errors="replace") as f:
-        failovers = sum(1 for line in f if "failed" in line and "reading block" in line)
-    print(f"mount 1 failed over to the other replica {failovers} times")
-    if not failovers:  # seen on quiet machines: mount 1 read every block from worker 1
-        pytest.skip("mount 1 never read from the killed worker in this run: no errors and "
-                    "no wrong bytes, but its failover path was not exercised")
 
 
 def test_lost_worker_blocks_copied_elsewhere(make_cluster, tmp_path):
