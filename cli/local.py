@@ -7,6 +7,7 @@ integration tests use.  Everything lives under one base directory::
     BASE/conf.toml             copy of the user's --conf (if given)
     BASE/conf/<role>-<i>.toml  config handed to each daemon (user conf + its own HTTP port)
     BASE/token                 the cluster token every RPC carries (mode 0600; see --no-token)
+    BASE/tls/                  with --tls: ca.pem and node.pem/node.key (made by openssl)
     BASE/master/meta           master LMDB
     BASE/master/journal        master write-ahead journal
     BASE/worker/<i>/data       block files of worker i
@@ -39,7 +40,7 @@ import threading
 import time
 from typing import Any
 
-from curvine.common import auth
+from curvine.common import auth, tls
 from curvine.common import config as _config
 
 from . import argtypes
@@ -56,6 +57,45 @@ class ClusterError(Exception):
 
 
 # --------------------------------------------------------------------------- helpers
+def make_tls_files(directory: str, days: int = 30) -> dict[str, str]:
+    """A fresh CA and one certificate for 127.0.0.1 and localhost, usable by servers
+    and clients alike, in ``directory`` (keys mode 0600; the CA's key is deleted once it
+    has signed); the ``security.tls_*`` paths.  Made with the openssl command."""
+    if not shutil.which("openssl"):
+        raise ClusterError("--tls needs the openssl command (apt-get install openssl)")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    ca, ca_key = os.path.join(directory, "ca.pem"), os.path.join(directory, "ca.key")
+    cert, key = os.path.join(directory, "node.pem"), os.path.join(directory, "node.key")
+    csr, ext = os.path.join(directory, "node.csr"), os.path.join(directory, "node.ext")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                "extendedKeyUsage=serverAuth,clientAuth\n"
+                "basicConstraints=critical,CA:FALSE\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    steps = [
+        ["openssl", "req", "-x509", *ec, "-days", str(days), "-subj", "/CN=curvine local CA",
+         "-keyout", ca_key, "-out", ca],
+        ["openssl", "req", *ec, "-subj", "/CN=curvine local node", "-keyout", key, "-out", csr],
+        ["openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-set_serial",
+         str(int.from_bytes(secrets.token_bytes(8), "big")), "-days", str(days),
+         "-extfile", ext, "-out", cert],
+    ]
+    old_umask = os.umask(0o077)  # keys are created 0600
+    try:
+        for argv in steps:
+            run = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+            if run.returncode != 0:
+                last = (run.stderr.strip().splitlines() or ["?"])[-1]
+                raise ClusterError(f"making TLS certificates in {directory} failed: "
+                                   f"{' '.join(argv[:2])}: {last}")
+    finally:
+        os.umask(old_umask)
+        for path in (ca_key, csr, ext):  # nothing else can be signed with this CA
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    return {"tls_ca": ca, "tls_cert": cert, "tls_key": key}
+
+
 
 def free_ports(n: int, host: str = HOST) -> list[int]:
     """``n`` distinct free TCP ports on ``host`` (bound to port 0 together, then closed)."""
@@ -249,7 +289,8 @@ class LocalCluster:
 
     def __init__(self, base: str, workers: int = 2, mounts: int = 2, conf: str | None = None,
                  short_circuit: list[bool] | None = None, env: dict | None = None,
-                 worker_capacity: int = 0, replicas: int = 0, token: bool = True):
+                 worker_capacity: int = 0, replicas: int = 0, token: bool = True,
+                 tls: bool = False):
         if workers < 0 or mounts < 0:
             raise ClusterError("workers and mounts must not be negative")
         if worker_capacity < 0:
@@ -263,6 +304,10 @@ class LocalCluster:
         # `up` unless the config names a token file); False: an open cluster.
         self.token = token
         self.token_file = ""
+        # tls=True: mutual TLS with a CA and one certificate made in BASE/tls at `up`
+        # (unless the config sets security.tls_ca); the TLS keys every daemon got
+        self.tls = tls
+        self.tls_keys: dict[str, Any] = {}
         if short_circuit is not None and len(short_circuit) != mounts:
             raise ClusterError(f"short_circuit has {len(short_circuit)} entries for {mounts} mounts")
         self.base = os.path.realpath(base)
@@ -313,6 +358,7 @@ class LocalCluster:
             "short_circuit": self.short_circuit,
             "env": self.env,
             "token_file": self.token_file,
+            "tls": self.tls_keys,
             "updated": time.time(),
             "procs": [dataclasses.asdict(p) for p in self._procs.values()],
         }
@@ -351,8 +397,11 @@ class LocalCluster:
             c.master_addr = str(state.get("master_addr", ""))
             c.token_file = str(state.get("token_file") or "")
             c.token = bool(c.token_file)
-            with contextlib.suppress(ClusterError):  # `down` works without it
+            c.tls_keys = dict(state.get("tls") or {})
+            c.tls = bool(c.tls_keys.get("tls_ca"))
+            with contextlib.suppress(ClusterError):  # `down` works without them
                 c._use_token()
+                c._use_tls()
             for rec in state["procs"]:
                 p = _Proc(**rec)
                 c._procs[(p.role, p.index)] = p
@@ -473,6 +522,12 @@ class LocalCluster:
         else:
             self.token_file = cfg.security.token_file
         self._use_token()
+        if self.tls and not cfg.security.tls_ca:
+            cfg.security = dataclasses.replace(cfg.security, tls_client_auth=True,
+                                               **make_tls_files(self._path("tls")))
+        self.tls_keys = {f.name: getattr(cfg.security, f.name)
+                         for f in dataclasses.fields(cfg.security) if f.name.startswith("tls_")}
+        self._use_tls()
         n = 1 + self.n_workers
         ports = free_ports(2 * n + self.n_mounts)
         grpc_ports, http_ports = ports[:n], ports[n:]
@@ -525,6 +580,16 @@ class LocalCluster:
                 auth.set_client_token(auth.read_token_file(self.token_file))
             except auth.TokenError as e:
                 raise ClusterError(str(e)) from None
+
+    def _use_tls(self) -> None:
+        """Channels of this process (tests, the demo) use the cluster's TLS keys (the
+        daemons' certificate); plaintext for a cluster without TLS."""
+        cfg = _config.Config()
+        try:
+            cfg.security = dataclasses.replace(cfg.security, **self.tls_keys)
+            tls.configure(cfg)
+        except (TypeError, _config.ConfigError) as e:
+            raise ClusterError(f"TLS of {self.base}: {e}") from None
 
     def _add(self, role: str, index: int, args: list[str], **kw) -> None:
         self._procs[(role, index)] = _Proc(role=role, index=index,
@@ -776,6 +841,10 @@ def register(subparsers) -> None:
     up.add_argument("--no-token", dest="token", action="store_false",
                     help="run without a cluster token (default: generate BASE/token and "
                          "require it on every RPC, unless --conf names security.token_file)")
+    up.add_argument("--tls", action="store_true",
+                    help="mutual TLS on every gRPC connection: make a CA and a certificate "
+                         "for 127.0.0.1 in BASE/tls (needs the openssl command; not when "
+                         "--conf sets security.tls_ca)")
     up.set_defaults(func=_cmd_up, _parser=up)
 
     down = sub.add_parser("down", help="unmount and stop everything a cluster started")
@@ -802,7 +871,7 @@ def _cmd_up(args, parser) -> int:
     cluster = LocalCluster(args.base, workers=args.workers, mounts=args.mounts,
                            conf=args.conf, short_circuit=sc,
                            worker_capacity=args.worker_capacity, replicas=args.replicas,
-                           token=args.token)
+                           token=args.token, tls=args.tls)
     for m in cluster.up(timeout=args.timeout):
         print(m)
     return 0

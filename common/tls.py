@@ -24,6 +24,7 @@ certificates means restarting the process.
 
 from __future__ import annotations
 
+import os
 import ssl
 import threading
 from dataclasses import dataclass
@@ -97,10 +98,19 @@ def _valid_name(name: str) -> bool:
     return len(name) <= 253 and all(33 <= ord(c) <= 126 for c in name) and "/" not in name
 
 
-# Files read by this process, by (cert, key, ca) paths: validation reads them, configure
-# (usually right after) reuses them, so each file is read once per process.
-_read: dict[tuple[str, str, str], tuple[bytes | None, bytes | None, bytes]] = {}
+# Files read by this process, by path and identity (inode, mtime, size): validation
+# reads them, configure (right after) reuses them, so each file is read once per
+# process; a file replaced since (new certificates, same path) is read again.
+_read: dict[tuple, tuple[bytes | None, bytes | None, bytes]] = {}
 _lock = threading.Lock()
+
+
+def _identity(paths: tuple[str, ...]) -> tuple | None:
+    try:
+        return tuple((p, st.st_ino, st.st_mtime_ns, st.st_size)
+                     for p, st in ((p, os.stat(p)) for p in paths if p))
+    except OSError:
+        return None  # reading will say what is wrong
 
 
 def load(sec) -> Material | None:
@@ -108,9 +118,9 @@ def load(sec) -> Material | None:
     and file when a file is unreadable, not PEM, or the key does not fit the cert."""
     if not sec.tls_ca:
         return None
-    paths = (sec.tls_cert, sec.tls_key, sec.tls_ca)
+    ident = _identity((sec.tls_cert, sec.tls_key, sec.tls_ca))
     with _lock:
-        files = _read.get(paths)
+        files = _read.get(ident) if ident else None
     if files is None:
         ca = _read_pem("security.tls_ca", sec.tls_ca, (_CERT_MARK,), "certificates")
         _check_certs("security.tls_ca", sec.tls_ca, ca)
@@ -121,8 +131,9 @@ def load(sec) -> Material | None:
             key = _read_pem("security.tls_key", sec.tls_key, _KEY_MARKS, "a private key")
             _check_pair(sec.tls_cert, sec.tls_key)
         files = (cert, key, ca)
-        with _lock:
-            _read[paths] = files
+        if ident:
+            with _lock:
+                _read[ident] = files
     return Material(*files, client_auth=bool(sec.tls_client_auth),
                     server_name=sec.tls_server_name)
 

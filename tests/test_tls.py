@@ -332,3 +332,26 @@ def test_server_name_override(tmp_path, pki):
     finally:
         server.stop(0)
         m.close()
+
+
+# -- curvine local up --tls -------------------------------------------------------------
+@pytest.mark.fuse
+def test_local_cluster_with_tls(make_cluster):
+    c = make_cluster(workers=2, mounts=1, tls=True)
+    d = os.path.join(c.base, "tls")
+    assert sorted(os.listdir(d)) == ["ca.pem", "node.key", "node.pem"]  # no CA key left
+    assert os.stat(os.path.join(d, "node.key")).st_mode & 0o777 == 0o600
+    with open(os.path.join(c.base, "conf", "worker-1.toml")) as f:
+        conf = f.read()
+    assert f"tls_ca = \"{d}/ca.pem\"" in conf and "tls_client_auth = true" in conf
+
+    data = os.urandom(2 << 20)
+    with open(os.path.join(c.mounts[0], "a.data"), "wb") as f:
+        f.write(data)
+    # LocalCluster made this process a client of the cluster (token and certificate).
+    with CurvineFS(c.master_addr) as fs:
+        assert fs.read_bytes("/a.data") == data
+    token = auth.read_token_file(c.token_file)
+    assert plaintext_code(c.master_addr, token) == grpc.StatusCode.UNAVAILABLE
+    use_client(c.token_file, os.path.join(d, "ca.pem"))  # mutual: no certificate, refused
+    assert statfs_code(c.master_addr) == grpc.StatusCode.UNAVAILABLE
