@@ -4,6 +4,7 @@ config they carry).  Neither is run on a real init system or cluster here."""
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ import tomllib
 
 import pytest
 
-from curvine.common import config
+from curvine.common import auth, config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYSTEMD = os.path.join(REPO, "systemd")
@@ -137,6 +138,56 @@ def test_units_have_what_the_daemons_need():
     assert "curvine-master.service" not in " ".join(_values(worker, "Unit", "Requires"))
 
 
+TOKEN_FILE = "/etc/curvine/token"  # where docs/deploy-gpu-node.md puts the cluster token
+
+# What each sandboxing setting hides from a service (systemd.exec(5)); ProtectSystem
+# (any value) only makes /usr, /boot, /etc... read-only, which leaves them readable.
+_HIDDEN_BY = {"ProtectHome": ("/home", "/root", "/run/user"),
+              "PrivateTmp": ("/tmp", "/var/tmp")}
+
+
+def _token_unreadable_because(unit: dict, path: str = TOKEN_FILE) -> list[str]:
+    """The settings of ``unit`` that would keep its daemon from reading ``path``, a
+    file mode 0640 root:curvine (empty: none)."""
+    svc = lambda key: _values(unit, "Service", key)  # noqa: E731
+    under = lambda d: path == d or path.startswith(d.rstrip("/") + "/")  # noqa: E731
+    why = []
+    for key, dirs in _HIDDEN_BY.items():
+        if svc(key) and svc(key)[-1] not in ("false", "no", "read-only") and any(map(under, dirs)):
+            why.append(f"{key}={svc(key)[-1]}")
+    for key in ("InaccessiblePaths", "TemporaryFileSystem"):
+        for value in svc(key):
+            for d in value.split():
+                d = d.lstrip("-+").split(":")[0]
+                if under(d):
+                    why.append(f"{key}={value}")
+    if svc("RootDirectory") or svc("RootImage"):
+        why.append("RootDirectory/RootImage")
+    user, group = (svc("User") or ["root"])[-1], (svc("Group") or [""])[-1]
+    if user not in ("root", "curvine") and group != "curvine":
+        why.append(f"User={user} Group={group}: neither the owner nor the group curvine")
+    return why
+
+
+def test_units_can_read_the_token_file():
+    """Every daemon reads security.token_file at start (it exits 2 if it cannot): the
+    documented /etc/curvine/token, 0640 root:curvine, must be readable by each unit's
+    user under its sandboxing."""
+    for name in UNITS:
+        assert _token_unreadable_because(_unit(name)) == [], name
+    for name in ("curvine-master.service", "curvine-worker.service"):
+        assert _values(_unit(name), "Service", "Group") == ["curvine"], name
+    # the check sees what would hide the file
+    master = _unit("curvine-master.service")
+    for change in [{"InaccessiblePaths": ["/etc/curvine"]},
+                   {"TemporaryFileSystem": ["/etc:ro"]},
+                   {"User": ["nobody"], "Group": ["nogroup"]}]:
+        broken = {**master, "Service": {**master["Service"], **change}}
+        assert _token_unreadable_because(broken), change
+    assert _token_unreadable_because(master, "/root/token") == ["ProtectHome=true"]
+    assert _token_unreadable_because(master, "/tmp/token") == ["PrivateTmp=true"]
+
+
 def test_fuse_unit_mounts_where_the_host_sees_it():
     u = _unit("curvine-fuse@.service")
     svc = lambda key: _values(u, "Service", key)  # noqa: E731
@@ -199,10 +250,22 @@ def _container(pod_spec: dict, name: str) -> dict:
 
 
 def _config_of(docs, tmp_path) -> config.Config:
+    """The ConfigMap's curvine.toml through curvine's own loader.  The loader reads the
+    token file it names, which only exists in the pods (the Secret): a stand-in token
+    is put at a temporary path for the load; the result keeps the path the pods see."""
     cm = _one(docs, "ConfigMap", "curvine-config")
+    text = cm["data"]["curvine.toml"]
+    in_pod = tomllib.loads(text).get("security", {}).get("token_file", "")
+    if in_pod:
+        stand_in = tmp_path / "token"
+        auth.write_token_file(str(stand_in))
+        assert text.count(f'"{in_pod}"') == 1
+        text = text.replace(f'"{in_pod}"', f'"{stand_in}"')
     path = tmp_path / "curvine.toml"
-    path.write_text(cm["data"]["curvine.toml"])
-    return config.load(str(path))  # ConfigError (file:line: key) if the ConfigMap is wrong
+    path.write_text(text)
+    cfg = config.load(str(path))  # ConfigError (file:line: key) if the ConfigMap is wrong
+    cfg.security.token_file = in_pod
+    return cfg
 
 
 def _http_probe_ports(container: dict) -> set:
@@ -334,16 +397,97 @@ def test_a_bad_configmap_is_caught(tmp_path):
         _config_of(docs, tmp_path)
 
 
-def test_kustomization_lists_the_cluster_manifests():
+TOKEN_SECRET = "curvine-token"  # made by the kustomization from deploy/k8s/token
+
+
+def _pod_specs(docs) -> list[tuple[str, dict]]:
+    out = []
+    for d in docs:
+        if d["kind"] == "Pod":
+            out.append((d["metadata"]["name"], d["spec"]))
+        elif d["kind"] in ("StatefulSet", "DaemonSet"):
+            out.append((d["metadata"]["name"], d["spec"]["template"]["spec"]))
+    return out
+
+
+def test_every_daemon_mounts_the_token_secret(tmp_path):
+    """Every container that gets the ConfigMap (a curvine daemon) also gets the token
+    Secret, read-only, at the path the config names, readable by its user and by no
+    one else; the inference pod gets neither."""
+    docs = _manifests()
+    cfg = _config_of(docs, tmp_path)
+    token_dir, token_name = os.path.split(cfg.security.token_file)
+    assert token_dir and token_name, "the ConfigMap sets no security.token_file"
+    daemons = 0
+    for pod_name, spec in _pod_specs(docs):
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        config_vols = {n for n, v in volumes.items()
+                       if v.get("configMap", {}).get("name") == "curvine-config"}
+        token_vols = {n for n, v in volumes.items()
+                      if v.get("secret", {}).get("secretName") == TOKEN_SECRET}
+        for c in spec["containers"]:
+            mounts = {m["name"]: m for m in c.get("volumeMounts", [])}
+            where = f"{pod_name}/{c['name']}"
+            if not config_vols & set(mounts):
+                assert not token_vols & set(mounts), f"{where} is no daemon but gets the token"
+                continue
+            daemons += 1
+            [m] = [mounts[n] for n in token_vols & set(mounts)] or [None]
+            assert m is not None, f"{where} mounts the config but not the token Secret"
+            assert m["mountPath"] == token_dir and m.get("readOnly") is True, where
+            assert "subPath" not in m, where
+            secret = volumes[m["name"]]["secret"]
+            # the key is required (a Secret without it keeps the pod from starting)
+            assert secret["items"] == [{"key": "token", "path": token_name}], where
+            mode = secret.get("defaultMode", 0o644)
+            assert mode & 0o007 == 0, f"{where}: token readable by others ({mode:o})"
+            user = (c.get("securityContext", {}).get("runAsUser")
+                    or spec.get("securityContext", {}).get("runAsUser") or 0)
+            if user != 0:  # not root: it reads the file through the pod's fsGroup
+                assert spec["securityContext"].get("fsGroup") and mode & 0o040, where
+    assert daemons == 3  # master, worker, fuse
+
+
+def _kustomize(directory) -> subprocess.CompletedProcess:
+    # kubectl builds the kustomization offline (apply --dry-run needs an API server)
+    return subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_kustomization_lists_the_cluster_manifests(tmp_path):
     yaml = pytest.importorskip("yaml")
     k = yaml.safe_load(open(os.path.join(K8S, "kustomization.yaml")))
     assert k["resources"] == [f for f in K8S_FILES if f != "example-inference-pod.yaml"]
+    [gen] = k["secretGenerator"]
+    assert gen["name"] == TOKEN_SECRET and gen["files"] == ["token"]
+    assert gen["options"]["disableNameSuffixHash"] is True  # the name the pods mount
+    # the token file is never committed
+    if shutil.which("git") and os.path.isdir(os.path.join(REPO, ".git")):
+        ignored = subprocess.run(["git", "check-ignore", "-q", "deploy/k8s/token"], cwd=REPO,
+                                 timeout=30)
+        assert ignored.returncode == 0, "deploy/k8s/token is not ignored by git"
+        tracked = subprocess.run(["git", "ls-files", "deploy/k8s/token"], cwd=REPO,
+                                 capture_output=True, text=True, timeout=30)
+        assert tracked.stdout == "", "a token file is committed"
     if shutil.which("kubectl") is None:
         return
-    # kubectl builds the kustomization offline (apply --dry-run needs an API server)
-    out = subprocess.run(["kubectl", "kustomize", K8S], capture_output=True, text=True,
-                         timeout=120)
+    work = tmp_path / "k8s"
+    shutil.copytree(K8S, work, ignore=shutil.ignore_patterns("token"))
+    # without a token file there is nothing to apply: no default token
+    out = _kustomize(work)
+    assert out.returncode != 0 and "token" in out.stderr
+    token = auth.write_token_file(str(work / "token"))
+    out = _kustomize(work)
     assert out.returncode == 0, out.stderr
     built = [d for d in yaml.safe_load_all(out.stdout) if d]
     assert sorted(d["kind"] for d in built) == sorted(
-        d["kind"] for d in _manifests() if d["kind"] != "Pod")
+        [d["kind"] for d in _manifests() if d["kind"] != "Pod"] + ["Secret"])
+    secret = _one(built, "Secret", TOKEN_SECRET)
+    assert secret["metadata"]["namespace"] == _one(built, "Namespace")["metadata"]["name"]
+    assert base64.b64decode(secret["data"]["token"]).decode().strip() == token
+    assert _schema_errors([secret]) == []
+    # what the pods mount is what the kustomization makes
+    for _, spec in _pod_specs(built):
+        for v in spec.get("volumes", []):
+            if "secret" in v:
+                assert v["secret"]["secretName"] == TOKEN_SECRET
