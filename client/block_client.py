@@ -79,7 +79,7 @@ def _error(worker: WorkerInfo, e: grpc.RpcError) -> CurvineError:
     return CurvineError(err.kind, f"worker {worker.address}: {err.message}")
 
 
-def _write_requests(block_id: int, data: memoryview, result: dict):
+def _write_requests(block_id: int, data: memoryview, result: dict, token: bytes):
     n = len(data)
     crc = 0
     pos = 0
@@ -92,7 +92,7 @@ def _write_requests(block_id: int, data: memoryview, result: dict):
             result["crc"] = crc
         yield wire.encode_write_request(
             piece, block_id=block_id if pos == 0 else 0, expected_length=n,
-            finish=last, checksum=crc if last else 0)
+            finish=last, checksum=crc if last else 0, token=token)
         if last:
             return
         pos = end
@@ -108,16 +108,18 @@ def _check(block_id: int, offset: int = 0, length: int = 0) -> None:
 
 
 def write_block(worker: WorkerInfo, block_id: int, data: bytes | bytearray | memoryview,
-                timeout: float = 30.0) -> tuple[int, int]:
+                timeout: float = 30.0, token: bytes = b"") -> tuple[int, int]:
     """Stream ``data`` as block ``block_id`` to ``worker``; returns (length, crc32).
 
-    The worker checks the crc32 before finalising; any failure leaves no block."""
+    ``token`` is the master's write token for the block (AddBlock; every call of this
+    module takes the block's token: common/block_tokens.py).  The worker checks the
+    crc32 before finalising; any failure leaves no block."""
     _check(block_id)
     view = memoryview(data).cast("B")
     result: dict = {}
     try:
         reply = _calls(worker.address).write(
-            _write_requests(block_id, view, result), timeout=timeout)
+            _write_requests(block_id, view, result, token), timeout=timeout)
     except grpc.RpcError as e:
         raise _error(worker, e) from None
     crc = result.get("crc")
@@ -140,10 +142,11 @@ class BlockWriteStream:
     the call failed, ``send`` and ``finish`` raise its error."""
 
     def __init__(self, worker: WorkerInfo, block_id: int, timeout: float = 30.0,
-                 depth: int = 8):
+                 depth: int = 8, token: bytes = b""):
         _check(block_id)
         self.worker = worker
         self.block_id = block_id
+        self.token = token
         self.length = 0
         self.crc = 0
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
@@ -189,7 +192,8 @@ class BlockWriteStream:
         view = memoryview(data).cast("B")
         for pos in range(0, len(view), CHUNK):
             piece = view[pos:pos + CHUNK]
-            msg = wire.encode_write_request(piece, block_id=self.block_id if self._first else 0)
+            msg = wire.encode_write_request(piece, block_id=self.block_id if self._first else 0,
+                                            token=self.token)
             self._first = False
             self.crc = zlib.crc32(piece, self.crc)
             self.length += len(piece)
@@ -198,7 +202,7 @@ class BlockWriteStream:
     def finish(self, timeout: float | None = None) -> tuple[int, int]:
         """Finalise the block; returns (length, crc32) as the worker checked them."""
         self._put(wire.encode_write_request(b"", block_id=self.block_id if self._first else 0,
-                                            finish=True, checksum=self.crc))
+                                            finish=True, checksum=self.crc, token=self.token))
         self._first = False
         try:
             reply = self._call.result(timeout=timeout)
@@ -223,11 +227,12 @@ class BlockWriteStream:
 
 
 def read_block(worker: WorkerInfo, block_id: int, offset: int, length: int,
-               timeout: float = 30.0) -> bytes:
+               timeout: float = 30.0, token: bytes = b"") -> bytes:
     """[offset, offset+length) of a block (length 0 = to the end), in one bytes object."""
     _check(block_id, offset, length)
     stream = _calls(worker.address).read(
-        worker_pb2.ReadBlockRequest(block_id=block_id, offset=offset, length=length),
+        worker_pb2.ReadBlockRequest(block_id=block_id, offset=offset, length=length,
+                                    token=token),
         timeout=timeout)
     try:
         parts = list(stream)  # memoryviews into the received messages
@@ -276,7 +281,8 @@ class BlockReader:
     """
 
     def __init__(self, worker: WorkerInfo, block_id: int, offset: int = 0, length: int = 0,
-                 timeout: float = 30.0, readahead: int = DEFAULT_READAHEAD):
+                 timeout: float = 30.0, readahead: int = DEFAULT_READAHEAD,
+                 token: bytes = b""):
         _check(block_id, offset, length)
         self.worker = worker
         self.block_id = block_id
@@ -284,7 +290,8 @@ class BlockReader:
         self._received = 0
         self._closed = threading.Event()
         self._stream = _calls(worker.address).read(
-            worker_pb2.ReadBlockRequest(block_id=block_id, offset=offset, length=length),
+            worker_pb2.ReadBlockRequest(block_id=block_id, offset=offset, length=length,
+                                        token=token),
             timeout=timeout)
         self._queue: queue.Queue = queue.Queue(maxsize=max(readahead, 1))
         self._held = None  # the end or an error seen by poll(), for the iterator
@@ -391,12 +398,12 @@ def create_local_staging(worker: WorkerInfo, block_id: int) -> tuple[int, str] |
 
 
 def adopt_block(worker: WorkerInfo, block_id: int, path: str, length: int, checksum: int,
-                timeout: float = 30.0) -> tuple[int, int]:
+                timeout: float = 30.0, token: bytes = b"") -> tuple[int, int]:
     """Ask the (local) worker to finalise the staging file ``path`` as block ``block_id``
     (see ``create_local_staging``); returns (length, crc32) as the worker recorded them."""
     _check(block_id, 0, length)
     req = worker_pb2.AdoptBlockRequest(block_id=block_id, path=path, length=length,
-                                       checksum=checksum)
+                                       checksum=checksum, token=token)
     try:
         reply = _calls(worker.address).stub.AdoptBlock(req, timeout=timeout)
     except grpc.RpcError as e:

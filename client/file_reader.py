@@ -69,7 +69,8 @@ class _Stream:
         self.block = block
         self.worker = worker
         self.reader = block_client.BlockReader(worker, block.block_id, offset, 0,
-                                               timeout=timeout, readahead=readahead)
+                                               timeout=timeout, readahead=readahead,
+                                               token=block.token)
         self.it = iter(self.reader)
         self.pos = offset  # block offset of the next byte the stream will deliver
         self.chunks: list[tuple[int, bytes]] = []  # contiguous, ending at pos
@@ -249,7 +250,7 @@ class BlockFetcher:
         for w in self._candidates(block):
             try:
                 data = block_client.read_block(w, block.block_id, 0, block.length,
-                                               timeout=self.timeout)
+                                               timeout=self.timeout, token=block.token)
                 if not self._intact(block, data):
                     raise CurvineError(ErrorKind.CHECKSUM, f"worker {w.address}: block "
                                        f"{block.block_id:016x} does not match its crc32")

@@ -350,6 +350,9 @@ class FileWriter:
         # publish does not include were dropped (rewritten, uploaded again), and the
         # publish hands them back so they do not sit on the workers as garbage.
         self._allocated: set[int] = set()
+        # block id -> the master's write token, for every block this handle was given
+        # (AddBlock): the workers serve a block only with its token
+        self._tokens: dict[int, bytes] = {}
         self._cur: _Extent | None = None  # the one buffer being written
         self._uploading: _Extent | None = None  # at most one background upload
         self.dirty = False  # changed since open or the last publish
@@ -745,7 +748,8 @@ class FileWriter:
         """A buffer for a new block: a staging file of the local worker when the master
         places the block there, else memory streamed to the workers while written."""
         try:
-            block_id, targets = self.master.add_block(self.ino, self.host_id, 0, [])
+            block_id, targets, self._tokens[block_id] = self.master.add_block(
+                self.ino, self.host_id, 0, [])
             self._allocated.add(block_id)
         except CurvineError as e:
             # E.g. the file was unlinked or replaced meanwhile, or no worker has room:
@@ -768,7 +772,8 @@ class FileWriter:
         for w in targets:
             try:
                 buf.streams.append(block_client.BlockWriteStream(
-                    w, block_id, timeout=max(self.timeout, STREAM_DEADLINE)))
+                    w, block_id, timeout=max(self.timeout, STREAM_DEADLINE),
+                    token=self._tokens[block_id]))
             except CurvineError as e:
                 log.info("cannot stream block %016x to worker %d (%s): %s", block_id,
                          w.worker_id, w.address, e)
@@ -853,7 +858,8 @@ class FileWriter:
             buf.adopt_tried = True
             try:
                 block_client.adopt_block(buf.worker, buf.block_id, buf.path, length, crc,
-                                         timeout=self.timeout)
+                                         timeout=self.timeout,
+                                         token=self._tokens[buf.block_id])
                 buf.adopted = True
                 CLIENT_WRITTEN_SHORT_CIRCUIT.inc(length)
             except CurvineError as e:
@@ -868,7 +874,8 @@ class FileWriter:
                 stored = [buf.worker]
                 for w in buf.others:
                     try:
-                        block_client.write_block(w, buf.block_id, data, timeout=self.timeout)
+                        block_client.write_block(w, buf.block_id, data, timeout=self.timeout,
+                                                 token=self._tokens[buf.block_id])
                         stored.append(w)
                         CLIENT_WRITTEN_REMOTE.inc(length)
                     except CurvineError as e:
@@ -884,7 +891,7 @@ class FileWriter:
                     pass  # a view is still referenced (a traceback): freed with it
         self._fetcher.add_workers({w.worker_id: w for w in stored})
         return Block(block_id=buf.block_id, length=length, checksum=crc,
-                     worker_ids=[w.worker_id for w in stored])
+                     worker_ids=[w.worker_id for w in stored], token=self._tokens[buf.block_id])
 
     def _upload(self, buf) -> Block:
         """Store the buffer as a new block on the workers the master picks."""
@@ -910,7 +917,7 @@ class FileWriter:
             return self._stream(buf.view(), exclude=buf.stream_failed)
         self._fetcher.add_workers({w.worker_id: w for w in stored})
         return Block(block_id=streams[0].block_id, length=len(buf), checksum=crc,
-                     worker_ids=[w.worker_id for w in stored])
+                     worker_ids=[w.worker_id for w in stored], token=streams[0].token)
 
     def _stream(self, data: memoryview, alloc=None, exclude: list[int] | None = None) -> Block:
         """Stream ``data`` as a new block (to ``alloc``'s block and targets first, if
@@ -925,15 +932,16 @@ class FileWriter:
                 alloc = None
                 targets = [w for w in targets if w.worker_id not in exclude]
             if not targets:
-                block_id, targets = self.master.add_block(self.ino, self.host_id, length,
-                                                          exclude)
+                block_id, targets, self._tokens[block_id] = self.master.add_block(
+                    self.ino, self.host_id, length, exclude)
                 self._allocated.add(block_id)
             if not targets:
                 raise CurvineError(ErrorKind.NO_SPACE, "the master found no worker to write to")
             stored, crc = [], 0
             for w in targets:
                 try:
-                    _, crc = block_client.write_block(w, block_id, data, timeout=self.timeout)
+                    _, crc = block_client.write_block(w, block_id, data, timeout=self.timeout,
+                                                      token=self._tokens[block_id])
                     stored.append(w)
                     CLIENT_WRITTEN_REMOTE.inc(length)
                 except CurvineError as e:
@@ -944,5 +952,6 @@ class FileWriter:
             if stored:
                 self._fetcher.add_workers({w.worker_id: w for w in stored})
                 return Block(block_id=block_id, length=length, checksum=crc,
-                             worker_ids=[w.worker_id for w in stored])
+                             worker_ids=[w.worker_id for w in stored],
+                             token=self._tokens[block_id])
         raise last or CurvineError(ErrorKind.IO, "block upload failed")

@@ -55,7 +55,12 @@ RPC_UNAUTHENTICATED = Counter(
     "Calls refused because the cluster token was missing or wrong (common/auth.py), "
     "by method (\"unknown\" for a method this server does not have)",
     ["method"], registry=None)
-RPC_METRICS = (RPC_HANDLED, RPC_DURATION, RPC_UNAUTHENTICATED)
+STREAMS_CANCELLED_IDLE = Counter(
+    "curvine_streams_cancelled_idle",
+    "Streams the server cancelled after no progress for its idle timeout (a client that "
+    "stopped sending or reading: common/stream_guard.py), by method",
+    ["method"], registry=None)
+RPC_METRICS = (RPC_HANDLED, RPC_DURATION, RPC_UNAUTHENTICATED, STREAMS_CANCELLED_IDLE)
 
 # -- journal (master) -----------------------------------------------------------------
 JOURNAL_FSYNC = Histogram(
@@ -81,7 +86,12 @@ WORKER_WRITTEN_BYTES = Counter(
     "Block bytes this worker stored for clients: remote = received on WriteBlock "
     "streams, short_circuit = staging files written by a client on this host and adopted",
     ["path"], registry=None)
-WORKER_IO_METRICS = (WORKER_READ_BYTES, WORKER_WRITTEN_BYTES)
+BLOCK_TOKEN_REFUSED = Counter(
+    "curvine_block_token_refused",
+    "Block calls this worker refused because the block token was missing, wrong, or "
+    "granted less access (common/block_tokens.py)",
+    registry=None)
+WORKER_IO_METRICS = (WORKER_READ_BYTES, WORKER_WRITTEN_BYTES, BLOCK_TOKEN_REFUSED)
 WORKER_READ_REMOTE = WORKER_READ_BYTES.labels(path="remote")
 WORKER_WRITTEN_REMOTE = WORKER_WRITTEN_BYTES.labels(path="remote")
 WORKER_WRITTEN_SHORT_CIRCUIT = WORKER_WRITTEN_BYTES.labels(path="short_circuit")

@@ -27,12 +27,13 @@ def _varint(n: int) -> bytes:
 
 
 def encode_write_request(data: bytes | memoryview, *, block_id: int = 0, expected_length: int = 0,
-                         finish: bool = False, checksum: int = 0) -> bytes:
+                         finish: bool = False, checksum: int = 0, token: bytes = b"") -> bytes:
     """A serialised WriteBlockRequest (with a header when ``block_id`` is set)."""
     head = worker_pb2.WriteBlockRequest(finish=finish, checksum=checksum)
     if block_id:
         head.header.block_id = block_id
         head.header.expected_length = expected_length
+        head.header.token = token
     small = head.SerializeToString()
     if not len(data):
         return small

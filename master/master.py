@@ -13,6 +13,7 @@ import shutil
 import threading
 import time
 
+from curvine.common import block_tokens
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.common.ids import check_ino, check_name
@@ -49,6 +50,13 @@ class Master:
         except BaseException:
             self.journal.close()
             raise
+        try:
+            # workers accept a block id only with a token signed by this key
+            self.block_key = block_tokens.load_or_create_key(self.meta_dir)
+        except (OSError, ValueError) as e:
+            self.store.close()
+            self.journal.close()
+            raise CurvineError(ErrorKind.IO, f"block token key: {e}") from None
         self.retry = RetryCache(cfg.master.retry_cache_entries)
         self.leases = LeaseTable(float(cfg.master.lease_time),
                                  os.path.join(self.meta_dir, "leases.json"))
@@ -256,6 +264,8 @@ class Master:
             node = self.ns.inode(txn, ino)
             reply.inode.CopyFrom(node)
             blocks = self.store.get_blocks(txn, node.ino) if node.type == FILE else []
+        for b in blocks:
+            b.token = block_tokens.mint(self.block_key, b.block_id, block_tokens.READ)
         reply.blocks.extend(blocks)
         wids = {w for b in blocks for w in b.worker_ids}
         for wid in sorted(wids):
@@ -299,6 +309,8 @@ class Master:
 
     def complete(self, req) -> master_pb2.InodeReply:
         check_ino(req.ino)
+        for b in req.blocks:
+            b.ClearField("token")  # a client sends back blocks it got: tokens are never stored
         try:
             value = self.submit(lambda t: self.ns.plan_complete(t, req, self._reserved),
                                 req.request_id, session=req.session)
@@ -331,7 +343,8 @@ class Master:
         self.capacity.on_add_block(node.ino, [w.worker_id for w in workers], size)
         with self._pending_lock:
             self._pending[block_id] = (node.ino, time.time(), [w.worker_id for w in workers])
-        return master_pb2.AddBlockReply(block_id=block_id, workers=workers)
+        token = block_tokens.mint(self.block_key, block_id, block_tokens.WRITE)
+        return master_pb2.AddBlockReply(block_id=block_id, workers=workers, block_token=token)
 
     def _allocate_block_id(self) -> int:
         with self._alloc_lock:
@@ -400,7 +413,8 @@ class Master:
             wid = self.submit(plan)
             log.info("worker %d registered: %s (host %s)", wid, info.address, info.host_id)
         self.registry.heartbeat(wid, info.capacity, info.used, 0)
-        return master_pb2.RegisterWorkerReply(worker_id=wid, block_size=self.block_size)
+        return master_pb2.RegisterWorkerReply(worker_id=wid, block_size=self.block_size,
+                                              block_key=self.block_key)
 
     def block_report(self, req: master_pb2.BlockReportRequest) -> master_pb2.BlockReportReply:
         if not self.registry.known(req.worker_id):

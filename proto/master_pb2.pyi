@@ -230,12 +230,14 @@ class AddBlockRequest(_message.Message):
     def __init__(self, ino: _Optional[int] = ..., client_host_id: _Optional[str] = ..., size_hint: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AddBlockReply(_message.Message):
-    __slots__ = ("block_id", "workers")
+    __slots__ = ("block_id", "workers", "block_token")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TOKEN_FIELD_NUMBER: _ClassVar[int]
     block_id: int
     workers: _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]
-    def __init__(self, block_id: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ...) -> None: ...
+    block_token: bytes
+    def __init__(self, block_id: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ..., block_token: _Optional[bytes] = ...) -> None: ...
 
 class CompleteFileRequest(_message.Message):
     __slots__ = ("request_id", "ino", "blocks", "size", "mtime_ns", "if_unpublished", "session", "abandoned_block_ids")
@@ -264,12 +266,14 @@ class RegisterWorkerRequest(_message.Message):
     def __init__(self, worker: _Optional[_Union[_common_pb2.WorkerInfo, _Mapping]] = ...) -> None: ...
 
 class RegisterWorkerReply(_message.Message):
-    __slots__ = ("worker_id", "block_size")
+    __slots__ = ("worker_id", "block_size", "block_key")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_KEY_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     block_size: int
-    def __init__(self, worker_id: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
+    block_key: bytes
+    def __init__(self, worker_id: _Optional[int] = ..., block_size: _Optional[int] = ..., block_key: _Optional[bytes] = ...) -> None: ...
 
 class BlockReportRequest(_message.Message):
     __slots__ = ("worker_id", "block_ids", "block_mtimes_ns", "block_lengths")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from curvine.proto import common_pb2 as curvine_dot_proto_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63urvine/proto/worker.proto\x12\x07\x63urvine\x1a\x1a\x63urvine/proto/common.proto\"=\n\x10WriteBlockHeader\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x17\n\x0f\x65xpected_length\x18\x02 \x01(\x04\"n\n\x11WriteBlockRequest\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x19.curvine.WriteBlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06\x66inish\x18\x03 \x01(\x08\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\r\"E\n\x0fWriteBlockReply\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\r\"X\n\x10ReadBlockRequest\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\x12\n\nchunk_size\x18\x04 \x01(\r\"\x1e\n\x0eReadBlockReply\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"(\n\x13\x44\x65leteBlocksRequest\x12\x11\n\tblock_ids\x18\x01 \x03(\x04\"\'\n\x13GetBlockInfoRequest\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\"U\n\x11\x41\x64optBlockRequest\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\r\"@\n\x0e\x42lockInfoReply\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x0c\n\x04path\x18\x03 \x01(\t2\xda\x02\n\x06Worker\x12\x44\n\nWriteBlock\x12\x1a.curvine.WriteBlockRequest\x1a\x18.curvine.WriteBlockReply(\x01\x12\x41\n\tReadBlock\x12\x19.curvine.ReadBlockRequest\x1a\x17.curvine.ReadBlockReply0\x01\x12<\n\x0c\x44\x65leteBlocks\x12\x1c.curvine.DeleteBlocksRequest\x1a\x0e.curvine.Empty\x12\x45\n\x0cGetBlockInfo\x12\x1c.curvine.GetBlockInfoRequest\x1a\x17.curvine.BlockInfoReply\x12\x42\n\nAdoptBlock\x12\x1a.curvine.AdoptBlockRequest\x1a\x18.curvine.WriteBlockReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63urvine/proto/worker.proto\x12\x07\x63urvine\x1a\x1a\x63urvine/proto/common.proto\"L\n\x10WriteBlockHeader\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x17\n\x0f\x65xpected_length\x18\x02 \x01(\x04\x12\r\n\x05token\x18\x03 \x01(\x0c\"n\n\x11WriteBlockRequest\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x19.curvine.WriteBlockHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06\x66inish\x18\x03 \x01(\x08\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\r\"E\n\x0fWriteBlockReply\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\r\"g\n\x10ReadBlockRequest\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\x12\n\nchunk_size\x18\x04 \x01(\r\x12\r\n\x05token\x18\x05 \x01(\x0c\"\x1e\n\x0eReadBlockReply\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"8\n\x13\x44\x65leteBlocksRequest\x12\x11\n\tblock_ids\x18\x01 \x03(\x04\x12\x0e\n\x06tokens\x18\x02 \x03(\x0c\"6\n\x13GetBlockInfoRequest\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\r\n\x05token\x18\x02 \x01(\x0c\"d\n\x11\x41\x64optBlockRequest\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0e\n\x06length\x18\x03 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\r\x12\r\n\x05token\x18\x05 \x01(\x0c\"@\n\x0e\x42lockInfoReply\x12\x10\n\x08\x62lock_id\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x0c\n\x04path\x18\x03 \x01(\t2\xda\x02\n\x06Worker\x12\x44\n\nWriteBlock\x12\x1a.curvine.WriteBlockRequest\x1a\x18.curvine.WriteBlockReply(\x01\x12\x41\n\tReadBlock\x12\x19.curvine.ReadBlockRequest\x1a\x17.curvine.ReadBlockReply0\x01\x12<\n\x0c\x44\x65leteBlocks\x12\x1c.curvine.DeleteBlocksRequest\x1a\x0e.curvine.Empty\x12\x45\n\x0cGetBlockInfo\x12\x1c.curvine.GetBlockInfoRequest\x1a\x17.curvine.BlockInfoReply\x12\x42\n\nAdoptBlock\x12\x1a.curvine.AdoptBlockRequest\x1a\x18.curvine.WriteBlockReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,23 +33,23 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'curvine.proto.worker_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WRITEBLOCKHEADER']._serialized_start=67
-  _globals['_WRITEBLOCKHEADER']._serialized_end=128
-  _globals['_WRITEBLOCKREQUEST']._serialized_start=130
-  _globals['_WRITEBLOCKREQUEST']._serialized_end=240
-  _globals['_WRITEBLOCKREPLY']._serialized_start=242
-  _globals['_WRITEBLOCKREPLY']._serialized_end=311
-  _globals['_READBLOCKREQUEST']._serialized_start=313
-  _globals['_READBLOCKREQUEST']._serialized_end=401
-  _globals['_READBLOCKREPLY']._serialized_start=403
-  _globals['_READBLOCKREPLY']._serialized_end=433
-  _globals['_DELETEBLOCKSREQUEST']._serialized_start=435
-  _globals['_DELETEBLOCKSREQUEST']._serialized_end=475
-  _globals['_GETBLOCKINFOREQUEST']._serialized_start=477
-  _globals['_GETBLOCKINFOREQUEST']._serialized_end=516
-  _globals['_ADOPTBLOCKREQUEST']._serialized_start=518
-  _globals['_ADOPTBLOCKREQUEST']._serialized_end=603
-  _globals['_BLOCKINFOREPLY']._serialized_start=605
-  _globals['_BLOCKINFOREPLY']._serialized_end=669
-  _globals['_WORKER']._serialized_start=672
-  _globals['_WORKER']._serialized_end=1018
+  _globals['_WRITEBLOCKHEADER']._serialized_end=143
+  _globals['_WRITEBLOCKREQUEST']._serialized_start=145
+  _globals['_WRITEBLOCKREQUEST']._serialized_end=255
+  _globals['_WRITEBLOCKREPLY']._serialized_start=257
+  _globals['_WRITEBLOCKREPLY']._serialized_end=326
+  _globals['_READBLOCKREQUEST']._serialized_start=328
+  _globals['_READBLOCKREQUEST']._serialized_end=431
+  _globals['_READBLOCKREPLY']._serialized_start=433
+  _globals['_READBLOCKREPLY']._serialized_end=463
+  _globals['_DELETEBLOCKSREQUEST']._serialized_start=465
+  _globals['_DELETEBLOCKSREQUEST']._serialized_end=521
+  _globals['_GETBLOCKINFOREQUEST']._serialized_start=523
+  _globals['_GETBLOCKINFOREQUEST']._serialized_end=577
+  _globals['_ADOPTBLOCKREQUEST']._serialized_start=579
+  _globals['_ADOPTBLOCKREQUEST']._serialized_end=679
+  _globals['_BLOCKINFOREPLY']._serialized_start=681
+  _globals['_BLOCKINFOREPLY']._serialized_end=745
+  _globals['_WORKER']._serialized_start=748
+  _globals['_WORKER']._serialized_end=1094
 # @@protoc_insertion_point(module_scope)

@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WriteBlockHeader(_message.Message):
-    __slots__ = ("block_id", "expected_length")
+    __slots__ = ("block_id", "expected_length", "token")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     block_id: int
     expected_length: int
-    def __init__(self, block_id: _Optional[int] = ..., expected_length: _Optional[int] = ...) -> None: ...
+    token: bytes
+    def __init__(self, block_id: _Optional[int] = ..., expected_length: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
 
 class WriteBlockRequest(_message.Message):
     __slots__ = ("header", "data", "finish", "checksum")
@@ -38,16 +40,18 @@ class WriteBlockReply(_message.Message):
     def __init__(self, block_id: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
 
 class ReadBlockRequest(_message.Message):
-    __slots__ = ("block_id", "offset", "length", "chunk_size")
+    __slots__ = ("block_id", "offset", "length", "chunk_size", "token")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     block_id: int
     offset: int
     length: int
     chunk_size: int
-    def __init__(self, block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., chunk_size: _Optional[int] = ...) -> None: ...
+    token: bytes
+    def __init__(self, block_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., chunk_size: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
 
 class ReadBlockReply(_message.Message):
     __slots__ = ("data",)
@@ -56,28 +60,34 @@ class ReadBlockReply(_message.Message):
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
 class DeleteBlocksRequest(_message.Message):
-    __slots__ = ("block_ids",)
+    __slots__ = ("block_ids", "tokens")
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
     block_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    tokens: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, block_ids: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class GetBlockInfoRequest(_message.Message):
-    __slots__ = ("block_id",)
+    __slots__ = ("block_id", "token")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     block_id: int
-    def __init__(self, block_id: _Optional[int] = ...) -> None: ...
+    token: bytes
+    def __init__(self, block_id: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
 
 class AdoptBlockRequest(_message.Message):
-    __slots__ = ("block_id", "path", "length", "checksum")
+    __slots__ = ("block_id", "path", "length", "checksum", "token")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     block_id: int
     path: str
     length: int
     checksum: int
-    def __init__(self, block_id: _Optional[int] = ..., path: _Optional[str] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
+    token: bytes
+    def __init__(self, block_id: _Optional[int] = ..., path: _Optional[str] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
 
 class BlockInfoReply(_message.Message):
     __slots__ = ("block_id", "length", "path")

@@ -36,6 +36,11 @@ BS = 64 * KIB  # small blocks keep the tests fast
 # -- fakes ---------------------------------------------------------------------------
 
 
+def fake_token(block_id: int, access: str) -> bytes:
+    """FakeMaster's block tokens (the real ones are HMACs: common/block_tokens.py)."""
+    return f"{access}{block_id}".encode()
+
+
 class FakeWorkers:
     """Block files of fake workers; patched into client.block_client."""
 
@@ -60,12 +65,17 @@ class FakeWorkers:
     def path(self, block_id: int) -> str:
         return str(self.dir / f"{block_id:016x}.blk")
 
-    def _check(self, worker):
+    def _check(self, worker, block_id=None, token=None, write=False):
         if worker.worker_id in self.failing:
             raise CurvineError(ErrorKind.UNAVAILABLE, f"worker {worker.address}: down")
+        # Like the worker: a block call needs the token FakeMaster gave with the block.
+        if block_id is not None and token not in ([fake_token(block_id, "w")] if write else
+                                                  [fake_token(block_id, "w"),
+                                                   fake_token(block_id, "r")]):
+            raise CurvineError(ErrorKind.PERMISSION, f"block {block_id}: token {token!r}")
 
-    def write_block(self, worker, block_id, data, timeout=30.0):
-        self._check(worker)
+    def write_block(self, worker, block_id, data, timeout=30.0, token=b""):
+        self._check(worker, block_id, token, write=True)
         data = bytes(data)
         self.blocks[block_id] = data
         if worker.worker_id == 1:
@@ -73,9 +83,9 @@ class FakeWorkers:
                 f.write(data)
         return len(data), zlib.crc32(data)
 
-    def adopt_block(self, worker, block_id, path, length, checksum, timeout=30.0):
+    def adopt_block(self, worker, block_id, path, length, checksum, timeout=30.0, token=b""):
         """Like the worker: take over a client staging file as the block."""
-        self._check(worker)
+        self._check(worker, block_id, token, write=True)
         if self.refuse_adopt is not None:
             raise self.refuse_adopt
         assert worker.worker_id == 1 and os.path.dirname(path) == str(self.dir / "staging")
@@ -87,8 +97,8 @@ class FakeWorkers:
         self.adopted.append(block_id)
         return length, checksum
 
-    def read_block(self, worker, block_id, offset, length, timeout=30.0):
-        self._check(worker)
+    def read_block(self, worker, block_id, offset, length, timeout=30.0, token=b""):
+        self._check(worker, block_id, token)
         data = self.blocks[block_id]
         return data[offset:offset + length] if length else data[offset:]
 
@@ -107,9 +117,9 @@ class FakeWorkers:
         class FakeWriteStream:
             """block_client.BlockWriteStream: pieces kept, the block stored at finish."""
 
-            def __init__(self, worker, block_id, timeout=30.0):
-                fake._check(worker)
-                self.worker, self.block_id = worker, block_id
+            def __init__(self, worker, block_id, timeout=30.0, token=b""):
+                fake._check(worker, block_id, token, write=True)
+                self.worker, self.block_id, self.token = worker, block_id, token
                 self.parts, self.cancelled, self.finished = [], False, False
                 fake.write_streams.append(self)
 
@@ -121,7 +131,8 @@ class FakeWorkers:
                 assert not self.cancelled
                 fake._check(self.worker)
                 self.finished = True
-                return fake.write_block(self.worker, self.block_id, b"".join(self.parts))
+                return fake.write_block(self.worker, self.block_id, b"".join(self.parts),
+                                        token=self.token)
 
             def cancel(self):
                 self.cancelled = True
@@ -132,8 +143,9 @@ class FakeWorkers:
         fake = self
 
         class FakeBlockReader:
-            def __init__(self, worker, block_id, offset=0, length=0, timeout=30.0, readahead=4):
-                fake._check(worker)
+            def __init__(self, worker, block_id, offset=0, length=0, timeout=30.0, readahead=4,
+                         token=b""):
+                fake._check(worker, block_id, token)
                 time.sleep(fake.open_delay)  # widens races between threads opening streams
                 fake.reads.append((worker.worker_id, block_id, offset))
                 self.worker, self.block_id, self.offset = worker, block_id, offset
@@ -361,7 +373,8 @@ class FakeMaster:
     def get_blocks(self, ino):
         inode = self.getattr(ino)
         blocks = [common_pb2.Block(block_id=b.block_id, length=b.length, checksum=b.checksum,
-                                   worker_ids=list(b.worker_ids))
+                                   worker_ids=list(b.worker_ids),
+                                   token=fake_token(b.block_id, "r"))
                   for b in self.blocks.get(ino, [])]
         return inode, blocks, dict(self.w.workers)
 
@@ -372,7 +385,7 @@ class FakeMaster:
         targets = [self.w.workers[r] for r in self.replicas if r not in exclude]
         if not targets:
             targets = [w for i, w in self.w.workers.items() if i not in exclude]
-        return self.next_block, targets
+        return self.next_block, targets, fake_token(self.next_block, "w")
 
     def complete_file(self, ino, blocks, size, mtime_ns=0, if_unpublished=False, abandoned=()):
         self.abandoned.extend(abandoned)

@@ -26,10 +26,10 @@ from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error
 from curvine.common.ids import MIB
 from curvine.common.rpc import bind, make_server
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
-from curvine.common import wire
+from curvine.common import block_tokens, wire
 from curvine.common.blocks import MAX_BLOCK_ID, block_path, check_block_id
 from curvine.worker.blockstore import BlockStore
-from curvine.worker.service import WorkerServicer, add_to_server
+from curvine.worker.service import UNCHECKED, WorkerServicer, add_to_server
 
 VENV_BIN = os.path.dirname(sys.executable)
 
@@ -230,7 +230,7 @@ def test_concurrent_writers(tmp_path):
 def worker(tmp_path):
     data_dir = tmp_path / "data"
     store = BlockStore([data_dir])
-    servicer = WorkerServicer(store, block_size=64 * MIB)
+    servicer = WorkerServicer(store, block_size=64 * MIB, block_key=UNCHECKED)
     server = make_server(8)
     add_to_server(servicer, server)
     port = bind(server, "127.0.0.1", 0)
@@ -327,7 +327,7 @@ def test_generated_registration_still_works(tmp_path):
     """WorkerServicer registered with the generated helper sends ReadBlockReply messages."""
     store = BlockStore([tmp_path])
     server = make_server(4)
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(store), server)
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(store, block_key=UNCHECKED), server)
     port = bind(server, "127.0.0.1", 0)
     server.start()
     try:
@@ -379,7 +379,7 @@ def test_bad_writes_are_refused(worker):
 def test_no_space_reaches_the_client(tmp_path):
     store = BlockStore([tmp_path], capacity=2 * MIB)
     server = make_server(4)
-    add_to_server(WorkerServicer(store), server)
+    add_to_server(WorkerServicer(store, block_key=UNCHECKED), server)
     port = bind(server, "127.0.0.1", 0)
     server.start()
     try:
@@ -570,6 +570,13 @@ def test_unreachable_worker_is_unavailable():
 # -- curvine-worker against a fake master --------------------------------------------------
 
 
+FAKE_BLOCK_KEY = b"k" * 32  # FakeMaster hands it to the worker; tests sign tokens with it
+
+
+def _wtoken(block_id: int) -> bytes:
+    return block_tokens.mint(FAKE_BLOCK_KEY, block_id, block_tokens.WRITE)
+
+
 class FakeMaster(master_pb2_grpc.MasterServicer):
     """RegisterWorker, BlockReport and WorkerHeartbeat only; records every call."""
 
@@ -585,7 +592,8 @@ class FakeMaster(master_pb2_grpc.MasterServicer):
     def RegisterWorker(self, request, context):
         with self.lock:
             self.registrations.append(request.worker)
-        return master_pb2.RegisterWorkerReply(worker_id=7, block_size=64 * MIB)
+        return master_pb2.RegisterWorkerReply(worker_id=7, block_size=64 * MIB,
+                                              block_key=FAKE_BLOCK_KEY)
 
     def BlockReport(self, request, context):
         with self.lock:
@@ -693,7 +701,10 @@ def test_worker_daemon_against_fake_master(tmp_path):
 
         # Serving: a block written now shows up in the heartbeats.
         info = common_pb2.WorkerInfo(address=reg.address, data_dirs=list(reg.data_dirs))
-        block_client.write_block(info, 0x200, b"fresh")
+        with pytest.raises(CurvineError) as denied:  # no token: the master never gave it
+            block_client.write_block(info, 0x200, b"fresh")
+        assert denied.value.kind == ErrorKind.PERMISSION and "token" in denied.value.message
+        block_client.write_block(info, 0x200, b"fresh", token=_wtoken(0x200))
         wait_until(lambda: any(h.num_blocks == 3 and h.worker_id == 7 for h in fake.heartbeats),
                    5, "a heartbeat with 3 blocks")
 
@@ -710,7 +721,7 @@ def test_worker_daemon_against_fake_master(tmp_path):
         # worker keeps serving, says so once each way, and carries on heartbeating.
         master.stop(None).wait()
         wait_until(lambda: worker.log().count("WARNING") == 2, 10, "a second WARNING")
-        assert block_client.read_block(info, 0x200, 0, 0) == b"fresh"
+        assert block_client.read_block(info, 0x200, 0, 0, token=_wtoken(0x200)) == b"fresh"
         time.sleep(0.5)
         fake, master = _start_master(master_port)
         wait_until(lambda: fake.heartbeats, 10, "heartbeats to a restarted master")
@@ -738,13 +749,14 @@ def test_worker_killed_mid_write_recovers(tmp_path):
     try:
         worker.wait_ready()
         info = common_pb2.WorkerInfo(address=fake.registrations[0].address)
-        block_client.write_block(info, 0x11, b"kept" * 1000)
+        block_client.write_block(info, 0x11, b"kept" * 1000, token=_wtoken(0x11))
 
         # A write that stalls after its first message: the staging file exists.
         release = threading.Event()
 
         def stalled():
-            yield wire.encode_write_request(b"p" * MIB, block_id=0x12, expected_length=4 * MIB)
+            yield wire.encode_write_request(b"p" * MIB, block_id=0x12, expected_length=4 * MIB,
+                                            token=_wtoken(0x12))
             release.wait(20)
 
         call = block_client._calls(info.address).write.future(stalled(), timeout=20)

@@ -4,6 +4,10 @@ AdoptBlock, out-of-range block ids sent as raw protobuf, oversized messages.
 Every attempt must be refused with a status naming the field, nothing outside the
 worker's data dir may be read, created or moved, and the worker must stay up (the
 cluster fixture also fails the test if a daemon logged a traceback).
+
+The attempts carry valid block tokens (signed with the master's key, read from its
+meta dir as only an insider could): the checks behind the token must hold on their
+own.  tests/test_block_tokens.py covers calls without them.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import zlib
 import grpc
 import pytest
 
+from curvine.common import block_tokens
 from curvine.common.errors import ERROR_KIND_KEY
 from curvine.common.rpc import MESSAGE_LIMIT, make_channel
 from curvine.proto import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -48,6 +53,16 @@ def worker(make_cluster, tmp_path):
     channel.close()
 
 
+def _key(c) -> bytes:
+    with open(os.path.join(c.base, "master", "meta", block_tokens.BLOCK_KEY_FILE), "rb") as f:
+        return f.read()
+
+
+def _w(c, block_id: int) -> bytes:
+    """A valid write token (the master would hand it out with AddBlock)."""
+    return block_tokens.mint(_key(c), block_id & ((1 << 64) - 1), block_tokens.WRITE)
+
+
 def _raw_unary(channel, method: str, payload: bytes):
     call = channel.unary_unary(f"/curvine.Worker/{method}",
                                request_serializer=lambda b: b,
@@ -78,7 +93,8 @@ def _tree(root: str) -> dict[str, int]:
 def _assert_alive(c, stub):
     assert c._proc("worker", 0).alive()
     with pytest.raises(grpc.RpcError) as e:  # a well-formed call still answers
-        stub.GetBlockInfo(worker_pb2.GetBlockInfoRequest(block_id=12345), timeout=DEADLINE)
+        stub.GetBlockInfo(worker_pb2.GetBlockInfoRequest(block_id=12345, token=_w(c, 12345)),
+                          timeout=DEADLINE)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
 
@@ -120,20 +136,22 @@ def test_adopt_block_path_traversal_is_refused(worker, tmp_path):
         attempts.append(os.path.join(staging, hard_name))  # two links
     for path in attempts:
         _refused(lambda: stub.AdoptBlock(
-            worker_pb2.AdoptBlockRequest(block_id=block_id, path=path, length=size),
+            worker_pb2.AdoptBlockRequest(block_id=block_id, path=path, length=size,
+                                         token=_w(c, block_id)),
             timeout=DEADLINE), {grpc.StatusCode.INVALID_ARGUMENT}, "path")
     # Nothing outside was touched, no block was made of it.
     assert _tree(str(outside)) == before_outside
     assert secret.read_bytes() == b"another tenant's KV cache"
     assert not os.path.exists(os.path.join(data_dir, "blocks", f"{block_id % 256:02x}",
                                            f"{block_id:016x}.blk"))
-    _refused(lambda: stub.ReadBlock(worker_pb2.ReadBlockRequest(block_id=block_id),
+    _refused(lambda: stub.ReadBlock(worker_pb2.ReadBlockRequest(block_id=block_id,
+                                                                token=_w(c, block_id)),
                                     timeout=DEADLINE).__next__(),
              {grpc.StatusCode.NOT_FOUND}, None)
     # a missing staging file of the right shape is NOT_FOUND, not a crash
     _refused(lambda: stub.AdoptBlock(worker_pb2.AdoptBlockRequest(
         block_id=block_id, path=os.path.join(staging, f"{block_id:016x}.c{'ef' * 8}.tmp"),
-        length=0), timeout=DEADLINE), {grpc.StatusCode.NOT_FOUND}, None)
+        length=0, token=_w(c, block_id)), timeout=DEADLINE), {grpc.StatusCode.NOT_FOUND}, None)
     _assert_alive(c, stub)
 
 
@@ -142,19 +160,21 @@ def test_bad_block_ids_are_refused_on_every_method(worker):
     stub = worker_pb2_grpc.WorkerStub(channel)
     before = _tree(data_dir)
     for bad in BAD_BLOCK_IDS:
-        _refused(lambda: stub.GetBlockInfo(worker_pb2.GetBlockInfoRequest(block_id=bad),
+        t = _w(c, bad)
+        _refused(lambda: stub.GetBlockInfo(worker_pb2.GetBlockInfoRequest(block_id=bad,
+                                                                          token=t),
                                            timeout=DEADLINE),
                  {grpc.StatusCode.INVALID_ARGUMENT}, "block_id")
-        _refused(lambda: next(stub.ReadBlock(worker_pb2.ReadBlockRequest(block_id=bad),
+        _refused(lambda: next(stub.ReadBlock(worker_pb2.ReadBlockRequest(block_id=bad, token=t),
                                              timeout=DEADLINE)),
                  {grpc.StatusCode.INVALID_ARGUMENT}, "block_id")
-        _refused(lambda: stub.DeleteBlocks(worker_pb2.DeleteBlocksRequest(block_ids=[5, bad]),
-                                           timeout=DEADLINE),
+        _refused(lambda: stub.DeleteBlocks(worker_pb2.DeleteBlocksRequest(
+            block_ids=[5, bad], tokens=[_w(c, 5), t]), timeout=DEADLINE),
                  {grpc.StatusCode.INVALID_ARGUMENT}, "block_ids[1]")
         _refused(lambda: stub.AdoptBlock(worker_pb2.AdoptBlockRequest(
-            block_id=bad, path=os.path.join(data_dir, "staging", "x"), length=0),
+            block_id=bad, path=os.path.join(data_dir, "staging", "x"), length=0, token=t),
             timeout=DEADLINE), {grpc.StatusCode.INVALID_ARGUMENT}, "block_id")
-        header = worker_pb2.WriteBlockHeader(block_id=bad)
+        header = worker_pb2.WriteBlockHeader(block_id=bad, token=t)
         _refused(lambda: stub.WriteBlock(iter([worker_pb2.WriteBlockRequest(
             header=header, data=b"x", finish=True)]), timeout=DEADLINE),
             {grpc.StatusCode.INVALID_ARGUMENT}, "header.block_id")
@@ -166,13 +186,14 @@ def test_bad_block_ids_are_refused_on_every_method(worker):
         assert ERROR_KIND_KEY in dict(err.trailing_metadata() or ())
     # offsets and lengths past the end of a real block
     stub.WriteBlock(iter([worker_pb2.WriteBlockRequest(
-        header=worker_pb2.WriteBlockHeader(block_id=77), data=b"abc", finish=True,
+        header=worker_pb2.WriteBlockHeader(block_id=77, token=_w(c, 77)), data=b"abc",
+        finish=True,
         checksum=zlib.crc32(b"abc"))]),
         timeout=DEADLINE)
     for off, length, field in [((1 << 64) - 1, 0, "offset"), (0, (1 << 64) - 1, "length"),
                                (4, 0, "offset"), (1, 3, "length")]:
         _refused(lambda: next(stub.ReadBlock(worker_pb2.ReadBlockRequest(
-            block_id=77, offset=off, length=length), timeout=DEADLINE)),
+            block_id=77, offset=off, length=length, token=_w(c, 77)), timeout=DEADLINE)),
             {grpc.StatusCode.INVALID_ARGUMENT}, field)
     after = _tree(data_dir)
     new = set(after) - set(before)
@@ -189,7 +210,8 @@ def test_malformed_and_oversized_messages_are_refused(worker):
                  {grpc.StatusCode.INVALID_ARGUMENT}, "request")
     # the same inside a client stream (WriteBlock), after a valid first message
     first = worker_pb2.WriteBlockRequest(
-        header=worker_pb2.WriteBlockHeader(block_id=98), data=b"x").SerializeToString()
+        header=worker_pb2.WriteBlockHeader(block_id=98, token=_w(c, 98)),
+        data=b"x").SerializeToString()
     write = channel.stream_unary("/curvine.Worker/WriteBlock",
                                  request_serializer=lambda b: b,
                                  response_deserializer=lambda b: b)
@@ -207,7 +229,7 @@ def test_malformed_and_oversized_messages_are_refused(worker):
     print(f"oversized message: {err.code().name}: {err.details()}")
     # one WriteBlock message above the 1 MiB data unit is refused by the handler
     _refused(lambda: stub.WriteBlock(iter([worker_pb2.WriteBlockRequest(
-        header=worker_pb2.WriteBlockHeader(block_id=99), data=b"\0" * (2 << 20),
+        header=worker_pb2.WriteBlockHeader(block_id=99, token=_w(c, 99)), data=b"\0" * (2 << 20),
         finish=True)]), timeout=DEADLINE), {grpc.StatusCode.INVALID_ARGUMENT}, "data")
     assert not os.path.exists(os.path.join(data_dir, "blocks", "63", f"{99:016x}.blk"))
     _assert_alive(c, stub)

@@ -14,8 +14,10 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from curvine.client import block_client
+from curvine.common import block_tokens
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.blocks import check_block_id
 from curvine.proto import master_pb2
@@ -28,9 +30,14 @@ COPY_THREADS = 4  # concurrent copies (the master also bounds copies per worker)
 
 
 class BlockCopier:
-    def __init__(self, store: BlockStore, timeout: float = 60.0):
+    """``block_key()`` is this worker's block token key (from its registration): the
+    copier signs its own read token for the source worker."""
+
+    def __init__(self, store: BlockStore, timeout: float = 60.0,
+                 block_key: Callable[[], bytes | None] = lambda: b""):
         self.store = store
         self.timeout = timeout
+        self.block_key = block_key
         self._lock = threading.Lock()
         self._running: set[int] = set()
         self._done: list[int] = []
@@ -96,7 +103,10 @@ class BlockCopier:
         return False
 
     def _copy_from(self, src, block_id: int, length: int, checksum: int) -> None:
-        with block_client.BlockReader(src, block_id, 0, length, timeout=self.timeout) as reader:
+        key = self.block_key()
+        token = block_tokens.mint(key, block_id, block_tokens.READ) if key else b""
+        with block_client.BlockReader(src, block_id, 0, length, timeout=self.timeout,
+                                      token=token) as reader:
             with self.store.begin_write(block_id, length) as writer:
                 for chunk in reader:
                     writer.append(chunk)

@@ -136,7 +136,8 @@ class MasterLink:
         self.interval = max(float(cfg.worker.heartbeat_interval), 0.01)
         self.rpc = self._make_rpc()
         # copies of other workers' blocks the master asks for (re-replication)
-        self.copier = BlockCopier(store, timeout=float(cfg.cluster.rpc_timeout))
+        self.copier = BlockCopier(store, timeout=float(cfg.cluster.rpc_timeout),
+                                  block_key=lambda: servicer.block_key)
         self._registered = False
         self._master_down = False
         self._last_error = ""
@@ -218,6 +219,8 @@ class MasterLink:
         self.worker_id = reply.worker_id
         if reply.block_size:
             self.servicer.block_size = reply.block_size
+        if reply.block_key:
+            self.servicer.block_key = reply.block_key  # block calls are served from now on
         self._block_report()
         self._registered = True
 

@@ -10,14 +10,15 @@ import logging
 
 import grpc
 
-from curvine.common.errors import invalid
+from curvine.common import block_tokens
+from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.common.ids import MIB
 from curvine.common.rpc import handler, stream_handler
 from curvine.proto import common_pb2, worker_pb2, worker_pb2_grpc
 
 from curvine.common import checked_service, wire
-from curvine.common.metrics import (WORKER_READ_REMOTE, WORKER_WRITTEN_REMOTE,
-                                    WORKER_WRITTEN_SHORT_CIRCUIT)
+from curvine.common.metrics import (BLOCK_TOKEN_REFUSED, WORKER_READ_REMOTE,
+                                    WORKER_WRITTEN_REMOTE, WORKER_WRITTEN_SHORT_CIRCUIT)
 from curvine.common.blocks import check_block_id
 
 from .blockstore import READ_CHUNK, BlockStore
@@ -30,23 +31,42 @@ log = logging.getLogger(__name__)
 MAX_WRITE_MESSAGE = MIB + 64 * 1024
 
 
-class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    """Serves one BlockStore.  ``block_size`` is the largest block accepted; the
-    worker sets it from the master's RegisterWorkerReply."""
+# The one value of WorkerServicer.block_key that turns block token checks off.
+UNCHECKED = None
 
-    def __init__(self, store: BlockStore, block_size: int = 64 * MIB):
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    """Serves one BlockStore.  ``block_size`` is the largest block accepted and
+    ``block_key`` the key of block tokens (common/block_tokens.py); the worker sets both
+    from the master's RegisterWorkerReply.  Until then the key is b"" and every block
+    call is refused UNAVAILABLE.  ``UNCHECKED`` turns the checks off: for tests of the
+    block store plumbing without a master, never set by the worker daemon."""
+
+    def __init__(self, store: BlockStore, block_size: int = 64 * MIB,
+                 block_key: bytes | None = b""):
         self.store = store
         self.block_size = block_size
+        self.block_key = block_key
         # add_to_server frames ReadBlock replies by hand and sets this; registered
         # with the generated add_WorkerServicer_to_server, replies stay messages.
         self.raw_read_replies = False
 
-    def _authorize(self, context: grpc.ServicerContext, block_id: int, access: str) -> None:
-        """Check the master-issued block token for ``access`` ("read"/"write"/"delete").
-
-        Block tokens arrive with the security work; until then every well-formed block
-        id is accepted (the cluster token, when configured, guards the whole service).
-        """
+    def _authorize(self, block_id: int, token: bytes, access: bytes, field: str) -> None:
+        """Refuse unless ``token`` is the master's grant of ``access`` to ``block_id``:
+        a worker serves only block ids the master allocated and handed out."""
+        key = self.block_key
+        if key is UNCHECKED:
+            return
+        if not key:
+            raise CurvineError(ErrorKind.UNAVAILABLE, "this worker has not registered with "
+                                                      "the master yet (no block token key)")
+        if not block_tokens.allows(key, block_id, token, access):
+            BLOCK_TOKEN_REFUSED.inc()
+            what = "write" if access == block_tokens.WRITE else "read"
+            raise CurvineError(ErrorKind.PERMISSION,
+                               f"{field}: missing or wrong {what} token for block "
+                               f"{block_id:016x} (tokens come from the master: GetBlocks, "
+                               f"AddBlock)")
 
     @handler
     def WriteBlock(self, request_iterator, context):
@@ -62,7 +82,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if expected > limit:
             raise invalid("header.expected_length",
                           f"{expected} exceeds the block size {limit}")
-        self._authorize(context, block_id, "write")
+        self._authorize(block_id, req.header.token, block_tokens.WRITE, "header.token")
         with self.store.begin_write(block_id, expected) as writer:
             while True:
                 data = req.data  # each access copies the field: read it once
@@ -96,7 +116,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         chunk = request.chunk_size or READ_CHUNK
         if chunk > READ_CHUNK:
             raise invalid("chunk_size", f"{chunk} is larger than {READ_CHUNK}")
-        self._authorize(context, block_id, "read")
+        self._authorize(block_id, request.token, block_tokens.READ, "token")
         chunks = self.store.read(block_id, request.offset, request.length, chunk)
         sent = 0
         try:
@@ -119,7 +139,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         block_id = check_block_id(request.block_id, "block_id")
         if request.length > self.block_size:
             raise invalid("length", f"{request.length} exceeds the block size {self.block_size}")
-        self._authorize(context, block_id, "write")
+        self._authorize(block_id, request.token, block_tokens.WRITE, "token")
         length, crc = self.store.adopt(block_id, request.path, request.length, request.checksum)
         WORKER_WRITTEN_SHORT_CIRCUIT.inc(length)
         log.debug("adopted block %016x: %d bytes", block_id, length)
@@ -128,8 +148,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     @handler
     def DeleteBlocks(self, request, context):
         ids = [check_block_id(b, f"block_ids[{i}]") for i, b in enumerate(request.block_ids)]
-        for b in ids:
-            self._authorize(context, b, "delete")
+        if self.block_key is not UNCHECKED and len(request.tokens) != len(ids):
+            raise invalid("tokens", f"{len(request.tokens)} tokens for {len(ids)} block ids "
+                                    "(one write token per block id)")
+        for i, b in enumerate(ids):
+            self._authorize(b, request.tokens[i] if i < len(request.tokens) else b"",
+                            block_tokens.WRITE, f"tokens[{i}]")
         removed = self.store.delete(ids)
         log.debug("deleted %d of %d blocks on request", removed, len(ids))
         return common_pb2.Empty()
@@ -137,7 +161,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     @handler
     def GetBlockInfo(self, request, context):
         block_id = check_block_id(request.block_id, "block_id")
-        self._authorize(context, block_id, "read")
+        self._authorize(block_id, request.token, block_tokens.READ, "token")
         length, path = self.store.info(block_id)
         return worker_pb2.BlockInfoReply(block_id=block_id, length=length, path=path)
 

@@ -1,0 +1,83 @@
+"""Block tokens: a worker serves a block id only to a caller the master gave it to.
+
+The master holds a random key (``BLOCK_KEY_FILE`` in its meta dir, made at first start)
+and hands it to each worker when it registers.  With every block id it gives a client
+(GetBlocks: read tokens; AddBlock: a write token) it sends a token
+
+    access (1 byte, b"r" or b"w") + HMAC-SHA256(key, DOMAIN + block_id + access)[:16]
+
+and the worker recomputes the MAC before it reads, writes, adopts or deletes that
+block.  A write token also allows reading and deleting (the writer re-reads and drops
+its own blocks).  Block ids are never reused, so a token names one block's data for as
+long as it exists; tokens do not expire, and changing the key (delete the file, restart
+the master; workers get the new key when they register again) voids all of them.
+
+What this adds to the cluster token: a request for a block id the master never
+allocated, or never handed out, is refused (PERMISSION_DENIED, counted in
+``curvine_block_token_refused_total``) even when it carries the cluster token.  It is
+not a boundary between token holders: any process with the cluster token can register
+as a worker and learn the key (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+
+READ = b"r"
+WRITE = b"w"
+KEY_BYTES = 32
+MAC_BYTES = 16
+TOKEN_BYTES = 1 + MAC_BYTES
+BLOCK_KEY_FILE = "block_token.key"
+_DOMAIN = b"curvine-block-token/1\0"
+
+
+def mint(key: bytes, block_id: int, access: bytes) -> bytes:
+    """The token granting ``access`` (READ or WRITE) to ``block_id``."""
+    if access not in (READ, WRITE):
+        raise ValueError(f"access must be READ or WRITE, not {access!r}")
+    msg = _DOMAIN + block_id.to_bytes(8, "big") + access
+    return access + hmac.new(key, msg, hashlib.sha256).digest()[:MAC_BYTES]
+
+
+def allows(key: bytes, block_id: int, token: bytes, access: bytes) -> bool:
+    """Whether ``token`` grants ``access`` to ``block_id`` (a write token grants read)."""
+    if len(token) != TOKEN_BYTES or not 0 <= block_id < 1 << 64:
+        return False
+    granted = token[:1]
+    if granted not in (READ, WRITE) or (access == WRITE and granted != WRITE):
+        return False
+    return hmac.compare_digest(token, mint(key, block_id, granted))
+
+
+def load_or_create_key(meta_dir: str) -> bytes:
+    """The master's key in ``meta_dir``, created (mode 0600, fsynced) if missing."""
+    path = os.path.join(meta_dir, BLOCK_KEY_FILE)
+    try:
+        with open(path, "rb") as f:
+            key = f.read(KEY_BYTES + 1)
+        if len(key) != KEY_BYTES:
+            raise ValueError(f"{path}: holds {len(key)} bytes, expected {KEY_BYTES} "
+                             "(delete it to make a new key: outstanding block tokens "
+                             "become invalid)")
+        return key
+    except FileNotFoundError:
+        pass
+    key = secrets.token_bytes(KEY_BYTES)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, key)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(meta_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)  # the rename survives a crash: a new key would void tokens
+    finally:
+        os.close(dfd)
+    return key

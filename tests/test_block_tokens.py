@@ -1,0 +1,214 @@
+"""Block tokens (common/block_tokens.py): a worker serves a block id only with the
+master's grant for it.
+
+In-process master: AddBlock hands out a write token and GetBlocks read tokens that
+verify with the master's key; tokens a client sends back with CompleteFile are
+stored nowhere (neither LMDB nor journal holds their bytes); the key survives a
+restart, and a damaged key file stops the master with a message naming it.
+
+Real cluster (master + worker processes, cluster token on): every block method of the
+worker refuses a call without a token, with another block's token, with a read token
+where writing is asked, and with a token signed by another key: PERMISSION_DENIED
+naming the field, counted in ``curvine_block_token_refused_total``, no data changed.
+The same calls with the master's tokens work.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import urllib.request
+import zlib
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from curvine.common import block_tokens as bt
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.ids import ROOT_INO, new_request_id
+from curvine.common.rpc import make_channel
+from curvine.proto import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
+from curvine.worker.blockstore import BlockStore
+from curvine.worker.service import WorkerServicer
+
+from test_master import add_worker, create, make_master
+
+DEADLINE = 10.0
+
+
+# ------------------------------------------------------------------ the token itself
+def test_tokens_grant_exactly_what_they_say():
+    key, other_key = b"a" * 32, b"b" * 32
+    w, r = bt.mint(key, 42, bt.WRITE), bt.mint(key, 42, bt.READ)
+    assert len(w) == len(r) == bt.TOKEN_BYTES and w != r
+    assert bt.allows(key, 42, w, bt.WRITE) and bt.allows(key, 42, w, bt.READ)
+    assert bt.allows(key, 42, r, bt.READ) and not bt.allows(key, 42, r, bt.WRITE)
+    assert not bt.allows(key, 43, w, bt.READ)  # another block
+    assert not bt.allows(other_key, 42, w, bt.READ)  # another cluster's key
+    # the access byte is covered by the MAC: a read token relabelled as write fails
+    assert not bt.allows(key, 42, bt.WRITE + r[1:], bt.WRITE)
+    for junk in (b"", w[:-1], w + b"\0", b"w" + b"\0" * bt.MAC_BYTES, b"x" + w[1:],
+                 bytes(bt.TOKEN_BYTES)):
+        assert not bt.allows(key, 42, junk, bt.READ), junk
+    assert not bt.allows(key, -1, w, bt.READ) and not bt.allows(key, 1 << 64, w, bt.READ)
+    with pytest.raises(ValueError):
+        bt.mint(key, 42, b"x")
+
+
+def test_a_worker_not_yet_registered_serves_no_block(tmp_path):
+    servicer = WorkerServicer(BlockStore([str(tmp_path)], capacity=1 << 30))
+    with pytest.raises(CurvineError) as e:
+        type(servicer).GetBlockInfo.__wrapped__(
+            servicer, worker_pb2.GetBlockInfoRequest(block_id=5, token=b"r" * 17), None)
+    assert e.value.kind == ErrorKind.UNAVAILABLE and "registered" in e.value.message
+
+
+# ------------------------------------------------------------------ master side
+def _files_under(*roots):
+    for root in roots:
+        for d, _dirs, files in os.walk(root):
+            for f in files:
+                yield os.path.join(d, f)
+
+
+def test_master_hands_out_tokens_and_never_stores_them(tmp_path):
+    m = make_master(tmp_path)
+    try:
+        add_worker(m)
+        f = create(m, ROOT_INO, b"f")
+        reply = m.add_block(master_pb2.AddBlockRequest(ino=f.ino, client_host_id="h1",
+                                                       size_hint=10))
+        key = m.block_key
+        assert bt.allows(key, reply.block_id, reply.block_token, bt.WRITE)
+        # The client sends the block back with its token (as a writer that reuses blocks
+        # of a version it read does): published, but the token is not kept.
+        block = common_pb2.Block(block_id=reply.block_id, length=10, checksum=1,
+                                 worker_ids=[w.worker_id for w in reply.workers],
+                                 token=reply.block_token)
+        m.complete(master_pb2.CompleteFileRequest(request_id=new_request_id(), ino=f.ino,
+                                                  blocks=[block], size=10))
+        with m.store.read() as txn:
+            stored = m.store.get_blocks(txn, f.ino)
+        assert [b.block_id for b in stored] == [reply.block_id] and stored[0].token == b""
+        got = m.get_blocks(f.ino)
+        read_token = got.blocks[0].token
+        assert bt.allows(key, reply.block_id, read_token, bt.READ)
+        assert not bt.allows(key, reply.block_id, read_token, bt.WRITE)
+        meta, journal = m.meta_dir, m.journal_dir
+        key_path = os.path.join(meta, bt.BLOCK_KEY_FILE)
+    finally:
+        m.close()
+    assert stat.S_IMODE(os.stat(key_path).st_mode) == 0o600
+    for path in _files_under(meta, journal):
+        with open(path, "rb") as fh:
+            data = fh.read()
+        for token in (reply.block_token, read_token):
+            assert token not in data, f"a block token was stored in {path}"
+
+    # The key survives a restart: tokens handed out before it still verify.
+    m = make_master(tmp_path)
+    try:
+        assert m.block_key == key
+        assert m.get_blocks(f.ino).blocks[0].token == read_token
+    finally:
+        m.close()
+
+    # A damaged key file stops the master with a message naming it (not a new key
+    # that would void every token in silence).
+    with open(key_path, "wb") as fh:
+        fh.write(b"short")
+    with pytest.raises(CurvineError) as e:
+        make_master(tmp_path)
+    assert bt.BLOCK_KEY_FILE in e.value.message and "5 bytes" in e.value.message
+
+
+# ------------------------------------------------------------------ real cluster
+def refused_count(http_port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "curvine_block_token_refused_total")
+
+
+def _denied(fn, field: str):
+    with pytest.raises(grpc.RpcError) as e:
+        fn()
+    assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, (e.value.code(),
+                                                                 e.value.details())
+    assert e.value.details().startswith(f"{field}:"), e.value.details()
+
+
+def test_worker_serves_only_blocks_the_master_handed_out(make_cluster):
+    c = make_cluster(workers=1, mounts=0)
+    worker = c._proc("worker", 0)
+    data_dir = os.path.join(c.base, "worker", "0", "data")
+    with make_channel(c.master_addr) as mch, make_channel(worker.address) as wch:
+        master = master_pb2_grpc.MasterStub(mch)
+        stub = worker_pb2_grpc.WorkerStub(wch)
+        node = master.Create(master_pb2.CreateRequest(
+            request_id=new_request_id(), parent=ROOT_INO, name=b"kv.data", mode=0o644),
+            timeout=DEADLINE).inode
+        alloc = master.AddBlock(master_pb2.AddBlockRequest(ino=node.ino, size_hint=3),
+                                timeout=DEADLINE)
+        bid, wtoken = alloc.block_id, alloc.block_token
+        other = master.AddBlock(master_pb2.AddBlockRequest(ino=node.ino, size_hint=3),
+                                timeout=DEADLINE)
+        foreign = bt.mint(b"\x07" * 32, bid, bt.WRITE)  # another cluster's key
+
+        def write(block_id, token, data=b"abc"):
+            return stub.WriteBlock(iter([worker_pb2.WriteBlockRequest(
+                header=worker_pb2.WriteBlockHeader(block_id=block_id, token=token),
+                data=data, finish=True, checksum=zlib.crc32(data))]), timeout=DEADLINE)
+
+        before = refused_count(worker.http_port)
+        bad_write_tokens = [b"", other.block_token, foreign, wtoken[:-1]]
+        for t in bad_write_tokens:
+            _denied(lambda: write(bid, t), "header.token")
+        assert not any(files for _d, _s, files in os.walk(os.path.join(data_dir, "blocks")))
+        assert write(bid, wtoken).length == 3
+
+        master.CompleteFile(master_pb2.CompleteFileRequest(
+            request_id=new_request_id(), ino=node.ino, size=3,
+            blocks=[common_pb2.Block(block_id=bid, length=3, checksum=zlib.crc32(b"abc"),
+                                     worker_ids=[alloc.workers[0].worker_id])],
+            abandoned_block_ids=[other.block_id]), timeout=DEADLINE)
+        rtoken = master.GetBlocks(master_pb2.GetBlocksRequest(ino=node.ino),
+                                  timeout=DEADLINE).blocks[0].token
+        assert rtoken and rtoken != wtoken
+
+        def read(token):
+            return b"".join(r.data for r in stub.ReadBlock(
+                worker_pb2.ReadBlockRequest(block_id=bid, token=token), timeout=DEADLINE))
+
+        bad_read_tokens = [b"", other.block_token, foreign, bt.WRITE + rtoken[1:]]
+        for t in bad_read_tokens:
+            _denied(lambda: read(t), "token")
+            _denied(lambda: stub.GetBlockInfo(worker_pb2.GetBlockInfoRequest(
+                block_id=bid, token=t), timeout=DEADLINE), "token")
+        assert read(rtoken) == b"abc" and read(wtoken) == b"abc"
+        assert stub.GetBlockInfo(worker_pb2.GetBlockInfoRequest(block_id=bid, token=rtoken),
+                                 timeout=DEADLINE).length == 3
+
+        # A read token does not allow writing, adopting or deleting.
+        _denied(lambda: write(bid + 1000, rtoken), "header.token")
+        _denied(lambda: stub.AdoptBlock(worker_pb2.AdoptBlockRequest(
+            block_id=bid, path=os.path.join(data_dir, "staging", "x"), length=0,
+            token=rtoken), timeout=DEADLINE), "token")
+        _denied(lambda: stub.DeleteBlocks(worker_pb2.DeleteBlocksRequest(
+            block_ids=[bid], tokens=[rtoken]), timeout=DEADLINE), "tokens[0]")
+        with pytest.raises(grpc.RpcError) as e:  # one token per id
+            stub.DeleteBlocks(worker_pb2.DeleteBlocksRequest(block_ids=[bid]), timeout=DEADLINE)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert read(rtoken) == b"abc"  # still there after all of it
+
+        refused = refused_count(worker.http_port) - before
+        expected = len(bad_write_tokens) + 2 * len(bad_read_tokens) + 3
+        assert refused == expected, (refused, expected)
+        print(f"{expected} calls without a valid block token refused and counted")
+
+        stub.DeleteBlocks(worker_pb2.DeleteBlocksRequest(block_ids=[bid], tokens=[wtoken]),
+                          timeout=DEADLINE)
+        with pytest.raises(grpc.RpcError) as e:
+            read(rtoken)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
