@@ -118,6 +118,8 @@ class WorkerConfig:
     capacity: Size = Size(0)  # 0 = free space of the data dirs' file systems
     heartbeat_interval: Duration = Duration(1.0)
     rpc_threads: int = 32
+    # a block stream that neither sends nor takes a message this long is cancelled
+    stream_idle_timeout: Duration = Duration(60.0)
 
 
 @dataclass
@@ -349,6 +351,8 @@ def _problems(cfg: Config):
         yield ("worker.data_dirs",), "needs at least one directory, and no empty names"
     if w.heartbeat_interval <= 0:
         yield ("worker.heartbeat_interval",), "must be positive"
+    if w.stream_idle_timeout < 0:
+        yield ("worker.stream_idle_timeout",), "must not be negative (0 = never)"
     if cfg.client.readahead_blocks < 1:
         yield ("client.readahead_blocks",), "must be at least 1"
     if cfg.log.level.upper() not in _LOG_LEVELS:

@@ -322,7 +322,8 @@ def run(cfg: config_mod.Config, stop: threading.Event) -> int:
     except (CurvineError, OSError) as e:
         log.error("cannot open data dirs: %s", e)
         return 1
-    servicer = WorkerServicer(store, block_size=int(cfg.cluster.block_size))
+    servicer = WorkerServicer(store, block_size=int(cfg.cluster.block_size),
+                              stream_idle_timeout=float(wc.stream_idle_timeout))
     server = make_server(wc.rpc_threads, token=auth.client_token())
     add_to_server(servicer, server)
     try:
@@ -358,6 +359,7 @@ def run(cfg: config_mod.Config, stop: threading.Event) -> int:
             http.close()
         link.close()
         server.stop(grace=5).wait()
+        servicer.close()
     log.info("worker stopped")
     return 0
 

@@ -17,6 +17,7 @@ from curvine.common.rpc import handler, stream_handler
 from curvine.proto import common_pb2, worker_pb2, worker_pb2_grpc
 
 from curvine.common import checked_service, wire
+from curvine.common.stream_guard import IdleStreams, Watched
 from curvine.common.metrics import (BLOCK_TOKEN_REFUSED, WORKER_READ_REMOTE,
                                     WORKER_WRITTEN_REMOTE, WORKER_WRITTEN_SHORT_CIRCUIT)
 from curvine.common.blocks import check_block_id
@@ -43,10 +44,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     block store plumbing without a master, never set by the worker daemon."""
 
     def __init__(self, store: BlockStore, block_size: int = 64 * MIB,
-                 block_key: bytes | None = b""):
+                 block_key: bytes | None = b"", stream_idle_timeout: float = 0.0):
         self.store = store
         self.block_size = block_size
         self.block_key = block_key
+        # WriteBlock/ReadBlock streams silent this long are cancelled (0 = never)
+        self.idle = IdleStreams(stream_idle_timeout, "worker")
         # add_to_server frames ReadBlock replies by hand and sets this; registered
         # with the generated add_WorkerServicer_to_server, replies stay messages.
         self.raw_read_replies = False
@@ -68,10 +71,31 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                f"{block_id:016x} (tokens come from the master: GetBlocks, "
                                f"AddBlock)")
 
+    def close(self) -> None:
+        self.idle.close()
+
+    def _next(self, requests, watched: Watched):
+        """The next message of a client stream, or None at its end; an idle stream the
+        watchdog cancelled is TIMEOUT (whatever gRPC makes of the cancellation)."""
+        try:
+            req = next(requests, None)
+        except grpc.RpcError:
+            if not watched.cancelled:
+                raise
+            req = None
+        if watched.cancelled:
+            raise CurvineError(ErrorKind.TIMEOUT, f"stream: no message for "
+                                                  f"{self.idle.idle_timeout:g}s; cancelled")
+        watched.touch()
+        return req
+
     @handler
     def WriteBlock(self, request_iterator, context):
-        requests = iter(request_iterator)
-        req = next(requests, None)
+        with self.idle.watch(context, "WriteBlock") as watched:
+            return self._write_block(iter(request_iterator), watched)
+
+    def _write_block(self, requests, watched: Watched):
+        req = self._next(requests, watched)
         if req is None:
             raise invalid("header", "empty stream")
         if not req.HasField("header"):
@@ -97,7 +121,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 del data
                 if req.finish:
                     break
-                req = next(requests, None)
+                req = self._next(requests, watched)
                 if req is None:
                     raise invalid("finish", "the stream ended without a finish message")
                 if req.HasField("header"):
@@ -119,20 +143,20 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self._authorize(block_id, request.token, block_tokens.READ, "token")
         chunks = self.store.read(block_id, request.offset, request.length, chunk)
         sent = 0
-        try:
-            # counted before each yield: a client that has what it asked for may end
-            # the stream, and the generator is then closed at that yield
-            if self.raw_read_replies:
-                for data in chunks:  # framed by wire.encode_read_reply
-                    sent += len(data)
-                    yield data
-            else:
+        # A yield returns once gRPC has sent the message: a reader that stops reading
+        # blocks it on flow control until the watchdog cancels the call.
+        with self.idle.watch(context, "ReadBlock") as watched:
+            try:
+                # counted before each yield: a client that has what it asked for may end
+                # the stream, and the generator is then closed at that yield
                 for data in chunks:
                     sent += len(data)
-                    yield worker_pb2.ReadBlockReply(data=data)
-        finally:
-            chunks.close()
-            WORKER_READ_REMOTE.inc(sent)  # once per stream: no lock per chunk
+                    # raw replies are framed by wire.encode_read_reply
+                    yield data if self.raw_read_replies else worker_pb2.ReadBlockReply(data=data)
+                    watched.touch()
+            finally:
+                chunks.close()
+                WORKER_READ_REMOTE.inc(sent)  # once per stream: no lock per chunk
 
     @handler
     def AdoptBlock(self, request, context):

@@ -1,0 +1,111 @@
+"""Server streams that stop moving are cancelled, so a slow or hostile client cannot
+pin a server thread forever.
+
+gRPC's sync server gives each call a thread until the call ends, and a call without a
+client deadline never ends by itself: a WriteBlock stream whose client stops sending,
+or a ReadBlock stream whose client stops reading (the server's send then waits on flow
+control), holds its thread indefinitely.  A handler wraps such a stream in
+``IdleStreams.watch(context, method)`` and calls ``touch()`` on each message; one
+watchdog thread cancels calls that made no progress for ``idle_timeout`` seconds,
+counts them in ``curvine_streams_cancelled_idle_total{method}``, and logs one line.
+Cancelling wakes the blocked receive or send, so the handler's thread returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from .metrics import STREAMS_CANCELLED_IDLE
+
+log = logging.getLogger(__name__)
+
+
+class Watched:
+    """One watched call; ``touch()`` marks progress (cheap: one float store)."""
+
+    __slots__ = ("context", "method", "last", "cancelled")
+
+    def __init__(self, context, method: str):
+        self.context = context
+        self.method = method
+        self.last = time.monotonic()
+        self.cancelled = False
+
+    def touch(self) -> None:
+        self.last = time.monotonic()
+
+
+class IdleStreams:
+    """Cancels watched calls idle for longer than ``idle_timeout`` (0 = never)."""
+
+    def __init__(self, idle_timeout: float, name: str = "streams"):
+        self.idle_timeout = float(idle_timeout)
+        self._name = name
+        self._lock = threading.Lock()
+        self._calls: dict[int, Watched] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, context, method: str) -> "_Watch":
+        return _Watch(self, context, method)
+
+    def _add(self, w: Watched) -> None:
+        if self.idle_timeout <= 0 or w.context is None:
+            return
+        with self._lock:
+            self._calls[id(w)] = w
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(target=self._run, name=f"idle-{self._name}",
+                                                daemon=True)
+                self._thread.start()
+
+    def _remove(self, w: Watched) -> None:
+        with self._lock:
+            self._calls.pop(id(w), None)
+
+    def _run(self) -> None:
+        period = min(max(self.idle_timeout / 4, 0.05), 1.0)
+        while not self._stop.wait(period):
+            now = time.monotonic()
+            with self._lock:
+                idle = [w for w in self._calls.values()
+                        if not w.cancelled and now - w.last > self.idle_timeout]
+            for w in idle:
+                w.cancelled = True
+                STREAMS_CANCELLED_IDLE.labels(method=w.method).inc()
+                log.info("%s: no progress for %.0fs (limit %gs); cancelled the call from %s",
+                         w.method, now - w.last, self.idle_timeout, _peer(w.context))
+                try:
+                    w.context.cancel()
+                except Exception as e:  # noqa: BLE001 - the call may have just ended
+                    log.debug("cancelling %s failed: %s", w.method, e)
+
+    def close(self) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(5)
+
+
+class _Watch:
+    """Context manager of ``IdleStreams.watch``: yields the ``Watched``."""
+
+    def __init__(self, owner: IdleStreams, context, method: str):
+        self._owner = owner
+        self.watched = Watched(context, method)
+
+    def __enter__(self) -> Watched:
+        self._owner._add(self.watched)
+        return self.watched
+
+    def __exit__(self, *exc) -> None:
+        self._owner._remove(self.watched)
+
+
+def _peer(context) -> str:
+    try:
+        return context.peer()
+    except Exception:  # noqa: BLE001
+        return "?"

@@ -1,0 +1,144 @@
+"""A slow or hostile client cannot pin a worker's threads forever.
+
+A real worker process with two RPC threads and ``worker.stream_idle_timeout = 1s``.
+Two WriteBlock streams that send a header and then nothing (no client deadline) take
+both threads: an honest call waits behind them, and is served once the worker has
+cancelled the idle streams.  A ReadBlock stream whose client stops reading is cancelled
+the same way.  A slow writer that keeps sending (total time well past the timeout) is
+not cancelled: the limit is on silence, not on duration.  Every cancellation is counted
+in ``curvine_streams_cancelled_idle_total{method}`` and leaves no staging file.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import urllib.request
+import zlib
+
+import grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from curvine.common.ids import MIB, ROOT_INO, new_request_id
+from curvine.common.rpc import make_channel
+from curvine.proto import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
+
+DEADLINE = 30.0  # bounds every honest call: a hang fails the test instead of the suite
+
+
+def cancelled_idle(http_port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {s.labels["method"]: s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples if s.name == "curvine_streams_cancelled_idle_total"}
+
+
+def test_idle_streams_are_cancelled_and_free_their_threads(make_cluster, tmp_path):
+    conf = tmp_path / "limits.toml"
+    conf.write_text('[worker]\nrpc_threads = 2\nstream_idle_timeout = "1s"\n')
+    c = make_cluster(workers=1, mounts=0, conf=str(conf))
+    worker = c._proc("worker", 0)
+    staging = os.path.join(c.base, "worker", "0", "data", "staging")
+    with make_channel(c.master_addr) as mch, make_channel(worker.address) as wch:
+        master = master_pb2_grpc.MasterStub(mch)
+        stub = worker_pb2_grpc.WorkerStub(wch)
+        node = master.Create(master_pb2.CreateRequest(
+            request_id=new_request_id(), parent=ROOT_INO, name=b"f", mode=0o644),
+            timeout=DEADLINE).inode
+
+        def alloc():
+            r = master.AddBlock(master_pb2.AddBlockRequest(ino=node.ino), timeout=DEADLINE)
+            return r.block_id, r.block_token
+
+        release = threading.Event()
+
+        def stalled(block_id, token):
+            yield worker_pb2.WriteBlockRequest(
+                header=worker_pb2.WriteBlockHeader(block_id=block_id, token=token),
+                data=b"x" * MIB)
+            release.wait(60)  # a client that goes silent (ended by the test's cleanup)
+
+        stalls = [stub.WriteBlock.future(stalled(*alloc())) for _ in range(2)]  # no deadline
+        try:
+            deadline = time.monotonic() + DEADLINE
+            while len(os.listdir(staging)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(os.listdir(staging)) == 2, "both stalled writers hold a thread"
+            # An honest call queues behind them and is served once they are cancelled.
+            started = time.monotonic()
+            with_token = alloc()
+            info = stub.GetBlockInfo.future(worker_pb2.GetBlockInfoRequest(
+                block_id=with_token[0], token=with_token[1]), timeout=DEADLINE)
+            try:
+                info.result()
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.NOT_FOUND, (e.code(), e.details())
+            waited = time.monotonic() - started
+            for f in stalls:
+                try:
+                    f.result(timeout=DEADLINE)
+                    raise AssertionError("a silent WriteBlock stream succeeded")
+                except grpc.RpcError as e:
+                    assert e.code() in (grpc.StatusCode.CANCELLED,
+                                        grpc.StatusCode.DEADLINE_EXCEEDED), e.code()
+        finally:
+            release.set()
+        print(f"an honest call waited {waited:.1f}s behind two silent writers")
+        assert cancelled_idle(worker.http_port).get("WriteBlock") == 2
+        deadline = time.monotonic() + DEADLINE
+        while os.listdir(staging) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.listdir(staging) == []
+
+        # A slow writer that keeps sending for well over the timeout is served.
+        block_id, token = alloc()
+
+        def slow():
+            data = b""
+            yield worker_pb2.WriteBlockRequest(
+                header=worker_pb2.WriteBlockHeader(block_id=block_id, token=token))
+            for i in range(8):
+                time.sleep(0.4)
+                data += b"s" * 1000
+                yield worker_pb2.WriteBlockRequest(data=b"s" * 1000)
+            yield worker_pb2.WriteBlockRequest(finish=True, checksum=zlib.crc32(data))
+
+        assert stub.WriteBlock(slow(), timeout=DEADLINE).length == 8000
+        assert cancelled_idle(worker.http_port).get("WriteBlock") == 2
+
+        # A reader that stops reading: the worker's send blocks on flow control until
+        # the stream is cancelled.
+        block_id, token = alloc()
+        data = os.urandom(32 * MIB)
+
+        def pieces():
+            yield worker_pb2.WriteBlockRequest(
+                header=worker_pb2.WriteBlockHeader(block_id=block_id, token=token))
+            for pos in range(0, len(data), MIB):
+                yield worker_pb2.WriteBlockRequest(data=data[pos:pos + MIB])
+            yield worker_pb2.WriteBlockRequest(finish=True, checksum=zlib.crc32(data))
+
+        stub.WriteBlock(pieces(), timeout=DEADLINE)
+        stream = stub.ReadBlock(worker_pb2.ReadBlockRequest(block_id=block_id, token=token))
+        assert len(next(stream).data) == MIB  # then read nothing more
+        deadline = time.monotonic() + DEADLINE
+        while (cancelled_idle(worker.http_port).get("ReadBlock", 0) < 1
+               and time.monotonic() < deadline):
+            time.sleep(0.2)
+        assert cancelled_idle(worker.http_port).get("ReadBlock") == 1
+        received = MIB
+        try:
+            for msg in stream:  # what was in flight, then the cancellation
+                received += len(msg.data)
+            raise AssertionError("a stalled ReadBlock stream ended normally")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.CANCELLED, e.code()
+        assert received < len(data)
+        # and the worker still serves whole reads
+        got = b"".join(m.data for m in stub.ReadBlock(
+            worker_pb2.ReadBlockRequest(block_id=block_id, token=token), timeout=DEADLINE))
+        assert got == data
+    with open(c.log_path("worker", 0)) as f:
+        log = f.read()
+    assert log.count("no progress for") == 3, log[-2000:]
