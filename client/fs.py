@@ -42,8 +42,9 @@ class CurvineFS:
     def __init__(self, master_addr: str | None = None, cfg: Config | None = None,
                  master: MasterClient | None = None):
         self.cfg = cfg or Config()
-        if self.cfg.security.token_file:
-            auth.configure(self.cfg)  # this process's channels send the cluster token
+        if self.cfg.security.token_file or self.cfg.security.tls_ca:
+            # this process's channels send the cluster token and speak TLS
+            auth.configure(self.cfg)
         self.master = master or MasterClient(master_addr or self.cfg.cluster.master_addr,
                                              timeout=self.cfg.cluster.rpc_timeout,
                                              wait=self.cfg.cluster.master_wait)

@@ -232,6 +232,22 @@ def test_mutual_tls(make_cluster, tmp_path, pki):
     assert statfs_code(c._proc("worker", 1).address) == grpc.StatusCode.UNIMPLEMENTED
 
 
+def test_client_library_with_tls_and_no_token(make_cluster, tmp_path, pki):
+    """CurvineFS(cfg=...) configures TLS from its config even without a token file
+    (it used to configure the process only when a token was set: plaintext to a TLS
+    port, UNAVAILABLE)."""
+    c = make_cluster(workers=1, mounts=0, conf=cluster_conf(tmp_path, pki), token=False)
+    tls.set_material(None)  # this process starts as plaintext, like a fresh program
+    auth.set_client_token("")
+    cfg = Config()
+    cfg.cluster.master_wait = 5  # a plaintext client would wait the whole time, then fail
+    cfg.security = SecurityConfig(tls_ca=pki["ca"])
+    with CurvineFS(c.master_addr, cfg=cfg) as fs:
+        fs.write_bytes("/lib.data", b"over tls")
+        assert fs.read_bytes("/lib.data") == b"over tls"
+    assert tls.enabled()
+
+
 # -- bad configs ----------------------------------------------------------------------
 def _bad_configs(tmp_path, pki):
     cert, key = pki["server"]
