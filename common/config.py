@@ -95,6 +95,8 @@ class MasterConfig:
     # lease; mutations by others revoke it first: master/leases.py); 0 = no leases
     lease_time: Duration = Duration(30.0)
     max_sessions: int = 1024  # mounts with a lease session (each holds a server thread)
+    # a Calls or Session stream whose client takes no reply this long is cancelled
+    stream_idle_timeout: Duration = Duration(60.0)
     # re-replication (master/replication.py): copies in flight per target worker, and
     # how long one may take before it is given up and tried again
     replication_max_inflight: int = 4
@@ -351,6 +353,8 @@ def _problems(cfg: Config):
         yield ("worker.data_dirs",), "needs at least one directory, and no empty names"
     if w.heartbeat_interval <= 0:
         yield ("worker.heartbeat_interval",), "must be positive"
+    if cfg.master.stream_idle_timeout < 0:
+        yield ("master.stream_idle_timeout",), "must not be negative (0 = never)"
     if w.stream_idle_timeout < 0:
         yield ("worker.stream_idle_timeout",), "must not be negative (0 = never)"
     if cfg.client.readahead_blocks < 1:

@@ -9,6 +9,10 @@ control), holds its thread indefinitely.  A handler wraps such a stream in
 watchdog thread cancels calls that made no progress for ``idle_timeout`` seconds,
 counts them in ``curvine_streams_cancelled_idle_total{method}``, and logs one line.
 Cancelling wakes the blocked receive or send, so the handler's thread returns.
+
+Long-lived streams that are legitimately quiet (the master's Calls and Session streams
+of an idle mount) pass ``busy``: they count as stalled only while it is true, i.e.
+while the server has replies its client is not taking.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+
+from typing import Callable
 
 from .metrics import STREAMS_CANCELLED_IDLE
 
@@ -25,13 +31,14 @@ log = logging.getLogger(__name__)
 class Watched:
     """One watched call; ``touch()`` marks progress (cheap: one float store)."""
 
-    __slots__ = ("context", "method", "last", "cancelled")
+    __slots__ = ("context", "method", "last", "cancelled", "busy")
 
-    def __init__(self, context, method: str):
+    def __init__(self, context, method: str, busy: Callable[[], bool] | None = None):
         self.context = context
         self.method = method
         self.last = time.monotonic()
         self.cancelled = False
+        self.busy = busy  # None: always expected to make progress
 
     def touch(self) -> None:
         self.last = time.monotonic()
@@ -48,8 +55,9 @@ class IdleStreams:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def watch(self, context, method: str) -> "_Watch":
-        return _Watch(self, context, method)
+    def watch(self, context, method: str,
+              busy: Callable[[], bool] | None = None) -> "_Watch":
+        return _Watch(self, context, method, busy)
 
     def _add(self, w: Watched) -> None:
         if self.idle_timeout <= 0 or w.context is None:
@@ -70,8 +78,15 @@ class IdleStreams:
         while not self._stop.wait(period):
             now = time.monotonic()
             with self._lock:
-                idle = [w for w in self._calls.values()
-                        if not w.cancelled and now - w.last > self.idle_timeout]
+                watched = list(self._calls.values())
+            idle = []
+            for w in watched:
+                if w.cancelled:
+                    continue
+                if w.busy is not None and not w.busy():
+                    w.last = now  # nothing owed to the client: quiet, not stalled
+                elif now - w.last > self.idle_timeout:
+                    idle.append(w)
             for w in idle:
                 w.cancelled = True
                 STREAMS_CANCELLED_IDLE.labels(method=w.method).inc()
@@ -92,9 +107,9 @@ class IdleStreams:
 class _Watch:
     """Context manager of ``IdleStreams.watch``: yields the ``Watched``."""
 
-    def __init__(self, owner: IdleStreams, context, method: str):
+    def __init__(self, owner: IdleStreams, context, method: str, busy=None):
         self._owner = owner
-        self.watched = Watched(context, method)
+        self.watched = Watched(context, method, busy)
 
     def __enter__(self) -> Watched:
         self._owner._add(self.watched)

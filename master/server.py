@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     server = rpc.make_server(cfg.master.rpc_threads + streams,
                              max_concurrent=cfg.master.rpc_threads * 4 + streams,
                              token=token)
-    add_to_server(
-        MasterServicer(master, cfg.master.max_sessions, cfg.master.rpc_threads), server)
+    servicer = MasterServicer(master, cfg.master.max_sessions, cfg.master.rpc_threads,
+                              float(cfg.master.stream_idle_timeout))
+    add_to_server(servicer, server)
     try:
         port = rpc.bind(server, cfg.master.host, cfg.master.port)
     except CurvineError as e:
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             http.close()  # before the store closes under a scrape
     daemon.notify("STOPPING=1")
     server.stop(grace=5).wait(6)
+    servicer.close()
     master.close()
     log.info("master stopped")
     return 0

@@ -13,12 +13,17 @@ from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import check_ino
 from curvine.common import checked_service
 from curvine.common.rpc import handler
+from curvine.common.stream_guard import IdleStreams
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
 from . import report
 from .master import Master
 
 log = logging.getLogger(__name__)
+# Calls of one Calls stream read but whose results the client has not yet taken: past
+# this the master stops reading the stream (a client that sends without reading
+# cannot grow the master's memory without bound).
+MAX_CALLS_IN_FLIGHT = 256
 READ_CALLS = frozenset(("lookup", "getattr"))  # answered on the stream's reader thread
 CALL_METHODS = {"lookup": "Lookup", "getattr": "GetAttr", "create": "Create", "mkdir": "Mkdir",
                 "unlink": "Unlink", "rmdir": "Rmdir", "rename": "Rename",
@@ -26,9 +31,14 @@ CALL_METHODS = {"lookup": "Lookup", "getattr": "GetAttr", "create": "Create", "m
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
-    def __init__(self, master: Master, max_sessions: int = 1024, call_threads: int = 64):
+    def __init__(self, master: Master, max_sessions: int = 1024, call_threads: int = 64,
+                 stream_idle_timeout: float = 0.0):
         self.m = master
-        self.max_sessions = max_sessions
+        self.max_sessions = max_sessions  # also the cap on open Calls streams
+        self._calls_open = 0
+        self._calls_lock = threading.Lock()
+        # Session and Calls streams whose client stops taking replies are cancelled
+        self.idle = IdleStreams(stream_idle_timeout, "master")
         # mutations from Calls streams wait for the journal (and revocations) here
         self._call_pool = futures.ThreadPoolExecutor(max_workers=call_threads,
                                                      thread_name_prefix="call")
@@ -140,12 +150,20 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
         ctx.add_callback(lambda: leases.close_session(sess))
         threading.Thread(target=read_acks, name=f"session-{sess.id:x}", daemon=True).start()
-        yield master_pb2.SessionEvent(session_id=sess.id, lease_ms=int(leases.lease_time * 1000))
-        while True:
-            ev = sess.events.get()
-            if ev is None:
-                return
-            yield ev
+        sending = [False]
+        with self.idle.watch(ctx, "Session",
+                             busy=lambda: sending[0] or not sess.events.empty()) as watched:
+            yield master_pb2.SessionEvent(session_id=sess.id,
+                                          lease_ms=int(leases.lease_time * 1000))
+            while True:
+                ev = sess.events.get()
+                if ev is None:
+                    return
+                sending[0] = True
+                watched.touch()
+                yield ev
+                sending[0] = False
+                watched.touch()
 
     @handler
     def ReplicationStatus(self, req, ctx):
@@ -161,8 +179,26 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def Calls(self, request_iterator, ctx):
         """Namespace calls multiplexed on one stream (see Call in master.proto): reads
         are answered by the thread reading the stream, mutations by the call pool; this
-        generator sends the results as they come."""
+        generator sends the results as they come.  At most ``max_sessions`` streams are
+        open (more: RESOURCE_EXHAUSTED; a mount then calls unary)."""
+        with self._calls_lock:
+            full = self._calls_open >= self.max_sessions
+            if not full:
+                self._calls_open += 1
+        if full:
+            ctx.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      f"too many Calls streams open ({self.max_sessions}, "
+                      "master.max_sessions); use unary calls")
+        try:
+            yield from self._calls(request_iterator, ctx)
+        finally:
+            with self._calls_lock:
+                self._calls_open -= 1
+
+    def _calls(self, request_iterator, ctx):
         results: queue.SimpleQueue = queue.SimpleQueue()
+        slots = threading.Semaphore(MAX_CALLS_IN_FLIGHT)
+        sending = [False]
 
         def run(call):
             results.put(self._run_call(call))
@@ -170,6 +206,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         def read_calls():
             try:
                 for call in request_iterator:
+                    while not slots.acquire(timeout=0.5):
+                        if not ctx.is_active():
+                            return
                     if call.WhichOneof("op") in READ_CALLS:
                         run(call)
                     else:
@@ -181,11 +220,22 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
         ctx.add_callback(lambda: results.put(None))
         threading.Thread(target=read_calls, name="calls-reader", daemon=True).start()
-        while True:
-            r = results.get()
-            if r is None:
-                return
-            yield r
+        with self.idle.watch(ctx, "Calls",
+                             busy=lambda: sending[0] or not results.empty()) as watched:
+            while True:
+                r = results.get()
+                if r is None:
+                    return
+                sending[0] = True
+                watched.touch()
+                yield r
+                sending[0] = False
+                watched.touch()
+                slots.release()
+
+    def close(self) -> None:
+        self.idle.close()
+        self._call_pool.shutdown(wait=False, cancel_futures=True)
 
     def _run_call(self, call) -> master_pb2.CallResult:
         """One Call, by the same code as its unary RPC (the handler's undecorated body)."""

@@ -20,6 +20,7 @@ import zlib
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from curvine.common import auth
 from curvine.common.ids import MIB, ROOT_INO, new_request_id
 from curvine.common.rpc import make_channel
 from curvine.proto import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
@@ -142,3 +143,107 @@ def test_idle_streams_are_cancelled_and_free_their_threads(make_cluster, tmp_pat
     with open(c.log_path("worker", 0)) as f:
         log = f.read()
     assert log.count("no progress for") == 3, log[-2000:]
+
+
+def handled(http_port: int, method: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "curvine_rpc_server_handled_total"
+               and s.labels.get("method") == method)
+
+
+def test_master_streams_are_bounded_and_stalled_ones_cancelled(make_cluster, tmp_path):
+    """A Calls stream whose client sends lookups and reads no reply: the master stops
+    reading it once MAX_CALLS_IN_FLIGHT results wait unsent (the client's sends then
+    block on flow control instead of the master's memory growing), and cancels it once
+    it has owed replies for ``master.stream_idle_timeout``.  A quiet stream owing
+    nothing is left alone.  Calls streams beyond ``master.max_sessions`` are refused."""
+    from curvine.master.service import MAX_CALLS_IN_FLIGHT
+    conf = tmp_path / "limits.toml"
+    conf.write_text('[master]\nmax_sessions = 2\nstream_idle_timeout = "2s"\n')
+    c = make_cluster(workers=0, mounts=0, conf=str(conf))
+    http_port = c._proc("master", 0).http_port
+    stop = threading.Event()
+
+    def flood():
+        for i in range(1_000_000):
+            if stop.is_set():
+                return
+            yield master_pb2.Call(id=i + 1, lookup=master_pb2.LookupRequest(
+                parent=ROOT_INO, name=b"kv.data"))
+
+    quiet_stop = threading.Event()
+
+    def quiet():
+        quiet_stop.wait(60)
+        return
+        yield  # a generator that sends nothing
+
+    # The client's receive window stays at 64 KiB (no BDP probing): a client that does
+    # not read stops taking replies after ~64 KiB of them.
+    small_window = auth.with_token(grpc.insecure_channel(
+        c.master_addr, options=[("grpc.http2.bdp_probe", 0)]))
+    with make_channel(c.master_addr) as channel, small_window:
+        master = master_pb2_grpc.MasterStub(channel)
+        master.Create(master_pb2.CreateRequest(
+            request_id=new_request_id(), parent=ROOT_INO, name=b"kv.data", mode=0o644),
+            timeout=DEADLINE)  # lookups of it answer with a whole inode (~100 bytes)
+
+        def open_calls(ch, requests):
+            return ch.stream_stream(
+                "/curvine.Master/Calls",
+                request_serializer=master_pb2.Call.SerializeToString,
+                response_deserializer=master_pb2.CallResult.FromString)(requests)
+
+        quiet_stream = open_calls(channel, quiet())  # open, owes nothing: must survive
+        before = handled(http_port, "Lookup")
+        flood_stream = open_calls(small_window, flood())  # no deadline, never read
+        try:
+            deadline = time.monotonic() + DEADLINE
+            while (cancelled_idle(http_port).get("Calls", 0) < 1
+                   and time.monotonic() < deadline):
+                time.sleep(0.2)
+            assert cancelled_idle(http_port).get("Calls") == 1
+            answered = handled(http_port, "Lookup") - before
+            print(f"the master answered {answered:.0f} lookups of a stream that read none "
+                  f"(cap {MAX_CALLS_IN_FLIGHT} unsent), then cancelled it")
+            # ~64 KiB of replies plus the cap; without the cap the master reads and
+            # answers on for the whole 2 s (tens of thousands of lookups).
+            assert answered < 5_000
+            try:
+                for _ in flood_stream:
+                    pass
+                raise AssertionError("the flood stream ended normally")
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.CANCELLED, e.code()
+            stop.set()
+
+            # The quiet stream and a new one are open: a third is refused.
+            second_stop = threading.Event()
+
+            def one_lookup(stop_event):
+                yield master_pb2.Call(id=1, lookup=master_pb2.LookupRequest(
+                    parent=ROOT_INO, name=b"kv.data"))
+                stop_event.wait(60)
+
+            second = open_calls(channel, one_lookup(second_stop))
+            assert next(second).id == 1  # served: the cap counts open streams
+            third = open_calls(channel, one_lookup(threading.Event()))
+            try:
+                next(third)
+                raise AssertionError("a third Calls stream was accepted")
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.code()
+                assert "master.max_sessions" in e.details()
+            second_stop.set()
+            second.cancel()
+            time.sleep(3)  # longer than the timeout: the quiet stream is not cancelled
+            assert cancelled_idle(http_port).get("Calls") == 1
+            assert quiet_stream.is_active()
+        finally:
+            stop.set()
+            quiet_stop.set()
+            flood_stream.cancel()
+            quiet_stream.cancel()
+        assert master.StatFs(master_pb2.StatFsRequest(), timeout=DEADLINE) is not None
