@@ -59,6 +59,29 @@ class IdleStreams:
               busy: Callable[[], bool] | None = None) -> "_Watch":
         return _Watch(self, context, method, busy)
 
+    def send_from(self, context, method: str, items, after_send: Callable[[], None] | None
+                  = None):
+        """Yield what arrives on queue ``items`` until None: the body of a server stream
+        whose replies are produced elsewhere.  The call counts as stalled only while a
+        reply waits in ``items`` or is being sent; ``after_send`` runs after each send."""
+        sending = False
+
+        def busy() -> bool:
+            return sending or not items.empty()
+
+        with self.watch(context, method, busy) as watched:
+            while True:
+                item = items.get()
+                if item is None:
+                    return
+                sending = True
+                watched.touch()
+                yield item  # returns once gRPC has sent it
+                sending = False
+                watched.touch()
+                if after_send is not None:
+                    after_send()
+
     def _add(self, w: Watched) -> None:
         if self.idle_timeout <= 0 or w.context is None:
             return

@@ -150,20 +150,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
         ctx.add_callback(lambda: leases.close_session(sess))
         threading.Thread(target=read_acks, name=f"session-{sess.id:x}", daemon=True).start()
-        sending = [False]
-        with self.idle.watch(ctx, "Session",
-                             busy=lambda: sending[0] or not sess.events.empty()) as watched:
-            yield master_pb2.SessionEvent(session_id=sess.id,
-                                          lease_ms=int(leases.lease_time * 1000))
-            while True:
-                ev = sess.events.get()
-                if ev is None:
-                    return
-                sending[0] = True
-                watched.touch()
-                yield ev
-                sending[0] = False
-                watched.touch()
+        yield master_pb2.SessionEvent(session_id=sess.id, lease_ms=int(leases.lease_time * 1000))
+        yield from self.idle.send_from(ctx, "Session", sess.events)
 
     @handler
     def ReplicationStatus(self, req, ctx):
@@ -198,7 +186,6 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def _calls(self, request_iterator, ctx):
         results: queue.SimpleQueue = queue.SimpleQueue()
         slots = threading.Semaphore(MAX_CALLS_IN_FLIGHT)
-        sending = [False]
 
         def run(call):
             results.put(self._run_call(call))
@@ -220,18 +207,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
         ctx.add_callback(lambda: results.put(None))
         threading.Thread(target=read_calls, name="calls-reader", daemon=True).start()
-        with self.idle.watch(ctx, "Calls",
-                             busy=lambda: sending[0] or not results.empty()) as watched:
-            while True:
-                r = results.get()
-                if r is None:
-                    return
-                sending[0] = True
-                watched.touch()
-                yield r
-                sending[0] = False
-                watched.touch()
-                slots.release()
+        yield from self.idle.send_from(ctx, "Calls", results, after_send=slots.release)
 
     def close(self) -> None:
         self.idle.close()

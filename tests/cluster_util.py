@@ -48,6 +48,17 @@ def wait_for(cond, timeout: float = 10.0, interval: float = 0.05, what: str = "c
         time.sleep(interval)
 
 
+def metric_samples(http_port: int, name: str) -> list:
+    """The samples called ``name`` that the daemon serving /metrics on ``http_port``
+    exposes now (prometheus_client Sample tuples: .labels, .value)."""
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.name == name]
+
+
 def tracebacks_in_logs(cluster, tail_lines: int = 40) -> list[str]:
     """For each daemon log of ``cluster`` that contains a traceback: its name and tail."""
     from curvine.cli.local import log_tail

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import os
 import stat
-import urllib.request
 import zlib
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from curvine.common import block_tokens as bt
 from curvine.common.errors import CurvineError, ErrorKind
@@ -32,6 +30,7 @@ from curvine.proto import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, w
 from curvine.worker.blockstore import BlockStore
 from curvine.worker.service import WorkerServicer
 
+from cluster_util import metric_samples
 from test_master import add_worker, create, make_master
 
 DEADLINE = 10.0
@@ -125,10 +124,7 @@ def test_master_hands_out_tokens_and_never_stores_them(tmp_path):
 
 # ------------------------------------------------------------------ real cluster
 def refused_count(http_port: int) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-               if s.name == "curvine_block_token_refused_total")
+    return sum(s.value for s in metric_samples(http_port, "curvine_block_token_refused_total"))
 
 
 def _denied(fn, field: str):

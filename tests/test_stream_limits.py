@@ -14,12 +14,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-import urllib.request
 import zlib
 
 import grpc
-from prometheus_client.parser import text_string_to_metric_families
 
+from cluster_util import metric_samples
 from curvine.common import auth
 from curvine.common.ids import MIB, ROOT_INO, new_request_id
 from curvine.common.rpc import make_channel
@@ -29,10 +28,8 @@ DEADLINE = 30.0  # bounds every honest call: a hang fails the test instead of th
 
 
 def cancelled_idle(http_port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {s.labels["method"]: s.value for fam in text_string_to_metric_families(text)
-            for s in fam.samples if s.name == "curvine_streams_cancelled_idle_total"}
+    return {s.labels["method"]: s.value
+            for s in metric_samples(http_port, "curvine_streams_cancelled_idle_total")}
 
 
 def test_idle_streams_are_cancelled_and_free_their_threads(make_cluster, tmp_path):
@@ -146,11 +143,8 @@ def test_idle_streams_are_cancelled_and_free_their_threads(make_cluster, tmp_pat
 
 
 def handled(http_port: int, method: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-               if s.name == "curvine_rpc_server_handled_total"
-               and s.labels.get("method") == method)
+    return sum(s.value for s in metric_samples(http_port, "curvine_rpc_server_handled_total")
+               if s.labels.get("method") == method)
 
 
 def test_master_streams_are_bounded_and_stalled_ones_cancelled(make_cluster, tmp_path):
