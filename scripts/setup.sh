@@ -5,8 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# fio: tests/test_fio.py verifies data written through a mount (skipped without it)
-APT_PACKAGES=(fuse3 libfuse3-dev pkg-config gcc python3-venv fio)
+# fio: tests/test_fio.py verifies data written through a mount (skipped without it);
+# openssl: `curvine local up --tls` makes its CA and certificate with it
+APT_PACKAGES=(fuse3 libfuse3-dev pkg-config gcc python3-venv fio openssl)
 
 missing=()
 if command -v dpkg >/dev/null 2>&1; then
@@ -15,7 +16,7 @@ if command -v dpkg >/dev/null 2>&1; then
   done
 else
   # Not Debian: check for the tools instead of the packages.
-  for cmd in fusermount3 pkg-config gcc fio; do
+  for cmd in fusermount3 pkg-config gcc fio openssl; do
     command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
   done
 fi
@@ -23,7 +24,7 @@ fi
 if ((${#missing[@]})); then
   echo "setup: missing: ${missing[*]}" >&2
   if ! command -v apt-get >/dev/null 2>&1; then
-    echo "setup: no apt-get here; install fuse3, libfuse3 headers, pkg-config, gcc and fio yourself" >&2
+    echo "setup: no apt-get here; install fuse3, libfuse3 headers, pkg-config, gcc, fio and openssl yourself" >&2
     exit 1
   fi
   sudo=()
