@@ -12,6 +12,9 @@ its own blocks).  Block ids are never reused, so a token names one block's data 
 long as it exists; tokens do not expire, and changing the key (delete the file, restart
 the master; workers get the new key when they register again) voids all of them.
 
+A worker keeps the last key it was given in its first data dir (same file name), so
+after a restart it serves the blocks it holds before the master answers again.
+
 What this adds to the cluster token: a request for a block id the master never
 allocated, or never handed out, is refused (PERMISSION_DENIED, counted in
 ``curvine_block_token_refused_total``) even when it carries the cluster token.  It is
@@ -56,28 +59,41 @@ def allows(key: bytes, block_id: int, token: bytes, access: bytes) -> bool:
 def load_or_create_key(meta_dir: str) -> bytes:
     """The master's key in ``meta_dir``, created (mode 0600, fsynced) if missing."""
     path = os.path.join(meta_dir, BLOCK_KEY_FILE)
+    key = read_key(path)
+    if key is None:
+        key = secrets.token_bytes(KEY_BYTES)
+        write_key(path, key)
+    return key
+
+
+def read_key(path: str) -> bytes | None:
+    """The key in ``path``; None if there is no such file, ValueError if it is not one."""
     try:
         with open(path, "rb") as f:
             key = f.read(KEY_BYTES + 1)
-        if len(key) != KEY_BYTES:
-            raise ValueError(f"{path}: holds {len(key)} bytes, expected {KEY_BYTES} "
-                             "(delete it to make a new key: outstanding block tokens "
-                             "become invalid)")
-        return key
     except FileNotFoundError:
-        pass
-    key = secrets.token_bytes(KEY_BYTES)
+        return None
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"{path}: holds {len(key)} bytes, expected {KEY_BYTES} "
+                         "(delete it to make a new key: outstanding block tokens "
+                         "become invalid)")
+    return key
+
+
+def write_key(path: str, key: bytes) -> None:
+    """Replace ``path`` with ``key`` (mode 0600), durably: a key lost in a crash
+    would void every token handed out with it."""
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
+        os.fchmod(fd, 0o600)
         os.write(fd, key)
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    dfd = os.open(meta_dir, os.O_RDONLY | os.O_DIRECTORY)
+    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(dfd)  # the rename survives a crash: a new key would void tokens
+        os.fsync(dfd)
     finally:
         os.close(dfd)
-    return key

@@ -16,6 +16,7 @@ The same calls with the master's tokens work.
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import zlib
 
@@ -208,3 +209,40 @@ def test_worker_serves_only_blocks_the_master_handed_out(make_cluster):
         with pytest.raises(grpc.RpcError) as e:
             read(rtoken)
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_restarted_worker_serves_before_the_master_is_back(make_cluster):
+    """The worker keeps its key in its data dir: SIGKILLed and started again while
+    the master is down, it serves the blocks it holds to the tokens clients already
+    have (as it did before block tokens existed), not UNAVAILABLE until the master
+    returns."""
+    c = make_cluster(workers=1, mounts=0)
+    worker = c._proc("worker", 0)
+    data_dir = os.path.join(c.base, "worker", "0", "data")
+    key_file = os.path.join(data_dir, bt.BLOCK_KEY_FILE)
+    assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
+    with open(os.path.join(c.base, "master", "meta", bt.BLOCK_KEY_FILE), "rb") as f:
+        assert open(key_file, "rb").read() == f.read()
+    with make_channel(c.master_addr) as mch:
+        master = master_pb2_grpc.MasterStub(mch)
+        node = master.Create(master_pb2.CreateRequest(
+            request_id=new_request_id(), parent=ROOT_INO, name=b"kv.data", mode=0o644),
+            timeout=DEADLINE).inode
+        alloc = master.AddBlock(master_pb2.AddBlockRequest(ino=node.ino, size_hint=3),
+                                timeout=DEADLINE)
+    c.kill("master", 0, signal.SIGTERM)
+    c.kill("worker", 0)
+    c.start("worker", 0, wait_ready=False)  # ready = registered: not while the master is down
+    with make_channel(worker.address) as wch:
+        stub = worker_pb2_grpc.WorkerStub(wch)
+        header = worker_pb2.WriteBlockHeader(block_id=alloc.block_id, token=alloc.block_token)
+        reply = stub.WriteBlock(iter([worker_pb2.WriteBlockRequest(
+            header=header, data=b"abc", finish=True, checksum=zlib.crc32(b"abc"))]),
+            timeout=DEADLINE, wait_for_ready=True)
+        assert reply.length == 3
+        got = b"".join(r.data for r in stub.ReadBlock(worker_pb2.ReadBlockRequest(
+            block_id=alloc.block_id, token=alloc.block_token), timeout=DEADLINE))
+        assert got == b"abc"
+        _denied(lambda: stub.GetBlockInfo(worker_pb2.GetBlockInfoRequest(
+            block_id=alloc.block_id), timeout=DEADLINE), "token")
+    c.start("master", 0)

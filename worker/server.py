@@ -24,7 +24,7 @@ import uuid
 
 from prometheus_client.core import GaugeMetricFamily
 
-from curvine.common import auth
+from curvine.common import auth, block_tokens
 from curvine.common import config as config_mod
 from curvine.common import daemon
 from curvine.common import log as log_mod
@@ -106,6 +106,23 @@ def worker_uuid(data_dir: str) -> str:
     except ValueError:
         raise CurvineError(ErrorKind.INVALID, f"{path}: not a UUID; remove the file to give "
                                               "this worker a new identity") from None
+
+
+def load_block_key(data_dir: str) -> bytes:
+    """The block token key this worker was last given (b"": none yet, or unusable)."""
+    path = os.path.join(data_dir, block_tokens.BLOCK_KEY_FILE)
+    try:
+        return block_tokens.read_key(path) or b""
+    except (OSError, ValueError) as e:
+        log.warning("ignoring the saved block token key (the master sends it again): %s", e)
+        return b""
+
+
+def save_block_key(data_dir: str, key: bytes) -> None:
+    try:
+        block_tokens.write_key(os.path.join(data_dir, block_tokens.BLOCK_KEY_FILE), key)
+    except OSError as e:
+        log.warning("cannot save the block token key in %s: %s", data_dir, e)
 
 
 def advertised_address(host: str, port: int) -> str:
@@ -219,7 +236,9 @@ class MasterLink:
         self.worker_id = reply.worker_id
         if reply.block_size:
             self.servicer.block_size = reply.block_size
-        if reply.block_key:
+        if reply.block_key and reply.block_key != self.servicer.block_key:
+            # kept on disk: after a restart the worker serves before the master answers
+            save_block_key(self.store.data_dirs[0], reply.block_key)
             self.servicer.block_key = reply.block_key  # block calls are served from now on
         self._block_report()
         self._registered = True
@@ -323,6 +342,7 @@ def run(cfg: config_mod.Config, stop: threading.Event) -> int:
         log.error("cannot open data dirs: %s", e)
         return 1
     servicer = WorkerServicer(store, block_size=int(cfg.cluster.block_size),
+                              block_key=load_block_key(store.data_dirs[0]),
                               stream_idle_timeout=float(wc.stream_idle_timeout))
     server = make_server(wc.rpc_threads, token=auth.client_token())
     add_to_server(servicer, server)
