@@ -213,6 +213,13 @@ def enabled() -> bool:
     return _material is not None
 
 
+def check_can_serve() -> None:
+    """For daemons, right after configuring: TLSError (a ConfigError: exit 2) when TLS
+    is on but this process has no certificate to serve with."""
+    if enabled():
+        server_credentials()
+
+
 def server_credentials() -> grpc.ServerCredentials:
     """Credentials for this process's server ports; TLSError when TLS is on without a
     certificate of its own (a client-only config cannot serve)."""

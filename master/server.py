@@ -12,7 +12,7 @@ import sys
 import threading
 
 from curvine.common import config as config_mod
-from curvine.common import auth, daemon, log as log_mod, metrics as metrics_mod, rpc
+from curvine.common import auth, daemon, log as log_mod, metrics as metrics_mod, rpc, tls
 from curvine.common.errors import CurvineError
 from curvine.journal import JournalError
 
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_mod.load(args.conf)
         token = auth.configure(cfg)  # never logged
+        tls.check_can_serve()  # before the journal or LMDB is touched
     except (config_mod.ConfigError, auth.TokenError) as e:
         print(f"curvine-master: {e}", file=sys.stderr)
         return 2

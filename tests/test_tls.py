@@ -311,15 +311,19 @@ def test_bad_tls_config_stops_a_worker_and_a_ca_only_daemon_cannot_serve(tmp_pat
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "security.tls_cert" in lines[0], run.stderr
 
-    # tls_ca alone is a client config (server-only TLS): a daemon refuses to serve
-    # plaintext with it.
+    # tls_ca alone is a client config (server-only TLS): a daemon refuses to start with
+    # it, like any bad config (exit 2, one line), before it touches its directories.
     conf.write_text(f"[security]\ntls_ca = '{pki['ca']}'\n")
-    run = subprocess.run([sys.executable, "-m", "curvine.master.server", "--conf", str(conf),
-                          "--port", "0", "--meta-dir", str(tmp_path / "m"),
-                          "--journal-dir", str(tmp_path / "j")],
-                         capture_output=True, text=True, timeout=60)
-    assert run.returncode != 0, run
-    assert "security.tls_cert" in run.stderr and "needs" in run.stderr, run.stderr
+    for argv in (["curvine.master.server", "--meta-dir", str(tmp_path / "m"),
+                  "--journal-dir", str(tmp_path / "j")],
+                 ["curvine.worker.server", "--data-dir", str(tmp_path / "d")]):
+        run = subprocess.run([sys.executable, "-m", argv[0], "--conf", str(conf), "--port",
+                              "0", *argv[1:]], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2, run
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1 and "security.tls_cert" in lines[0] and "needs" in lines[0], (
+            run.stderr)
+    assert not any(os.path.exists(tmp_path / d) for d in ("m", "j", "d"))
 
 
 def test_server_name_override(tmp_path, pki):

@@ -24,7 +24,7 @@ import uuid
 
 from prometheus_client.core import GaugeMetricFamily
 
-from curvine.common import auth, block_tokens
+from curvine.common import auth, block_tokens, tls
 from curvine.common import config as config_mod
 from curvine.common import daemon
 from curvine.common import log as log_mod
@@ -389,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args)
         auth.configure(cfg)  # the token is never logged
+        tls.check_can_serve()  # before the data dirs are touched
     except (config_mod.ConfigError, auth.TokenError) as e:
         log_mod.setup("INFO", "curvine-worker")
         log.error("%s", e)
