@@ -919,6 +919,19 @@ class FileWriter:
         return Block(block_id=streams[0].block_id, length=len(buf), checksum=crc,
                      worker_ids=[w.worker_id for w in stored], token=streams[0].token)
 
+    def _add_block(self, length: int, exclude: list[int]):
+        """AddBlock avoiding ``exclude`` if the master can; else with any worker: the
+        excluded ones may be all there are, and a worker whose stream failed is often
+        healthy (it cut a stream left silent past worker.stream_idle_timeout)."""
+        try:
+            return self.master.add_block(self.ino, self.host_id, length, exclude)
+        except CurvineError as e:
+            if e.kind != ErrorKind.NO_SPACE or not exclude:
+                raise
+            log.info("no worker for inode %d besides %s (%s); trying them again",
+                     self.ino, sorted(set(exclude)), e)
+            return self.master.add_block(self.ino, self.host_id, length, [])
+
     def _stream(self, data: memoryview, alloc=None, exclude: list[int] | None = None) -> Block:
         """Stream ``data`` as a new block (to ``alloc``'s block and targets first, if
         given), trying other workers on failure."""
@@ -932,8 +945,7 @@ class FileWriter:
                 alloc = None
                 targets = [w for w in targets if w.worker_id not in exclude]
             if not targets:
-                block_id, targets, self._tokens[block_id] = self.master.add_block(
-                    self.ino, self.host_id, length, exclude)
+                block_id, targets, self._tokens[block_id] = self._add_block(length, exclude)
                 self._allocated.add(block_id)
             if not targets:
                 raise CurvineError(ErrorKind.NO_SPACE, "the master found no worker to write to")

@@ -25,6 +25,9 @@ from curvine.common.rpc import make_channel
 from curvine.proto import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 DEADLINE = 30.0  # bounds every honest call: a hang fails the test instead of the suite
+# A stream unread for longer than client/file_reader.QUIET_STREAM is not blamed on
+# its worker when it turns out cut
+QUIET_WAIT = 5.5
 
 
 def cancelled_idle(http_port: int) -> dict[str, float]:
@@ -241,3 +244,75 @@ def test_master_streams_are_bounded_and_stalled_ones_cancelled(make_cluster, tmp
             flood_stream.cancel()
             quiet_stream.cancel()
         assert master.StatFs(master_pb2.StatFsRequest(), timeout=DEADLINE) is not None
+
+
+def test_a_writer_that_pauses_past_the_idle_timeout_still_publishes(make_cluster, tmp_path):
+    """A remote writer (short-circuit off) streams its block while writing; a pause
+    longer than worker.stream_idle_timeout gets the stream cut.  The writer must then
+    upload the block whole at publish, to the same worker if it is the only one (it
+    used to exclude it, and the master had no other: ENOSPC and the data lost)."""
+    import dataclasses
+
+    from curvine.client.fs import CurvineFS
+    from curvine.common.config import Config
+    conf = tmp_path / "limits.toml"
+    conf.write_text('[worker]\nstream_idle_timeout = "1s"\n')
+    c = make_cluster(workers=1, mounts=0, conf=str(conf))
+    cfg = Config()
+    cfg.client = dataclasses.replace(cfg.client, short_circuit=False)
+    cfg.security = dataclasses.replace(cfg.security, token_file=c.token_file)
+    http_port = c._proc("worker", 0).http_port
+    with CurvineFS(c.master_addr, cfg=cfg) as fs:
+        w = fs.open_writer("/slow.data")
+        try:
+            w.write(0, b"a" * 1000)
+            deadline = time.monotonic() + DEADLINE
+            while (cancelled_idle(http_port).get("WriteBlock", 0) < 1
+                   and time.monotonic() < deadline):
+                time.sleep(0.1)
+            assert cancelled_idle(http_port).get("WriteBlock") == 1  # the stream was cut
+            w.write(1000, b"b" * 1000)
+            w.publish()
+        finally:
+            w.close()
+        assert fs.read_bytes("/slow.data") == b"a" * 1000 + b"b" * 1000
+
+
+def test_a_reader_that_pauses_past_the_idle_timeout_reads_on(make_cluster, tmp_path,
+                                                             caplog):
+    """A remote reader's stream, left unread past worker.stream_idle_timeout, is cut by
+    the worker; the next read opens another stream and returns the right bytes, and
+    the worker is not counted as failing (it would be avoided for the rest of the
+    reader's life)."""
+    import dataclasses
+    import logging
+
+    from curvine.client.fs import CurvineFS
+    from curvine.common.config import Config
+    conf = tmp_path / "limits.toml"
+    conf.write_text('[worker]\nstream_idle_timeout = "1s"\n')
+    c = make_cluster(workers=1, mounts=0, conf=str(conf))
+    cfg = Config()
+    cfg.client = dataclasses.replace(cfg.client, short_circuit=False)
+    cfg.security = dataclasses.replace(cfg.security, token_file=c.token_file)
+    http_port = c._proc("worker", 0).http_port
+    data = os.urandom(24 * MIB)
+    caplog.set_level(logging.INFO, logger="curvine.client.file_reader")
+    with CurvineFS(c.master_addr, cfg=cfg) as fs:
+        fs.write_bytes("/r.data", data)
+        r = fs.open_reader("/r.data")
+        try:
+            first = bytes(r.read(0, MIB))
+            deadline = time.monotonic() + DEADLINE
+            while (cancelled_idle(http_port).get("ReadBlock", 0) < 1
+                   and time.monotonic() < deadline):
+                time.sleep(0.1)
+            assert cancelled_idle(http_port).get("ReadBlock", 0) >= 1
+            time.sleep(QUIET_WAIT)
+            rest = bytes(r.read(MIB, 16 * MIB))  # past what the stream had buffered
+        finally:
+            r.close()
+    assert first + rest == data[:17 * MIB]
+    messages = [rec.getMessage() for rec in caplog.records]
+    assert any("unread for" in m for m in messages), messages
+    assert not any(m.startswith("reading block") for m in messages), messages
