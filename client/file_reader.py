@@ -22,6 +22,7 @@ import bisect
 import logging
 import os
 import threading
+import time
 import zlib
 from typing import Iterable, Mapping
 
@@ -42,6 +43,9 @@ _ZEROS = bytes(MIB)
 MAX_LOCAL_FDS = 256  # local block files opened eagerly per reader; later ones lazily
 MAX_STREAMS = 4  # remote streams kept open per reader (sequential runs being followed)
 PREFETCH_BYTES = 64 * MIB  # local block bytes the kernel is asked to read ahead at open
+# A stream left unread this long that then fails was most likely cut by its worker
+# (worker.stream_idle_timeout), not broken: the worker is not marked bad for it.
+QUIET_STREAM = 5.0
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
@@ -76,6 +80,7 @@ class _Stream:
         self.chunks: list[tuple[int, bytes]] = []  # contiguous, ending at pos
         self.lock = threading.Lock()  # held while reading from the stream
         self.closed = False
+        self.used = time.monotonic()  # when a chunk was last taken
 
     @property
     def start(self) -> int:
@@ -107,6 +112,7 @@ class _Stream:
             return False
         self.chunks.append((self.pos, data))
         self.pos += len(data)
+        self.used = time.monotonic()
         while self.chunks and self.chunks[0][0] + len(self.chunks[0][1]) < self.pos - keep_behind:
             self.chunks.pop(0)
         return True
@@ -395,6 +401,7 @@ class BlockFetcher:
             with s.lock:
                 if not s.covers(block.block_id, offset, window):
                     continue  # moved on (or closed) while this thread waited
+                quiet = time.monotonic() - s.used
                 try:
                     while s.pos < end:
                         if not s.pull(keep_behind=window + size):
@@ -409,7 +416,12 @@ class BlockFetcher:
                 except CurvineError as e:
                     self._drop_stream(s)
                     failed.add(s.worker.worker_id)
-                    self._mark_bad(s.worker, block, e)
+                    if quiet < QUIET_STREAM:
+                        self._mark_bad(s.worker, block, e)
+                    else:
+                        log.info("stream of block %016x from worker %d, unread for %.0fs, "
+                                 "ended: %s; reading on from another", block.block_id,
+                                 s.worker.worker_id, quiet, e)
                     attempts += 1
                     # Every replica once, plus one more try (a transient failure).
                     if attempts > len(block.worker_ids):

@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import secrets
+
+log = logging.getLogger(__name__)
 
 READ = b"r"
 WRITE = b"w"
@@ -67,12 +70,28 @@ def load_or_create_key(meta_dir: str) -> bytes:
 
 
 def read_key(path: str) -> bytes | None:
-    """The key in ``path``; None if there is no such file, ValueError if it is not one."""
+    """The key in ``path``; None if there is no such file, ValueError if it is not one.
+
+    A key readable by group or others (restored from a backup, copied with ``cp -r``)
+    is made 0600 again, with a warning: whoever reads it can sign tokens for every
+    block."""
     try:
-        with open(path, "rb") as f:
-            key = f.read(KEY_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o077:
+            try:
+                os.fchmod(fd, 0o600)
+            except OSError as e:
+                raise ValueError(f"{path}: mode {st.st_mode & 0o777:o} lets others read "
+                                 f"the key, and it cannot be made 0600: {e.strerror}") from None
+            log.warning("%s had mode %o: made it 0600 (whoever read it can sign block "
+                        "tokens; delete it to make a new key)", path, st.st_mode & 0o777)
+        key = os.read(fd, KEY_BYTES + 1)
+    finally:
+        os.close(fd)
     if len(key) != KEY_BYTES:
         raise ValueError(f"{path}: holds {len(key)} bytes, expected {KEY_BYTES} "
                          "(delete it to make a new key: outstanding block tokens "

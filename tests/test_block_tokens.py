@@ -106,13 +106,16 @@ def test_master_hands_out_tokens_and_never_stores_them(tmp_path):
         for token in (reply.block_token, read_token):
             assert token not in data, f"a block token was stored in {path}"
 
-    # The key survives a restart: tokens handed out before it still verify.
+    # The key survives a restart: tokens handed out before it still verify.  A key
+    # left readable by others (a careless restore) is made 0600 again.
+    os.chmod(key_path, 0o644)
     m = make_master(tmp_path)
     try:
         assert m.block_key == key
         assert m.get_blocks(f.ino).blocks[0].token == read_token
     finally:
         m.close()
+    assert stat.S_IMODE(os.stat(key_path).st_mode) == 0o600
 
     # A damaged key file stops the master with a message naming it (not a new key
     # that would void every token in silence).
