@@ -5,11 +5,14 @@ config they carry).  Neither is run on a real init system or cluster here."""
 from __future__ import annotations
 
 import base64
+import copy
 import os
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
+import urllib.request
 
 import pytest
 
@@ -139,6 +142,8 @@ def test_units_have_what_the_daemons_need():
 
 
 TOKEN_FILE = "/etc/curvine/token"  # where docs/deploy-gpu-node.md puts the cluster token
+# where docs/deploy-gpu-node.md puts the TLS files (the key 0640 root:curvine)
+TLS_FILES = ["/etc/curvine/tls/ca.pem", "/etc/curvine/tls/node.pem", "/etc/curvine/tls/node.key"]
 
 # What each sandboxing setting hides from a service (systemd.exec(5)); ProtectSystem
 # (any value) only makes /usr, /boot, /etc... read-only, which leaves them readable.
@@ -146,7 +151,7 @@ _HIDDEN_BY = {"ProtectHome": ("/home", "/root", "/run/user"),
               "PrivateTmp": ("/tmp", "/var/tmp")}
 
 
-def _token_unreadable_because(unit: dict, path: str = TOKEN_FILE) -> list[str]:
+def _unreadable_because(unit: dict, path: str = TOKEN_FILE) -> list[str]:
     """The settings of ``unit`` that would keep its daemon from reading ``path``, a
     file mode 0640 root:curvine (empty: none)."""
     svc = lambda key: _values(unit, "Service", key)  # noqa: E731
@@ -169,12 +174,14 @@ def _token_unreadable_because(unit: dict, path: str = TOKEN_FILE) -> list[str]:
     return why
 
 
-def test_units_can_read_the_token_file():
-    """Every daemon reads security.token_file at start (it exits 2 if it cannot): the
-    documented /etc/curvine/token, 0640 root:curvine, must be readable by each unit's
-    user under its sandboxing."""
+def test_units_can_read_the_token_and_tls_files():
+    """Every daemon reads security.token_file and the security.tls_* files at start (it
+    exits 2 if it cannot): the documented /etc/curvine/token and /etc/curvine/tls/*
+    (the key and token 0640 root:curvine) must be readable by each unit's user under
+    its sandboxing."""
     for name in UNITS:
-        assert _token_unreadable_because(_unit(name)) == [], name
+        for path in (TOKEN_FILE, *TLS_FILES):
+            assert _unreadable_because(_unit(name), path) == [], (name, path)
     for name in ("curvine-master.service", "curvine-worker.service"):
         assert _values(_unit(name), "Service", "Group") == ["curvine"], name
     # the check sees what would hide the file
@@ -183,9 +190,10 @@ def test_units_can_read_the_token_file():
                    {"TemporaryFileSystem": ["/etc:ro"]},
                    {"User": ["nobody"], "Group": ["nogroup"]}]:
         broken = {**master, "Service": {**master["Service"], **change}}
-        assert _token_unreadable_because(broken), change
-    assert _token_unreadable_because(master, "/root/token") == ["ProtectHome=true"]
-    assert _token_unreadable_because(master, "/tmp/token") == ["PrivateTmp=true"]
+        assert _unreadable_because(broken), change
+        assert _unreadable_because(broken, TLS_FILES[-1]), change
+    assert _unreadable_because(master, "/root/token") == ["ProtectHome=true"]
+    assert _unreadable_because(master, "/tmp/token") == ["PrivateTmp=true"]
 
 
 def test_fuse_unit_mounts_where_the_host_sees_it():
@@ -249,22 +257,37 @@ def _container(pod_spec: dict, name: str) -> dict:
     return next(c for c in pod_spec["containers"] if c["name"] == name)
 
 
-def _config_of(docs, tmp_path) -> config.Config:
+# [security] keys naming TLS files -> the key of the Secret curvine-tls each must be
+TLS_KEYS = {"tls_ca": "ca.crt", "tls_cert": "tls.crt", "tls_key": "tls.key"}
+
+
+def _config_of(docs, tmp_path, tls_dir: str | None = None) -> config.Config:
     """The ConfigMap's curvine.toml through curvine's own loader.  The loader reads the
-    token file it names, which only exists in the pods (the Secret): a stand-in token
-    is put at a temporary path for the load; the result keeps the path the pods see."""
+    token and TLS files it names, which only exist in the pods (the Secrets): for the
+    load, a stand-in token is put at a temporary path, and a TLS path is pointed at the
+    file of the same name in ``tls_dir`` (the files the TLS Secret is made from; a name
+    the Secret does not hold is a file that does not exist there).  The result keeps
+    the paths the pods see."""
     cm = _one(docs, "ConfigMap", "curvine-config")
     text = cm["data"]["curvine.toml"]
-    in_pod = tomllib.loads(text).get("security", {}).get("token_file", "")
-    if in_pod:
-        stand_in = tmp_path / "token"
-        auth.write_token_file(str(stand_in))
-        assert text.count(f'"{in_pod}"') == 1
-        text = text.replace(f'"{in_pod}"', f'"{stand_in}"')
+    sec = tomllib.loads(text).get("security", {})
+    in_pod = {key: sec.get(key, "") for key in ("token_file", *TLS_KEYS)}
+    for key, pod_path in in_pod.items():
+        if not pod_path:
+            continue
+        if key == "token_file":
+            stand_in = str(tmp_path / "token")
+            auth.write_token_file(stand_in)
+        else:
+            assert tls_dir, f"security.{key} is set: the load needs the TLS files"
+            stand_in = os.path.join(tls_dir, os.path.basename(pod_path))
+        assert text.count(f'"{pod_path}"') == 1, pod_path
+        text = text.replace(f'"{pod_path}"', f'"{stand_in}"')
     path = tmp_path / "curvine.toml"
     path.write_text(text)
     cfg = config.load(str(path))  # ConfigError (file:line: key) if the ConfigMap is wrong
-    cfg.security.token_file = in_pod
+    for key, pod_path in in_pod.items():
+        setattr(cfg.security, key, pod_path)
     return cfg
 
 
@@ -491,3 +514,360 @@ def test_kustomization_lists_the_cluster_manifests(tmp_path):
         for v in spec.get("volumes", []):
             if "secret" in v:
                 assert v["secret"]["secretName"] == TOKEN_SECRET
+
+
+# ------------------------------------------------------- Kubernetes: TLS (opt-in Component)
+
+TLS_SECRET = "curvine-tls"  # made by the Component deploy/k8s/tls from its three files
+TLS_COMPONENT = os.path.join(K8S, "tls")
+STAND_IN_TOKEN = auth.new_token()  # one for every build here, so that builds compare
+needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None,
+                                   reason="kubectl is not installed (kubectl kustomize)")
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory) -> str:
+    """A directory with stand-ins for the files the TLS Secret is made from: a fresh CA
+    and a certificate with its key (curvine local's, made by openssl), under the
+    Secret's key names."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    from curvine.cli.local import make_tls_files
+    made = make_tls_files(str(tmp_path_factory.mktemp("pki")), days=1)
+    d = tmp_path_factory.mktemp("tls")
+    for key, name in TLS_KEYS.items():
+        shutil.copy(made[key], d / name)
+    return str(d)
+
+
+def _tls_build(tmp_path, tls_files: str, edits: dict[str, tuple[str, str]] | None = None,
+               missing: str | None = None) -> subprocess.CompletedProcess:
+    """``kubectl kustomize`` of an overlay of deploy/k8s with the TLS Component, as
+    docs/kubernetes.md says to write it (outside deploy/k8s), over a copy of deploy/k8s
+    with a stand-in token and the stand-in TLS files.  ``edits``: {file under
+    deploy/k8s: (old, new)} to break the copy; ``missing``: a TLS file left out."""
+    work = tmp_path / f"build{len(list(tmp_path.glob('build*')))}"
+    shutil.copytree(K8S, work / "k8s", ignore=shutil.ignore_patterns("token", *TLS_KEYS.values()))
+    auth.write_token_file(str(work / "k8s" / "token"), STAND_IN_TOKEN)
+    for name in TLS_KEYS.values():
+        if name != missing:
+            shutil.copy(os.path.join(tls_files, name), work / "k8s" / "tls" / name)
+    for name, (old, new) in (edits or {}).items():
+        f = work / "k8s" / name
+        text = f.read_text()
+        assert text.count(old) == 1, (name, old)
+        f.write_text(text.replace(old, new))
+    (work / "overlay").mkdir()
+    (work / "overlay" / "kustomization.yaml").write_text(
+        "resources: [../k8s]\ncomponents: [../k8s/tls]\n")
+    return _kustomize(work / "overlay")
+
+
+def _tls_docs(tmp_path, tls_files: str, **kw) -> list[dict]:
+    yaml = pytest.importorskip("yaml")
+    out = _tls_build(tmp_path, tls_files, **kw)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _tls_problems(docs, cfg: config.Config) -> list[str]:
+    """What keeps the built manifests from running with mutual TLS ([] = nothing): the
+    config's TLS keys, the Secret, and in every pod each container given the ConfigMap
+    (a daemon) mounting the Secret read-only where the config's paths point, readable by
+    its user and nobody else; no other container gets it."""
+    sec = cfg.security
+    problems = []
+    paths = {key: getattr(sec, key) for key in TLS_KEYS}
+    if not all(paths.values()):
+        return [f"security: not all of {', '.join(TLS_KEYS)} set ({paths})"]
+    tls_dir = {os.path.dirname(p) for p in paths.values()}
+    if len(tls_dir) != 1:
+        return [f"security: the TLS files are not in one directory (one Secret): {paths}"]
+    [tls_dir] = tls_dir
+    if sec.tls_client_auth is not True:
+        problems.append("security.tls_client_auth is not true (mutual TLS)")
+    # the name docs/kubernetes.md says the certificate carries: the master's Service
+    if sec.tls_server_name != cfg.cluster.master_addr.rsplit(":", 1)[0]:
+        problems.append(f"security.tls_server_name {sec.tls_server_name!r} is not the "
+                        f"host of cluster.master_addr {cfg.cluster.master_addr!r}")
+    secrets = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == TLS_SECRET]
+    if len(secrets) != 1:
+        problems.append(f"{len(secrets)} Secrets {TLS_SECRET}")
+    elif (secrets[0].get("type") != "kubernetes.io/tls"
+          or set(secrets[0].get("data", {})) != set(TLS_KEYS.values())):
+        problems.append(f"Secret {TLS_SECRET}: type {secrets[0].get('type')}, "
+                        f"keys {sorted(secrets[0].get('data', {}))}")
+    daemons = 0
+    for pod_name, spec in _pod_specs(docs):
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        config_vols = {n for n, v in volumes.items()
+                       if v.get("configMap", {}).get("name") == "curvine-config"}
+        tls_vols = {n for n, v in volumes.items()
+                    if v.get("secret", {}).get("secretName") == TLS_SECRET}
+        for c in spec["containers"]:
+            where = f"{pod_name}/{c['name']}"
+            mounts = [m for m in c.get("volumeMounts", []) if m["name"] in tls_vols]
+            if not config_vols & {m["name"] for m in c.get("volumeMounts", [])}:
+                if mounts:
+                    problems.append(f"{where} is no daemon but gets the TLS Secret")
+                continue
+            daemons += 1
+            if len(mounts) != 1:
+                problems.append(f"{where}: {len(mounts)} mounts of the TLS Secret")
+                continue
+            [m] = mounts
+            if m["mountPath"] != tls_dir or "subPath" in m:
+                problems.append(f"{where}: the TLS Secret at {m['mountPath']} "
+                                f"{m.get('subPath', '')}, the config names {tls_dir}")
+            if m.get("readOnly") is not True:
+                problems.append(f"{where}: the TLS Secret is not mounted read-only")
+            secret = volumes[m["name"]]["secret"]
+            # each path the config names is the Secret's key for it; items: a Secret
+            # without one of them keeps the pod from starting
+            items = {i["path"]: i["key"] for i in secret.get("items", [])}
+            for key, want in TLS_KEYS.items():
+                if items.get(os.path.basename(paths[key])) != want:
+                    problems.append(f"{where}: security.{key} {paths[key]} is not the "
+                                    f"Secret's {want} (items {items})")
+            mode = secret.get("defaultMode", 0o644)
+            if mode & 0o007:
+                problems.append(f"{where}: TLS files readable by others ({mode:o})")
+            user = (c.get("securityContext", {}).get("runAsUser")
+                    or spec.get("securityContext", {}).get("runAsUser") or 0)
+            if user != 0 and not (spec["securityContext"].get("fsGroup") and mode & 0o040):
+                problems.append(f"{where}: uid {user} cannot read the TLS files ({mode:o})")
+    if daemons != 3:  # master, worker, fuse
+        problems.append(f"{daemons} daemon containers, not 3")
+    return problems
+
+
+@needs_kubectl
+def test_tls_component_mounts_its_secret_where_the_config_points(tmp_path, tls_files):
+    """The TLS variant, built as documented: the config (loaded by curvine's loader,
+    which reads the stand-in certificate, key and CA and checks they fit) turns on
+    mutual TLS, and the master, worker and FUSE containers mount the Secret read-only
+    at the paths it names; the objects pass the schema."""
+    docs = _tls_docs(tmp_path, tls_files)
+    cfg = _config_of(docs, tmp_path, tls_files)
+    assert cfg.security.tls_ca and cfg.security.tls_client_auth
+    assert _tls_problems(docs, cfg) == []
+    secret = _one(docs, "Secret", TLS_SECRET)
+    assert secret["metadata"]["namespace"] == _one(docs, "Namespace")["metadata"]["name"]
+    for name in TLS_KEYS.values():  # what the pods get is what the files hold
+        assert base64.b64decode(secret["data"][name]) == open(os.path.join(tls_files, name),
+                                                              "rb").read()
+    assert _schema_errors(docs) == []
+    # without the Secret, its volumes and mounts and the config (checked against the
+    # base's by test_tls_config_is_the_base_config_plus_tls_keys), it is the base: the
+    # patches added to the pods, they did not replace or change anything
+    base = _base_docs(tmp_path)
+    assert _changed_from_base(docs, base) == []
+    # the check sees a patch that changes something else
+    docs = _tls_docs(tmp_path, tls_files, edits={"tls/master.yaml": (
+        "      containers:\n", "      terminationGracePeriodSeconds: 5\n      containers:\n")})
+    assert _changed_from_base(docs, base) == ["StatefulSet/curvine-master"]
+
+
+def _changed_from_base(docs, base) -> list[str]:
+    """The objects of ``docs`` that differ from ``base`` once the TLS Secret, its
+    volumes and mounts, and the ConfigMap's data are taken out."""
+    docs, base = copy.deepcopy(docs), copy.deepcopy(base)
+    for d in docs + base:
+        if d["kind"] == "ConfigMap":
+            d["data"] = None
+        for _, spec in _pod_specs([d]):
+            tls_vols = {v["name"] for v in spec["volumes"]
+                        if v.get("secret", {}).get("secretName") == TLS_SECRET}
+            spec["volumes"] = [v for v in spec["volumes"] if v["name"] not in tls_vols]
+            for c in spec["containers"]:
+                c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] not in tls_vols]
+    name = lambda d: f"{d['kind']}/{d['metadata']['name']}"  # noqa: E731
+    theirs = {name(d): d for d in docs if d["metadata"]["name"] != TLS_SECRET}
+    ours = {name(d): d for d in base}
+    return sorted(n for n in theirs.keys() | ours.keys() if theirs.get(n) != ours.get(n))
+
+
+def _base_docs(tmp_path) -> list[dict]:
+    """``kubectl kustomize deploy/k8s`` (a copy, with a stand-in token)."""
+    yaml = pytest.importorskip("yaml")
+    work = tmp_path / "base"
+    shutil.copytree(K8S, work, ignore=shutil.ignore_patterns("token", *TLS_KEYS.values()))
+    auth.write_token_file(str(work / "token"), STAND_IN_TOKEN)
+    out = _kustomize(work)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@needs_kubectl
+def test_base_without_the_component_sets_no_tls(tmp_path):
+    docs = _base_docs(tmp_path)
+    cfg = _config_of(docs, tmp_path)  # no TLS files given: it must need none
+    sec = cfg.security
+    assert (sec.tls_ca, sec.tls_cert, sec.tls_key, sec.tls_client_auth,
+            sec.tls_server_name) == ("", "", "", False, "")
+    assert not [d for d in docs if d["metadata"]["name"] == TLS_SECRET]
+    assert TLS_SECRET not in repr(docs)
+    assert _tls_problems(docs, cfg)  # the check sees that TLS is off
+
+
+# deploy/k8s/tls broken one way each: (file, old, new, what catches it)
+TLS_BROKEN = {
+    "misspelled key": ("tls/configmap.yaml", "tls_client_auth = true",
+                       "tls_client_authentication = true",
+                       r"curvine\.toml:\d+: security\.tls_client_authentication: unknown key"),
+    "path the Secret lacks": ("tls/configmap.yaml", '"/etc/curvine-tls/tls.key"',
+                              '"/etc/curvine-tls/node.key"',
+                              r"curvine\.toml:\d+: security\.tls_key: cannot read"),
+    "client auth off": ("tls/configmap.yaml", "tls_client_auth = true",
+                        "tls_client_auth = false", "tls_client_auth is not true"),
+    "server name": ("tls/configmap.yaml", 'tls_server_name = "curvine-master.curvine.svc',
+                    'tls_server_name = "curvine-node.curvine.svc', "tls_server_name"),
+    "fuse not mounted": ("tls/daemonset.yaml",
+                         "        - name: fuse\n          volumeMounts:\n"
+                         "            - {name: tls, mountPath: /etc/curvine-tls, readOnly: true}\n",
+                         "", "curvine-node/fuse: 0 mounts of the TLS Secret"),
+    "worker elsewhere": ("tls/daemonset.yaml",
+                         "        - name: worker\n          volumeMounts:\n"
+                         "            - {name: tls, mountPath: /etc/curvine-tls,",
+                         "        - name: worker\n          volumeMounts:\n"
+                         "            - {name: tls, mountPath: /etc/tls,",
+                         "curvine-node/worker: the TLS Secret at /etc/tls"),
+    "writable": ("tls/master.yaml", "mountPath: /etc/curvine-tls, readOnly: true",
+                 "mountPath: /etc/curvine-tls, readOnly: false",
+                 "curvine-master/master: the TLS Secret is not mounted read-only"),
+    "readable by others": ("tls/daemonset.yaml", "defaultMode: 0400", "defaultMode: 0404",
+                           "TLS files readable by others"),
+    "master cannot read": ("tls/master.yaml", "defaultMode: 0440", "defaultMode: 0400",
+                           "uid 10001 cannot read"),
+    "item renamed": ("tls/master.yaml", "{key: ca.crt, path: ca.crt}",
+                     "{key: ca.crt, path: ca.pem}",
+                     "curvine-master/master: security.tls_ca /etc/curvine-tls/ca.crt"),
+}
+
+
+@needs_kubectl
+@pytest.mark.parametrize("case", sorted(TLS_BROKEN))
+def test_tls_checks_catch_a_broken_component(tmp_path, tls_files, case):
+    name, old, new, caught = TLS_BROKEN[case]
+    docs = _tls_docs(tmp_path, tls_files, edits={name: (old, new)})
+    if "curvine\\.toml" in caught:  # the loader refuses it
+        with pytest.raises(config.ConfigError, match=caught):
+            _config_of(docs, tmp_path, tls_files)
+        return
+    problems = _tls_problems(docs, _config_of(docs, tmp_path, tls_files))
+    assert any(caught in p for p in problems), problems
+
+
+@needs_kubectl
+def test_tls_component_needs_its_files(tmp_path, tls_files):
+    """Like the token: without the certificate files there is nothing to apply."""
+    out = _tls_build(tmp_path, tls_files, missing="tls.key")
+    assert out.returncode != 0 and "tls.key" in out.stderr
+
+
+def test_tls_config_is_the_base_config_plus_tls_keys():
+    """The Component replaces the whole curvine.toml (kustomize cannot add lines to a
+    string): its copy must be the base's with TLS lines added, nothing else changed."""
+    yaml = pytest.importorskip("yaml")
+    toml_of = lambda f: yaml.safe_load(open(f))["data"]["curvine.toml"]  # noqa: E731
+    base = toml_of(os.path.join(K8S, "configmap.yaml"))
+    with_tls = toml_of(os.path.join(TLS_COMPONENT, "configmap.yaml"))
+    assert _config_drift(base, with_tls) == []
+    # the check sees a base that moved on without the copy
+    assert _config_drift(base.replace("replicas = 1", "replicas = 2"), with_tls)
+    assert _config_drift(base, with_tls.replace("[log]", "# [log]"))
+
+
+def _config_drift(base: str, with_tls: str) -> list[str]:
+    """Lines of ``base`` missing from ``with_tls``, and values of ``with_tls`` that are
+    not base's or a [security] tls_* key."""
+    import difflib
+    drift = [d for d in difflib.ndiff(base.splitlines(), with_tls.splitlines())
+             if d.startswith("- ")]
+    a, b = tomllib.loads(base), tomllib.loads(with_tls)
+    added = {k for k in b.get("security", {}) if k.startswith("tls_")}
+    b["security"] = {k: v for k, v in b["security"].items() if k not in added}
+    if a != b:
+        drift.append(f"values differ: {a} != {b}")
+    return drift
+
+
+def test_tls_files_are_never_committed():
+    if not (shutil.which("git") and os.path.isdir(os.path.join(REPO, ".git"))):
+        pytest.skip("not a git checkout")
+    for name in (*TLS_KEYS.values(), "ca.key", "node.pem"):
+        path = f"deploy/k8s/tls/{name}"
+        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO, timeout=30)
+        assert ignored.returncode == 0, f"{path} is not ignored by git"
+    tracked = subprocess.run(["git", "ls-files", "deploy/k8s/tls"], cwd=REPO,
+                             capture_output=True, text=True, timeout=30).stdout.split()
+    assert not [p for p in tracked if not p.endswith((".yaml", ".gitignore"))], tracked
+
+
+@needs_kubectl
+def test_tls_names_let_a_client_dial_a_server_by_ip(tmp_path):
+    """The naming the Component relies on, run for real: a certificate whose only SAN is
+    the master's Service name (as docs/kubernetes.md makes it) serves a master that a
+    client dials at an IP, as every worker is dialed at its node's IP, with the
+    rendered config's mutual TLS and tls_server_name; without tls_server_name the
+    same client is refused."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    from curvine.cli.local import free_ports
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    (pki / "ext").write_text("subjectAltName=DNS:curvine-master.curvine.svc.cluster.local\n"
+                             "extendedKeyUsage=serverAuth,clientAuth\n")
+    for argv in (["req", "-x509", *ec, "-days", "1", "-subj", "/CN=curvine CA",
+                  "-keyout", "ca.key", "-out", "ca.crt"],
+                 ["req", *ec, "-subj", "/CN=curvine", "-keyout", "tls.key", "-out", "tls.csr"],
+                 ["x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                  "-CAcreateserial", "-days", "1", "-extfile", "ext", "-out", "tls.crt"]):
+        subprocess.run(["openssl", *argv], cwd=pki, check=True, capture_output=True, timeout=60)
+    docs = _tls_docs(tmp_path, str(pki))
+    text = _one(docs, "ConfigMap", "curvine-config")["data"]["curvine.toml"]
+    port, http_port = free_ports(2)
+    auth.write_token_file(str(tmp_path / "token"))
+    for old, new in [("/etc/curvine-tls/", f"{pki}/"),
+                     ("/etc/curvine-token/token", str(tmp_path / "token")),
+                     ("curvine-master.curvine.svc.cluster.local:8995", f"127.0.0.1:{port}"),
+                     ("http_port = 9001", f"http_port = {http_port}")]:
+        assert old in text
+        text = text.replace(old, new)
+    assert 'tls_server_name = "curvine-master.curvine.svc.cluster.local"' in text
+    conf, conf_no_name = tmp_path / "c.toml", tmp_path / "c-no-name.toml"
+    conf.write_text(text)
+    conf_no_name.write_text("\n".join(l for l in text.splitlines()
+                                      if not l.startswith("tls_server_name")))
+    bin_ = lambda name: os.path.join(VENV_BIN, name)  # noqa: E731
+    master = subprocess.Popen(
+        [bin_("curvine-master"), "--conf", str(conf), "--host", "127.0.0.1", "--port", str(port),
+         "--meta-dir", str(tmp_path / "meta"), "--journal-dir", str(tmp_path / "journal")],
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "master.log", "w"))
+    try:
+        def ls(conf_file):
+            return subprocess.run([bin_("curvine"), "fs", "ls", "/"], capture_output=True,
+                                  text=True, timeout=120,
+                                  env={**os.environ, "CURVINE_CONF": str(conf_file)})
+        # the CLI waits only 2 s for a master: wait for it to serve first
+        deadline = time.monotonic() + 60
+        while True:
+            assert master.poll() is None, (tmp_path / "master.log").read_text()[-2000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=5):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the master did not come up in 60 s"
+                time.sleep(0.1)
+        ok = ls(conf)
+        assert ok.returncode == 0, (ok.stderr, (tmp_path / "master.log").read_text()[-2000:])
+        refused = ls(conf_no_name)
+        assert refused.returncode != 0 and "Hostname Verification" in refused.stderr, refused.stderr
+    finally:
+        master.terminate()
+        try:
+            master.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            master.kill()
+            master.wait()
