@@ -131,6 +131,17 @@ def refused_count(http_port: int) -> float:
     return sum(s.value for s in metric_samples(http_port, "curvine_block_token_refused_total"))
 
 
+def _create_and_allocate(master):
+    """Create /kv.data and allocate its first block: (inode, AddBlockReply with the
+    block's write token)."""
+    node = master.Create(master_pb2.CreateRequest(
+        request_id=new_request_id(), parent=ROOT_INO, name=b"kv.data", mode=0o644),
+        timeout=DEADLINE).inode
+    alloc = master.AddBlock(master_pb2.AddBlockRequest(ino=node.ino, size_hint=3),
+                            timeout=DEADLINE)
+    return node, alloc
+
+
 def _denied(fn, field: str):
     with pytest.raises(grpc.RpcError) as e:
         fn()
@@ -146,11 +157,7 @@ def test_worker_serves_only_blocks_the_master_handed_out(make_cluster):
     with make_channel(c.master_addr) as mch, make_channel(worker.address) as wch:
         master = master_pb2_grpc.MasterStub(mch)
         stub = worker_pb2_grpc.WorkerStub(wch)
-        node = master.Create(master_pb2.CreateRequest(
-            request_id=new_request_id(), parent=ROOT_INO, name=b"kv.data", mode=0o644),
-            timeout=DEADLINE).inode
-        alloc = master.AddBlock(master_pb2.AddBlockRequest(ino=node.ino, size_hint=3),
-                                timeout=DEADLINE)
+        node, alloc = _create_and_allocate(master)
         bid, wtoken = alloc.block_id, alloc.block_token
         other = master.AddBlock(master_pb2.AddBlockRequest(ino=node.ino, size_hint=3),
                                 timeout=DEADLINE)
@@ -228,11 +235,7 @@ def test_a_restarted_worker_serves_before_the_master_is_back(make_cluster):
         assert open(key_file, "rb").read() == f.read()
     with make_channel(c.master_addr) as mch:
         master = master_pb2_grpc.MasterStub(mch)
-        node = master.Create(master_pb2.CreateRequest(
-            request_id=new_request_id(), parent=ROOT_INO, name=b"kv.data", mode=0o644),
-            timeout=DEADLINE).inode
-        alloc = master.AddBlock(master_pb2.AddBlockRequest(ino=node.ino, size_hint=3),
-                                timeout=DEADLINE)
+        _node, alloc = _create_and_allocate(master)
     c.kill("master", 0, signal.SIGTERM)
     c.kill("worker", 0)
     c.start("worker", 0, wait_ready=False)  # ready = registered: not while the master is down

@@ -246,11 +246,10 @@ def test_master_streams_are_bounded_and_stalled_ones_cancelled(make_cluster, tmp
         assert master.StatFs(master_pb2.StatFsRequest(), timeout=DEADLINE) is not None
 
 
-def test_a_writer_that_pauses_past_the_idle_timeout_still_publishes(make_cluster, tmp_path):
-    """A remote writer (short-circuit off) streams its block while writing; a pause
-    longer than worker.stream_idle_timeout gets the stream cut.  The writer must then
-    upload the block whole at publish, to the same worker if it is the only one (it
-    used to exclude it, and the master had no other: ENOSPC and the data lost)."""
+def remote_client(make_cluster, tmp_path):
+    """A one-worker cluster whose worker cuts streams idle for 1 s, and a client
+    library instance that reads and writes remotely (short-circuit off); returns
+    (CurvineFS, the worker's HTTP port)."""
     import dataclasses
 
     from curvine.client.fs import CurvineFS
@@ -261,8 +260,16 @@ def test_a_writer_that_pauses_past_the_idle_timeout_still_publishes(make_cluster
     cfg = Config()
     cfg.client = dataclasses.replace(cfg.client, short_circuit=False)
     cfg.security = dataclasses.replace(cfg.security, token_file=c.token_file)
-    http_port = c._proc("worker", 0).http_port
-    with CurvineFS(c.master_addr, cfg=cfg) as fs:
+    return CurvineFS(c.master_addr, cfg=cfg), c._proc("worker", 0).http_port
+
+
+def test_a_writer_that_pauses_past_the_idle_timeout_still_publishes(make_cluster, tmp_path):
+    """A remote writer (short-circuit off) streams its block while writing; a pause
+    longer than worker.stream_idle_timeout gets the stream cut.  The writer must then
+    upload the block whole at publish, to the same worker if it is the only one (it
+    used to exclude it, and the master had no other: ENOSPC and the data lost)."""
+    fs, http_port = remote_client(make_cluster, tmp_path)
+    with fs:
         w = fs.open_writer("/slow.data")
         try:
             w.write(0, b"a" * 1000)
@@ -284,21 +291,12 @@ def test_a_reader_that_pauses_past_the_idle_timeout_reads_on(make_cluster, tmp_p
     the worker; the next read opens another stream and returns the right bytes, and
     the worker is not counted as failing (it would be avoided for the rest of the
     reader's life)."""
-    import dataclasses
     import logging
 
-    from curvine.client.fs import CurvineFS
-    from curvine.common.config import Config
-    conf = tmp_path / "limits.toml"
-    conf.write_text('[worker]\nstream_idle_timeout = "1s"\n')
-    c = make_cluster(workers=1, mounts=0, conf=str(conf))
-    cfg = Config()
-    cfg.client = dataclasses.replace(cfg.client, short_circuit=False)
-    cfg.security = dataclasses.replace(cfg.security, token_file=c.token_file)
-    http_port = c._proc("worker", 0).http_port
+    fs, http_port = remote_client(make_cluster, tmp_path)
     data = os.urandom(24 * MIB)
     caplog.set_level(logging.INFO, logger="curvine.client.file_reader")
-    with CurvineFS(c.master_addr, cfg=cfg) as fs:
+    with fs:
         fs.write_bytes("/r.data", data)
         r = fs.open_reader("/r.data")
         try:
