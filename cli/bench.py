@@ -13,6 +13,10 @@ table gives medians and the ratio curvine / plain, next to the targets of issue 
    from one process and from several; stat of names that do not exist (a miss).
 4. ``memory``: peak RSS of every daemon during 1-3, and of mount B's FUSE client
    while it reads one large file.
+5. ``fill`` (only when named in ``--workloads``; see bench_fill.py): its own small
+   cluster (2 workers of ``--fill-pool-mib``) that 4 writers fill to five times its
+   pool: stores/s, failed stores by errno, evictions/s and how long the pool stays
+   between the high and the low watermark; beside a tmpfs of the pool's size.
 
 Cold reads come after ``sync; echo 3 > /proc/sys/vm/drop_caches`` when running as
 root; otherwise the files of both sides are evicted with ``posix_fadvise(DONTNEED)``
@@ -43,7 +47,9 @@ from .demo import SEED, chunk_data, chunk_keys, format_table, get_chunk, put_chu
 from .local import ClusterError, LocalCluster, mounted_paths
 
 MiB = 1 << 20
-WORKLOADS = ("kv", "prompt", "meta", "memory")
+WORKLOADS = ("kv", "prompt", "meta", "memory", "fill")
+# run without --workloads; "fill" needs a small cluster of its own, so only when named
+DEFAULT_WORKLOADS = ("kv", "prompt", "meta", "memory")
 CHUNK_TOKENS = 256  # LMCache's default chunk size in tokens
 SCHEMA = 1
 
@@ -65,7 +71,8 @@ class Params:
     meta_procs: int = 8
     missing: int = 1000
     rss_file_size: int = 1 << 30
-    workloads: tuple[str, ...] = WORKLOADS
+    fill_pool_mib: int = 256  # capacity of each of the fill cluster's 2 workers
+    workloads: tuple[str, ...] = DEFAULT_WORKLOADS
 
     def prompt_sizes(self) -> list[int]:
         """Chunk files of the prompt: full 256-token chunks, then the partial last one."""
@@ -766,6 +773,8 @@ class Bench:
 def _fmt(x: float | None, unit: str) -> str:
     if x is None:
         return "-"
+    if unit == "count":
+        return f"{x:,.0f}" if x == int(x) else f"{x:,.1f}"
     if unit in ("ops/s",):
         return f"{x:,.0f}"
     if unit == "MiB":
@@ -776,7 +785,7 @@ def _fmt(x: float | None, unit: str) -> str:
 
 
 WORKLOAD_TITLES = {"kv": "1 KV chunks", "prompt": "2 prompt", "meta": "3 metadata",
-                   "memory": "4 memory"}
+                   "memory": "4 memory", "fill": "5 fill"}
 
 
 def format_report(metrics: dict[str, list[Metric]]) -> str:
@@ -826,97 +835,121 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
         say("  note: the machine is busy (load average above the CPU count): "
             "figures will be noisy")
 
+    main_wls = [w for w in params.workloads if w != "fill"]  # on the main cluster
     top = None  # temporary directory this run created (cluster and/or plain dir)
     cluster = None
     bench = None
+    fill = None
+    cache = None
+    results["workload_seconds"], results["cpu_seconds"] = {}, {}
     try:
-        if plain is None or mounts is None:
+        if plain is None or mounts is None or "fill" in params.workloads:
             parent = workdir or (os.path.dirname(os.path.abspath(plain)) if plain else None)
             top = tempfile.mkdtemp(prefix="curvine-bench-", dir=parent)
-        plain_root = os.path.abspath(plain) if plain else os.path.join(top, "plain")
-        os.makedirs(plain_root, exist_ok=True)
-        block_dirs: list[str] = []
-        if mounts:
-            mount_a, mount_b = (os.path.abspath(m) for m in mounts)
-            for m in (mount_a, mount_b):
-                if not os.path.isdir(m):
-                    raise BenchError(f"{m} is not a directory")
-            procs = _pids_for_mounts([mount_a, mount_b])
-            mode = "mounts"
-        else:
-            cluster = LocalCluster(os.path.join(top, "cluster"), workers=2, mounts=2)
-            say(f"starting a local cluster in {cluster.base}: 1 master, 2 workers, 2 mounts ...")
-            t0 = time.perf_counter()
-            mount_a, mount_b = cluster.up()
-            say(f"  up in {time.perf_counter() - t0:.1f}s")
-            block_dirs = [os.path.join(cluster.base, "worker", str(i), "data") for i in range(2)]
-            procs = _name_procs(cluster.status(), [mount_a, mount_b])
-            mode = "local cluster"
-        cache = PageCache(drop_caches, block_dirs)
-        plain_fs = _fs_of(plain_root)
-        curvine_fs = _fs_of(block_dirs[0]) if block_dirs else None
-        same_disk = curvine_fs["device"] == plain_fs["device"] if curvine_fs else None
-        results["setup"] = {"mode": mode, "mounts": [mount_a, mount_b], "plain_dir": plain_root,
-                            "plain_fs": plain_fs, "block_fs": curvine_fs,
-                            "same_device": same_disk, "processes": procs}
-        results["page_cache"] = {"dropped": cache.dropped, "method": cache.method,
-                                 "note": cache.describe()}
-        say(f"curvine: write through {mount_a}, read through {mount_b}; plain: {plain_root} "
-            f"({plain_fs['fstype']} on {plain_fs['device']})")
-        if same_disk is False:
-            say("  warning: the workers' blocks and the plain directory are on different "
-                "devices")
-        say(cache.describe())
+        if main_wls:
+            plain_root = os.path.abspath(plain) if plain else os.path.join(top, "plain")
+            os.makedirs(plain_root, exist_ok=True)
+            block_dirs: list[str] = []
+            if mounts:
+                mount_a, mount_b = (os.path.abspath(m) for m in mounts)
+                for m in (mount_a, mount_b):
+                    if not os.path.isdir(m):
+                        raise BenchError(f"{m} is not a directory")
+                procs = _pids_for_mounts([mount_a, mount_b])
+                mode = "mounts"
+            else:
+                cluster = LocalCluster(os.path.join(top, "cluster"), workers=2, mounts=2)
+                say(f"starting a local cluster in {cluster.base}: 1 master, 2 workers, "
+                    "2 mounts ...")
+                t0 = time.perf_counter()
+                mount_a, mount_b = cluster.up()
+                say(f"  up in {time.perf_counter() - t0:.1f}s")
+                block_dirs = [os.path.join(cluster.base, "worker", str(i), "data")
+                              for i in range(2)]
+                procs = _name_procs(cluster.status(), [mount_a, mount_b])
+                mode = "local cluster"
+            cache = PageCache(drop_caches, block_dirs)
+            plain_fs = _fs_of(plain_root)
+            curvine_fs = _fs_of(block_dirs[0]) if block_dirs else None
+            same_disk = curvine_fs["device"] == plain_fs["device"] if curvine_fs else None
+            results["setup"] = {"mode": mode, "mounts": [mount_a, mount_b],
+                                "plain_dir": plain_root, "plain_fs": plain_fs,
+                                "block_fs": curvine_fs, "same_device": same_disk,
+                                "processes": procs}
+            results["page_cache"] = {"dropped": cache.dropped, "method": cache.method,
+                                     "note": cache.describe()}
+            say(f"curvine: write through {mount_a}, read through {mount_b}; plain: "
+                f"{plain_root} ({plain_fs['fstype']} on {plain_fs['device']})")
+            if same_disk is False:
+                say("  warning: the workers' blocks and the plain directory are on different "
+                    "devices")
+            say(cache.describe())
         say(f"{params.runs} run(s) per workload, medians reported")
 
-        bench = Bench(params, mount_a, mount_b, plain_root, cache, procs, say)
-        bench.setup()
-        # Peaks from here on: daemons of an existing cluster may have peaked before.
-        results["setup"]["hwm_reset_at_start"] = all([_reset_hwm(pid) for pid in procs.values()])
-        cpu = CpuMeter(procs)
-        results["workload_seconds"], results["cpu_seconds"] = {}, {}
+        if main_wls:
+            bench = Bench(params, mount_a, mount_b, plain_root, cache, procs, say)
+            bench.setup()
+            # Peaks from here on: daemons of an existing cluster may have peaked before.
+            results["setup"]["hwm_reset_at_start"] = all(
+                [_reset_hwm(pid) for pid in procs.values()])
+            cpu = CpuMeter(procs)
 
-        def done(wl: str, t0: float) -> None:
-            wall = results["workload_seconds"][wl] = round(time.perf_counter() - t0, 1)
-            used = results["cpu_seconds"][wl] = cpu.stop()
-            say(f"  {wall:.0f}s wall; CPU seconds: "
-                + ", ".join(f"{k} {v:.1f}" for k, v in used.items()))
+            def done(wl: str, t0: float) -> None:
+                wall = results["workload_seconds"][wl] = round(time.perf_counter() - t0, 1)
+                used = results["cpu_seconds"][wl] = cpu.stop()
+                say(f"  {wall:.0f}s wall; CPU seconds: "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in used.items()))
 
-        with RssSampler(procs, 0.25) as sampler:
-            for wl in ("kv", "prompt", "meta"):
-                if wl in params.workloads:
-                    say(f"[{WORKLOAD_TITLES[wl]}]")
-                    t0 = time.perf_counter()
-                    cpu.start()
-                    getattr(bench, wl)()
-                    done(wl, t0)
-        if "memory" in params.workloads:
-            say(f"[{WORKLOAD_TITLES['memory']}]")
+            with RssSampler(procs, 0.25) as sampler:
+                for wl in ("kv", "prompt", "meta"):
+                    if wl in params.workloads:
+                        say(f"[{WORKLOAD_TITLES[wl]}]")
+                        t0 = time.perf_counter()
+                        cpu.start()
+                        getattr(bench, wl)()
+                        done(wl, t0)
+            if "memory" in params.workloads:
+                say(f"[{WORKLOAD_TITLES['memory']}]")
+                t0 = time.perf_counter()
+                cpu.start()
+                during = sampler.peaks()
+                for name, peak in during.items():
+                    m = bench._metric("memory", f"peak_{name.replace(' ', '_')}",
+                                      f"peak RSS MiB, {name}", "MiB", "lower")
+                    m.curvine.append(peak["peak_mib"])
+                size_label = (f"{params.rss_file_size / MiB:g} MiB"
+                              if params.rss_file_size < 1 << 30
+                              else f"{params.rss_file_size / (1 << 30):g} GiB")
+                check = bench.rss_check()
+                peak_b = check["while_reading"].get("fuse B", {}).get("peak_mib")
+                m = bench._metric("memory", "fuse_read_peak",
+                                  f"peak RSS MiB, fuse B reading {size_label}", "MiB", "lower")
+                if peak_b is not None:
+                    m.curvine.append(peak_b)
+                peak_a = check["while_writing"].get("fuse A", {}).get("peak_mib")
+                m = bench._metric("memory", "fuse_write_peak",
+                                  f"peak RSS MiB, fuse A writing {size_label}", "MiB", "lower")
+                if peak_a is not None:
+                    m.curvine.append(peak_a)
+                say(f"  {size_label}: written through A at {check['write_MBps']:.0f} MB/s, "
+                    f"read through B at {check['read_MBps']:.0f} MB/s; fuse B peak RSS "
+                    f"{peak_b if peak_b is not None else '?'} MiB")
+                bench.memory = {"during_workloads": during, "large_file": check}
+                done("memory", t0)
+        if "fill" in params.workloads:
+            from .bench_fill import FillBench  # imports this module: not at the top
+            say(f"[{WORKLOAD_TITLES['fill']}]")
+            if mounts or plain:
+                say("  note: fill ignores --mounts and --plain: it starts its own small "
+                    "cluster and plain file system")
+            fill = FillBench(params.runs, params.fill_pool_mib, top, say)
+            say(f"  per run: a cluster of 2 workers x {params.fill_pool_mib} MiB (default "
+                f"settings otherwise), 4 writers (2 per mount) attempt {fill.quota} stores "
+                f"of 14 MiB (5x the pool)")
             t0 = time.perf_counter()
-            cpu.start()
-            during = sampler.peaks()
-            for name, peak in during.items():
-                m = bench._metric("memory", f"peak_{name.replace(' ', '_')}",
-                                  f"peak RSS MiB, {name}", "MiB", "lower")
-                m.curvine.append(peak["peak_mib"])
-            size_label = f"{params.rss_file_size / MiB:g} MiB" if params.rss_file_size < 1 << 30 \
-                else f"{params.rss_file_size / (1 << 30):g} GiB"
-            check = bench.rss_check()
-            peak_b = check["while_reading"].get("fuse B", {}).get("peak_mib")
-            m = bench._metric("memory", "fuse_read_peak",
-                              f"peak RSS MiB, fuse B reading {size_label}", "MiB", "lower")
-            if peak_b is not None:
-                m.curvine.append(peak_b)
-            peak_a = check["while_writing"].get("fuse A", {}).get("peak_mib")
-            m = bench._metric("memory", "fuse_write_peak",
-                              f"peak RSS MiB, fuse A writing {size_label}", "MiB", "lower")
-            if peak_a is not None:
-                m.curvine.append(peak_a)
-            say(f"  {size_label}: written through A at {check['write_MBps']:.0f} MB/s, "
-                f"read through B at {check['read_MBps']:.0f} MB/s; fuse B peak RSS "
-                f"{peak_b if peak_b is not None else '?'} MiB")
-            bench.memory = {"during_workloads": during, "large_file": check}
-            done("memory", t0)
+            fill.run()
+            results["workload_seconds"]["fill"] = round(time.perf_counter() - t0, 1)
+            say(f"  {results['workload_seconds']['fill']:.0f}s wall")
     except BaseException as e:
         results["error"] = ("interrupted" if isinstance(e, KeyboardInterrupt)
                             else f"{type(e).__name__}: {e}")
@@ -937,11 +970,15 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
         load_end = os.getloadavg()
         results["load_average"]["end"] = list(load_end)
         results["runtime_s"] = round(time.perf_counter() - t_start, 1)
+        all_metrics = dict(bench.metrics) if bench is not None else {}
+        if fill is not None:
+            all_metrics["fill"] = fill.metrics
+        results["workloads"] = {
+            wl: {"metrics": [m.to_json() for m in all_metrics.get(wl, [])],
+                 **({"raw": bench.raw[wl]} if bench is not None and wl in bench.raw else {}),
+                 **({"raw": fill.raw} if wl == "fill" and fill is not None else {})}
+            for wl in WORKLOADS if wl in params.workloads}
         if bench is not None:
-            results["workloads"] = {
-                wl: {"metrics": [m.to_json() for m in bench.metrics.get(wl, [])],
-                     **({"raw": bench.raw[wl]} if wl in bench.raw else {})}
-                for wl in WORKLOADS if wl in params.workloads}
             results["memory"] = bench.memory
             results["page_cache"]["drops"] = bench.cache.count
         if json_path:
@@ -952,13 +989,25 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
         raise teardown_error
 
     say()
-    say(format_report(bench.metrics))
+    say(format_report(all_metrics))
     say()
     say("ratio = curvine / plain (medians); 'better' says which way is good: MB/s and ops/s "
         "higher, ms and MiB lower; targets from issue 3")
-    say(f"page cache: {'dropped' if cache.dropped else 'NOT dropped'} ({cache.method}) before "
-        f"cold reads; load average start {' '.join(f'{x:.2f}' for x in load_start)}, "
-        f"end {' '.join(f'{x:.2f}' for x in results['load_average']['end'])}")
+    if fill is not None:
+        say("fill: curvine stores/s over the whole fill, plain stores/s until its first "
+            "ENOSPC (it never evicts); failed stores over the same number of attempts; "
+            "evictions/s and episodes (pool above the high watermark until below the low "
+            "one, statfs of mount A every 25 ms) are neither better nor worse")
+        for note in fill.raw["notes"]:
+            say(f"fill: {note}")
+    if cache is not None:
+        say(f"page cache: {'dropped' if cache.dropped else 'NOT dropped'} ({cache.method}) "
+            f"before cold reads; load average start "
+            f"{' '.join(f'{x:.2f}' for x in load_start)}, "
+            f"end {' '.join(f'{x:.2f}' for x in results['load_average']['end'])}")
+    else:
+        say(f"load average start {' '.join(f'{x:.2f}' for x in load_start)}, "
+            f"end {' '.join(f'{x:.2f}' for x in results['load_average']['end'])}")
     say(f"runtime {results['runtime_s']:.0f}s ("
         + ", ".join(f"{k} {v:.0f}s" for k, v in results["workload_seconds"].items()) + ")"
         + (f"; results in {json_path}" if json_path else ""))
@@ -986,8 +1035,12 @@ def register(subparsers) -> None:
                    help="where to write all figures (default bench-results.json)")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes and 1 run (a smoke test, not a measurement)")
-    p.add_argument("--workloads", type=_workloads, default=WORKLOADS, metavar="LIST",
-                   help="comma-separated subset of " + ",".join(WORKLOADS) + " (default all)")
+    p.add_argument("--workloads", type=_workloads, default=DEFAULT_WORKLOADS, metavar="LIST",
+                   help="comma-separated subset of " + ",".join(WORKLOADS) + " (default "
+                        + ",".join(DEFAULT_WORKLOADS) + "; fill only when named: it starts "
+                        "its own small cluster, 2 workers of --fill-pool-mib, fills it to 5x "
+                        "its pool from 4 writers and ignores --mounts/--plain; as root its "
+                        "plain side is a tmpfs of the pool's size, else it is skipped)")
     p.add_argument("--no-drop-caches", dest="drop_caches", action="store_false",
                    help="do not evict the page cache before cold reads")
     g = p.add_argument_group("sizes")
@@ -1005,6 +1058,9 @@ def register(subparsers) -> None:
                    help="missing names to stat (default 1000)")
     g.add_argument("--rss-file-size", type=argtypes.size, metavar="SIZE",
                    help="file read through mount B for the FUSE RSS check (default 1GiB)")
+    g.add_argument("--fill-pool-mib", type=argtypes.positive, metavar="MIB",
+                   help="capacity of each of the 2 workers of the fill cluster, in MiB "
+                        "(default 256: a 512 MiB pool)")
     p.set_defaults(func=_cmd_bench, _parser=p)
 
 
@@ -1020,7 +1076,7 @@ def _workloads(text: str) -> tuple[str, ...]:
 def params_from_args(args) -> Params:
     p = Params(**QUICK) if args.quick else Params()
     for name in ("runs", "kv_files", "kv_size", "prompt_tokens", "prompt_chunk_size",
-                 "meta_files", "meta_procs", "missing", "rss_file_size"):
+                 "meta_files", "meta_procs", "missing", "rss_file_size", "fill_pool_mib"):
         value = getattr(args, name)
         if value is not None:
             setattr(p, name, value)
@@ -1032,6 +1088,9 @@ def _cmd_bench(args, parser) -> int:
     with contextlib.suppress(AttributeError):
         sys.stdout.reconfigure(line_buffering=True)
     params = params_from_args(args)
+    if "fill" in params.workloads and params.fill_pool_mib < 16:
+        parser.error(f"--fill-pool-mib {params.fill_pool_mib}: a worker must hold at least "
+                     "one 14 MiB chunk (use 16 or more)")
     if params.runs < 3 and not args.quick:
         print("curvine bench: note: fewer than 3 runs; the issue asks for medians of >= 3",
               file=sys.stderr)

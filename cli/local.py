@@ -290,7 +290,7 @@ class LocalCluster:
     def __init__(self, base: str, workers: int = 2, mounts: int = 2, conf: str | None = None,
                  short_circuit: list[bool] | None = None, env: dict | None = None,
                  worker_capacity: int = 0, replicas: int = 0, token: bool = True,
-                 tls: bool = False):
+                 tls: bool = False, host_ids: dict[str, str] | None = None):
         if workers < 0 or mounts < 0:
             raise ClusterError("workers and mounts must not be negative")
         if worker_capacity < 0:
@@ -316,6 +316,9 @@ class LocalCluster:
         self.conf = os.path.abspath(conf) if conf else None
         self.short_circuit = list(short_circuit) if short_circuit is not None else [True] * mounts
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        # process name ("worker 1", "fuse 0") -> CURVINE_HOST_ID: daemons that act as if
+        # on another machine (placement prefers a worker of the writer's host)
+        self.host_ids = {str(k): str(v) for k, v in (host_ids or {}).items()}
         self.master_addr = ""
         self.mounts: list[str] = [self._path("mnt", str(i)) for i in range(mounts)]
         self._procs: dict[tuple[str, int], _Proc] = {}
@@ -357,6 +360,7 @@ class LocalCluster:
             "conf": self.conf,
             "short_circuit": self.short_circuit,
             "env": self.env,
+            "host_ids": self.host_ids,
             "token_file": self.token_file,
             "tls": self.tls_keys,
             "updated": time.time(),
@@ -393,7 +397,7 @@ class LocalCluster:
         try:
             c = cls(base, workers=int(state["workers"]), mounts=int(state["mounts"]),
                     conf=state.get("conf"), short_circuit=state.get("short_circuit"),
-                    env=state.get("env") or {})
+                    env=state.get("env") or {}, host_ids=state.get("host_ids") or {})
             c.master_addr = str(state.get("master_addr", ""))
             c.token_file = str(state.get("token_file") or "")
             c.token = bool(c.token_file)
@@ -597,10 +601,12 @@ class LocalCluster:
                                            log=self.log_path(role, index), **kw)
 
     # ----------------------------------------------------------------- processes
-    def _environ(self, notify: _Notify | None) -> dict[str, str]:
+    def _environ(self, notify: _Notify | None, name: str = "") -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "CURVINE_CONF")}
         env["PYTHONUNBUFFERED"] = "1"
         env.update(self.env)
+        if name in self.host_ids:
+            env["CURVINE_HOST_ID"] = self.host_ids[name]
         if notify is not None:
             env["NOTIFY_SOCKET"] = notify.env_value
         return env
@@ -617,7 +623,7 @@ class LocalCluster:
             log.flush()
             try:
                 proc = subprocess.Popen(p.argv, stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=subprocess.STDOUT, env=self._environ(notify),
+                                        stderr=subprocess.STDOUT, env=self._environ(notify, p.name),
                                         cwd=self.base, start_new_session=True, close_fds=True)
             except OSError as e:
                 raise ClusterError(f"cannot start {p.name} ({p.argv[0]}): {e.strerror}") from None

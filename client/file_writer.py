@@ -11,11 +11,17 @@ block being written.  That block is uploaded in the background when the writes m
 past it, and synchronously at publish.  A write into an uploaded block reads it back,
 modifies it and uploads it later as a new block.
 
-Where the block being written lives: when the master places a new block on a worker
-of this host (short-circuit enabled), the writes go straight into a staging file in
-that worker's data dir and "uploading" is one AdoptBlock call: no copy in memory, no
-stream, and the crc32 computed once, while writing.  Otherwise the block is gathered
-in memory and streamed to the workers.
+Where the block being written lives: the first block of a file is gathered in
+memory and placed only when its size is known (at publish, or once it is full), so
+that the master reserves what the writer stores (a 14 MiB KV chunk needs 14 MiB free,
+not a 64 MiB block); it is then written into a staging file of a worker of this host
+that the worker adopts (one AdoptBlock call, no stream), or streamed to the workers.
+Later blocks of a file that outgrew one block are placed at their first byte, with a
+whole block reserved: when the master places one on a worker of this host
+(short-circuit enabled), the writes go straight into a staging file in that worker's
+data dir and "uploading" is one AdoptBlock call; otherwise the block is gathered in
+memory and streamed to the workers while it is written.  The crc32 is computed once,
+while writing.
 
 Write-behind: ``write_behind`` queues a write of immutable bytes (what FUSE hands
 over) without blocking, and one background thread per writer applies the queue in
@@ -29,6 +35,7 @@ version is never published without it; close(2) reports the error.
 from __future__ import annotations
 
 import bisect
+import errno
 import collections
 import logging
 import mmap
@@ -103,9 +110,11 @@ class _Buffer:
     """A block's bytes in memory: a mapping of block size and a fill length.
     Bytes past the length are garbage; growing always writes them."""
 
-    __slots__ = ("mem", "len", "alloc", "streams", "stream_failed")
+    __slots__ = ("mem", "len", "alloc", "streams", "stream_failed", "crc", "crc_len",
+                 "staging_failed")
 
-    def __init__(self, capacity: int, data: bytes | memoryview = b"", alloc=None):
+    def __init__(self, capacity: int, data: bytes | memoryview = b"", alloc=None,
+                 checksum: bool = False):
         self.mem = _buffers.get(capacity)
         self.len = 0
         self.alloc = alloc  # (block id, targets) from the master, if allocated already
@@ -113,6 +122,11 @@ class _Buffer:
         # the block is not being streamed.  stream_failed: ids of workers that failed.
         self.streams: list | None = None
         self.stream_failed: list[int] = []
+        # crc32 of [0, crc_len) kept while the writes append (``checksum``), for a
+        # short-circuit store at upload; None once a write does not append
+        self.crc = _RunningCrc() if checksum else None
+        self.crc_len = 0
+        self.staging_failed = False  # a copy of a staging file that failed: stream it
         if data:
             self.write(0, data)
 
@@ -126,6 +140,12 @@ class _Buffer:
     def write(self, rel: int, data) -> None:
         n = len(data)
         self.mem[rel:rel + n] = data
+        if self.crc is not None:
+            if rel == self.crc_len:
+                self.crc.add(memoryview(data))
+                self.crc_len += n
+            else:
+                self.crc = None
         if rel + n > self.len:
             self.len = rel + n
 
@@ -136,6 +156,14 @@ class _Buffer:
 
     def truncate(self, size: int) -> None:
         self.len = min(self.len, size)
+        if self.crc is not None and self.crc_len > self.len:
+            self.crc = None
+
+    def checksum(self) -> int | None:
+        """crc32 of the buffer if it was kept while writing, else None."""
+        if self.crc is None or self.crc_len != self.len:
+            return None
+        return self.crc.value()
 
     def read(self, rel: int, n: int) -> bytes:
         return self.mem[rel:min(rel + n, self.len)]
@@ -329,7 +357,7 @@ class FileWriter:
 
     def __init__(self, master, ino: int, block_size: int, base_blocks: Iterable[Block],
                  host_id: str, *, workers: Mapping[int, WorkerInfo] | None = None,
-                 short_circuit: bool = True, timeout: float = 30.0):
+                 short_circuit: bool = True, timeout: float = 30.0, size_hint: int = 0):
         self.master = master
         self.ino = ino
         self.block_size = block_size
@@ -353,6 +381,9 @@ class FileWriter:
         # block id -> the master's write token, for every block this handle was given
         # (AddBlock): the workers serve a block only with its token
         self._tokens: dict[int, bytes] = {}
+        # The bytes this writer will store, if the caller knows (0: not known, as for a
+        # FUSE writer): then even the first block is placed at its first byte.
+        self.size_hint = size_hint
         self._cur: _Extent | None = None  # the one buffer being written
         self._uploading: _Extent | None = None  # at most one background upload
         self.dirty = False  # changed since open or the last publish
@@ -684,7 +715,12 @@ class FileWriter:
             elif ext is not None and off >= self._capacity_end(ext):
                 ext = None
             if ext is None:
-                ext = _Extent(off, buf=self._new_buffer())
+                if off == 0 and not self.size_hint:
+                    # The first block waits for its size (see the module docstring).
+                    buf = _Buffer(self.block_size, checksum=True)
+                else:
+                    buf = self._new_buffer(min(max(self.size_hint - off, 0), self.block_size))
+                ext = _Extent(off, buf=buf)
                 self._extents.append(ext)
                 prev, self._cur = self._cur, ext
                 if prev is not None:
@@ -744,12 +780,13 @@ class FileWriter:
         ext.buf.release()
         ext.buf = None
 
-    def _new_buffer(self):
-        """A buffer for a new block: a staging file of the local worker when the master
-        places the block there, else memory streamed to the workers while written."""
+    def _new_buffer(self, size_hint: int = 0):
+        """A buffer for a new block (``size_hint`` bytes expected, 0 = a whole block): a
+        staging file of the local worker when the master places the block there, else
+        memory streamed to the workers while written."""
         try:
             block_id, targets, self._tokens[block_id] = self.master.add_block(
-                self.ino, self.host_id, 0, [])
+                self.ino, self.host_id, size_hint, [])
             self._allocated.add(block_id)
         except CurvineError as e:
             # E.g. the file was unlinked or replaced meanwhile, or no worker has room:
@@ -808,6 +845,7 @@ class FileWriter:
         others = [w for w in buf.others if w.worker_id != buf.worker.worker_id]
         alloc = (buf.block_id, others) if others and not buf.adopt_tried else None
         mem = _Buffer(max(self.block_size, len(buf)), alloc=alloc)
+        mem.staging_failed = not buf.sealed
         try:
             pos = 0
             while pos < len(buf):
@@ -899,7 +937,8 @@ class FileWriter:
             return self._upload_file(buf)
         alloc, buf.alloc = buf.alloc, None  # a block id is written once
         if buf.streams is None or not (buf.streams or buf.stream_failed):
-            return self._stream(buf.view(), alloc=alloc)
+            return self._stream(buf.view(), alloc=alloc, crc=buf.checksum(),
+                                local=not buf.staging_failed)
         # Streamed while written: only the tail and the finish are left.
         streams, buf.streams = buf.streams, []
         stored, crc = [], 0
@@ -932,9 +971,12 @@ class FileWriter:
                      self.ino, sorted(set(exclude)), e)
             return self.master.add_block(self.ino, self.host_id, length, [])
 
-    def _stream(self, data: memoryview, alloc=None, exclude: list[int] | None = None) -> Block:
-        """Stream ``data`` as a new block (to ``alloc``'s block and targets first, if
-        given), trying other workers on failure."""
+    def _stream(self, data: memoryview, alloc=None, exclude: list[int] | None = None,
+                crc: int | None = None, local: bool = True) -> Block:
+        """Store ``data`` as a new block (to ``alloc``'s block and targets first, if
+        given), trying other workers on failure: a target on this host by a staging
+        file it adopts (``local``; ``crc``: the data's crc32 if known), the others by
+        streaming."""
         length = len(data)
         exclude = list(exclude or [])
         last: CurvineError | None = None
@@ -949,13 +991,20 @@ class FileWriter:
                 self._allocated.add(block_id)
             if not targets:
                 raise CurvineError(ErrorKind.NO_SPACE, "the master found no worker to write to")
-            stored, crc = [], 0
+            stored = []
             for w in targets:
                 try:
-                    _, crc = block_client.write_block(w, block_id, data, timeout=self.timeout,
-                                                      token=self._tokens[block_id])
+                    adopted = None
+                    if local and self._fetcher.short_circuit and w.host_id == self.host_id:
+                        adopted = self._store_local(w, block_id, data, crc)
+                    if adopted is not None:
+                        crc = adopted
+                    else:
+                        _, crc = block_client.write_block(w, block_id, data,
+                                                          timeout=self.timeout,
+                                                          token=self._tokens[block_id])
+                        CLIENT_WRITTEN_REMOTE.inc(length)
                     stored.append(w)
-                    CLIENT_WRITTEN_REMOTE.inc(length)
                 except CurvineError as e:
                     log.info("writing block %016x to worker %d (%s) failed: %s", block_id,
                              w.worker_id, w.address, e)
@@ -963,7 +1012,40 @@ class FileWriter:
                     exclude.append(w.worker_id)
             if stored:
                 self._fetcher.add_workers({w.worker_id: w for w in stored})
-                return Block(block_id=block_id, length=length, checksum=crc,
+                return Block(block_id=block_id, length=length, checksum=crc or 0,
                              worker_ids=[w.worker_id for w in stored],
                              token=self._tokens[block_id])
         raise last or CurvineError(ErrorKind.IO, "block upload failed")
+
+    def _store_local(self, w: WorkerInfo, block_id: int, data: memoryview,
+                     crc: int | None) -> int | None:
+        """Write ``data`` into a staging file of worker ``w`` (on this host) and have it
+        adopt the file as ``block_id``; returns the crc32, or None when no data dir of
+        it is writable from here (the caller streams to it instead).  A disk error or a
+        refusal (the worker is full) raises, as a failed stream would."""
+        made = block_client.create_local_staging(w, block_id)
+        if made is None:
+            return None
+        fd, path = made
+        adopted = False
+        try:
+            done = 0
+            while done < len(data):
+                done += os.pwrite(fd, data[done:], done)
+            if crc is None:
+                crc = zlib.crc32(data)
+            block_client.adopt_block(w, block_id, path, len(data), crc, timeout=self.timeout,
+                                     token=self._tokens[block_id])
+            adopted = True
+            CLIENT_WRITTEN_SHORT_CIRCUIT.inc(len(data))
+            return crc
+        except OSError as e:
+            raise CurvineError(ErrorKind.NO_SPACE if e.errno in (errno.ENOSPC, errno.EDQUOT)
+                               else ErrorKind.IO, f"staging file {path}: {e.strerror}") from None
+        finally:
+            os.close(fd)
+            if not adopted:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass

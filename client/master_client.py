@@ -14,6 +14,7 @@ wait for this mount to drop what it changed itself.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import queue
 import threading
@@ -237,8 +238,13 @@ class MasterClient:
 
     # -- data ----------------------------------------------------------------
 
-    def get_blocks(self, ino: int) -> tuple[Inode, list[Block], dict[int, WorkerInfo]]:
-        reply = self._call("GetBlocks", master_pb2.GetBlocksRequest(ino=ino))
+    def get_blocks(self, ino: int, session: int = 0, open_id: int = 0,
+                   ) -> tuple[Inode, list[Block], dict[int, WorkerInfo]]:
+        """The file's blocks and their workers; with ``session`` and ``open_id`` this is an
+        open for reading, which the master does not evict until ReportAccess reports
+        it closed (AccessReporter.closed)."""
+        reply = self._call("GetBlocks", master_pb2.GetBlocksRequest(
+            ino=ino, session=session if open_id else 0, open_id=open_id if session else 0))
         return reply.inode, list(reply.blocks), {w.worker_id: w for w in reply.workers}
 
     def add_block(self, ino: int, client_host_id: str, size_hint: int = 0,
@@ -261,11 +267,13 @@ class MasterClient:
 
     # -- capacity (master/capacity.py) ------------------------------------------
 
-    def report_access(self, inos: Sequence[int], timeout: float | None = None) -> None:
-        """Files opened for reading (see AccessReporter); not retried for long: a lost
-        report only makes eviction a little less accurate."""
-        self._rpc.call("ReportAccess", master_pb2.ReportAccessRequest(inos=list(inos)),
-                       idempotent=True, timeout=timeout, wait=0)
+    def report_access(self, inos: Sequence[int], timeout: float | None = None,
+                      session: int = 0, closed_opens: Sequence[int] = ()) -> None:
+        """Files opened for reading, and opens of ``session`` closed since (see
+        AccessReporter); not retried for long."""
+        self._rpc.call("ReportAccess", master_pb2.ReportAccessRequest(
+            inos=list(inos), session=session, closed_opens=list(closed_opens)),
+            idempotent=True, timeout=timeout, wait=0)
 
     def set_policy(self, ino: int, ttl_ms: int | None = None,
                    replicas: int | None = None) -> Inode:
@@ -402,10 +410,12 @@ class LeaseSession:
 
 
 class AccessReporter:
-    """Batches file accesses (opens for reading) into ReportAccess calls, for the
-    master's LRU eviction: at most every ``interval`` seconds, or sooner once
-    ``batch`` accesses are waiting, from its own thread.  ``note`` is cheap enough for
-    the FUSE loop (a deque append); a report that fails is dropped (logged once)."""
+    """Batches file accesses (opens for reading) and closes of recorded opens into
+    ReportAccess calls, for the master's LRU eviction: at most every ``interval``
+    seconds, or sooner once ``batch`` are waiting, from its own thread.  ``note`` and
+    ``closed`` are cheap enough for the FUSE loop (a deque append).  A report that
+    fails drops its accesses (logged once); closes are kept and sent again, since the
+    master keeps a file that it thinks open."""
 
     def __init__(self, client: MasterClient, interval: float = 1.0, batch: int = 1000,
                  max_pending: int = 100_000):
@@ -413,6 +423,8 @@ class AccessReporter:
         self.interval = interval
         self.batch = batch
         self._pending: collections.deque[int] = collections.deque(maxlen=max_pending)
+        self._closed: collections.deque[tuple[int, int]] = collections.deque()  # (session, open id)
+        self._next_open = itertools.count(1)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._failed = False
@@ -423,6 +435,14 @@ class AccessReporter:
         """Start the reporting thread (once; later calls do nothing)."""
         if self._thread.ident is None:
             self._thread.start()
+
+    def new_open_id(self) -> int:
+        return next(self._next_open)
+
+    def closed(self, session: int, open_id: int) -> None:
+        """An open recorded with GetBlocks(session, open_id) is closed."""
+        if session and open_id:
+            self._closed.append((session, open_id))
 
     def note(self, ino: int) -> None:
         self._pending.append(ino)
@@ -442,15 +462,22 @@ class AccessReporter:
             self.flush()
 
     def flush(self) -> None:
-        while self._pending and not self.client._rpc.closed:
+        while (self._pending or self._closed) and not self.client._rpc.closed:
             inos: dict[int, None] = {}  # each inode once per report, in access order
             while self._pending and len(inos) < self.batch:
                 inos[self._pending.popleft()] = None
+            session, closes = 0, []
+            if self._closed:  # one session per report (a mount has one at a time)
+                session = self._closed[0][0]
+                while self._closed and self._closed[0][0] == session and len(closes) < self.batch:
+                    closes.append(self._closed.popleft()[1])
             try:
-                self.client.report_access(list(inos), timeout=5.0)
+                self.client.report_access(list(inos), timeout=5.0, session=session,
+                                          closed_opens=closes)
                 self.sent += len(inos)
                 self._failed = False
             except CurvineError as e:
+                self._closed.extendleft((session, oid) for oid in reversed(closes))
                 if not self._failed:
                     log.info("access report dropped (eviction order is less exact): %s", e)
                 self._failed = True

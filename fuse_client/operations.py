@@ -101,6 +101,9 @@ class _File:
     # (if_unpublished), unless the handle wrote and published something.
     publish_empty: bool = False
     empty_closed: bool = False  # flushed with publish_empty: counted in _empty_pending
+    # (lease session, open id) this reader's open was recorded with at the master: the
+    # file is not evicted until release reports it closed
+    recorded_open: tuple[int, int] = (0, 0)
 
 
 def _tgid(pid: int) -> int:
@@ -360,14 +363,16 @@ class Operations(pyfuse3.Operations):
         w.dirty = truncate
         return w
 
-    def _new_reader(self, ino: int) -> tuple[Inode, FileReader]:
-        inode, blocks, workers = self.master.get_blocks(ino)
+    def _new_reader(self, ino: int) -> tuple[Inode, FileReader, tuple[int, int]]:
+        session, open_id = self.master.session, self._access.new_open_id()
+        inode, blocks, workers = self.master.get_blocks(ino, session, open_id)
         if inode.type == DIRECTORY:
+            self._access.closed(session, open_id)
             raise CurvineError(ErrorKind.IS_DIR, f"inode {ino} is a directory")
         reader = FileReader(blocks, workers, short_circuit=self.cfg.client.short_circuit,
                             timeout=self.cfg.cluster.rpc_timeout,
                             readahead=self.cfg.client.readahead_blocks)
-        return inode, reader
+        return inode, reader, (session, open_id)
 
     def _add_file(self, f: _File) -> int:
         fh = next(self._fh)
@@ -617,10 +622,10 @@ class Operations(pyfuse3.Operations):
     @_fuse_op
     async def open(self, inode, flags, ctx):
         if flags & os.O_ACCMODE == os.O_RDONLY:
-            node, reader = await self._run(self._new_reader, inode)
+            node, reader, recorded = await self._run(self._new_reader, inode)
             self._access.note(inode)
             keep = node.state == COMPLETE and self._remember_version(inode, node.version)
-            fh = self._add_file(_File(inode, reader=reader, inode=node))
+            fh = self._add_file(_File(inode, reader=reader, inode=node, recorded_open=recorded))
             if self._writers.get(inode):
                 # This mount also writes the inode: its O_TRUNC opens and direct
                 # writes set the kernel's file size, which would cut this reader's
@@ -703,6 +708,7 @@ class Operations(pyfuse3.Operations):
                     if n:
                         self._empty_pending[f.ino] = n
                 await self._run(_close_file, f)
+                self._access.closed(*f.recorded_open)
 
     # -- directories ----------------------------------------------------------------
 

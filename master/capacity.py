@@ -23,12 +23,26 @@ mounts' leases by ``Master.submit``:
   again, so a live but slow writer is never removed.  Files created without a
   session (mounts without leases, the CLI) are never treated as orphans.
 
-Usage as the workers report it lags: a heartbeat carries the usage measured before
-the deletes its reply hands out, so bytes this module freed count as used until the
-second heartbeat after their removal.  ``_WorkerUse`` keeps those bytes (and the bytes
-of blocks placed since the last heartbeat) so that one round neither evicts the same
-space twice nor misses new data; a placement wakes the loop at once when it pushes the
-estimate over the mark.
+Usage is the master's one account of each worker (master/workers.py): the workers'
+heartbeats, plus the blocks placed since, minus the blocks the workers confirmed
+deleted (master/deleter.py delivers deletes at once, not with the next heartbeat).
+Eviction counts blocks whose delete is not yet confirmed as on their way out, so one
+round never evicts the same space twice; a placement that pushes usage over the high
+watermark wakes the loop at once.
+
+**Placement that finds no room makes room** (``make_room``, called by AddBlock): it
+evicts the least recently used files synchronously (journaled like any eviction),
+delivers their deletes, and places the block, within ``cluster.rpc_timeout``.  One
+placement at a time makes room, under the same lock as the background round; the
+others wait for it and then find the room it made.  ENOSPC reaches a writer only when
+nothing is evictable or the block is larger than every worker.
+
+**Files open for reading are never evicted.**  A mount that opens a file for reading
+records the open with GetBlocks (its lease session and an open id) and reports the
+close in its next ReportAccess; an open counts while its mount's session is alive (or
+closed for less than ``master.orphan_timeout``: a mount that reconnects keeps them).
+Opens by clients without a lease session are not recorded, and a restarted master
+knows none of the opens made before it started.
 """
 
 from __future__ import annotations
@@ -39,9 +53,8 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
 
-from curvine.common.errors import CurvineError, invalid
+from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
 log = logging.getLogger(__name__)
@@ -49,7 +62,8 @@ log = logging.getLogger(__name__)
 FILE = common_pb2.FILE
 COMPLETE = common_pb2.COMPLETE
 WRITING = common_pb2.WRITING
-MAX_REPORT = 10_000  # inodes per ReportAccess
+MAX_REPORT = 10_000  # inodes (and closed opens) per ReportAccess
+ROOM_RETRY = 0.05  # seconds between attempts of a placement waiting for deletes
 SCAN_PER_ROUND = 20_000  # LRU entries looked at per eviction round
 REBUILD_BATCH = 10_000  # inodes read per LMDB read transaction at start
 
@@ -93,17 +107,6 @@ class AccessLog:
         return len(self._od)
 
 
-@dataclass
-class _WorkerUse:
-    heartbeats: int = 0
-    allocated: int = 0  # bytes of blocks placed here since its last heartbeat
-    # (heartbeat count when removed, bytes): freed, not yet in a reported usage
-    removed: list[tuple[int, int]] = field(default_factory=list)
-
-    def pending_removed(self) -> int:
-        return sum(n for _, n in self.removed)
-
-
 class Capacity:
     """Eviction, TTL expiry and orphan removal for one master (see the module doc)."""
 
@@ -117,7 +120,12 @@ class Capacity:
         self.orphan_timeout = float(mc.orphan_timeout)
         self.lru = AccessLog()
         self._lock = threading.Lock()
-        self._use: dict[int, _WorkerUse] = {}
+        # one round of eviction at a time: the background loop or a placement making room
+        self._room_lock = threading.Lock()
+        # files open for reading: ino -> {(session, open id)}, and session -> its opens
+        self._opens: dict[int, set[tuple[int, int]]] = {}
+        self._opens_of: dict[int, dict[int, int]] = {}  # session -> {open id: ino}
+        self._evicting: set[int] = set()  # inos being journaled as evicted: no new opens
         self._ttl_due: dict[int, int] = {}  # ino -> expiry (ns); authority for _ttl_heap
         self._ttl_heap: list[tuple[int, int]] = []  # (expiry ns, ino), lazily pruned
         self._writers: dict[int, set[int]] = {}  # ino being written -> writer sessions
@@ -129,7 +137,8 @@ class Capacity:
         self.stats = {"rounds": 0, "evicted_files": 0, "evicted_bytes": 0,
                       "expired_files": 0, "expired_bytes": 0, "orphans_removed": 0,
                       "orphan_bytes": 0, "access_reports": 0, "accesses": 0,
-                      "evict_failures": 0}
+                      "evict_failures": 0, "room_made": 0, "room_evicted_files": 0,
+                      "no_room": 0}
         self.ready = threading.Event()  # the start-up scan is done
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -223,14 +232,12 @@ class Capacity:
             self._activity[node.ino] = time.monotonic()
         self.lru.touch([node.ino], time.time_ns())
 
-    def on_add_block(self, ino: int, worker_ids, size: int) -> None:
-        """A block was placed: its bytes count as used from now on (the workers'
-        heartbeats report them once they are written), and its file is being written."""
+    def on_add_block(self, ino: int) -> None:
+        """A block was placed (its bytes are in the workers' account already): its file
+        is being written, and the pool may have crossed the high watermark."""
         with self._lock:
             if ino in self._writers:
                 self._activity[ino] = time.monotonic()
-            for w in worker_ids:
-                self._use_of(w).allocated += size
         if self.estimated_over_high():
             self._wake.set()
 
@@ -249,20 +256,71 @@ class Capacity:
                 self._set_due(node.ino, node.mtime_ns + node.ttl_ms * 1_000_000)
             self._wake.set()
 
-    def on_heartbeat(self, worker_id: int) -> None:
-        with self._lock:
-            u = self._use_of(worker_id)
-            u.heartbeats += 1
-            u.allocated = 0
-            # the heartbeat after the one whose reply carried the deletes reports them
-            u.removed = [(n0, n) for n0, n in u.removed if u.heartbeats < n0 + 2]
-
-    def report_access(self, inos) -> None:
+    def report_access(self, inos, session: int = 0, closed_opens=()) -> None:
         if len(inos) > MAX_REPORT:
             raise invalid("inos", f"{len(inos)} entries, at most {MAX_REPORT} per report")
+        if len(closed_opens) > MAX_REPORT:
+            raise invalid("closed_opens", f"{len(closed_opens)} entries, at most "
+                                          f"{MAX_REPORT} per report")
+        if closed_opens and not session:
+            raise invalid("session", "required with closed_opens")
         self.lru.touch(inos, time.time_ns())
+        if closed_opens:
+            with self._lock:
+                mine = self._opens_of.get(session, {})
+                for oid in closed_opens:
+                    ino = mine.pop(oid, None)
+                    if ino is not None:
+                        self._drop_open(ino, session, oid)
+                if not mine:
+                    self._opens_of.pop(session, None)
         self.stats["access_reports"] += 1
         self.stats["accesses"] += len(inos)
+
+    def note_open(self, ino: int, session: int, open_id: int) -> bool:
+        """A mount opens ``ino`` for reading (GetBlocks, before it reads the blocks): not
+        evicted until closed.  False if it is being evicted right now (a miss)."""
+        if not session or not open_id:
+            return True
+        with self._lock:
+            if ino in self._evicting:
+                return False
+            self._opens.setdefault(ino, set()).add((session, open_id))
+            self._opens_of.setdefault(session, {})[open_id] = ino
+        return True
+
+    def _drop_open(self, ino: int, session: int, open_id: int) -> None:
+        """(under _lock)"""
+        held = self._opens.get(ino)
+        if held is not None:
+            held.discard((session, open_id))
+            if not held:
+                del self._opens[ino]
+
+    def _is_open(self, ino: int, now: float) -> bool:
+        """(under _lock) Whether a live mount (or one gone for less than the orphan
+        timeout: it may reconnect) has ``ino`` open for reading."""
+        held = self._opens.get(ino)
+        if not held:
+            return False
+        dead = []
+        for sid, oid in held:
+            gone = self._writer_gone_since({sid})
+            if gone is None or now - gone < self.orphan_timeout:
+                return True
+            dead.append((sid, oid))
+        for sid, oid in dead:  # that mount is gone for good: forget its opens
+            self._drop_open(ino, sid, oid)
+            mine = self._opens_of.get(sid)
+            if mine is not None:
+                mine.pop(oid, None)
+                if not mine:
+                    del self._opens_of[sid]
+        return False
+
+    def open_files(self) -> int:
+        with self._lock:
+            return len(self._opens)
 
     def session_opened(self, sid: int, dropped) -> None:
         with self._lock:
@@ -279,39 +337,26 @@ class Capacity:
                 self._closed_at[sid] = time.monotonic()
 
     # ------------------------------------------------------------------ usage
-    def _use_of(self, worker_id: int) -> _WorkerUse:
-        u = self._use.get(worker_id)
-        if u is None:
-            u = self._use[worker_id] = _WorkerUse()
-        return u
-
     def usage(self) -> tuple[int, int, int]:
         """(capacity, reported used, estimated used) of the live workers."""
-        capacity = used = estimate = 0
-        with self._lock:
-            for info, alive in self.m.registry.snapshot():
-                if not alive:
-                    continue
-                capacity += info.capacity
-                used += info.used
-                u = self._use.get(info.worker_id)
-                extra = (u.allocated - u.pending_removed()) if u is not None else 0
-                estimate += max(info.used + extra, 0)
-        return capacity, used, estimate
+        live = [u for u in self.m.registry.usage() if u.alive]
+        return (sum(u.capacity for u in live), sum(u.reported_used for u in live),
+                sum(u.used for u in live))
+
+    def _projected(self) -> tuple[int, int]:
+        """(capacity, estimated used less what is being deleted) of the live workers."""
+        live = [u for u in self.m.registry.usage() if u.alive]
+        return sum(u.capacity for u in live), sum(u.used - u.pending_free for u in live)
 
     def limits(self, capacity: int) -> tuple[int, int]:
-        """(evict above, evict down to) in bytes: the watermarks, but leaving room for
-        a block on every live worker too (placement needs a whole block free, and a
-        small pool's 10% may be less)."""
-        live = sum(1 for _, alive in self.m.registry.snapshot() if alive)
-        headroom = self.m.block_size * live
-        above = min(int(self.high * capacity), capacity - headroom)
-        below = min(int(self.low * capacity), capacity - 2 * headroom)
-        return max(above, 0), max(below, 0)
+        """(evict above, evict down to) in bytes: the watermarks.  Placement needs only
+        the bytes a writer will write (AddBlock's size hint), and one that finds no room
+        makes it (``make_room``), so no block-sized headroom is kept beside them."""
+        return int(self.high * capacity), int(self.low * capacity)
 
     def estimated_over_high(self) -> bool:
-        capacity, _, estimate = self.usage()
-        return capacity > 0 and estimate > self.limits(capacity)[0]
+        capacity, projected = self._projected()
+        return capacity > 0 and projected > self.limits(capacity)[0]
 
     def status(self) -> master_pb2.CapacityStatusReply:
         capacity, used, estimate = self.usage()
@@ -329,20 +374,40 @@ class Capacity:
         self._free_abandoned_blocks()
         more = self._expire_ttl()
         more = self._remove_orphans() or more
-        more = self._evict_lru() or more
+        with self._room_lock:
+            more = self._evict_lru() or more
         return more
 
     def _evict_lru(self) -> bool:
-        capacity, _, estimate = self.usage()
+        """(under _room_lock) Evict down to the low watermark, a batch at a time."""
+        capacity, projected = self._projected()
         above, below = self.limits(capacity)
-        if capacity <= 0 or estimate <= above:
+        if capacity <= 0 or projected <= above:
             return False
-        need = estimate - below
-        live = {info.worker_id for info, alive in self.m.registry.snapshot() if alive}
-        chosen: list[tuple[int, int]] = []  # (ino, last access seen)
-        planned = 0
+        need = projected - below
+        chosen, freed, full = self._victims(lambda freed: sum(freed.values()) >= need)
+        if not chosen:
+            log.warning("pool above the high watermark (%d of %d bytes) but no file to "
+                        "evict (every file is open or being written)", projected, capacity)
+            return False
+        removed, freed_bytes = self._evict(chosen)
+        log.info("evicted %d least recently used files (%d bytes): pool at %d of %d bytes "
+                 "(high %.2f, low %.2f)", len(removed), sum(freed_bytes.values()), projected,
+                 capacity, self.high, self.low)
+        self.m.deleter.deliver(time.monotonic() + self.m.deleter.timeout)
+        # more to do if this batch was cut short by its size
+        return full and sum(freed.values()) < need
+
+    def _victims(self, enough) -> tuple[list[tuple[int, int]], dict[int, int], bool]:
+        """The least recently used complete files that no reader has open, oldest first,
+        until ``enough(bytes freed per live worker)`` or a batch is full.  Returns
+        (chosen (ino, last access), bytes per worker, whether the batch is full)."""
+        live = {u.worker_id for u in self.m.registry.usage() if u.alive}
+        chosen: list[tuple[int, int]] = []
+        freed: dict[int, int] = {}
         gone = []
         store = self.m.store
+        now = time.monotonic()
         with store.read() as txn:
             for ino, t in self.lru.oldest(SCAN_PER_ROUND):
                 node = store.get_inode(txn, ino)
@@ -351,32 +416,94 @@ class Capacity:
                     continue
                 if node.state != COMPLETE:
                     continue  # being written: never evicted (orphans are handled apart)
-                size = sum(b.length * sum(1 for w in b.worker_ids if w in live)
-                           for b in store.get_blocks(txn, ino) if b.block_id)
+                with self._lock:
+                    if self._is_open(ino, now):
+                        continue
+                for b in store.get_blocks(txn, ino):
+                    if b.block_id:
+                        for w in b.worker_ids:
+                            if w in live:
+                                freed[w] = freed.get(w, 0) + b.length
                 chosen.append((ino, t))
-                planned += size
-                if planned >= need or len(chosen) >= self.batch:
+                if enough(freed) or len(chosen) >= self.batch:
                     break
         self.lru.forget(gone)
-        if not chosen:
-            log.warning("pool above the high watermark (%d of %d bytes) but no complete "
-                        "file to evict", estimate, capacity)
-            return False
+        return chosen, freed, len(chosen) >= self.batch
+
+    def _evict(self, chosen: list[tuple[int, int]]) -> tuple[list[int], dict[int, int]]:
+        """Journal the eviction of ``chosen`` files that are still complete, unread since
+        they were chosen and not opened meanwhile."""
         seen = dict(chosen)
+        now = time.monotonic()
 
         def still_wanted(node):
             # complete, and not read (nor republished) since it was chosen
             return node.state == COMPLETE and self.lru.get(node.ino) == seen[node.ino]
 
-        removed, freed = self._remove(journal_pb2.EVICT_LRU, [i for i, _ in chosen],
-                                      still_wanted)
+        with self._lock:  # from here until it is journaled, no open of these succeeds
+            inos = [i for i, _ in chosen if not self._is_open(i, now)]
+            self._evicting.update(inos)
+        try:
+            removed, freed = self._remove(journal_pb2.EVICT_LRU, inos, still_wanted)
+        finally:
+            with self._lock:
+                self._evicting.difference_update(inos)
         self.stats["evicted_files"] += len(removed)
         self.stats["evicted_bytes"] += sum(freed.values())
-        log.info("evicted %d least recently used files (%d bytes): pool at %d of %d bytes "
-                 "(high %.2f, low %.2f)", len(removed), sum(freed.values()), estimate,
-                 capacity, self.high, self.low)
-        # more to do if this batch was cut short by its size
-        return len(chosen) >= self.batch and planned < need
+        return removed, freed
+
+    def make_room(self, place, size: int, exclude: set[int], deadline: float):
+        """Make room for a block of ``size`` bytes that ``place()`` (the registry's
+        placement) found no worker for, and place it: evict the least recently used
+        files, deliver their deletes, try again; until ``deadline`` (monotonic).
+        NO_SPACE when nothing is evictable or no worker could ever hold the block."""
+        if not self._room_lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
+            self.stats["no_room"] += 1
+            raise CurvineError(ErrorKind.NO_SPACE, "no room for the block: the eviction "
+                                                   "in flight did not finish in time")
+        try:
+            while True:
+                workers = place()
+                if workers:
+                    return workers
+                eligible = [u for u in self.m.registry.usage()
+                            if u.alive and u.worker_id not in exclude and u.capacity]
+                if not eligible:
+                    raise CurvineError(ErrorKind.NO_SPACE, "no live worker can take the block")
+                if all(u.capacity < size for u in eligible):
+                    self.stats["no_room"] += 1
+                    raise CurvineError(ErrorKind.NO_SPACE,
+                                       f"a block of {size} bytes is larger than every worker")
+                if time.monotonic() >= deadline:
+                    self.stats["no_room"] += 1
+                    raise CurvineError(ErrorKind.NO_SPACE,
+                                       "no room for the block within cluster.rpc_timeout")
+                room = {u.worker_id: u.capacity - u.used for u in eligible}
+                coming = {u.worker_id: u.pending_free for u in eligible}
+                if any(room[w] + coming[w] >= size for w in room):
+                    # deletes on their way make the room: deliver them, then try again
+                    if not self.m.deleter.deliver(deadline):
+                        time.sleep(ROOM_RETRY)
+                    continue
+
+                def enough(freed):
+                    return any(room[w] + coming[w] + freed.get(w, 0) >= size for w in room)
+
+                chosen, _, _ = self._victims(enough)
+                removed, freed = self._evict(chosen) if chosen else ([], {})
+                if not removed:
+                    self.stats["no_room"] += 1
+                    raise CurvineError(ErrorKind.NO_SPACE,
+                                       "no room for the block and nothing to evict: every "
+                                       "file is open for reading or being written")
+                self.stats["room_made"] += 1
+                self.stats["room_evicted_files"] += len(removed)
+                log.info("made room for a block of %d bytes: evicted %d least recently used "
+                         "files (%d bytes)", size, len(removed), sum(freed.values()))
+                self.m.deleter.deliver(deadline)
+                self._wake.set()  # the background round brings usage down to the low mark
+        finally:
+            self._room_lock.release()
 
     def _expire_ttl(self) -> bool:
         now = time.time_ns()
@@ -417,14 +544,14 @@ class Capacity:
         block report."""
         m = self.m
         with m._pending_lock:
-            inos = {ino for ino, _, _ in m._pending.values()}
+            inos = {p[0] for p in m._pending.values()}
         if not inos:
             return
         with m.store.read() as txn:
             gone = {ino for ino in inos if m.store.get_inode(txn, ino) is None}
         if gone:
             with m._pending_lock:
-                blocks = [b for b, (ino, _, _) in m._pending.items() if ino in gone]
+                blocks = [b for b, p in m._pending.items() if p[0] in gone]
             m._free_pending(blocks)
             log.info("freed %d blocks written for files removed before they completed",
                      len(blocks))
@@ -475,8 +602,8 @@ class Capacity:
         return len(orphans) >= self.batch
 
     def _remove(self, reason: int, inos: list[int], still_wanted) -> tuple[list[int], dict]:
-        """Journal the removal of those of ``inos`` that ``still_wanted`` in one record;
-        the bytes freed count as used until the workers report them gone."""
+        """Journal the removal of those of ``inos`` that ``still_wanted`` in one record
+        (its blocks are queued for deletion by Master._on_effects)."""
         ns = self.m.ns
         value = self.m.submit(lambda txn: ns.plan_evict(txn, reason, inos, still_wanted))
         removed, freed = value if value is not None else ([], {})
@@ -484,9 +611,6 @@ class Capacity:
         with self._lock:
             for ino in removed:
                 self._ttl_due.pop(ino, None)
-            for w, n in freed.items():
-                u = self._use_of(w)
-                u.removed.append((u.heartbeats, n))
         return removed, freed
 
     def _set_due(self, ino: int, expiry: int) -> None:

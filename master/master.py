@@ -23,6 +23,7 @@ from curvine.proto import common_pb2, journal_pb2, master_pb2
 
 from .capacity import Capacity
 from .committer import Committer, RetryHit
+from .deleter import DeletePusher
 from .leases import LeaseTable
 from .namespace import FILE, Effects, Namespace, RetryCache, now_ns
 from .replication import ReplicationMonitor
@@ -62,7 +63,8 @@ class Master:
                                  os.path.join(self.meta_dir, "leases.json"))
         self.ns = Namespace(self.store, self.retry, self.block_size)
         self.registry = WorkerRegistry(float(cfg.master.worker_lost_after))
-        self._pending: dict[int, tuple[int, float, list[int]]] = {}  # block -> (ino, time, workers)
+        # block -> (ino, time, workers, bytes reserved): placed, not yet in a published version
+        self._pending: dict[int, tuple[int, float, list[int], int]] = {}
         self._pending_lock = threading.Lock()
         with self.store.read() as txn:
             for w in self.store.workers(txn):
@@ -77,6 +79,8 @@ class Master:
         self.started = time.monotonic()
         self.committer.start()
         self.submit(self.ns.plan_root)
+        self.deleter = DeletePusher(self)  # block deletes to the workers at once
+        self.deleter.start()
         self.capacity = Capacity(self)  # eviction, TTL, orphans (master/capacity.py)
         self.capacity.start()
         self.replication = ReplicationMonitor(self)
@@ -131,6 +135,8 @@ class Master:
     def close(self) -> None:
         if hasattr(self, "capacity"):
             self.capacity.close()
+        if hasattr(self, "deleter"):
+            self.deleter.close()
         if hasattr(self, "replication"):
             self.replication.close()
         self.committer.stop()
@@ -258,7 +264,11 @@ class Master:
             reply.files = self.store.get_u64(txn, b"inode_count")
         return reply
 
-    def get_blocks(self, ino: int) -> master_pb2.GetBlocksReply:
+    def get_blocks(self, ino: int, session: int = 0, open_id: int = 0) -> master_pb2.GetBlocksReply:
+        """Blocks and locations of ``ino``; with ``open_id`` a mount opens it for reading
+        (recorded first, so eviction cannot remove it between this read and the open)."""
+        if open_id and not self.capacity.note_open(check_ino(ino), session, open_id):
+            raise CurvineError(ErrorKind.NOT_FOUND, f"ino: {ino} is being evicted")
         reply = master_pb2.GetBlocksReply()
         with self.store.read() as txn:
             node = self.ns.inode(txn, ino)
@@ -334,15 +344,23 @@ class Master:
             raise invalid("size_hint", f"larger than the block size {self.block_size}")
         replicas = node.replicas or self.cfg.cluster.replicas
         size = req.size_hint or self.block_size
-        workers = self.registry.choose(replicas, req.client_host_id, size, set(req.exclude_workers))
-        if not workers:
-            if not any(alive for _, alive in self.registry.snapshot()):
-                raise CurvineError(ErrorKind.UNAVAILABLE, "no live workers")
-            raise CurvineError(ErrorKind.NO_SPACE, "no worker has room for another block")
+        exclude = set(req.exclude_workers)
         block_id = self._allocate_block_id()
-        self.capacity.on_add_block(node.ino, [w.worker_id for w in workers], size)
+
+        def place():
+            return self.registry.choose(replicas, req.client_host_id, size, exclude, block_id)
+
+        workers = place()
+        if not workers:
+            if not self.registry.alive_ids():
+                raise CurvineError(ErrorKind.UNAVAILABLE, "no live workers")
+            # No room: evict synchronously, leaving the reply time to reach the client.
+            deadline = time.monotonic() + 0.8 * float(self.cfg.cluster.rpc_timeout)
+            workers = self.capacity.make_room(place, size, exclude, deadline)
+        wids = [w.worker_id for w in workers]
         with self._pending_lock:
-            self._pending[block_id] = (node.ino, time.time(), [w.worker_id for w in workers])
+            self._pending[block_id] = (node.ino, time.time(), wids, size)
+        self.capacity.on_add_block(node.ino)
         token = block_tokens.mint(self.block_key, block_id, block_tokens.WRITE)
         return master_pb2.AddBlockReply(block_id=block_id, workers=workers, block_token=token)
 
@@ -366,7 +384,7 @@ class Master:
             for b in block_ids:
                 p = self._pending.pop(b, None)
                 if p is not None:
-                    pairs.extend((w, b) for w in p[2])
+                    pairs.extend((w, b, p[3]) for w in p[2])
         self.registry.queue_deletes(pairs)
 
     def _free_abandoned(self, ino: int, block_ids) -> None:
@@ -379,7 +397,7 @@ class Master:
                 p = self._pending.get(b)
                 if p is not None and p[0] == ino:
                     del self._pending[b]
-                    pairs.extend((w, b) for w in p[2])
+                    pairs.extend((w, b, p[3]) for w in p[2])
         if pairs:
             self.registry.queue_deletes(pairs)
 
@@ -412,7 +430,7 @@ class Master:
                     register_worker=journal_pb2.RegisterWorkerRecord(worker=record)), record.worker_id
             wid = self.submit(plan)
             log.info("worker %d registered: %s (host %s)", wid, info.address, info.host_id)
-        self.registry.heartbeat(wid, info.capacity, info.used, 0)
+        self.registry.registered(wid, info.capacity, info.used)
         return master_pb2.RegisterWorkerReply(worker_id=wid, block_size=self.block_size,
                                               block_key=self.block_key)
 
@@ -454,8 +472,9 @@ class Master:
         return master_pb2.BlockReportReply(delete_block_ids=deletes)
 
     def heartbeat(self, req: master_pb2.HeartbeatRequest) -> master_pb2.HeartbeatReply:
-        deletes = self.registry.heartbeat(req.worker_id, req.capacity, req.used, req.num_blocks)
-        self.capacity.on_heartbeat(req.worker_id)
+        deletes = self.registry.heartbeat(req.worker_id, req.capacity, req.used, req.num_blocks,
+                                          req.added_block_ids, req.removed_block_ids,
+                                          req.failed_block_ids, req.changes_lost)
         if deletes is None:
             return master_pb2.HeartbeatReply(reregister=True)
         reply = master_pb2.HeartbeatReply(delete_block_ids=deletes)
@@ -464,7 +483,7 @@ class Master:
 
     # ------------------------------------------------------------------ capacity
     def report_access(self, req: master_pb2.ReportAccessRequest) -> None:
-        self.capacity.report_access(req.inos)
+        self.capacity.report_access(req.inos, req.session, req.closed_opens)
 
     def set_policy(self, req: master_pb2.SetPolicyRequest) -> master_pb2.InodeReply:
         check_ino(req.ino)

@@ -35,7 +35,7 @@ MAX_REPLICAS = 8
 class Effects:
     """What a batch did outside LMDB, acted on once the batch is durable."""
 
-    freed: list[tuple[int, int]] = field(default_factory=list)  # (worker id, block id)
+    freed: list[tuple[int, int, int]] = field(default_factory=list)  # (worker, block, bytes)
     completed: list[int] = field(default_factory=list)  # block ids now owned by files
     workers: list[common_pb2.WorkerInfo] = field(default_factory=list)
     # what mounts may have cached and must drop (master/leases.py): names removed or
@@ -313,7 +313,7 @@ class Namespace:
         for b in s.get_blocks(txn, node.ino):
             if b.block_id:
                 s.unindex_block(txn, b)
-                fx.freed.extend((w, b.block_id) for w in b.worker_ids)
+                fx.freed.extend((w, b.block_id, b.length) for w in b.worker_ids)
         s.put_blocks(txn, node.ino, [])
         s.del_writer(txn, node.ino)
         s.del_inode(txn, node.ino)
@@ -403,7 +403,7 @@ class Namespace:
             if pos >= size:
                 if b.block_id:
                     s.unindex_block(txn, b)
-                    fx.freed.extend((w, b.block_id) for w in b.worker_ids)
+                    fx.freed.extend((w, b.block_id, b.length) for w in b.worker_ids)
                 continue
             keep = common_pb2.Block()
             keep.CopyFrom(b)
@@ -424,14 +424,14 @@ class Namespace:
         if node is None:
             for b in rec.blocks:
                 if b.block_id and s.block_owner(txn, b.block_id) is None:
-                    fx.freed.extend((w, b.block_id) for w in b.worker_ids)
+                    fx.freed.extend((w, b.block_id, b.length) for w in b.worker_ids)
             return
         new_ids = {b.block_id for b in rec.blocks if b.block_id}
         for b in s.get_blocks(txn, node.ino):
             if b.block_id:
                 s.unindex_block(txn, b)
                 if b.block_id not in new_ids:
-                    fx.freed.extend((w, b.block_id) for w in b.worker_ids)
+                    fx.freed.extend((w, b.block_id, b.length) for w in b.worker_ids)
         for b in rec.blocks:
             if b.block_id:
                 s.index_block(txn, b, node.ino)

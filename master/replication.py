@@ -240,7 +240,7 @@ class ReplicationMonitor:
                 sources = [registry.info(w) for w in have if w in alive]
                 sources = [s for s in sources if s is not None]
                 exclude = set(block.worker_ids) | set(pending) | busy | lost
-                targets = registry.choose(need, "", block.length, exclude) if sources else []
+                targets = registry.choose(need, "", block.length, exclude, b) if sources else []
                 if not targets:
                     with self._lock:
                         if b in self._suspects:
@@ -324,7 +324,9 @@ class ReplicationMonitor:
         if unwanted:
             log.info("worker %d holds %d copies no file wants (enough replicas, or the "
                      "file is gone); deleting them", wid, len(unwanted))
-            self.m.registry.queue_deletes([(wid, b) for b in unwanted])
+            self.m.registry.queue_deletes(
+                [(wid, b, lengths[b] if lengths.get(b, UNKNOWN_LENGTH) != UNKNOWN_LENGTH
+                  else 0) for b in unwanted])
         return added
 
     # ------------------------------------------------------------------ status

@@ -99,7 +99,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     @handler
     def GetBlocks(self, req, ctx):
-        return self.m.get_blocks(req.ino)
+        return self.m.get_blocks(req.ino, req.session, req.open_id)
 
     @handler
     def AddBlock(self, req, ctx):

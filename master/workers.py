@@ -1,9 +1,23 @@
-"""Workers as the master sees them: registrations, liveness, capacity, placement,
-and the queue of block deletes each worker picks up with its next heartbeat.
+"""Workers as the master sees them: registrations, liveness, placement, the queue of
+block deletes, and the one account of each worker's usage.
 
 Registrations are journaled (worker ids are named by block locations); liveness,
-capacity and the delete queues live in memory and are rebuilt from heartbeats and
-block reports after a master restart.
+usage and the delete queues live in memory and are rebuilt from heartbeats and block
+reports after a master restart.
+
+Usage (``WorkerState.estimated_used``) is what placement, eviction, statfs and the
+metrics all read.  The worker's heartbeat reports its used bytes together with the
+block ids it finalised and deleted since the previous heartbeat, so the master knows
+exactly which of its own changes that number already includes:
+
+- a block placed here (AddBlock, a re-replication copy) counts its reserved bytes
+  from placement until the worker reports it finalised or deleted;
+- a block whose deletion the worker has confirmed (the master's DeleteBlocks call
+  returned, master/deleter.py) no longer counts, until a heartbeat reports it removed;
+- a block queued for deletion but not yet confirmed still counts: it is still on the
+  worker's disk, and placing new data in its space would make the worker refuse it.
+  Eviction counts such bytes as on their way out (``pending_free``) so that it does
+  not evict for the same space twice.
 """
 
 from __future__ import annotations
@@ -14,18 +28,50 @@ from dataclasses import dataclass, field
 
 from curvine.proto import common_pb2
 
+PLACED_EXPIRY = 600.0  # seconds: a placement never reported nor freed stops counting
+
 
 @dataclass
 class WorkerState:
     info: common_pb2.WorkerInfo
     capacity: int = 0
-    used: int = 0
+    used: int = 0  # as last reported
     num_blocks: int = 0
     last_heartbeat: float = 0.0  # time.monotonic(); 0 = not heard from since master start
-    deletes: set[int] = field(default_factory=set)
+    deletes: set[int] = field(default_factory=set)  # to hand out (DeleteBlocks, heartbeat)
+    # block id -> (bytes reserved, monotonic time placed): not yet in ``used``
+    placed: dict[int, tuple[int, float]] = field(default_factory=dict)
+    # block id -> bytes, of blocks in ``used`` that the master removed: ``confirmed``
+    # ones are gone from the worker's disk, the others are still there
+    deleting: dict[int, int] = field(default_factory=dict)
+    confirmed: set[int] = field(default_factory=set)
+
+    def estimated_used(self) -> int:
+        placed = sum(n for n, _ in self.placed.values())
+        gone = sum(self.deleting[b] for b in self.confirmed)
+        return max(self.used + placed - gone, 0)
+
+    def pending_free(self) -> int:
+        """Bytes deleted by the master that the worker has not confirmed yet."""
+        return sum(n for b, n in self.deleting.items() if b not in self.confirmed)
 
     def free(self) -> int:
-        return max(self.capacity - self.used, 0)
+        return max(self.capacity - self.estimated_used(), 0)
+
+    def reset_account(self) -> None:
+        self.placed.clear()
+        self.deleting.clear()
+        self.confirmed.clear()
+
+
+@dataclass(frozen=True)
+class WorkerUsage:
+    worker_id: int
+    alive: bool
+    capacity: int
+    reported_used: int
+    used: int  # estimated (the account placement reads)
+    pending_free: int  # of ``used``: deleted, not yet confirmed by the worker
 
 
 class WorkerRegistry:
@@ -33,7 +79,7 @@ class WorkerRegistry:
         self.lost_after = lost_after
         self._lock = threading.Lock()
         self._workers: dict[int, WorkerState] = {}
-        self._reserved: dict[int, int] = {}  # bytes promised to writes since the last heartbeat
+        self.deletes_queued = threading.Condition(self._lock)  # notified by queue_deletes
 
     def upsert(self, info: common_pb2.WorkerInfo) -> None:
         with self._lock:
@@ -54,43 +100,121 @@ class WorkerRegistry:
         with self._lock:
             return worker_id in self._workers
 
-    def heartbeat(self, worker_id: int, capacity: int, used: int, num_blocks: int) -> list[int] | None:
-        """Record a heartbeat; returns the blocks to delete, or None for an unknown worker."""
+    def registered(self, worker_id: int, capacity: int, used: int) -> None:
+        """A (re)registration: its usage is the whole truth, placements and deletes the
+        master counted before are forgotten (a restarted worker lost its writes in
+        flight; its block report settles the rest)."""
+        with self._lock:
+            st = self._workers.get(worker_id)
+            if st is not None:
+                st.reset_account()
+        self.heartbeat(worker_id, capacity, used, 0)
+
+    def heartbeat(self, worker_id: int, capacity: int, used: int, num_blocks: int,
+                  added=(), removed=(), failed=(), lost: bool = False) -> list[int] | None:
+        """Record a heartbeat (``added``/``removed``: block ids finalised/deleted since the
+        last one, which ``used`` includes; ``failed``: copies that were not made); returns
+        the blocks to delete, or None for an unknown worker."""
+        now = time.monotonic()
         with self._lock:
             st = self._workers.get(worker_id)
             if st is None:
                 return None
             st.capacity, st.used, st.num_blocks = capacity, used, num_blocks
-            st.last_heartbeat = time.monotonic()
-            self._reserved[worker_id] = 0
+            st.last_heartbeat = now
+            if lost:
+                st.reset_account()
+            for b in added:
+                st.placed.pop(b, None)
+            for b in failed:
+                st.placed.pop(b, None)
+            for b in removed:
+                st.placed.pop(b, None)
+                st.deleting.pop(b, None)
+                st.confirmed.discard(b)
+            stale = [b for b, (_, t) in st.placed.items() if now - t > PLACED_EXPIRY]
+            for b in stale:
+                del st.placed[b]
+            # whatever master/deleter.py has not delivered yet (it is woken at once, so
+            # these are mostly deletes it could not deliver)
             deletes = sorted(st.deletes)
             st.deletes.clear()
             return deletes
 
-    def queue_deletes(self, pairs: list[tuple[int, int]]) -> None:
+    def queue_deletes(self, triples) -> None:
+        """Blocks to delete: (worker id, block id, bytes) each."""
         with self._lock:
-            for worker_id, block_id in pairs:
+            for worker_id, block_id, nbytes in triples:
                 st = self._workers.get(worker_id)
-                if st is not None:
-                    st.deletes.add(block_id)
+                if st is None:
+                    continue
+                st.deletes.add(block_id)
+                if block_id not in st.placed:  # else ``used`` does not include it yet
+                    st.deleting[block_id] = nbytes
+            self.deletes_queued.notify_all()
+
+    def take_deletes(self) -> dict[int, tuple[str, list[int]]]:
+        """worker id -> (address, block ids) of every queued delete of a live worker,
+        taken out of the queues (``give_back_deletes`` if they cannot be delivered)."""
+        now = time.monotonic()
+        out = {}
+        with self._lock:
+            for wid, st in self._workers.items():
+                if st.deletes and self.alive(st, now):
+                    out[wid] = (st.info.address, sorted(st.deletes))
+                    st.deletes.clear()
+        return out
+
+    def give_back_deletes(self, worker_id: int, block_ids) -> None:
+        """Deletes taken and not delivered: the next heartbeat reply carries them."""
+        with self._lock:
+            st = self._workers.get(worker_id)
+            if st is not None:
+                st.deletes.update(block_ids)
+
+    def confirm_deletes(self, worker_id: int, block_ids) -> None:
+        """The worker has deleted these blocks (its DeleteBlocks call returned)."""
+        with self._lock:
+            st = self._workers.get(worker_id)
+            if st is None:
+                return
+            for b in block_ids:
+                st.placed.pop(b, None)  # finalised or not, it is not there now
+                if b in st.deleting:
+                    st.confirmed.add(b)
+
+    def unconfirmed_deletes(self) -> int:
+        """Blocks of live workers queued or sent for deletion and not confirmed."""
+        now = time.monotonic()
+        with self._lock:
+            return sum(len(st.deletes) + len(st.deleting) - len(st.confirmed)
+                       for st in self._workers.values() if self.alive(st, now))
 
     def alive(self, st: WorkerState, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
         return st.last_heartbeat > 0 and now - st.last_heartbeat < self.lost_after
 
     def snapshot(self) -> list[tuple[common_pb2.WorkerInfo, bool]]:
-        """Every registered worker with capacity/used filled in, and whether it is alive."""
+        """Every registered worker with capacity and (estimated) used filled in, and
+        whether it is alive."""
         now = time.monotonic()
         out = []
         with self._lock:
             for st in self._workers.values():
                 info = common_pb2.WorkerInfo()
                 info.CopyFrom(st.info)
-                info.capacity, info.used = st.capacity, st.used
+                info.capacity, info.used = st.capacity, st.estimated_used()
                 alive = self.alive(st, now)
                 info.lost = not alive and st.last_heartbeat > 0
                 out.append((info, alive))
         return out
+
+    def usage(self) -> list[WorkerUsage]:
+        now = time.monotonic()
+        with self._lock:
+            return [WorkerUsage(wid, self.alive(st, now), st.capacity, st.used,
+                                st.estimated_used(), st.pending_free())
+                    for wid, st in self._workers.items()]
 
     def silent(self, since: float) -> list[int]:
         """Workers that missed heartbeats for ``lost_after``: silent since their last
@@ -112,16 +236,18 @@ class WorkerRegistry:
             st = self._workers.get(worker_id)
             return st.info if st is not None else None
 
-    def choose(self, count: int, host_id: str, size: int, exclude: set[int]) -> list[common_pb2.WorkerInfo]:
-        """Pick up to ``count`` live workers with room for ``size`` bytes: one on the
-        client's host first, then the ones with the most free space."""
+    def choose(self, count: int, host_id: str, size: int, exclude: set[int],
+               block_id: int) -> list[common_pb2.WorkerInfo]:
+        """Place ``block_id`` on up to ``count`` live workers with room for ``size``
+        bytes (one on the client's host first, then the ones with the most free
+        space); those bytes count as used there from now on."""
         now = time.monotonic()
         with self._lock:
             candidates = []
             for wid, st in self._workers.items():
                 if wid in exclude or not self.alive(st, now):
                     continue
-                free = st.free() - self._reserved.get(wid, 0)
+                free = st.free()
                 if st.capacity and free < size:
                     continue
                 local = bool(host_id) and st.info.host_id == host_id
@@ -129,6 +255,12 @@ class WorkerRegistry:
             candidates.sort(key=lambda c: c[:3])
             chosen = [c[3] for c in candidates[:count]]
             for st in chosen:
-                wid = st.info.worker_id
-                self._reserved[wid] = self._reserved.get(wid, 0) + size
+                st.placed[block_id] = (size, now)
             return [st.info for st in chosen]
+
+    def unplace(self, worker_id: int, block_id: int) -> None:
+        """A placement that will not be written (the caller gave up on it)."""
+        with self._lock:
+            st = self._workers.get(worker_id)
+            if st is not None:
+                st.placed.pop(block_id, None)

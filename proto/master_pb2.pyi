@@ -202,10 +202,14 @@ class StatFsReply(_message.Message):
     def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., files: _Optional[int] = ..., live_workers: _Optional[int] = ..., block_size: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class GetBlocksRequest(_message.Message):
-    __slots__ = ("ino",)
+    __slots__ = ("ino", "session", "open_id")
     INO_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    OPEN_ID_FIELD_NUMBER: _ClassVar[int]
     ino: int
-    def __init__(self, ino: _Optional[int] = ...) -> None: ...
+    session: int
+    open_id: int
+    def __init__(self, ino: _Optional[int] = ..., session: _Optional[int] = ..., open_id: _Optional[int] = ...) -> None: ...
 
 class GetBlocksReply(_message.Message):
     __slots__ = ("inode", "blocks", "workers")
@@ -294,20 +298,26 @@ class BlockReportReply(_message.Message):
     def __init__(self, delete_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "capacity", "used", "num_blocks", "replicated_block_ids", "failed_block_ids")
+    __slots__ = ("worker_id", "capacity", "used", "num_blocks", "replicated_block_ids", "failed_block_ids", "added_block_ids", "removed_block_ids", "changes_lost")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     REPLICATED_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     FAILED_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    ADDED_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_LOST_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     capacity: int
     used: int
     num_blocks: int
     replicated_block_ids: _containers.RepeatedScalarFieldContainer[int]
     failed_block_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, worker_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., num_blocks: _Optional[int] = ..., replicated_block_ids: _Optional[_Iterable[int]] = ..., failed_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    added_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    removed_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    changes_lost: bool
+    def __init__(self, worker_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., num_blocks: _Optional[int] = ..., replicated_block_ids: _Optional[_Iterable[int]] = ..., failed_block_ids: _Optional[_Iterable[int]] = ..., added_block_ids: _Optional[_Iterable[int]] = ..., removed_block_ids: _Optional[_Iterable[int]] = ..., changes_lost: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("delete_block_ids", "reregister", "replicate")
@@ -424,10 +434,14 @@ class CallResult(_message.Message):
     def __init__(self, id: _Optional[int] = ..., error_kind: _Optional[int] = ..., error: _Optional[str] = ..., inode: _Optional[_Union[InodeReply, _Mapping]] = ..., parents: _Optional[_Union[ParentReply, _Mapping]] = ...) -> None: ...
 
 class ReportAccessRequest(_message.Message):
-    __slots__ = ("inos",)
+    __slots__ = ("inos", "session", "closed_opens")
     INOS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_OPENS_FIELD_NUMBER: _ClassVar[int]
     inos: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, inos: _Optional[_Iterable[int]] = ...) -> None: ...
+    session: int
+    closed_opens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, inos: _Optional[_Iterable[int]] = ..., session: _Optional[int] = ..., closed_opens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SetPolicyRequest(_message.Message):
     __slots__ = ("request_id", "ino", "ttl_ms", "replicas", "session")

@@ -86,14 +86,19 @@ def test_lru_eviction_plan_watermarks_and_replay(tmp_path):
     m = make_master(tmp_path)
     try:
         m.capacity.close()  # no background rounds: this test drives them
+        m.deleter.close()  # nor deliveries of deletes (this one tries, below)
         wid = add_worker(m, 10 * MiB)
         files, blocks = [], {}
         for i in range(10):
             node, block_id = publish(m, create(m, ROOT_INO, b"f%d" % i).ino, MiB)
             files.append(node.ino)
             blocks[node.ino] = block_id
-        # the heartbeat after the writes: 100% used
-        m.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=10 * MiB, used=10 * MiB))
+        # placed blocks count before any heartbeat reports them
+        assert m.capacity.status().estimated_used == 10 * MiB
+        # the heartbeat after the writes: 100% used, those ten blocks included
+        m.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=10 * MiB, used=10 * MiB,
+                                                added_block_ids=list(blocks.values())))
+        assert m.capacity.status().estimated_used == 10 * MiB
         m.capacity.report_access(files[:3])  # f0..f2 were read: most recently used now
         m.capacity.run_round()
         # 100% -> 80% (low): exactly the two least recently used files go
@@ -101,15 +106,18 @@ def test_lru_eviction_plan_watermarks_and_replay(tmp_path):
         st = m.capacity.status()
         print(f"\nafter one round: stats {dict(st.stats)}, estimated {st.estimated_used / MiB:.0f} MiB")
         assert st.stats["evicted_files"] == 2 and st.stats["evicted_bytes"] == 2 * MiB
-        assert st.estimated_used == 8 * MiB
-        # the workers' usage lags: the next heartbeat still says 100% (its reply carries
-        # the deletes), yet nothing more is evicted
+        # their blocks are still on the worker's disk until it confirms the deletes
+        assert st.estimated_used == 10 * MiB
+        # this worker does not answer DeleteBlocks (its address is fake): the deletes
+        # go back to the queue, and the next heartbeat reply carries them
+        assert not m.deleter.deliver()
         deletes = m.heartbeat(master_pb2.HeartbeatRequest(
             worker_id=wid, capacity=10 * MiB, used=10 * MiB)).delete_block_ids
         assert sorted(deletes) == sorted(blocks[i] for i in files[3:5])
-        m.capacity.run_round()
+        m.capacity.run_round()  # nothing more is evicted: that space is on its way out
         assert len(names(m)) == 8
-        m.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=10 * MiB, used=8 * MiB))
+        m.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=10 * MiB, used=8 * MiB,
+                                                removed_block_ids=deletes))
         m.capacity.run_round()
         assert len(names(m)) == 8 and m.capacity.status().estimated_used == 8 * MiB
         # new data above the high watermark, before any heartbeat reports it

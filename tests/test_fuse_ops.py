@@ -189,6 +189,7 @@ class FakeMaster:
         self.dentries: dict[int, dict[bytes, int]] = {1: {}}
         self.next_ino = 2
         self.next_block = 100
+        self.session = 0  # no lease session: opens are not recorded
         self.completes = 0
         self.abandoned: list[int] = []  # block ids writers handed back at publish
         self.inodes[1] = common_pb2.Inode(ino=1, type=common_pb2.DIRECTORY, mode=0o755,
@@ -370,7 +371,7 @@ class FakeMaster:
         return master_pb2.StatFsReply(capacity=1 << 40, used=1 << 30, files=len(self.inodes),
                                       live_workers=1, block_size=BS)
 
-    def get_blocks(self, ino):
+    def get_blocks(self, ino, session=0, open_id=0):
         inode = self.getattr(ino)
         blocks = [common_pb2.Block(block_id=b.block_id, length=b.length, checksum=b.checksum,
                                    worker_ids=list(b.worker_ids),
@@ -432,9 +433,11 @@ def new_file(master, name=b"f"):
     return master.create(1, name).ino
 
 
-def writer(master, ino, base=(), short_circuit=True):
+def writer(master, ino, base=(), short_circuit=True, size_hint=0):
+    """A FileWriter; with ``size_hint`` its first block is placed at the first byte (as
+    every later block is), without it only once its size is known."""
     return FileWriter(master, ino, BS, base, "test-host", workers=master.w.workers,
-                      short_circuit=short_circuit)
+                      short_circuit=short_circuit, size_hint=size_hint)
 
 
 def published(master, ino, short_circuit=True) -> bytes:
@@ -637,16 +640,20 @@ def test_short_circuit_write_goes_to_a_staging_file_the_worker_adopts(cluster, m
     w = writer(master, ino)
     data = os.urandom(2 * BS + 5)
     w.write(0, data[:BS - 3])
-    staged = _staging_files(workers)
-    assert len(staged) == 1 and staged[0].endswith(".tmp") and ".c" in staged[0]
-    # The writer holds the file's flock (the worker sweeps only unlocked files).
-    fd = os.open(workers.dir / "staging" / staged[0], os.O_RDONLY)
-    try:
-        with pytest.raises(BlockingIOError):
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    finally:
-        os.close(fd)
+    # the first block waits in memory until its size is known (placement reserves it)
+    assert _staging_files(workers) == [] and workers.adopted == []
     w.write(BS - 3, data[BS - 3:])
+    # later blocks are written straight into staging files as they come
+    staged = _staging_files(workers)
+    assert staged and all(n.endswith(".tmp") and ".c" in n for n in staged)
+    # The writer holds the files' flock (the worker sweeps only unlocked files).
+    for name in staged:
+        fd = os.open(workers.dir / "staging" / name, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
     assert w.read(0, len(data)) == data  # read back from the staging files and blocks
     w.publish()
     w.close()
@@ -702,7 +709,7 @@ def test_short_circuit_block_modified_while_adopted_continues_in_memory(cluster)
 def test_short_circuit_unpublished_writer_close_removes_its_staging_file(cluster):
     master, workers = cluster
     ino = new_file(master)
-    w = writer(master, ino)
+    w = writer(master, ino, size_hint=100)
     w.write(0, b"x" * 100)
     assert len(_staging_files(workers)) == 1
     w.close()
@@ -712,8 +719,8 @@ def test_short_circuit_unpublished_writer_close_removes_its_staging_file(cluster
 def test_memory_blocks_stream_to_the_worker_while_written(cluster):
     master, workers = cluster
     ino = new_file(master)
-    w = writer(master, ino, short_circuit=False)
     data = os.urandom(2 * BS + 100)
+    w = writer(master, ino, short_circuit=False, size_hint=len(data))
     w.write(0, data[:BS + 50])
     assert [b"".join(st.parts) for st in workers.write_streams] == [data[:BS], data[BS:BS + 50]]
     w.write(BS + 50, data[BS + 50:])
@@ -728,7 +735,7 @@ def test_memory_blocks_stream_to_the_worker_while_written(cluster):
 def test_stream_survives_a_worker_error_mid_stream(cluster):
     master, workers = cluster
     ino = new_file(master)
-    w = writer(master, ino, short_circuit=False)
+    w = writer(master, ino, short_circuit=False, size_hint=2000)
     w.write(0, b"a" * 1000)
     workers.failing.add(1)  # worker 1 goes away mid-block
     w.write(1000, b"b" * 1000)
@@ -762,7 +769,7 @@ def test_stream_with_every_worker_down_is_a_clean_error_at_close(cluster):
 def test_rewriting_streamed_bytes_ends_the_stream(cluster):
     master, workers = cluster
     ino = new_file(master)
-    w = writer(master, ino, short_circuit=False)
+    w = writer(master, ino, short_circuit=False, size_hint=3000)
     w.write(0, b"a" * 3000)
     w.write(10, b"b" * 10)  # bytes already sent change: the stream cannot be used
     assert workers.write_streams[0].cancelled
@@ -851,7 +858,7 @@ def test_writes_go_on_when_the_file_vanished_before_its_first_block(cluster):
 def test_failing_staging_file_continues_in_memory(cluster, monkeypatch):
     master, workers = cluster
     ino = new_file(master)
-    w = writer(master, ino)
+    w = writer(master, ino, size_hint=150)
     w.write(0, b"a" * 100)
     real_pwrite = os.pwrite
 

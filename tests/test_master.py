@@ -29,7 +29,11 @@ def make_master(tmp_path, **journal) -> Master:
     cfg.master.orphan_block_grace = 0.0
     for k, v in journal.items():
         setattr(cfg.journal, k, v)
-    return Master(cfg)
+    m = Master(cfg)
+    # its workers are addresses only: deletes go with the heartbeat replies, as to a
+    # worker that DeleteBlocks cannot reach
+    m.deleter.close()
+    return m
 
 
 @pytest.fixture

@@ -46,7 +46,11 @@ def make_master(tmp_path, replicas: int = 2) -> Master:
     cfg.cluster.replicas = replicas
     cfg.master.worker_lost_after = LOST_AFTER
     cfg.master.orphan_block_grace = 0.0
-    return Master(cfg)
+    m = Master(cfg)
+    # its workers are addresses only: deletes go with the heartbeat replies, as to a
+    # worker that DeleteBlocks cannot reach
+    m.deleter.close()
+    return m
 
 
 def add_worker(m, name: str) -> int:

@@ -49,6 +49,7 @@ _BLOCK_NAME = re.compile(r"([0-9a-f]{16})\.blk")
 _STAGING_SUFFIX = ".tmp"
 _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 STALE_CLIENT_STAGING = 60.0  # seconds before an unlocked client staging file is swept
+MAX_CHANGES = 100_000  # block set changes kept for the next heartbeat (then: "lost")
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,11 @@ class BlockStore:
         self._used = 0  # finalised + staging bytes
         self._reserved = 0  # announced but not yet written bytes of writes in progress
         self._pending_by_dir = [0] * len(dirs)  # the same, per data dir (for placement)
+        # Changes of the block set since the last take_changes (the heartbeat tells the
+        # master which of its placements and deletes ``used`` already includes).
+        self._added: list[int] = []
+        self._removed: list[int] = []
+        self._changes_lost = False
         for d in dirs:
             try:
                 os.makedirs(os.path.join(d, "staging"), exist_ok=True)
@@ -180,6 +186,35 @@ class BlockStore:
                 log.warning("cannot stat data dirs: %s", e)
         with self._lock:
             return self.capacity, self._used, len(self._blocks)
+
+    def take_changes(self) -> tuple[int, int, int, list[int], list[int], bool]:
+        """(capacity, used, blocks, added ids, removed ids, lost) in one snapshot: the
+        block ids finalised and deleted since the last call, which ``used`` includes;
+        ``lost`` when more than MAX_CHANGES happened (the lists are then incomplete)."""
+        capacity = self.stats()[0]
+        with self._lock:
+            changes = (capacity, self._used, len(self._blocks), self._added, self._removed,
+                       self._changes_lost)
+            self._added, self._removed, self._changes_lost = [], [], False
+        return changes
+
+    def give_back_changes(self, added: list[int], removed: list[int], lost: bool) -> None:
+        """Changes taken for a heartbeat that did not reach the master: sent again."""
+        with self._lock:
+            self._added[:0] = added
+            self._removed[:0] = removed
+            self._changes_lost = self._changes_lost or lost
+            self._trim_changes()
+
+    def _trim_changes(self) -> None:
+        """(under _lock) keep the change lists bounded while the master is away."""
+        if len(self._added) + len(self._removed) > MAX_CHANGES:
+            self._added, self._removed, self._changes_lost = [], [], True
+
+    def _note_added(self, block_id: int) -> None:
+        """(under _lock)"""
+        self._added.append(block_id)
+        self._trim_changes()
 
     def report(self) -> list[tuple[int, int]]:
         """(block id, mtime ns) of every finalised block, for the full block report."""
@@ -281,6 +316,7 @@ class BlockStore:
                 if old.dir_index != writer.dir_index:
                     stale = block_path(self.data_dirs[old.dir_index], writer.block_id)
             self._blocks[writer.block_id] = BlockEntry(writer.dir_index, writer.length, mtime_ns)
+            self._note_added(writer.block_id)
         if stale:
             _unlink(stale)
 
@@ -378,6 +414,7 @@ class BlockStore:
                 if old.dir_index != di:
                     stale = block_path(self.data_dirs[old.dir_index], block_id)
             self._blocks[block_id] = BlockEntry(di, length, st.st_mtime_ns)
+            self._note_added(block_id)
         if stale:
             _unlink(stale)
         return length, checksum
@@ -476,6 +513,8 @@ class BlockStore:
                 if entry is not None:
                     self._used -= entry.size
                     paths.append(block_path(self.data_dirs[entry.dir_index], b))
+            self._removed.extend(ids)
+            self._trim_changes()
         for p in paths:
             _unlink(p)
         return len(paths)

@@ -225,7 +225,8 @@ class MasterLink:
             self.stop.wait(self.interval)
 
     def _register(self) -> None:
-        capacity, used, _ = self.store.stats()
+        # the master starts its account of this worker afresh from this usage
+        capacity, used, _, _, _, _ = self.store.take_changes()
         info = common_pb2.WorkerInfo(
             worker_id=self.worker_id, uuid=self.uuid, host_id=host_id(), address=self.address,
             data_dirs=self.store.data_dirs, capacity=capacity, used=used)
@@ -254,14 +255,16 @@ class MasterLink:
         self._delete(reply.delete_block_ids)
 
     def _heartbeat(self) -> None:
-        capacity, used, num_blocks = self.store.stats()
+        capacity, used, num_blocks, added, removed, lost = self.store.take_changes()
         copied, failed = self.copier.take_outcomes()
         try:
             reply = self._call("WorkerHeartbeat", master_pb2.HeartbeatRequest(
                 worker_id=self.worker_id, capacity=capacity, used=used, num_blocks=num_blocks,
-                replicated_block_ids=copied, failed_block_ids=failed))
+                replicated_block_ids=copied, failed_block_ids=failed,
+                added_block_ids=added, removed_block_ids=removed, changes_lost=lost))
         except BaseException:
             self.copier.give_back(copied, failed)
+            self.store.give_back_changes(added, removed, lost)
             raise
         self._delete(reply.delete_block_ids)
         if reply.replicate:

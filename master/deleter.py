@@ -1,0 +1,123 @@
+"""Delivers block deletes to the workers as soon as they are queued.
+
+A heartbeat comes once a second; a pod writes 1-2 GB/s.  Space that eviction (or an
+unlink) freed must be usable at once, so one thread of the master calls each worker's
+``DeleteBlocks`` (with a write token per block, minted with the master's block key)
+whenever deletes are queued, and records the worker's answer: from then on those
+bytes are free in the master's account (master/workers.py).  Deletes that cannot be
+delivered go back to their queue and reach the worker with a later heartbeat reply.
+
+``deliver()`` runs the same delivery on the caller's thread, for a placement that
+waits for room (master/capacity.py ``make_room``): when it returns, every delete
+queued before it was delivered and confirmed (or failed).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from curvine.common import block_tokens
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.rpc import RpcClient
+from curvine.proto import worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+BATCH = 1000  # block ids per DeleteBlocks call
+RETRY_AFTER = 1.0  # seconds before a worker that failed a delivery is tried again
+
+
+class DeletePusher:
+    def __init__(self, master):
+        self.m = master
+        self.timeout = min(float(master.cfg.cluster.rpc_timeout), 10.0)
+        self._clients: dict[str, RpcClient] = {}
+        self._failed_at: dict[int, float] = {}  # worker id -> monotonic time it failed
+        self._deliver_lock = threading.Lock()  # one delivery at a time: waiters see it done
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="block-deletes", daemon=True)
+        self.stats = {"calls": 0, "blocks": 0, "failures": 0}
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        registry = self.m.registry
+        with registry.deletes_queued:
+            registry.deletes_queued.notify_all()
+        self._thread.join(timeout=15)
+        for c in self._clients.values():
+            c.close()
+        self._clients.clear()
+
+    def _run(self) -> None:
+        registry = self.m.registry
+        while not self._stop.is_set():
+            with registry.deletes_queued:
+                registry.deletes_queued.wait(timeout=RETRY_AFTER)
+            if self._stop.is_set():
+                break
+            try:
+                self.deliver()
+            except Exception:  # noqa: BLE001 - the thread must survive a bug in one round
+                log.exception("delivering block deletes failed")
+
+    def deliver(self, deadline: float | None = None) -> bool:
+        """Deliver every queued delete of the live workers now; False if some could not
+        be delivered (they stay queued) or ``deadline`` (monotonic) passed first."""
+        if deadline is None:
+            acquired = self._deliver_lock.acquire()
+        else:
+            acquired = self._deliver_lock.acquire(timeout=max(deadline - time.monotonic(), 0))
+        if not acquired:
+            return False
+        try:
+            ok = True
+            now = time.monotonic()
+            for wid, (address, ids) in self.m.registry.take_deletes().items():
+                if deadline is None and now - self._failed_at.get(wid, 0.0) < RETRY_AFTER:
+                    self.m.registry.give_back_deletes(wid, ids)  # the heartbeat may get them
+                    ok = False
+                    continue
+                ok = self._push(wid, address, ids, deadline) and ok
+            return ok
+        finally:
+            self._deliver_lock.release()
+
+    def _push(self, wid: int, address: str, ids: list[int], deadline: float | None) -> bool:
+        key = self.m.block_key
+        registry = self.m.registry
+        for i in range(0, len(ids), BATCH):
+            batch = ids[i:i + BATCH]
+            timeout = self.timeout
+            if deadline is not None:
+                timeout = min(timeout, deadline - time.monotonic())
+            try:
+                if timeout <= 0:
+                    raise CurvineError(ErrorKind.TIMEOUT, "no time left to deliver block deletes")
+                req = worker_pb2.DeleteBlocksRequest(
+                    block_ids=batch,
+                    tokens=[block_tokens.mint(key, b, block_tokens.WRITE) for b in batch])
+                self._client(address).call("DeleteBlocks", req, timeout=timeout, wait=0)
+            except CurvineError as e:
+                self.stats["failures"] += 1
+                self._failed_at[wid] = time.monotonic()
+                registry.give_back_deletes(wid, ids[i:])
+                log.info("cannot deliver %d block deletes to worker %d (%s): %s; they go "
+                         "with its next heartbeat", len(ids) - i, wid, address, e)
+                return False
+            self.stats["calls"] += 1
+            self.stats["blocks"] += len(batch)
+            registry.confirm_deletes(wid, batch)
+        self._failed_at.pop(wid, None)
+        return True
+
+    def _client(self, address: str) -> RpcClient:
+        c = self._clients.get(address)
+        if c is None:
+            c = self._clients[address] = RpcClient(address, worker_pb2_grpc.WorkerStub,
+                                                   timeout=self.timeout, wait=0)
+        return c
