@@ -628,16 +628,18 @@ def _cmd_put(args, parser) -> int:
         try:
             with _about(dst):
                 _upload(fs, src, dst, mode, Progress(f"put {dst}", total, not args.quiet),
-                        created=existing is None)
+                        created=existing is None, size=total or 0)
         finally:
             if src is not sys.stdin.buffer:
                 src.close()
     return 0
 
 
-def _upload(fs: CurvineFS, src, dst: str, mode: int, progress: Progress, created: bool) -> None:
-    """Stream ``src`` into a new version of ``dst``, published only when complete."""
-    writer = fs.open_writer(dst, mode)
+def _upload(fs: CurvineFS, src, dst: str, mode: int, progress: Progress, created: bool,
+            size: int = 0) -> None:
+    """Stream ``src`` (``size`` bytes, 0 = not known) into a new version of ``dst``,
+    published only when complete."""
+    writer = fs.open_writer(dst, mode, size_hint=size)
     ok = False
     try:
         buf = bytearray(CHUNK)

@@ -180,16 +180,19 @@ class CurvineFS:
     def read_bytes(self, path: str | bytes) -> bytes:
         return b"".join(self.iter_read(path))
 
-    def open_writer(self, path: str | bytes, mode: int = 0o644) -> FileWriter:
-        """An empty new version of ``path`` (created if missing); ``publish()`` it."""
+    def open_writer(self, path: str | bytes, mode: int = 0o644,
+                    size_hint: int = 0) -> FileWriter:
+        """An empty new version of ``path`` (created if missing); ``publish()`` it.
+        ``size_hint``: the bytes that will be written, if known (placement reserves
+        them; without it the first block is placed once its size is known)."""
         parent, name = self._parent(path)
         node = self.master.create(parent.ino, name, mode, os.getuid(), os.getgid())
         return FileWriter(self.master, node.ino, self.block_size(), [], self.host,
                           short_circuit=self.cfg.client.short_circuit,
-                          timeout=self.cfg.cluster.rpc_timeout)
+                          timeout=self.cfg.cluster.rpc_timeout, size_hint=size_hint)
 
     def write_bytes(self, path: str | bytes, data: bytes, mode: int = 0o644) -> Inode:
-        w = self.open_writer(path, mode)
+        w = self.open_writer(path, mode, size_hint=len(data))
         try:
             w.write(0, data)
             return w.publish()
@@ -199,8 +202,9 @@ class CurvineFS:
     def put(self, local_path: str, remote_path: str | bytes, mode: int | None = None) -> Inode:
         """Copy a local file in; published when complete, so readers see all or nothing."""
         with open(local_path, "rb") as f:
-            perm = mode if mode is not None else os.fstat(f.fileno()).st_mode & 0o7777
-            w = self.open_writer(remote_path, perm)
+            st = os.fstat(f.fileno())
+            perm = mode if mode is not None else st.st_mode & 0o7777
+            w = self.open_writer(remote_path, perm, size_hint=st.st_size)
             try:
                 off = 0
                 buf = bytearray(CHUNK)

@@ -81,7 +81,8 @@ class MasterConfig:
     rpc_threads: int = 64
     worker_lost_after: Duration = Duration(30.0)
     # capacity (master/capacity.py): above evict_high (a fraction of the live workers'
-    # capacity) the least recently used complete files are evicted down to evict_low;
+    # capacity) the least recently used complete files that no mount has open are
+    # evicted down to evict_low, and a block with no room evicts synchronously;
     # every evict_interval the master also removes expired (TTL) files and files whose
     # writer's mount has been gone for orphan_timeout.  evict_batch: files per record.
     evict_high: float = 0.90

@@ -120,8 +120,9 @@ def collectors(master) -> list[metrics.Collector]:
         yield GaugeMetricFamily("curvine_pool_used_bytes",
                                 "Bytes used on the live workers, as last reported", value=used)
         yield GaugeMetricFamily("curvine_pool_estimated_used_bytes",
-                                "Used bytes plus blocks placed and minus blocks freed since "
-                                "the last reports (what eviction goes by)", value=estimated)
+                                "Used bytes plus blocks placed since and minus blocks the "
+                                "workers confirmed deleted since the last reports (what "
+                                "placement, eviction and statfs go by)", value=estimated)
         workers = GaugeMetricFamily("curvine_pool_workers", "Registered workers by state",
                                     labels=["state"])
         workers.add_metric(["live"], live)
@@ -150,6 +151,19 @@ def collectors(master) -> list[metrics.Collector]:
                                   "mounts (LRU order)", value=st.get("access_reports", 0))
         yield GaugeMetricFamily("curvine_lru_tracked_files", "Complete files in the LRU order",
                                 value=len(master.capacity.lru))
+        yield CounterMetricFamily("curvine_placement_room_made", "Placements that found no "
+                                  "room and evicted synchronously", value=st.get("room_made", 0))
+        yield CounterMetricFamily("curvine_placement_no_room", "Placements refused with "
+                                  "ENOSPC (nothing evictable, or the block fits no worker)",
+                                  value=st.get("no_room", 0))
+        yield GaugeMetricFamily("curvine_open_files", "Files a mount has open for reading "
+                                "(never evicted)", value=master.capacity.open_files())
+        ds = dict(master.deleter.stats)
+        yield CounterMetricFamily("curvine_block_deletes_delivered", "Block deletes the "
+                                  "workers confirmed (DeleteBlocks)", value=ds.get("blocks", 0))
+        yield CounterMetricFamily("curvine_block_delete_failures", "DeleteBlocks calls that "
+                                  "failed (those deletes go with a heartbeat reply)",
+                                  value=ds.get("failures", 0))
 
     def leases():
         lt = master.leases

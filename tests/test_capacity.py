@@ -8,6 +8,7 @@ intervals (each prints its numbers).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -465,18 +466,37 @@ def test_ttl_orphans_and_replay(make_cluster, tmp_path):
     assert wait_for(listing, timeout=30, what="the restarted master") == before
 
 
-def test_worker_on_a_full_tmpfs(make_cluster, tmp_path):
+@contextlib.contextmanager
+def worker_on_tmpfs(c, index: int = 0, size: str = "64m"):
+    """Worker ``index`` of cluster ``c`` (not up yet) keeps its data on a tmpfs of
+    ``size``; yields its data root.  Afterwards the cluster is taken down, then the
+    tmpfs unmounted.  Skips without root or when the tmpfs cannot be mounted."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    conf = write_conf(tmp_path, cluster={"block_size": "16MiB"},
-                      master={"evict_interval": "200ms"}, worker={"heartbeat_interval": "100ms"})
-    c = make_cluster(workers=1, mounts=1, conf=conf, up=False)
-    data_root = os.path.join(c.base, "worker", "0")
+    data_root = os.path.join(c.base, "worker", str(index))
     os.makedirs(data_root)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", data_root],
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", data_root],
                        capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    try:
+        yield data_root
+    finally:
+        try:
+            c.down()
+        finally:
+            subprocess.run(["umount", "-l", data_root], capture_output=True)
+
+
+def test_worker_on_a_full_tmpfs(make_cluster, tmp_path):
+    conf = write_conf(tmp_path, cluster={"block_size": "16MiB"},
+                      master={"evict_interval": "200ms"}, worker={"heartbeat_interval": "100ms"})
+    c = make_cluster(workers=1, mounts=1, conf=conf, up=False)
+    with worker_on_tmpfs(c):
+        _full_tmpfs(c)
+
+
+def _full_tmpfs(c):
     mc = None
     held: dict = {}
     try:
@@ -553,7 +573,3 @@ def test_worker_on_a_full_tmpfs(make_cluster, tmp_path):
             f.close()
         if mc is not None:
             mc.close()
-        try:
-            c.down()
-        finally:
-            subprocess.run(["umount", "-l", data_root], capture_output=True)

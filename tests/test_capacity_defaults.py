@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 import threading
 import time
 
 import pytest
 
 from cluster_util import wait_for
-from test_capacity import chunk, exists, master_client, store, usage
+from test_capacity import chunk, exists, master_client, store, usage, worker_on_tmpfs
 
 pytestmark = pytest.mark.fuse
 
@@ -370,17 +369,14 @@ def test_tmpfs_worker_fills_placement_moves(make_cluster):
     chunks of 14 MiB (168 MiB, more than the tmpfs) stored through the mount: no ENOSPC,
     all 12 read back byte-identical, and the blocks are on both workers (the tmpfs
     worker took what it could, the rest went to the other)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
     # The tmpfs worker is the mount's local worker (placement prefers it); the disk
     # worker acts as another node's.
     c = make_cluster(workers=2, mounts=1, up=False, host_ids={"worker 1": "other-node"})
-    data_root = os.path.join(c.base, "worker", "0")
-    os.makedirs(data_root)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", data_root],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    with worker_on_tmpfs(c, 0, "64m") as data_root:
+        _tmpfs_fills(c, data_root)
+
+
+def _tmpfs_fills(c, data_root):
     mc = None
     try:
         c.up(timeout=60)
@@ -432,10 +428,6 @@ def test_tmpfs_worker_fills_placement_moves(make_cluster):
     finally:
         if mc is not None:
             mc.close()
-        try:
-            c.down()
-        finally:
-            subprocess.run(["umount", "-l", data_root], capture_output=True)
 
 
 def test_all_files_open_for_reading_then_closed(make_cluster):

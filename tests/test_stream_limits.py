@@ -270,7 +270,7 @@ def test_a_writer_that_pauses_past_the_idle_timeout_still_publishes(make_cluster
     used to exclude it, and the master had no other: ENOSPC and the data lost)."""
     fs, http_port = remote_client(make_cluster, tmp_path)
     with fs:
-        w = fs.open_writer("/slow.data")
+        w = fs.open_writer("/slow.data", size_hint=2000)  # placed (and streamed) at once
         try:
             w.write(0, b"a" * 1000)
             deadline = time.monotonic() + DEADLINE
