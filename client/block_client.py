@@ -367,17 +367,7 @@ def create_local_staging(worker: WorkerInfo, block_id: int) -> tuple[int, str] |
     The file is opened read-write and flock'ed: the worker sweeps client staging files
     only once their lock is free (the writer closed them or died)."""
     check_block_id(block_id)
-    dirs = []
-    for d in worker.data_dirs:
-        if not os.path.isabs(d):
-            continue
-        try:
-            st = os.statvfs(os.path.join(d, "staging"))
-        except OSError:
-            continue
-        dirs.append((st.f_bavail * st.f_frsize, d))
-    dirs.sort(reverse=True)
-    for _, d in dirs:
+    for d in _staging_dirs(worker):
         path = client_staging_path(d, block_id)
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
@@ -395,6 +385,55 @@ def create_local_staging(worker: WorkerInfo, block_id: int) -> tuple[int, str] |
             continue
         return fd, path
     return None
+
+
+def _staging_dirs(worker: WorkerInfo) -> list[str]:
+    """The worker's data dirs whose staging area this process can reach, most free
+    space first."""
+    dirs = []
+    for d in worker.data_dirs:
+        if not os.path.isabs(d):
+            continue
+        try:
+            st = os.statvfs(os.path.join(d, "staging"))
+        except OSError:
+            continue
+        dirs.append((st.f_bavail * st.f_frsize, d))
+    dirs.sort(reverse=True)
+    return [d for _, d in dirs]
+
+
+def create_local_tmpfile(worker: WorkerInfo) -> tuple[int, str] | None:
+    """An unnamed file (O_TMPFILE), flock'ed, in the staging area of the (local)
+    worker's data dir with the most free space: a block written before the master
+    placed it.  ``name_local_tmpfile`` gives it its staging name once it is placed
+    there; otherwise it vanishes with its descriptor (also when the writer dies).
+    Returns (fd, data dir), or None if no data dir can take one."""
+    for d in _staging_dirs(worker):
+        try:
+            fd = os.open(os.path.join(d, "staging"), os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC,
+                         0o644)
+        except OSError:
+            continue  # not reachable from here, or a file system without O_TMPFILE
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        return fd, d
+    return None
+
+
+def name_local_tmpfile(fd: int, data_dir: str, block_id: int) -> str:
+    """Link the unnamed file ``fd`` (create_local_tmpfile) into ``data_dir``'s staging
+    area as a client staging file of ``block_id``; returns its path (OSError if not)."""
+    path = client_staging_path(data_dir, block_id)
+    proc = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:  # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N: how an O_TMPFILE gets a name
+        os.link(str(fd), path, src_dir_fd=proc, follow_symlinks=True)
+    finally:
+        os.close(proc)
+    return path
 
 
 def adopt_block(worker: WorkerInfo, block_id: int, path: str, length: int, checksum: int,

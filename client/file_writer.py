@@ -11,11 +11,13 @@ block being written.  That block is uploaded in the background when the writes m
 past it, and synchronously at publish.  A write into an uploaded block reads it back,
 modifies it and uploads it later as a new block.
 
-Where the block being written lives: the first block of a file is gathered in
-memory and placed only when its size is known (at publish, or once it is full), so
-that the master reserves what the writer stores (a 14 MiB KV chunk needs 14 MiB free,
-not a 64 MiB block); it is then written into a staging file of a worker of this host
-that the worker adopts (one AdoptBlock call, no stream), or streamed to the workers.
+Where the block being written lives: the first block of a file is placed only when
+its size is known (at publish, or once it is full), so that the master reserves what
+the writer stores (a 14 MiB KV chunk needs 14 MiB free, not a 64 MiB block).  Until
+then it is written into an unnamed file (O_TMPFILE) in the staging area of this
+host's worker (the last one the master placed a block on), which gets its staging
+name and is adopted if the master places the block there, and is streamed from
+otherwise; without such a worker it is gathered in memory.
 Later blocks of a file that outgrew one block are placed at their first byte, with a
 whole block reserved: when the master places one on a worker of this host
 (short-circuit enabled), the writes go straight into a staging file in that worker's
@@ -37,6 +39,7 @@ from __future__ import annotations
 import bisect
 import errno
 import collections
+import contextlib
 import logging
 import mmap
 import os
@@ -69,6 +72,22 @@ STREAM_DEADLINE = 600.0  # seconds a block may take to be written while it strea
 
 
 IDLE_BUFFER_BYTES = 256 << 20  # block buffers kept mapped for reuse, per process
+
+
+
+class LocalWorker:
+    """The worker of this host that the master last named (statfs, AddBlock), shared by
+    the writers of one mount or client: where a first block is written before it is
+    placed (see the module docstring)."""
+
+    def __init__(self, host_id: str):
+        self.host_id = host_id
+        self.info: WorkerInfo | None = None
+
+    def note(self, workers: Iterable[WorkerInfo]) -> None:
+        for w in workers:
+            if w.host_id == self.host_id and not w.lost and w.data_dirs:
+                self.info = w
 
 
 class _BufferPool:
@@ -250,10 +269,13 @@ class _FileBuffer:
     writer copies it into memory first (``FileWriter._ensure_writable``)."""
 
     def __init__(self, capacity: int, fd: int, path: str, block_id: int,
-                 worker: WorkerInfo, others: list):
+                 worker: WorkerInfo, others: list, data_dir: str = ""):
         self.capacity = capacity
         self.fd: int | None = fd
+        # "" (and block_id 0): an unnamed file in data_dir, the block not placed yet
         self.path = path
+        self.data_dir = data_dir
+        self.alloc = None  # (block id, targets) when placed on other workers
         self.block_id = block_id
         self.worker = worker  # the local worker that adopts the file
         self.others = others  # further replicas, streamed from the file
@@ -321,7 +343,7 @@ class _FileBuffer:
         fd, self.fd = self.fd, None
         if fd is None:
             return
-        if not self.adopted:
+        if not self.adopted and self.path:
             try:
                 os.unlink(self.path)
             except OSError:
@@ -357,7 +379,8 @@ class FileWriter:
 
     def __init__(self, master, ino: int, block_size: int, base_blocks: Iterable[Block],
                  host_id: str, *, workers: Mapping[int, WorkerInfo] | None = None,
-                 short_circuit: bool = True, timeout: float = 30.0, size_hint: int = 0):
+                 short_circuit: bool = True, timeout: float = 30.0, size_hint: int = 0,
+                 local_worker: LocalWorker | None = None):
         self.master = master
         self.ino = ino
         self.block_size = block_size
@@ -384,6 +407,7 @@ class FileWriter:
         # The bytes this writer will store, if the caller knows (0: not known, as for a
         # FUSE writer): then even the first block is placed at its first byte.
         self.size_hint = size_hint
+        self._local = local_worker or LocalWorker(host_id)
         self._cur: _Extent | None = None  # the one buffer being written
         self._uploading: _Extent | None = None  # at most one background upload
         self.dirty = False  # changed since open or the last publish
@@ -716,8 +740,7 @@ class FileWriter:
                 ext = None
             if ext is None:
                 if off == 0 and not self.size_hint:
-                    # The first block waits for its size (see the module docstring).
-                    buf = _Buffer(self.block_size, checksum=True)
+                    buf = self._unplaced_buffer()  # placed once its size is known
                 else:
                     buf = self._new_buffer(min(max(self.size_hint - off, 0), self.block_size))
                 ext = _Extent(off, buf=buf)
@@ -780,6 +803,16 @@ class FileWriter:
         ext.buf.release()
         ext.buf = None
 
+    def _unplaced_buffer(self):
+        """The first block, before its size is known: an unnamed file in the staging
+        area of this host's worker, else memory (see the module docstring)."""
+        w = self._local.info if self._fetcher.short_circuit else None
+        made = block_client.create_local_tmpfile(w) if w is not None else None
+        if made is None:
+            return _Buffer(self.block_size, checksum=True)
+        fd, data_dir = made
+        return _FileBuffer(self.block_size, fd, "", 0, w, [], data_dir=data_dir)
+
     def _new_buffer(self, size_hint: int = 0):
         """A buffer for a new block (``size_hint`` bytes expected, 0 = a whole block): a
         staging file of the local worker when the master places the block there, else
@@ -795,6 +828,7 @@ class FileWriter:
             return _Buffer(self.block_size)
         if not targets:
             return _Buffer(self.block_size)
+        self._local.note(targets)
         if self._fetcher.short_circuit:
             for i, w in enumerate(targets):
                 if w.host_id != self.host_id:
@@ -892,6 +926,11 @@ class FileWriter:
         buf.sealed = True
         length = len(buf)
         crc = buf.checksum()
+        if not buf.block_id and not self._place_file(buf, length):
+            # placed on other workers: stream the file's bytes to them
+            block_id, targets = buf.alloc
+            with self._mapped(buf) as data:
+                return self._stream(data, alloc=(block_id, targets), crc=crc, local=False)
         if not buf.adopt_tried:
             buf.adopt_tried = True
             try:
@@ -903,33 +942,62 @@ class FileWriter:
             except CurvineError as e:
                 log.info("worker %d (%s) did not adopt block %016x: %s; streaming it",
                          buf.worker.worker_id, buf.worker.address, buf.block_id, e)
-        mapping = buf.mapping()
-        try:
-            data = memoryview(mapping) if mapping is not None else memoryview(b"")
+        with self._mapped(buf) as data:
+            if not buf.adopted:
+                return self._stream(data, exclude=[buf.worker.worker_id])
+            stored = [buf.worker]
+            for w in buf.others:
+                try:
+                    block_client.write_block(w, buf.block_id, data, timeout=self.timeout,
+                                             token=self._tokens[buf.block_id])
+                    stored.append(w)
+                    CLIENT_WRITTEN_REMOTE.inc(length)
+                except CurvineError as e:
+                    log.info("writing block %016x to worker %d (%s) failed: %s",
+                             buf.block_id, w.worker_id, w.address, e)
+        self._fetcher.add_workers({w.worker_id: w for w in stored})
+        return Block(block_id=buf.block_id, length=length, checksum=crc,
+                     worker_ids=[w.worker_id for w in stored], token=self._tokens[buf.block_id])
+
+    def _place_file(self, buf: _FileBuffer, length: int) -> bool:
+        """Place the block of an unnamed staging file, now that its length is known:
+        True when the master put it on that file's worker (the file then has its
+        staging name, block id and other targets), else False with ``buf.alloc`` =
+        (block id, targets) to stream it to."""
+        block_id, targets, self._tokens[block_id] = self._add_block(length, [],
+                                                                    buf.worker.worker_id)
+        self._allocated.add(block_id)
+        local = next((w for w in targets if w.worker_id == buf.worker.worker_id
+                      and buf.data_dir in w.data_dirs), None)
+        if local is not None:
             try:
-                if not buf.adopted:
-                    return self._stream(data, exclude=[buf.worker.worker_id])
-                stored = [buf.worker]
-                for w in buf.others:
-                    try:
-                        block_client.write_block(w, buf.block_id, data, timeout=self.timeout,
-                                                 token=self._tokens[buf.block_id])
-                        stored.append(w)
-                        CLIENT_WRITTEN_REMOTE.inc(length)
-                    except CurvineError as e:
-                        log.info("writing block %016x to worker %d (%s) failed: %s",
-                                 buf.block_id, w.worker_id, w.address, e)
-            finally:
-                data.release()
+                buf.path = block_client.name_local_tmpfile(buf.fd, buf.data_dir, block_id)
+            except OSError as e:
+                log.info("cannot name the staging file of block %016x (%s); streaming it",
+                         block_id, e)
+                local = None
+        if local is None:
+            buf.alloc = (block_id, targets)
+            return False
+        buf.block_id, buf.worker = block_id, local
+        buf.others = [w for w in targets if w is not local]
+        return True
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _mapped(buf: _FileBuffer):
+        """A memoryview of the staging file's bytes (mapped read-only) for a block."""
+        mapping = buf.mapping()
+        data = memoryview(mapping) if mapping is not None else memoryview(b"")
+        try:
+            yield data
         finally:
+            data.release()
             if mapping is not None:
                 try:
                     mapping.close()
                 except BufferError:
                     pass  # a view is still referenced (a traceback): freed with it
-        self._fetcher.add_workers({w.worker_id: w for w in stored})
-        return Block(block_id=buf.block_id, length=length, checksum=crc,
-                     worker_ids=[w.worker_id for w in stored], token=self._tokens[buf.block_id])
 
     def _upload(self, buf) -> Block:
         """Store the buffer as a new block on the workers the master picks."""
@@ -958,12 +1026,12 @@ class FileWriter:
         return Block(block_id=streams[0].block_id, length=len(buf), checksum=crc,
                      worker_ids=[w.worker_id for w in stored], token=streams[0].token)
 
-    def _add_block(self, length: int, exclude: list[int]):
+    def _add_block(self, length: int, exclude: list[int], prefer: int = 0):
         """AddBlock avoiding ``exclude`` if the master can; else with any worker: the
         excluded ones may be all there are, and a worker whose stream failed is often
         healthy (it cut a stream left silent past worker.stream_idle_timeout)."""
         try:
-            return self.master.add_block(self.ino, self.host_id, length, exclude)
+            return self.master.add_block(self.ino, self.host_id, length, exclude, prefer)
         except CurvineError as e:
             if e.kind != ErrorKind.NO_SPACE or not exclude:
                 raise
@@ -1038,6 +1106,7 @@ class FileWriter:
                                      token=self._tokens[block_id])
             adopted = True
             CLIENT_WRITTEN_SHORT_CIRCUIT.inc(len(data))
+            self._local.note([w])
             return crc
         except OSError as e:
             raise CurvineError(ErrorKind.NO_SPACE if e.errno in (errno.ENOSPC, errno.EDQUOT)

@@ -22,7 +22,7 @@ from curvine.common.ids import MIB, ROOT_INO, check_name, host_id
 from curvine.proto import common_pb2
 
 from .file_reader import FileReader
-from .file_writer import FileWriter
+from .file_writer import FileWriter, LocalWorker
 from .master_client import MasterClient
 
 Inode = common_pb2.Inode
@@ -49,6 +49,7 @@ class CurvineFS:
                                              timeout=self.cfg.cluster.rpc_timeout,
                                              wait=self.cfg.cluster.master_wait)
         self.host = host_id()
+        self._local_worker = LocalWorker(self.host)  # shared by this client's writers
         self._block_size: int | None = None
 
     def __enter__(self) -> "CurvineFS":
@@ -189,7 +190,8 @@ class CurvineFS:
         node = self.master.create(parent.ino, name, mode, os.getuid(), os.getgid())
         return FileWriter(self.master, node.ino, self.block_size(), [], self.host,
                           short_circuit=self.cfg.client.short_circuit,
-                          timeout=self.cfg.cluster.rpc_timeout, size_hint=size_hint)
+                          timeout=self.cfg.cluster.rpc_timeout, size_hint=size_hint,
+                          local_worker=self._local_worker)
 
     def write_bytes(self, path: str | bytes, data: bytes, mode: int = 0o644) -> Inode:
         w = self.open_writer(path, mode, size_hint=len(data))

@@ -29,7 +29,7 @@ import pyfuse3
 import trio
 
 from curvine.client.file_reader import FileReader
-from curvine.client.file_writer import FileWriter
+from curvine.client.file_writer import FileWriter, LocalWorker
 from curvine.client.master_client import AccessReporter, LeaseSession, MasterClient
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, to_errno
@@ -156,6 +156,7 @@ class Operations(pyfuse3.Operations):
         # ino -> handles closed (flushed) with their empty version still to publish
         self._empty_pending: dict[int, int] = {}
         self._block_size: int | None = None  # the master's, asked for at the first write
+        self._local_worker = LocalWorker(self.host)  # shared by this mount's writers
         # Leases (master/leases.py): names and file attributes the kernel may keep for
         # the lease time; the master revokes them before another client changes them.
         self._leases: LeaseSession | None = None
@@ -355,10 +356,12 @@ class Operations(pyfuse3.Operations):
                 raise CurvineError(ErrorKind.IS_DIR, f"inode {ino} is a directory")
         if self._block_size is None:
             # Block lengths must not exceed the master's block size.
-            self._block_size = self.master.statfs().block_size or self.cfg.cluster.block_size
+            fs = self.master.statfs()
+            self._block_size = fs.block_size or self.cfg.cluster.block_size
+            self._local_worker.note(fs.workers)  # where first blocks go
         w = FileWriter(self.master, ino, self._block_size, blocks, self.host,
                        workers=workers, short_circuit=self.cfg.client.short_circuit,
-                       timeout=self.cfg.cluster.rpc_timeout)
+                       timeout=self.cfg.cluster.rpc_timeout, local_worker=self._local_worker)
         # An emptied (or new) file is published at close even without writes.
         w.dirty = truncate
         return w

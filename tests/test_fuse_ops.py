@@ -21,7 +21,7 @@ import trio
 
 from curvine.client import block_client
 from curvine.client.file_reader import FileReader
-from curvine.client.file_writer import FileWriter
+from curvine.client.file_writer import FileWriter, LocalWorker
 from curvine.client.master_client import MasterClient
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
@@ -379,7 +379,7 @@ class FakeMaster:
                   for b in self.blocks.get(ino, [])]
         return inode, blocks, dict(self.w.workers)
 
-    def add_block(self, ino, client_host_id, size_hint=0, exclude=()):
+    def add_block(self, ino, client_host_id, size_hint=0, exclude=(), prefer=0):
         if ino not in self.inodes:
             self._err(ErrorKind.NOT_FOUND, f"inode {ino}")
         self.next_block += 1
@@ -646,20 +646,83 @@ def test_short_circuit_write_goes_to_a_staging_file_the_worker_adopts(cluster, m
     # later blocks are written straight into staging files as they come
     staged = _staging_files(workers)
     assert staged and all(n.endswith(".tmp") and ".c" in n for n in staged)
-    # The writer holds the files' flock (the worker sweeps only unlocked files).
+    # The writer holds the files' flock (the worker sweeps only unlocked files); the
+    # first block's file may be adopted (renamed) meanwhile, the last one's stays.
+    locked = 0
     for name in staged:
-        fd = os.open(workers.dir / "staging" / name, os.O_RDONLY)
+        try:
+            fd = os.open(workers.dir / "staging" / name, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
         try:
             with pytest.raises(BlockingIOError):
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked += 1
         finally:
             os.close(fd)
+    assert locked >= 1
     assert w.read(0, len(data)) == data  # read back from the staging files and blocks
     w.publish()
     w.close()
     assert streamed == [] and len(workers.adopted) == 3 and _staging_files(workers) == []
     assert all(b.checksum == zlib.crc32(workers.blocks[b.block_id]) and b.worker_ids == [1]
                for b in master.blocks[ino])
+    assert published(master, ino) == data
+
+
+def test_first_block_written_unnamed_then_placed_with_its_size(cluster, monkeypatch):
+    """A writer that knows this host's worker (LocalWorker, shared by a mount's writers)
+    writes a first block into an unnamed file in that worker's staging area (nothing
+    for the worker to sweep, no name before placement), asks for a block of exactly
+    the bytes written at publish, and the worker adopts the file: nothing streamed."""
+    master, workers = cluster
+    streamed, hints = [], []
+    monkeypatch.setattr(block_client, "write_block",
+                        lambda *a, **k: streamed.append(a) or workers.write_block(*a, **k))
+    add_block = master.add_block
+    monkeypatch.setattr(master, "add_block",
+                        lambda ino, host, size_hint=0, exclude=(), prefer=0:
+                        hints.append(size_hint) or add_block(ino, host, size_hint, exclude))
+    made = {"unnamed": 0, "named": 0}
+    for name, key in (("create_local_tmpfile", "unnamed"), ("create_local_staging", "named")):
+        real = getattr(block_client, name)
+        monkeypatch.setattr(block_client, name, lambda *a, _r=real, _k=key: (
+            made.__setitem__(_k, made[_k] + 1), _r(*a))[1])
+    local = LocalWorker("test-host")
+    local.note(workers.workers.values())
+    assert local.info.worker_id == 1
+    ino = new_file(master)
+    w = FileWriter(master, ino, BS, [], "test-host", workers=workers.workers,
+                   local_worker=local)
+    data = os.urandom(BS // 2 + 3)
+    w.write(0, data[:100])
+    w.write(100, data[100:])
+    assert _staging_files(workers) == [] and hints == []  # unnamed, not placed yet
+    assert made == {"unnamed": 1, "named": 0}
+    w.publish()
+    w.close()
+    assert made == {"unnamed": 1, "named": 0}  # named by a link, not copied into a new file
+    assert hints == [len(data)] and streamed == [] and len(workers.adopted) == 1
+    assert _staging_files(workers) == [] and published(master, ino) == data
+    assert master.blocks[ino][0].checksum == zlib.crc32(data)
+
+
+def test_first_block_placed_elsewhere_is_streamed_from_its_unnamed_file(cluster):
+    """The master places the first block on another host's worker: the unnamed file's
+    bytes are streamed there and the file vanishes with its descriptor."""
+    master, workers = cluster
+    master.replicas = [2]
+    local = LocalWorker("test-host")
+    local.note(workers.workers.values())
+    ino = new_file(master)
+    w = FileWriter(master, ino, BS, [], "test-host", workers=workers.workers,
+                   local_worker=local)
+    data = os.urandom(5000)
+    w.write(0, data)
+    w.publish()
+    w.close()
+    assert workers.adopted == [] and _staging_files(workers) == []
+    assert [b.worker_ids for b in master.blocks[ino]] == [[2]]
     assert published(master, ino) == data
 
 
