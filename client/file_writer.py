@@ -14,10 +14,11 @@ modifies it and uploads it later as a new block.
 Where the block being written lives: the first block of a file is placed only when
 its size is known (at publish, or once it is full), so that the master reserves what
 the writer stores (a 14 MiB KV chunk needs 14 MiB free, not a 64 MiB block).  Until
-then it is written into an unnamed file (O_TMPFILE) in the staging area of this
-host's worker (the last one the master placed a block on), which gets its staging
-name and is adopted if the master places the block there, and is streamed from
-otherwise; without such a worker it is gathered in memory.
+then it is written into an unnamed file (O_TMPFILE) in the staging area of a worker
+of this host; when the master places the block on a worker of this host on the same
+file system, the file gets its staging name there by a link and is adopted (no copy),
+otherwise its bytes are copied to the workers chosen; without a known local worker it
+is gathered in memory.
 Later blocks of a file that outgrew one block are placed at their first byte, with a
 whole block reserved: when the master places one on a worker of this host
 (short-circuit enabled), the writes go straight into a staging file in that worker's
@@ -927,10 +928,10 @@ class FileWriter:
         length = len(buf)
         crc = buf.checksum()
         if not buf.block_id and not self._place_file(buf, length):
-            # placed on other workers: stream the file's bytes to them
+            # placed where this file cannot be linked: copy its bytes there
             block_id, targets = buf.alloc
             with self._mapped(buf) as data:
-                return self._stream(data, alloc=(block_id, targets), crc=crc, local=False)
+                return self._stream(data, alloc=(block_id, targets), crc=crc)
         if not buf.adopt_tried:
             buf.adopt_tried = True
             try:
@@ -961,27 +962,25 @@ class FileWriter:
 
     def _place_file(self, buf: _FileBuffer, length: int) -> bool:
         """Place the block of an unnamed staging file, now that its length is known:
-        True when the master put it on that file's worker (the file then has its
-        staging name, block id and other targets), else False with ``buf.alloc`` =
-        (block id, targets) to stream it to."""
-        block_id, targets, self._tokens[block_id] = self._add_block(length, [],
-                                                                    buf.worker.worker_id)
+        True when the master put it on a worker of this host whose staging area is on
+        the same file system (the file is then linked there under its staging name,
+        with the block id and the other targets), else False with ``buf.alloc`` =
+        (block id, targets) to copy it to."""
+        block_id, targets, self._tokens[block_id] = self._add_block(length, [])
         self._allocated.add(block_id)
-        local = next((w for w in targets if w.worker_id == buf.worker.worker_id
-                      and buf.data_dir in w.data_dirs), None)
-        if local is not None:
-            try:
-                buf.path = block_client.name_local_tmpfile(buf.fd, buf.data_dir, block_id)
-            except OSError as e:
-                log.info("cannot name the staging file of block %016x (%s); streaming it",
-                         block_id, e)
-                local = None
-        if local is None:
-            buf.alloc = (block_id, targets)
-            return False
-        buf.block_id, buf.worker = block_id, local
-        buf.others = [w for w in targets if w is not local]
-        return True
+        for w in targets:
+            if w.host_id != self.host_id:
+                continue
+            for d in w.data_dirs:  # a link works within one file system only
+                try:
+                    buf.path = block_client.name_local_tmpfile(buf.fd, d, block_id)
+                except OSError:
+                    continue
+                buf.block_id, buf.worker = block_id, w
+                buf.others = [t for t in targets if t is not w]
+                return True
+        buf.alloc = (block_id, targets)
+        return False
 
     @staticmethod
     @contextlib.contextmanager
@@ -1026,12 +1025,12 @@ class FileWriter:
         return Block(block_id=streams[0].block_id, length=len(buf), checksum=crc,
                      worker_ids=[w.worker_id for w in stored], token=streams[0].token)
 
-    def _add_block(self, length: int, exclude: list[int], prefer: int = 0):
+    def _add_block(self, length: int, exclude: list[int]):
         """AddBlock avoiding ``exclude`` if the master can; else with any worker: the
         excluded ones may be all there are, and a worker whose stream failed is often
         healthy (it cut a stream left silent past worker.stream_idle_timeout)."""
         try:
-            return self.master.add_block(self.ino, self.host_id, length, exclude, prefer)
+            return self.master.add_block(self.ino, self.host_id, length, exclude)
         except CurvineError as e:
             if e.kind != ErrorKind.NO_SPACE or not exclude:
                 raise

@@ -248,15 +248,13 @@ class MasterClient:
         return reply.inode, list(reply.blocks), {w.worker_id: w for w in reply.workers}
 
     def add_block(self, ino: int, client_host_id: str, size_hint: int = 0,
-                  exclude: Sequence[int] = (), prefer: int = 0,
-                  ) -> tuple[int, list[WorkerInfo], bytes]:
-        """(block id, target workers, write token for the block); ``prefer``: a worker
-        to take first if it has room."""
+                  exclude: Sequence[int] = ()) -> tuple[int, list[WorkerInfo], bytes]:
+        """(block id, target workers, write token for the block)."""
         # No request id: a retried AddBlock only allocates another id, and an id
         # that is never completed is garbage-collected by the master.
         reply = self._call("AddBlock", master_pb2.AddBlockRequest(
             ino=ino, client_host_id=client_host_id, size_hint=size_hint,
-            exclude_workers=list(exclude), prefer_worker=prefer))
+            exclude_workers=list(exclude)))
         return reply.block_id, list(reply.workers), reply.block_token
 
     def complete_file(self, ino: int, blocks: Sequence[Block], size: int,

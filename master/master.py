@@ -348,8 +348,7 @@ class Master:
         block_id = self._allocate_block_id()
 
         def place():
-            return self.registry.choose(replicas, req.client_host_id, size, exclude, block_id,
-                                        req.prefer_worker)
+            return self.registry.choose(replicas, req.client_host_id, size, exclude, block_id)
 
         workers = place()
         if not workers:

@@ -237,10 +237,10 @@ class WorkerRegistry:
             return st.info if st is not None else None
 
     def choose(self, count: int, host_id: str, size: int, exclude: set[int],
-               block_id: int, prefer: int = 0) -> list[common_pb2.WorkerInfo]:
+               block_id: int) -> list[common_pb2.WorkerInfo]:
         """Place ``block_id`` on up to ``count`` live workers with room for ``size``
-        bytes (``prefer`` first, then one on the client's host, then the ones with
-        the most free space); those bytes count as used there from now on."""
+        bytes (one on the client's host first, then the ones with the most free
+        space); those bytes count as used there from now on."""
         now = time.monotonic()
         with self._lock:
             candidates = []
@@ -251,9 +251,9 @@ class WorkerRegistry:
                 if st.capacity and free < size:
                     continue
                 local = bool(host_id) and st.info.host_id == host_id
-                candidates.append((wid != prefer, not local, -free, wid, st))
-            candidates.sort(key=lambda c: c[:4])
-            chosen = [c[4] for c in candidates[:count]]
+                candidates.append((not local, -free, wid, st))
+            candidates.sort(key=lambda c: c[:3])
+            chosen = [c[3] for c in candidates[:count]]
             for st in chosen:
                 st.placed[block_id] = (size, now)
             return [st.info for st in chosen]

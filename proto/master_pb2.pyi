@@ -222,18 +222,16 @@ class GetBlocksReply(_message.Message):
     def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class AddBlockRequest(_message.Message):
-    __slots__ = ("ino", "client_host_id", "size_hint", "exclude_workers", "prefer_worker")
+    __slots__ = ("ino", "client_host_id", "size_hint", "exclude_workers")
     INO_FIELD_NUMBER: _ClassVar[int]
     CLIENT_HOST_ID_FIELD_NUMBER: _ClassVar[int]
     SIZE_HINT_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_WORKERS_FIELD_NUMBER: _ClassVar[int]
-    PREFER_WORKER_FIELD_NUMBER: _ClassVar[int]
     ino: int
     client_host_id: str
     size_hint: int
     exclude_workers: _containers.RepeatedScalarFieldContainer[int]
-    prefer_worker: int
-    def __init__(self, ino: _Optional[int] = ..., client_host_id: _Optional[str] = ..., size_hint: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[int]] = ..., prefer_worker: _Optional[int] = ...) -> None: ...
+    def __init__(self, ino: _Optional[int] = ..., client_host_id: _Optional[str] = ..., size_hint: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AddBlockReply(_message.Message):
     __slots__ = ("block_id", "workers", "block_token")

@@ -370,6 +370,43 @@ def test_lmcache_stores_five_times_the_pool(make_cluster, tmp_path):
         mc.close()
 
 
+def test_placement_makes_room_without_background_rounds(make_cluster, tmp_path):
+    """With evict_high = 1.0 the background round (almost) never finds the pool above
+    its mark, so stores into a full pool rely on AddBlock making room itself (evicting
+    synchronously, delivering the deletes, then placing).  Defaults otherwise; the
+    default-setting fills are in test_capacity_defaults.py."""
+    conf = write_conf(tmp_path, master={"evict_high": 1.0, "evict_low": 0.99})
+    c = make_cluster(workers=2, mounts=1, worker_capacity=128 * MiB, conf=conf)
+    d = os.path.join(c.mounts[0], "l2cache")
+    os.mkdir(d)
+    mc = master_client(c)
+    try:
+        n = 5 * 256 * MiB // CHUNK + 1
+        failed = []
+        started = time.monotonic()
+        for i in range(n):
+            try:
+                store(d, "key%04d" % i, chunk(i))
+            except OSError as e:
+                failed.append((i, e.errno))
+        elapsed = time.monotonic() - started
+        st = dict(mc.capacity_status().stats)
+        print(f"\n{n} stores of 14 MiB into 2 x 128 MiB with no background eviction in "
+              f"{elapsed:.1f}s: failed {failed}; room made {st['room_made']} times "
+              f"({st['room_evicted_files']} files), background evictions "
+              f"{st['evicted_files'] - st['room_evicted_files']}")
+        assert failed == []
+        assert st["evicted_files"] >= n - 256 * MiB // CHUNK
+        # (a stream in flight at a heartbeat counts in used and in its reservation, so
+        # the account may pass 1.0 briefly and a background round evict a few files)
+        assert st["room_made"] > 0 and st["room_evicted_files"] > st["evicted_files"] // 2
+        for i in range(n - 3, n):
+            with open(os.path.join(d, "key%04d.data" % i), "rb") as f:
+                assert f.read() == chunk(i)
+    finally:
+        mc.close()
+
+
 def curvine_cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "curvine.cli.main", *args],
                           capture_output=True, text=True, timeout=60)

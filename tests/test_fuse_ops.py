@@ -379,7 +379,7 @@ class FakeMaster:
                   for b in self.blocks.get(ino, [])]
         return inode, blocks, dict(self.w.workers)
 
-    def add_block(self, ino, client_host_id, size_hint=0, exclude=(), prefer=0):
+    def add_block(self, ino, client_host_id, size_hint=0, exclude=()):
         if ino not in self.inodes:
             self._err(ErrorKind.NOT_FOUND, f"inode {ino}")
         self.next_block += 1
@@ -681,7 +681,7 @@ def test_first_block_written_unnamed_then_placed_with_its_size(cluster, monkeypa
                         lambda *a, **k: streamed.append(a) or workers.write_block(*a, **k))
     add_block = master.add_block
     monkeypatch.setattr(master, "add_block",
-                        lambda ino, host, size_hint=0, exclude=(), prefer=0:
+                        lambda ino, host, size_hint=0, exclude=():
                         hints.append(size_hint) or add_block(ino, host, size_hint, exclude))
     made = {"unnamed": 0, "named": 0}
     for name, key in (("create_local_tmpfile", "unnamed"), ("create_local_staging", "named")):
