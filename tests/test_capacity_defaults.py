@@ -266,12 +266,18 @@ def test_fill_four_writers_two_mounts(make_cluster):
         res = {"enospc": [0] * 4, "enospc_before": 0, "enospc_after": 0, "errors": [],
                "hot_reads": 0, "hot_problems": []}
         writers_done = threading.Event()
+        passes = threading.Condition(lock)
+        pass_at = [0]  # the store count at the reader's last pass
         started = time.monotonic()
 
         def writer(w: int):
             d = dirs[w // 2]  # writers 0, 1 on mount 0; 2, 3 on mount 1
             while time.monotonic() - started < WRITE_BUDGET - 10:
                 with lock:
+                    # "Hot" means read more often than the pool turns over: writers wait
+                    # for a reader more than 8 stores behind (a pass reads 140 MiB, which
+                    # can take longer than 4 writers need to store the whole pool).
+                    passes.wait_for(lambda: counter[0] - pass_at[0] < 8, timeout=5)
                     i = counter[0]
                     if i >= n:
                         return
@@ -303,6 +309,9 @@ def test_fill_four_writers_two_mounts(make_cluster):
                 for m in (0, 1):  # each hot chunk through the mount it was not written on
                     problems = check_chunks(dirs[m], hot_by_reader_mount[m])
                     res["hot_problems"].extend(f"by store {counter[0]}: {p}" for p in problems)
+                with lock:
+                    pass_at[0] = last
+                    passes.notify_all()
 
         with Sampler(c.mounts[0]) as sampler:
             threads = [threading.Thread(target=writer, args=(w,), daemon=True,
