@@ -183,13 +183,6 @@ class WorkerRegistry:
                 if b in st.deleting:
                     st.confirmed.add(b)
 
-    def unconfirmed_deletes(self) -> int:
-        """Blocks of live workers queued or sent for deletion and not confirmed."""
-        now = time.monotonic()
-        with self._lock:
-            return sum(len(st.deletes) + len(st.deleting) - len(st.confirmed)
-                       for st in self._workers.values() if self.alive(st, now))
-
     def alive(self, st: WorkerState, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
         return st.last_heartbeat > 0 and now - st.last_heartbeat < self.lost_after
@@ -257,10 +250,3 @@ class WorkerRegistry:
             for st in chosen:
                 st.placed[block_id] = (size, now)
             return [st.info for st in chosen]
-
-    def unplace(self, worker_id: int, block_id: int) -> None:
-        """A placement that will not be written (the caller gave up on it)."""
-        with self._lock:
-            st = self._workers.get(worker_id)
-            if st is not None:
-                st.placed.pop(block_id, None)
