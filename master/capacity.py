@@ -37,7 +37,8 @@ placement at a time makes room, under the same lock as the background round; the
 others wait for it and then find the room it made.  ENOSPC reaches a writer only when
 nothing is evictable or the block is larger than every worker.
 
-**Files open for reading are never evicted.**  A mount that opens a file for reading
+**Files open for reading are never evicted** (nor expired by their TTL before they
+are closed).  A mount that opens a file for reading
 records the open with GetBlocks (its lease session and an open id) and reports the
 close in its next ReportAccess; an open counts while its mount's session is alive (or
 closed for less than ``master.orphan_timeout``: a mount that reconnects keeps them).
@@ -64,6 +65,7 @@ COMPLETE = common_pb2.COMPLETE
 WRITING = common_pb2.WRITING
 MAX_REPORT = 10_000  # inodes (and closed opens) per ReportAccess
 ROOM_RETRY = 0.05  # seconds between attempts of a placement waiting for deletes
+HELD_RETRY = 1.0  # seconds before an expired file that was open is looked at again
 SCAN_PER_ROUND = 20_000  # LRU entries looked at per eviction round
 REBUILD_BATCH = 10_000  # inodes read per LMDB read transaction at start
 
@@ -437,20 +439,13 @@ class Capacity:
         """Journal the eviction of ``chosen`` files that are still complete, unread since
         they were chosen and not opened meanwhile."""
         seen = dict(chosen)
-        now = time.monotonic()
 
         def still_wanted(node):
             # complete, and not read (nor republished) since it was chosen
             return node.state == COMPLETE and self.lru.get(node.ino) == seen[node.ino]
 
-        with self._lock:  # from here until it is journaled, no open of these succeeds
-            inos = [i for i, _ in chosen if not self._is_open(i, now)]
-            self._evicting.update(inos)
-        try:
-            removed, freed = self._remove(journal_pb2.EVICT_LRU, inos, still_wanted)
-        finally:
-            with self._lock:
-                self._evicting.difference_update(inos)
+        removed, freed, _ = self._remove(journal_pb2.EVICT_LRU, [i for i, _ in chosen],
+                                         still_wanted, keep_open=True)
         self.stats["evicted_files"] += len(removed)
         self.stats["evicted_bytes"] += sum(freed.values())
         return removed, freed
@@ -534,9 +529,15 @@ class Capacity:
                 return False
             return True
 
-        removed, freed = self._remove(journal_pb2.EVICT_TTL, due, still_wanted)
+        removed, freed, held = self._remove(journal_pb2.EVICT_TTL, due, still_wanted,
+                                            keep_open=True)
         for node in later:
             self.on_policy(node)
+        if held:  # expired but open for reading: removed once closed
+            retry = time.time_ns() + int(HELD_RETRY * 1e9)
+            with self._lock:
+                for ino in held:
+                    self._set_due(ino, retry)
         self.stats["expired_files"] += len(removed)
         self.stats["expired_bytes"] += sum(freed.values())
         if removed:
@@ -594,7 +595,7 @@ class Capacity:
         def still_wanted(node):
             return node.state == WRITING and node.ino in self._writers
 
-        removed, freed = self._remove(journal_pb2.EVICT_ORPHAN, orphans, still_wanted)
+        removed, freed, _ = self._remove(journal_pb2.EVICT_ORPHAN, orphans, still_wanted)
         with self._lock:
             for ino in orphans:  # removed, completed meanwhile, or gone already
                 self._writers.pop(ino, None)
@@ -607,17 +608,33 @@ class Capacity:
                      sum(freed.values()))
         return len(orphans) >= self.batch
 
-    def _remove(self, reason: int, inos: list[int], still_wanted) -> tuple[list[int], dict]:
+    def _remove(self, reason: int, inos: list[int], still_wanted, keep_open: bool = False,
+                ) -> tuple[list[int], dict, list[int]]:
         """Journal the removal of those of ``inos`` that ``still_wanted`` in one record
-        (its blocks are queued for deletion by Master._on_effects)."""
+        (its blocks are queued for deletion by Master._on_effects).  ``keep_open``:
+        not those a mount has open for reading, and no open of the others succeeds
+        until the record is journaled.  Returns (removed, bytes per worker, kept open)."""
+        held: list[int] = []
+        if keep_open:
+            now = time.monotonic()
+            with self._lock:
+                held = [i for i in inos if self._is_open(i, now)]
+                inos = [i for i in inos if i not in held]
+                self._evicting.update(inos)
         ns = self.m.ns
-        value = self.m.submit(lambda txn: ns.plan_evict(txn, reason, inos, still_wanted))
+        try:
+            value = self.m.submit(lambda txn: ns.plan_evict(txn, reason, inos, still_wanted)
+                                  ) if inos else None
+        finally:
+            if keep_open:
+                with self._lock:
+                    self._evicting.difference_update(inos)
         removed, freed = value if value is not None else ([], {})
         self.lru.forget(removed)
         with self._lock:
             for ino in removed:
                 self._ttl_due.pop(ino, None)
-        return removed, freed
+        return removed, freed, held
 
     def _set_due(self, ino: int, expiry: int) -> None:
         """(under _lock) ino expires at ``expiry`` (ns)."""

@@ -179,6 +179,19 @@ def test_ttl_policy_expires_new_files_of_the_directory(tmp_path):
         assert names(m, sub.ino) == [] and b"other" in names(m)
         assert m.capacity.stats["expired_files"] == 2
         assert m.getattr(writing.ino).state == common_pb2.WRITING
+        # an expired file open for reading on a mount stays until that reader closes it
+        sid = 77
+        m.capacity.session_opened(sid, [])
+        held = create(m, d.ino, b"held")
+        publish(m, held.ino, MiB)
+        assert m.get_blocks(held.ino, sid, 1).inode.ino == held.ino  # opened for reading
+        time.sleep(0.4)
+        m.capacity.run_round()
+        assert b"held" in names(m, d.ino)
+        m.capacity.report_access([], sid, [1])  # closed
+        time.sleep(1.1)  # an expired file that was open is looked at again after 1 s
+        m.capacity.run_round()
+        assert b"held" not in names(m, d.ino)
         # clearing the TTL: later files stay
         m.set_policy(master_pb2.SetPolicyRequest(request_id=new_request_id(), ino=d.ino, ttl_ms=0))
         publish(m, create(m, d.ino, b"kept").ino, MiB)
