@@ -268,14 +268,7 @@ class Capacity:
             raise invalid("session", "required with closed_opens")
         self.lru.touch(inos, time.time_ns())
         if closed_opens:
-            with self._lock:
-                mine = self._opens_of.get(session, {})
-                for oid in closed_opens:
-                    ino = mine.pop(oid, None)
-                    if ino is not None:
-                        self._drop_open(ino, session, oid)
-                if not mine:
-                    self._opens_of.pop(session, None)
+            self.note_closed(session, closed_opens)
         self.stats["access_reports"] += 1
         self.stats["accesses"] += len(inos)
 
@@ -293,6 +286,17 @@ class Capacity:
         # written at 0.5 GB/s turns over in about a second
         self.lru.touch([ino], time.time_ns())
         return True
+
+    def note_closed(self, session: int, open_ids) -> None:
+        """Opens recorded by ``note_open`` that are over."""
+        with self._lock:
+            mine = self._opens_of.get(session, {})
+            for oid in open_ids:
+                ino = mine.pop(oid, None)
+                if ino is not None:
+                    self._drop_open(ino, session, oid)
+            if not mine:
+                self._opens_of.pop(session, None)
 
     def _drop_open(self, ino: int, session: int, open_id: int) -> None:
         """(under _lock)"""
@@ -480,9 +484,7 @@ class Capacity:
                 if any(room[w] + coming[w] >= size for w in room):
                     # Deletes on their way make the room: deliver them and try again; if
                     # a heartbeat reply carried them, the next heartbeat confirms them.
-                    confirmed = self.m.deleter.stats["blocks"]
-                    self.m.deleter.deliver(deadline)
-                    if self.m.deleter.stats["blocks"] == confirmed:
+                    if not self.m.deleter.deliver(deadline):
                         time.sleep(ROOM_RETRY)
                     continue
 

@@ -9,7 +9,8 @@ delivered go back to their queue and reach the worker with a later heartbeat rep
 
 ``deliver()`` runs the same delivery on the caller's thread, for a placement that
 waits for room (master/capacity.py ``make_room``): when it returns, every delete
-queued before it was delivered and confirmed (or failed).
+queued before it was delivered and confirmed (or failed); it returns how many the
+workers confirmed.
 """
 
 from __future__ import annotations
@@ -65,29 +66,30 @@ class DeletePusher:
             except Exception:  # noqa: BLE001 - the thread must survive a bug in one round
                 log.exception("delivering block deletes failed")
 
-    def deliver(self, deadline: float | None = None) -> bool:
-        """Deliver every queued delete of the live workers now; False if some could not
-        be delivered (they stay queued) or ``deadline`` (monotonic) passed first."""
+    def deliver(self, deadline: float | None = None) -> int:
+        """Deliver every queued delete of the live workers now; returns how many the
+        workers confirmed (those that could not be delivered in time, by ``deadline``
+        (monotonic), stay queued)."""
         if deadline is None:
             acquired = self._deliver_lock.acquire()
         else:
             acquired = self._deliver_lock.acquire(timeout=max(deadline - time.monotonic(), 0))
         if not acquired:
-            return False
+            return 0
         try:
-            ok = True
+            confirmed = 0
             now = time.monotonic()
             for wid, (address, ids) in self.m.registry.take_deletes().items():
                 if deadline is None and now - self._failed_at.get(wid, 0.0) < RETRY_AFTER:
                     self.m.registry.give_back_deletes(wid, ids)  # the heartbeat may get them
-                    ok = False
                     continue
-                ok = self._push(wid, address, ids, deadline) and ok
-            return ok
+                confirmed += self._push(wid, address, ids, deadline)
+            return confirmed
         finally:
             self._deliver_lock.release()
 
-    def _push(self, wid: int, address: str, ids: list[int], deadline: float | None) -> bool:
+    def _push(self, wid: int, address: str, ids: list[int], deadline: float | None) -> int:
+        """DeleteBlocks of ``ids`` on worker ``wid``; how many it confirmed."""
         key = self.m.block_key
         registry = self.m.registry
         for i in range(0, len(ids), BATCH):
@@ -108,12 +110,12 @@ class DeletePusher:
                 registry.give_back_deletes(wid, ids[i:])
                 log.info("cannot deliver %d block deletes to worker %d (%s): %s; they go "
                          "with its next heartbeat", len(ids) - i, wid, address, e)
-                return False
+                return i
             self.stats["calls"] += 1
             self.stats["blocks"] += len(batch)
             registry.confirm_deletes(wid, batch)
         self._failed_at.pop(wid, None)
-        return True
+        return len(ids)
 
     def _client(self, address: str) -> RpcClient:
         c = self._clients.get(address)

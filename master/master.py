@@ -271,7 +271,12 @@ class Master:
             raise CurvineError(ErrorKind.NOT_FOUND, f"ino: {ino} is being evicted")
         reply = master_pb2.GetBlocksReply()
         with self.store.read() as txn:
-            node = self.ns.inode(txn, ino)
+            try:
+                node = self.ns.inode(txn, ino)
+            except CurvineError:
+                if open_id:  # no such file: nothing was opened
+                    self.capacity.note_closed(session, (open_id,))
+                raise
             reply.inode.CopyFrom(node)
             blocks = self.store.get_blocks(txn, node.ino) if node.type == FILE else []
         for b in blocks:

@@ -185,6 +185,9 @@ def test_ttl_policy_expires_new_files_of_the_directory(tmp_path):
         held = create(m, d.ino, b"held")
         publish(m, held.ino, MiB)
         assert m.get_blocks(held.ino, sid, 1).inode.ino == held.ino  # opened for reading
+        with pytest.raises(CurvineError):  # an open of a missing inode records nothing
+            m.get_blocks(held.ino + 1000, sid, 2)
+        assert m.capacity.open_files() == 1
         time.sleep(0.4)
         m.capacity.run_round()
         assert b"held" in names(m, d.ino)
