@@ -18,6 +18,13 @@ name by name from the root; a path on a local curvine mount (``/mnt/kv/l2cache``
 works too and is translated.  The master is ``--master H:P``, else the config's
 ``cluster.master_addr`` (``--conf``, ``$CURVINE_CONF``).  Errors name the path;
 docs/cli.md lists the exit codes.
+
+Every name, path or peer-supplied string printed (listings, messages, errors) goes
+through :func:`shown`: control and non-printable characters and undecodable bytes as
+escapes (``\\x1b``, ``\\n``, ``\\xff``), backslashes doubled, so that a name cannot move
+the cursor, colour the terminal or forge a line.  ``--json`` output is JSON-escaped
+instead and keeps names exact.  Walks of a tree (``rm -r``, ``du``) are loops with
+their own stack, not recursion: any depth works.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import grp
 import json
 import os
@@ -40,6 +48,7 @@ from curvine.client.fs import CurvineFS
 from curvine.client.master_client import MasterClient
 from curvine.common import auth
 from curvine.common import config as config_mod
+from curvine.common.log import escape
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, ROOT_INO
 from curvine.proto import common_pb2
@@ -70,7 +79,7 @@ def register(subparsers) -> None:
                         "(default: cluster.master_addr of the config)")
         sp.add_argument("--conf", help="config file (default $CURVINE_CONF or "
                         f"{config_mod.DEFAULT_PATH})")
-        sp.set_defaults(func=func, _parser=sp)
+        sp.set_defaults(func=_escaped_errors(func), _parser=sp)
         return sp
 
     ls = add("ls", _cmd_ls, "list directories",
@@ -148,6 +157,40 @@ def register(subparsers) -> None:
     p.set_defaults(_parser=p)
 
 
+# ---------------------------------------------------------------- printing names
+
+def shown(text: bytes | str) -> str:
+    r"""A name, path or any string from the cluster, fit to print on one line: every
+    control or non-printable character as an escape (``\n``, ``\x1b``, ``\u202e``), a
+    byte that is not UTF-8 as ``\xNN``, a backslash as ``\\`` (so the output tells
+    ``a\x1b`` the name from ``a<ESC>`` the name).  The one way fs commands print names."""
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", "surrogateescape")
+    return escape(text, backslash=True)
+
+
+def _escaped_errors(func):
+    """``func`` with the messages of its errors escaped by :func:`shown` (they name
+    paths; cli/main.py prints them as they are)."""
+    @functools.wraps(func)
+    def wrapper(args, parser):
+        try:
+            return func(args, parser)
+        except CurvineError as e:
+            raise CurvineError(e.kind, shown(e.message)) from None
+        except OSError as e:
+            if e.filename is None or e.errno is None:
+                raise
+            raise type(e)(e.errno, e.strerror, shown(os.fsdecode(e.filename))) from None
+    return wrapper
+
+
+def _text(name: bytes) -> str:
+    r"""A name from the master as text, exact (undecodable bytes kept as surrogates,
+    which :func:`shown` prints as ``\xNN``)."""
+    return name.decode("utf-8", "surrogateescape")
+
+
 # ---------------------------------------------------------------- argument types
 
 def _duration(text: str) -> float:
@@ -213,7 +256,7 @@ def namespace_path(path: str) -> str:
         if best:
             return "/" + os.path.relpath(real, best).lstrip(".")
     if not path.startswith("/"):
-        raise CurvineError(ErrorKind.INVALID, f"PATH: {path!r} is neither on a curvine mount "
+        raise CurvineError(ErrorKind.INVALID, f"PATH: '{path}' is neither on a curvine mount "
                                               "nor absolute in the namespace")
     return posixpath.normpath(path).replace("//", "/")
 
@@ -405,7 +448,7 @@ def _cmd_ls(args, parser) -> int:
                 if len(args.paths) > 1 and not args.json:
                     if i:
                         print()
-                    print(f"{path}:")
+                    print(f"{shown(path)}:")
                 with _about(path):
                     for e in fs.master.iterdir(node.ino):
                         _ls_line(args, e.name, e.inode, posixpath.join(path, _display(e.name)))
@@ -422,9 +465,9 @@ def _ls_line(args, name: bytes | str, node: Inode, path: str) -> None:
         state = "  (writing)" if not _is_dir(node) and node.state == common_pb2.WRITING else ""
         print(f"{_filemode(node)} {node.nlink:>3} {_user(node.uid):<8} {_group(node.gid):<8} "
               f"{_size(node.size, args.human):>12} {_time(node.mtime_ns)} "
-              f"{_display(name)}{suffix}{state}")
+              f"{shown(name)}{suffix}{state}")
     else:
-        print(_display(name) + ("/" if _is_dir(node) else ""))
+        print(shown(name) + ("/" if _is_dir(node) else ""))
 
 
 def _cmd_stat(args, parser) -> int:
@@ -448,7 +491,7 @@ def _cmd_stat(args, parser) -> int:
             state = "" if _is_dir(node) else (
                 "  State: complete" if node.state == common_pb2.COMPLETE else
                 "  State: writing (no version published yet)")
-            print(f"  File: {path}")
+            print(f"  File: {shown(path)}")
             print(f"  Type: {kind}  Inode: {node.ino}{state}")
             print(f"  Size: {node.size}  Blocks: {len(blocks)}  Links: {node.nlink}  "
                   f"Version: {node.version}")
@@ -459,7 +502,7 @@ def _cmd_stat(args, parser) -> int:
             print(f"Modify: {_iso(node.mtime_ns)}")
             print(f"Change: {_iso(node.ctime_ns)}")
             for i, b in enumerate(blocks):
-                where = ", ".join(f"{w}@{workers[w].address}" if w in workers else str(w)
+                where = ", ".join(f"{w}@{shown(workers[w].address)}" if w in workers else str(w)
                                   for w in b.worker_ids)
                 print(f" Block {i}: id {b.block_id}  length {b.length}  "
                       f"crc32 {b.checksum:08x}  on {where or 'no worker (hole)'}")
@@ -516,15 +559,23 @@ def _parent_of(client: MasterClient, path: str) -> tuple[Inode, bytes]:
 
 
 def _remove_tree(client: MasterClient, parent: int, name: bytes, ino: int) -> None:
-    """Remove a directory and everything below it, files before their directory."""
-    for e in client.iterdir(ino):
-        # iterdir pages resume after the last name seen, so removing entries already
-        # listed does not disturb it
-        if _is_dir(e.inode):
-            _remove_tree(client, ino, e.name, e.inode.ino)
-        else:
-            client.unlink(ino, e.name)
-    client.rmdir(parent, name)
+    """Remove a directory and everything below it, files before their directory.
+    Iterative (any depth): a stack of directories still to empty, each followed by the
+    step that removes it once everything pushed after it is gone."""
+    stack: list[tuple[bool, int, bytes, int]] = [(False, parent, name, ino)]
+    while stack:
+        emptied, parent, name, ino = stack.pop()
+        if emptied:
+            client.rmdir(parent, name)
+            continue
+        stack.append((True, parent, name, ino))
+        for e in client.iterdir(ino):
+            # iterdir pages resume after the last name seen, so removing entries already
+            # listed does not disturb it
+            if _is_dir(e.inode):
+                stack.append((False, ino, e.name, e.inode.ino))
+            else:
+                client.unlink(ino, e.name)
 
 
 def _cmd_mv(args, parser) -> int:
@@ -555,25 +606,32 @@ def _cmd_du(args, parser) -> int:
             node = stat_path(fs.master, path)
             with _about(path):
                 total = _du(fs.master, node, path, args)
-            print(f"{_size(total, args.human)}\t{path}")
+            print(f"{_size(total, args.human)}\t{shown(path)}")
     return 0
 
 
 def _du(client: MasterClient, node: Inode, path: str, args) -> int:
-    """Bytes of the files under ``node``; prints each subdirectory unless -s."""
+    """Bytes of the files under ``node``; prints each subdirectory (after the ones
+    below it) unless -s.  Iterative (any depth): one frame per directory being read,
+    [path, its entries, bytes so far]."""
     if not _is_dir(node):
         return node.size
-    total = 0
-    for e in client.iterdir(node.ino):
-        if _is_dir(e.inode):
-            sub_path = posixpath.join(path, _display(e.name))
-            sub = _du(client, e.inode, sub_path, args)
+    stack: list[list] = [[path, iter(client.iterdir(node.ino)), 0]]
+    while True:
+        frame = stack[-1]
+        e = next(frame[1], None)
+        if e is None:
+            stack.pop()
+            if not stack:
+                return frame[2]
             if not args.summarize:
-                print(f"{_size(sub, args.human)}\t{sub_path}")
-            total += sub
+                print(f"{_size(frame[2], args.human)}\t{shown(frame[0])}")
+            stack[-1][2] += frame[2]
+        elif _is_dir(e.inode):
+            stack.append([posixpath.join(frame[0], _text(e.name)),
+                          iter(client.iterdir(e.inode.ino)), 0])
         else:
-            total += e.inode.size
-    return total
+            frame[2] += e.inode.size
 
 
 def _cmd_df(args, parser) -> int:
@@ -595,7 +653,7 @@ def _cmd_df(args, parser) -> int:
     h = args.human
     print(f"{'Master':<22} {'Size':>14} {'Used':>14} {'Avail':>14} {'Use%':>5} "
           f"{'Files':>10} {'Workers':>8}")
-    print(f"{client.address:<22} {_size(st.capacity, h):>14} {_size(st.used, h):>14} "
+    print(f"{shown(client.address):<22} {_size(st.capacity, h):>14} {_size(st.used, h):>14} "
           f"{_size(free, h):>14} {pct:4.0f}% {st.files:>10} "
           f"{st.live_workers:>4}/{len(st.workers):<3}")
     return 0
@@ -627,7 +685,7 @@ def _cmd_put(args, parser) -> int:
             mode = args.mode
         try:
             with _about(dst):
-                _upload(fs, src, dst, mode, Progress(f"put {dst}", total, not args.quiet),
+                _upload(fs, src, dst, mode, Progress(f"put {shown(dst)}", total, not args.quiet),
                         created=existing is None, size=total or 0)
         finally:
             if src is not sys.stdin.buffer:
@@ -669,7 +727,7 @@ def _cmd_get(args, parser) -> int:
         node = stat_path(fs.master, src)
         if _is_dir(node):
             raise CurvineError(ErrorKind.IS_DIR, f"{src}: is a directory")
-        progress = Progress(f"get {src}", node.size, not args.quiet)
+        progress = Progress(f"get {shown(src)}", node.size, not args.quiet)
         if args.local == "-":
             with _about(src):
                 _download(fs, src, sys.stdout.buffer, progress)
@@ -714,7 +772,7 @@ def _cmd_ttl(args, parser) -> int:
                                      ttl_ms=int(round(args.duration * 1000)))
     finally:
         client.close()
-    print(f"{path}: ttl {_fmt_ttl(node.ttl_ms)}")
+    print(f"{shown(path)}: ttl {_fmt_ttl(node.ttl_ms)}")
     return 0
 
 
@@ -726,7 +784,7 @@ def _cmd_replicas(args, parser) -> int:
             node = client.set_policy(resolve(client, path), replicas=args.replicas)
     finally:
         client.close()
-    print(f"{path}: replicas {node.replicas or 'cluster default'}")
+    print(f"{shown(path)}: replicas {node.replicas or 'cluster default'}")
     return 0
 
 
@@ -742,5 +800,5 @@ def _cmd_status(args, parser) -> int:
           f"{st.estimated_used} ({100 * st.estimated_used / cap:.1f}%)")
     print(f"evict     above {st.high:.2f} down to {st.low:.2f}; {st.tracked_files} files tracked")
     for k in sorted(st.stats):
-        print(f"{k:16s}{st.stats[k]}")
+        print(f"{shown(k):16s}{st.stats[k]}")
     return 0

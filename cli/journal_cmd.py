@@ -9,6 +9,10 @@ dump and verify only read the segment files (no lock, nothing changed), so they 
 safe next to a running master; a record the master is appending at that moment may
 show as an incomplete last record.  The formats are in journal/segment.py.  The
 directories default to the config's ``journal.dir`` and ``master.meta_dir``.
+
+verify decodes every record the way the master's replay does, refuses segment files
+that are not regular files (never opening a FIFO or device, never following a
+symlink) and reads in bounded memory whatever a segment's size.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ def register(subparsers) -> None:
 
     v = sub.add_parser("verify", help="check every segment's records and checksums",
                        description="Walk every segment and check its header, each record's "
-                                   "checksum and the sequence numbers. Exit 0 when intact "
+                                   "checksum, that it decodes as a record the master can "
+                                   "replay, and the sequence numbers. Exit 0 when intact "
                                    f"(an incomplete last record is reported but is no "
                                    f"damage: the master cuts it at start), {EXIT_DAMAGED} "
                                    "with the segment and byte offset of the damage.")
@@ -126,25 +131,38 @@ class Walk:
 
 
 def walk(directory: str) -> Walk:
-    """Check every segment the way the master does at start (journal.Journal._scan):
-    damage anywhere but an incomplete tail of the last segment is corruption."""
+    """Check every segment the way the master does at start (journal.Journal._scan,
+    then the replay's decoding of each record): damage anywhere but an incomplete
+    tail of the last segment is corruption; so is a crc-valid record the master could
+    not replay, wherever it is (no crash writes one), and a segment path that is not a
+    regular file."""
     w = Walk()
     segs = _segments(directory)
     expect = None
     for i, (first, path) in enumerate(segs):
         is_last = i == len(segs) - 1
         w.segments += 1
-        w.bytes += os.path.getsize(path)
+        w.bytes += os.lstat(path).st_size  # a symlink is refused below, not followed
         if expect is not None and first != expect:
             w.damage = Damage(path, 0, f"segment starts at seq {first} but the previous one "
                                        f"ends at seq {expect - 1}", False)
             return w
         reader = SegmentReader(path, first)
         last = first - 1
-        for rec in reader:
-            last = rec.seq
-            w.records += 1
-            w.first_seq = w.first_seq or rec.seq
+        try:
+            for rec in reader:
+                problem = replay_problem(rec.payload)
+                if problem is not None:
+                    w.last_seq = max(w.last_seq, last)
+                    w.damage = Damage(path, reader.offset, f"record seq {rec.seq} passes its "
+                                      f"checksum but cannot be replayed: {problem}", False)
+                    return w
+                last = rec.seq
+                w.records += 1
+                w.first_seq = w.first_seq or rec.seq
+        except JournalCorruption as e:  # not a regular file (segment.open_segment)
+            w.damage = Damage(e.segment, e.offset, e.reason, False)
+            return w
         w.last_seq = max(w.last_seq, last)
         if reader.bad is not None:
             w.damage = _damage(reader, last, is_last)
@@ -152,6 +170,30 @@ def walk(directory: str) -> Walk:
                 return w
         expect = last + 1
     return w
+
+
+def replay_problem(payload: bytes) -> str | None:
+    """Why the master's replay would fail on this record whatever its metadata holds,
+    or None.  The replay (master/committer.py) parses every record as a JournalEntry,
+    then Namespace.remember and Namespace.apply use the record kind that is set; so a
+    payload that does not parse, an entry with no record kind set (not a journal entry,
+    or a kind this version does not know) and a kind this master has no apply for are
+    damage.  Whether a well-formed record applies to the state before it is only known
+    by replaying it: the master checks that at start (exit 2, naming the record)."""
+    from curvine.master.namespace import Namespace
+    entry = journal_pb2.JournalEntry()
+    try:
+        entry.ParseFromString(payload)
+    except DecodeError:
+        return f"its {len(payload)} bytes do not decode as a journal entry"
+    except Exception as e:  # noqa: BLE001 - whatever the parser raises, replay would too
+        return f"its {len(payload)} bytes do not decode as a journal entry ({type(e).__name__})"
+    op = entry.WhichOneof("op")
+    if op is None:
+        return "the entry holds no record kind this version knows"
+    if not callable(getattr(Namespace, "_apply_" + op, None)):
+        return f"this version of the master cannot apply a {op} record"
+    return None
 
 
 def _damage(reader: SegmentReader, last_seq: int, is_last: bool) -> Damage:

@@ -320,6 +320,7 @@ class LocalCluster:
         # on another machine (placement prefers a worker of the writer's host)
         self.host_ids = {str(k): str(v) for k, v in (host_ids or {}).items()}
         self.master_addr = ""
+        self.master_worker_port = 0  # the master's port for workers' calls
         self.mounts: list[str] = [self._path("mnt", str(i)) for i in range(mounts)]
         self._procs: dict[tuple[str, int], _Proc] = {}
         self._popen: dict[tuple[str, int], subprocess.Popen] = {}
@@ -355,6 +356,7 @@ class LocalCluster:
             "version": STATE_VERSION,
             "base": self.base,
             "master_addr": self.master_addr,
+            "master_worker_port": self.master_worker_port,
             "workers": self.n_workers,
             "mounts": self.n_mounts,
             "conf": self.conf,
@@ -399,6 +401,7 @@ class LocalCluster:
                     conf=state.get("conf"), short_circuit=state.get("short_circuit"),
                     env=state.get("env") or {}, host_ids=state.get("host_ids") or {})
             c.master_addr = str(state.get("master_addr", ""))
+            c.master_worker_port = int(state.get("master_worker_port") or 0)
             c.token_file = str(state.get("token_file") or "")
             c.token = bool(c.token_file)
             c.tls_keys = dict(state.get("tls") or {})
@@ -496,10 +499,20 @@ class LocalCluster:
                                    f"run `fusermount3 -uz {m}`")
 
     def _layout(self) -> None:
-        for d in (("master", "meta"), ("master", "journal"), ("logs",), ("conf",)):
-            os.makedirs(self._path(*d), exist_ok=True)
+        # Private: blocks, names, keys, configs and logs are this user's only.  Modes
+        # are set explicitly (makedirs of an existing dir changes nothing); BASE too,
+        # unless it is a shared one (sticky, like /tmp) or another user's.
+        os.makedirs(self.base, mode=0o700, exist_ok=True)
+        st = os.stat(self.base)
+        if st.st_uid == os.geteuid() and not st.st_mode & 0o1000:  # S_ISVTX
+            os.chmod(self.base, 0o700)
+        private = [("master",), ("master", "meta"), ("master", "journal"), ("logs",),
+                   ("conf",), ("worker",)]
         for i in range(self.n_workers):
-            os.makedirs(self._path("worker", str(i), "data"), exist_ok=True)
+            private += [("worker", str(i)), ("worker", str(i), "data")]
+        for d in private:
+            os.makedirs(self._path(*d), mode=0o700, exist_ok=True)
+            os.chmod(self._path(*d), 0o700)
         for m in self.mounts:
             os.makedirs(m, exist_ok=True)
             with contextlib.suppress(OSError):
@@ -525,6 +538,11 @@ class LocalCluster:
             cfg.security = dataclasses.replace(cfg.security, token_file=self.token_file)
         else:
             self.token_file = cfg.security.token_file
+        if self.token_file and not cfg.security.worker_token_file:
+            # the worker credential: in the master's and the workers' configs only
+            wtoken = self._path(auth.WORKER_TOKEN_FILE_NAME)
+            auth.write_token_file(wtoken)
+            cfg.security = dataclasses.replace(cfg.security, worker_token_file=wtoken)
         self._use_token()
         if self.tls and not cfg.security.tls_ca:
             cfg.security = dataclasses.replace(cfg.security, tls_client_auth=True,
@@ -533,9 +551,11 @@ class LocalCluster:
                          for f in dataclasses.fields(cfg.security) if f.name.startswith("tls_")}
         self._use_tls()
         n = 1 + self.n_workers
-        ports = free_ports(2 * n + self.n_mounts)
-        grpc_ports, http_ports = ports[:n], ports[n:]
+        ports = free_ports(2 * n + self.n_mounts + 1)
+        grpc_ports, http_ports, worker_port = ports[:n], ports[n:-1], ports[-1]
         self.master_addr = f"{HOST}:{grpc_ports[0]}"
+        self.master_worker_port = worker_port
+        cfg.master = dataclasses.replace(cfg.master, worker_port=worker_port)
         self._procs.clear()
 
         def conf_file(role: str, index: int, **section_values) -> str:
@@ -543,6 +563,8 @@ class LocalCluster:
             # daemon's whole effective configuration.
             c = dataclasses.replace(cfg, cluster=dataclasses.replace(
                 cfg.cluster, master_addr=self.master_addr))
+            if role not in ("master", "worker"):  # clients never hold the worker token
+                c.security = dataclasses.replace(cfg.security, worker_token_file="")
             short_circuit = section_values.pop("short_circuit", None)
             if short_circuit is not None:
                 c.client = dataclasses.replace(cfg.client, short_circuit=short_circuit)
@@ -568,6 +590,11 @@ class LocalCluster:
             self._add("worker", i, ["--conf", wconf, "--master", self.master_addr,
                                     "--host", HOST, "--port", str(port), "--data-dir", data],
                       address=f"{HOST}:{port}", http_port=http)
+        # Every worker is on this host: the mounts' short-circuit I/O may go to their
+        # data dirs, and nowhere else (unless the given config names its own).
+        cfg.client = dataclasses.replace(cfg.client, short_circuit_dirs=list(
+            cfg.client.short_circuit_dirs) or [self._path("worker", str(j), "data")
+                                               for j in range(self.n_workers)])
         for i, mnt in enumerate(self.mounts):
             http = http_ports[n + i]
             fconf = conf_file("fuse", i, mountpoint=mnt, http_port=http,

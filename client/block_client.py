@@ -9,11 +9,15 @@ process.  Every failure is a ``CurvineError`` whose message names the worker.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import os
 import queue
+import stat
 import threading
 import zlib
+from typing import Iterable
 
 import grpc
 
@@ -23,7 +27,8 @@ from curvine.common.rpc import make_channel
 from curvine.proto import common_pb2, worker_pb2, worker_pb2_grpc
 # The block file layout and the data framing have one definition each, in the worker.
 from curvine.common import wire
-from curvine.common.blocks import block_relpath, check_block_id, client_staging_path
+from curvine.common.blocks import (CLIENT_STAGING_NAME, block_relpath, check_block_id,
+                                   client_staging_path)
 
 CHUNK = MIB  # data per gRPC message (MEASURED.md: 1 MiB is the sweet spot)
 DEFAULT_READAHEAD = 4  # messages buffered ahead of the reader (client.readahead_blocks)
@@ -359,81 +364,341 @@ class BlockReader:
         self.close()
 
 
-def create_local_staging(worker: WorkerInfo, block_id: int) -> tuple[int, str] | None:
-    """Create a client staging file for ``block_id`` in one of the (local) worker's data
-    dirs, the one with the most free space; returns (fd, path), or None if no data dir
-    is writable from here (a container without the worker's volume, permissions).
+# -- short-circuit: block files and staging files of this host's workers -------------
+#
+# Paths reported over the network (``WorkerInfo.data_dirs``, from the master) only
+# select which of this process's own configured data dirs a worker's files are in
+# (``LocalDirs``); every path opened is built from the configured dir, walked one
+# component at a time with O_NOFOLLOW (docs/security.md, Short-circuit).
 
-    The file is opened read-write and flock'ed: the worker sweeps client staging files
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO planted at a block's name must not hang the open
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+_STAGING_MODE = 0o600
+
+
+class LocalDirs:
+    """Where short-circuit I/O may go: the data dirs of this host's workers as this
+    process's own configuration names them (``client.short_circuit_dirs``, else
+    ``worker.data_dirs`` of the same file).
+
+    A data dir a worker reports is used only if it equals (``os.path.normpath``) the
+    ``os.path.realpath`` or the absolute form of one of these; the dir then opened is
+    the configured one (its real path, resolved once, here), never the reported
+    string.  A reported path is never resolved: a symlink alias of a configured dir is
+    not that dir.
+
+    ``trust_reported``: the compatibility mode of a library caller that gave no
+    configuration (``local_dirs(None)`` before ``set_local_dirs``): reported dirs are
+    used as they are, still opened component by component with O_NOFOLLOW.  The mount
+    (fuse_client/main.py) and ``CurvineFS`` always pass their configuration."""
+
+    def __init__(self, dirs: Iterable[str | bytes] | None = (), trust_reported: bool = False):
+        self.trust_reported = trust_reported
+        self.dirs: list[str] = []  # real paths, in configured order
+        self._local: dict[str, str] = {}  # accepted reported form -> real path
+        for d in dirs or ():
+            d = os.fsdecode(d)
+            if not d or "\0" in d:
+                continue
+            absolute = os.path.normpath(os.path.abspath(d))
+            real = os.path.realpath(absolute)
+            if real not in self.dirs:
+                self.dirs.append(real)
+            self._local.setdefault(real, real)
+            self._local.setdefault(absolute, real)
+
+    @classmethod
+    def from_config(cls, cfg) -> "LocalDirs":
+        return cls(list(cfg.client.short_circuit_dirs) or list(cfg.worker.data_dirs))
+
+    def of(self, worker: WorkerInfo) -> list[tuple[str, str]]:
+        """(dir to open, the worker's name for it) for each data dir ``worker`` reports
+        that is one of ours, in the worker's order."""
+        out: list[tuple[str, str]] = []
+        for d in worker.data_dirs:
+            if not isinstance(d, str) or not d.startswith("/") or "\0" in d:
+                continue
+            name = os.path.normpath(d)
+            local = name if self.trust_reported else self._local.get(name)
+            if local is not None and (local, name) not in out:
+                out.append((local, name))
+        return out
+
+    def __repr__(self) -> str:
+        return ("LocalDirs(reported dirs trusted)" if self.trust_reported
+                else f"LocalDirs({self.dirs!r})")
+
+
+_default_dirs = LocalDirs(None, trust_reported=True)
+
+
+def set_local_dirs(dirs: "LocalDirs | Iterable[str]") -> LocalDirs:
+    """Make ``dirs`` this process's short-circuit dirs for readers and writers built
+    without their own (the mount sets its configuration here at start)."""
+    global _default_dirs
+    _default_dirs = dirs if isinstance(dirs, LocalDirs) else LocalDirs(dirs)
+    return _default_dirs
+
+
+def local_dirs(dirs: "LocalDirs | Iterable[str] | None" = None) -> LocalDirs:
+    """``dirs`` as a LocalDirs; None: this process's (``set_local_dirs``)."""
+    if dirs is None:
+        return _default_dirs
+    return dirs if isinstance(dirs, LocalDirs) else LocalDirs(dirs)
+
+
+def _open_root(local: str, follow: bool = False) -> int:
+    """A configured data dir (its real path: the last component is not followed;
+    ``follow``: a reported dir in the trust_reported mode, as it is named)."""
+    return os.open(local, _DIR_FLAGS & ~os.O_NOFOLLOW if follow else _DIR_FLAGS)
+
+
+class TamperedPath(OSError):
+    """Below a trusted data dir, a symlink or something else than a directory or a
+    regular file where a block's path goes: that copy is not to be read."""
+
+
+def _open_in(root: str, parts: list[str], flags: int, mode: int = 0o600,
+             follow_root: bool = False) -> int:
+    """``parts`` below the data dir ``root``, opened one at a time with O_NOFOLLOW
+    (directories O_DIRECTORY), the last with ``flags``.  A symlink or a non-directory
+    in the way is TamperedPath."""
+    fd = _open_root(root, follow_root)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return os.open(parts[-1], flags, mode, dir_fd=fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise TamperedPath(e.errno, f"{e.strerror} (a symlink or a file in the way)",
+                               os.path.join(root, *parts)) from None
+        raise
+    finally:
+        os.close(fd)
+
+
+def _split_under(path: str, dirs: Iterable[tuple[str, str]]) -> tuple[str, list[str]] | None:
+    """(the dir to open, components below it) for a ``path`` inside one of ``dirs``
+    ((dir to open, the worker's name for it) pairs, ``LocalDirs.of``), named either way."""
+    for local, name in dirs:
+        for root in (local, name):
+            prefix = root.rstrip("/") + "/"
+            if path.startswith(prefix):
+                parts = path[len(prefix):].split("/")
+                if all(p and p not in (".", "..") for p in parts):
+                    return local, parts
+    return None
+
+
+def open_block_file(path: str, dirs: Iterable[tuple[str, str]],
+                    follow_root: bool = False) -> int:
+    """Open the block file at ``path``, inside one of the trusted data dirs ``dirs``
+    (``LocalDirs.of``), for reading: the configured dir is opened, each component below
+    it with O_NOFOLLOW (directories O_DIRECTORY), and the file must be a regular file.
+    TamperedPath if something else is in the way (a symlink, a FIFO...), another
+    OSError if it cannot be opened (ENOENT...)."""
+    found = _split_under(path, dirs)
+    if found is None:
+        raise OSError(errno.EPERM, "not inside a configured data dir", path)
+    fd = _open_in(found[0], found[1], _FILE_FLAGS, follow_root=follow_root)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise TamperedPath(errno.EINVAL, "not a regular file", path)
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def local_block_path(worker: WorkerInfo, block_id: int,
+                     dirs: "LocalDirs | None" = None) -> str | None:
+    """The path of a block's finalised file in one of ``worker``'s data dirs that
+    ``dirs`` (default: this process's, ``set_local_dirs``) trusts, if something is
+    there (lstat).  Open it only with ``open_block_file``, which refuses anything but
+    a regular file reached without a symlink.
+
+    Only meaningful when ``worker.host_id == curvine.common.ids.host_id()``."""
+    rel = block_relpath(block_id)
+    for local, _ in local_dirs(dirs).of(worker):
+        path = os.path.join(local, rel)
+        try:
+            os.lstat(path)
+        except OSError:
+            continue
+        return path
+    return None
+
+
+def _open_staging(local: str, follow_root: bool = False) -> int:
+    """The staging dir of a configured data dir (neither followed)."""
+    root = _open_root(local, follow_root)
+    try:
+        return os.open("staging", _DIR_FLAGS, dir_fd=root)
+    finally:
+        os.close(root)
+
+
+def _give_to_dir_owner(fd: int, dir_fd: int) -> None:
+    """Root writes files the worker must read: give them to the staging dir's owner
+    (the worker's user; its files are private to it)."""
+    if os.geteuid() != 0:
+        return
+    st = os.fstat(dir_fd)
+    if st.st_uid != 0:
+        os.fchown(fd, st.st_uid, st.st_gid)
+
+
+def _lock_new(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+
+
+def _staging_dirs(worker: WorkerInfo, dirs: "LocalDirs | None") -> list[tuple[str, str]]:
+    """(local dir, the worker's name for it) of the worker's trusted data dirs whose
+    staging area this process can reach, most free space first."""
+    found = []
+    for local, name in local_dirs(dirs).of(worker):
+        try:
+            st = os.statvfs(os.path.join(local, "staging"))
+        except OSError:
+            continue
+        found.append((st.f_bavail * st.f_frsize, local, name))
+    found.sort(key=lambda t: -t[0])
+    return [(local, name) for _, local, name in found]
+
+
+def create_local_staging(worker: WorkerInfo, block_id: int,
+                         dirs: "LocalDirs | None" = None) -> tuple[int, str] | None:
+    """Create a client staging file for ``block_id`` in one of the (local) worker's
+    trusted data dirs, the one with the most free space; returns (fd, path), ``path``
+    in the worker's terms (for AdoptBlock), or None if no such dir is writable from
+    here (a container without the worker's volume, permissions, a symlink).
+
+    The staging dir is opened O_NOFOLLOW|O_DIRECTORY in the configured data dir, the
+    file created O_EXCL|O_NOFOLLOW with mode 0600 (given to the dir's owner when this
+    process is root), read-write and flock'ed: the worker sweeps client staging files
     only once their lock is free (the writer closed them or died)."""
     check_block_id(block_id)
-    for d in _staging_dirs(worker):
-        path = client_staging_path(d, block_id)
+    follow = local_dirs(dirs).trust_reported
+    for local, name in _staging_dirs(worker, dirs):
+        path = client_staging_path(name, block_id)
+        fname = os.path.basename(path)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o644)
+            sfd = _open_staging(local, follow)
         except OSError:
             continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
             try:
-                os.unlink(path)
+                fd = os.open(fname, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, _STAGING_MODE, dir_fd=sfd)
             except OSError:
-                pass
-            continue
-        return fd, path
+                continue
+            try:
+                os.fchmod(fd, _STAGING_MODE)  # whatever the umask
+                _give_to_dir_owner(fd, sfd)
+                ok = _lock_new(fd)
+            except OSError:
+                ok = False
+            if not ok:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(fname, dir_fd=sfd)
+                continue
+            return fd, path
+        finally:
+            os.close(sfd)
     return None
 
 
-def _staging_dirs(worker: WorkerInfo) -> list[str]:
-    """The worker's data dirs whose staging area this process can reach, most free
-    space first."""
-    dirs = []
-    for d in worker.data_dirs:
-        if not os.path.isabs(d):
-            continue
+def create_local_tmpfile(worker: WorkerInfo,
+                         dirs: "LocalDirs | None" = None) -> tuple[int, str] | None:
+    """An unnamed file (O_TMPFILE, mode 0600, flock'ed) in the staging area of the
+    (local) worker's trusted data dir with the most free space: a block written before
+    the master placed it.  ``name_local_tmpfile`` gives it its staging name once it is
+    placed there; otherwise it vanishes with its descriptor (also when the writer
+    dies).  Returns (fd, the configured data dir), or None if no data dir can take one."""
+    follow = local_dirs(dirs).trust_reported
+    for local, _ in _staging_dirs(worker, dirs):
         try:
-            st = os.statvfs(os.path.join(d, "staging"))
+            sfd = _open_staging(local, follow)
         except OSError:
             continue
-        dirs.append((st.f_bavail * st.f_frsize, d))
-    dirs.sort(reverse=True)
-    return [d for _, d in dirs]
-
-
-def create_local_tmpfile(worker: WorkerInfo) -> tuple[int, str] | None:
-    """An unnamed file (O_TMPFILE), flock'ed, in the staging area of the (local)
-    worker's data dir with the most free space: a block written before the master
-    placed it.  ``name_local_tmpfile`` gives it its staging name once it is placed
-    there; otherwise it vanishes with its descriptor (also when the writer dies).
-    Returns (fd, data dir), or None if no data dir can take one."""
-    for d in _staging_dirs(worker):
         try:
-            fd = os.open(os.path.join(d, "staging"), os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC,
-                         0o644)
-        except OSError:
-            continue  # not reachable from here, or a file system without O_TMPFILE
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            continue
-        return fd, d
+            try:
+                fd = os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, _STAGING_MODE,
+                             dir_fd=sfd)
+            except OSError:
+                continue  # a file system without O_TMPFILE
+            try:
+                os.fchmod(fd, _STAGING_MODE)
+                _give_to_dir_owner(fd, sfd)
+                ok = _lock_new(fd)
+            except OSError:
+                ok = False
+            if not ok:
+                os.close(fd)
+                continue
+            return fd, local
+        finally:
+            os.close(sfd)
     return None
 
 
-def name_local_tmpfile(fd: int, data_dir: str, block_id: int) -> str:
-    """Link the unnamed file ``fd`` (create_local_tmpfile) into ``data_dir``'s staging
-    area as a client staging file of ``block_id``; returns its path (OSError if not)."""
-    path = client_staging_path(data_dir, block_id)
-    proc = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:  # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N: how an O_TMPFILE gets a name
-        os.link(str(fd), path, src_dir_fd=proc, follow_symlinks=True)
-    finally:
-        os.close(proc)
-    return path
+def name_local_tmpfile(fd: int, worker: WorkerInfo, block_id: int,
+                       dirs: "LocalDirs | None" = None) -> str | None:
+    """Link the unnamed file ``fd`` (create_local_tmpfile) into the staging area of a
+    trusted data dir of ``worker`` as a client staging file of ``block_id``; returns
+    its path in the worker's terms, or None (no such dir on the file's file system).
+
+    The new name is made in the staging dir opened O_NOFOLLOW, and a link never
+    replaces or follows an existing name."""
+    dirs = local_dirs(dirs)
+    for local, name in dirs.of(worker):
+        path = client_staging_path(name, block_id)
+        try:
+            sfd = _open_staging(local, dirs.trust_reported)
+        except OSError:
+            continue
+        try:
+            proc = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:  # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N: how an O_TMPFILE gets a name
+                os.link(str(fd), os.path.basename(path), src_dir_fd=proc, dst_dir_fd=sfd,
+                        follow_symlinks=True)
+            finally:
+                os.close(proc)
+            return path
+        except OSError:
+            continue  # another file system (EXDEV), or not writable
+        finally:
+            os.close(sfd)
+    return None
+
+
+def unlink_staging(path: str) -> None:
+    """Remove a client staging file (``create_local_staging``, ``name_local_tmpfile``)
+    by its name in the staging dir, that dir opened O_NOFOLLOW; errors are ignored."""
+    staging, fname = os.path.split(path)
+    root = os.path.dirname(staging)
+    if os.path.basename(staging) != "staging" or not CLIENT_STAGING_NAME.fullmatch(fname):
+        return
+    with contextlib.suppress(OSError):
+        # the data dir as named where the file was made (one of the trusted forms)
+        rfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            sfd = os.open("staging", _DIR_FLAGS, dir_fd=rfd)
+        finally:
+            os.close(rfd)
+        try:
+            os.unlink(fname, dir_fd=sfd)
+        finally:
+            os.close(sfd)
 
 
 def adopt_block(worker: WorkerInfo, block_id: int, path: str, length: int, checksum: int,
@@ -453,17 +718,3 @@ def adopt_block(worker: WorkerInfo, block_id: int, path: str, length: int, check
                            f"{reply.length} bytes crc32 {reply.checksum:08x}, written "
                            f"{length} bytes crc32 {checksum:08x}")
     return reply.length, reply.checksum
-
-
-def local_block_path(worker: WorkerInfo, block_id: int) -> str | None:
-    """The finalised file of a block under one of ``worker.data_dirs``, if it exists here.
-
-    Only meaningful when ``worker.host_id == curvine.common.ids.host_id()``."""
-    rel = block_relpath(block_id)
-    for d in worker.data_dirs:
-        if not os.path.isabs(d):
-            continue
-        path = os.path.join(d, rel)
-        if os.path.exists(path):
-            return path
-    return None

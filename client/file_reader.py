@@ -1,24 +1,40 @@
 """Reading one published version of a file: its blocks, fetched once at open.
 
+Every byte served has been checked: a block is read whole and its crc32 compared with
+the one the master recorded at publish (``Block.checksum``; 0 = not known, e.g. a
+truncated block, then there is nothing to check) before any part of it is returned,
+whatever the entry point (``read`` of any range, ``read_all``, ``read_cached``).  One
+path decides where a block comes from and checks it (``BlockFetcher._local`` and
+``BlockFetcher._fetched``).  A copy that does not match is logged once (block id and
+worker), never read again by this reader, and the next replica is tried; when none
+matches, the read fails with ErrorKind.CHECKSUM (EIO at the mount), never with other
+bytes.
+
 A block stored by a worker on this host is read straight from its file
-(short-circuit).  The file is opened once and the descriptor kept: an open
-descriptor keeps reading the bytes it opened even if the block is deleted later
-(DESIGN consistency rule 4).  The kernel is told to read local block files ahead
-(POSIX_FADV_WILLNEED: the first PREFETCH_BYTES at open, then the next block when a
-read reaches one), and ``read_cached`` serves a read without blocking when its bytes
-are in the page cache already (preadv2 RWF_NOWAIT), so the FUSE loop can answer it
-without a thread hop.  Other blocks are streamed from a worker with
-readahead; a sequential reader continues its stream, a jump restarts it, and any
-worker error fails over to another replica.
+(short-circuit), but only in a data dir that this process's own configuration names
+(``block_client.LocalDirs``; a dir a worker reports over the network only selects
+one of those), opened component by component with O_NOFOLLOW.  The file is opened once
+and the descriptor kept: an open descriptor keeps reading the bytes it opened even if
+the block is deleted later (DESIGN consistency rule 4).  It is checked once per
+descriptor, at open for the blocks in the first PREFETCH_BYTES of the file (which the
+kernel is asked to read ahead, POSIX_FADV_WILLNEED), in the background when a read
+reaches the block before, else at its first read; later reads of that descriptor are
+served from it (preadv2 RWF_NOWAIT lets ``read_cached`` answer from the page cache
+without blocking, so the FUSE loop needs no thread hop).
+
+Other blocks are streamed whole from a worker (ReadBlock from offset 0, with
+readahead) and kept in memory once checked: the last MAX_HELD blocks per reader, so
+the reads that follow, sequential or not, are served from memory.  A stream that fails
+goes on from another replica.
 
 Thread-safe: FUSE issues several reads of one handle at once, possibly slightly out
-of order (kernel readahead), which the stream absorbs with a small window of chunks
-kept behind and fetched ahead of its position.
+of order (kernel readahead).
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
 import logging
 import os
 import threading
@@ -41,16 +57,27 @@ WorkerInfo = common_pb2.WorkerInfo
 
 _ZEROS = bytes(MIB)
 MAX_LOCAL_FDS = 256  # local block files opened eagerly per reader; later ones lazily
-MAX_STREAMS = 4  # remote streams kept open per reader (sequential runs being followed)
-PREFETCH_BYTES = 64 * MIB  # local block bytes the kernel is asked to read ahead at open
+MAX_HELD = 3  # remote blocks kept whole (checked) per reader
+PREFETCH_BYTES = 64 * MIB  # local block bytes read ahead (and checked) at open
 # A stream left unread this long that then fails was most likely cut by its worker
 # (worker.stream_idle_timeout), not broken: the worker is not marked bad for it.
 QUIET_STREAM = 5.0
+NOWAIT_CHUNKS = 16  # chunks a non-blocking read takes off a stream at most per call
+CHECK_PIECE = MIB  # bytes of a local block file read per step while checking it
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
-
+# Checking crc32s on reads.  Always on; the switch exists for measuring what the
+# checks cost (bench/verify_cost.py) and is read when a reader is made.
+VERIFY = True
 
 # threads that start readahead for callers that must not block (the FUSE loop)
 _ahead_pool = LazyExecutor(4, "readahead")
+
+_check_buf = threading.local()  # per thread: a CHECK_PIECE buffer for local checks
+
+# (block id, worker id, copy) of bad copies already logged (a warning once each)
+_logged_lock = threading.Lock()
+_logged: set[tuple[int, int, str]] = set()
+_LOGGED_MAX = 4096
 
 
 def zeros(n: int) -> bytes | memoryview:
@@ -65,65 +92,94 @@ def join(parts: list) -> bytes | memoryview:
     return b"".join(parts)
 
 
-class _Stream:
-    """A remote ReadBlock stream of one block plus a window of recent chunks."""
+def _log_bad_copy(block: Block, worker: WorkerInfo | None, copy: str, detail: str) -> None:
+    """One warning per (block, worker, copy) and process; later ones at debug.  What
+    came over the network (the address, paths) is logged escaped (%r)."""
+    wid = worker.worker_id if worker is not None else 0
+    key = (block.block_id, wid, copy)
+    with _logged_lock:
+        first = key not in _logged
+        if first:
+            if len(_logged) >= _LOGGED_MAX:
+                _logged.clear()
+            _logged.add(key)
+    address = worker.address if worker is not None else "?"
+    log.log(logging.WARNING if first else logging.DEBUG,
+            "block %016x: the %s of worker %d (%r) is not intact (%s); not reading that "
+            "copy again", block.block_id, copy, wid, address, detail)
 
-    def __init__(self, block: Block, worker: WorkerInfo, offset: int, timeout: float,
-                 readahead: int):
+
+class _Fetch:
+    """One block received whole from one replica (a ReadBlock stream from offset 0).
+
+    Chunks are kept and their crc32 computed as they arrive; none is served before all
+    have arrived and matched the crc32 the master recorded (``done``)."""
+
+    def __init__(self, block: Block, worker: WorkerInfo, timeout: float, readahead: int,
+                 verify: bool):
         self.block = block
         self.worker = worker
-        self.reader = block_client.BlockReader(worker, block.block_id, offset, 0,
+        self.verify = verify and bool(block.checksum)
+        self.reader = block_client.BlockReader(worker, block.block_id, 0, block.length,
                                                timeout=timeout, readahead=readahead,
                                                token=block.token)
         self.it = iter(self.reader)
-        self.pos = offset  # block offset of the next byte the stream will deliver
-        self.chunks: list[tuple[int, bytes]] = []  # contiguous, ending at pos
-        self.lock = threading.Lock()  # held while reading from the stream
+        self.starts: list[int] = []
+        self.chunks: list = []
+        self.pos = 0  # bytes received
+        self.crc = 0
+        self.lock = threading.Lock()  # held while receiving
+        self.done = False  # every byte received and checked: chunks never change again
         self.closed = False
-        self.used = time.monotonic()  # when a chunk was last taken
+        self.used = time.monotonic()  # when a chunk last arrived (or the stream opened)
 
-    @property
-    def start(self) -> int:
-        return self.chunks[0][0] if self.chunks else self.pos
+    def _take(self, data) -> None:
+        n = len(data)
+        if self.pos + n > self.block.length:
+            raise CurvineError(ErrorKind.IO, f"worker {self.worker.address!r}: block "
+                                             f"{self.block.block_id:016x}: sent more than "
+                                             f"its {self.block.length} bytes")
+        self.starts.append(self.pos)
+        self.chunks.append(data)
+        if self.verify:
+            self.crc = zlib.crc32(data, self.crc)
+        self.pos += n
+        self.used = time.monotonic()
 
-    def covers(self, block_id: int, offset: int, window: int) -> bool:
-        return (not self.closed and self.block.block_id == block_id
-                and self.start <= offset <= self.pos + window)
-
-    def close(self) -> None:
-        self.closed = True
-        self.reader.close()
-
-    def pull(self, keep_behind: int) -> bool:
-        """Receive the next chunk; False at the end of the block."""
+    def pull(self) -> bool:
+        """Receive the next chunk (blocking); False at the end of the stream."""
         try:
             data = next(self.it)
         except StopIteration:
             return False
-        return self._keep(data, keep_behind)
-
-    def pull_nowait(self, keep_behind: int) -> bool:
-        """Take the next chunk if it has arrived; False if not (or at the end)."""
-        poll = getattr(self.reader, "poll", None)
-        return self._keep(poll(), keep_behind) if poll is not None else False
-
-    def _keep(self, data, keep_behind: int) -> bool:
-        if not data:
-            return False
-        self.chunks.append((self.pos, data))
-        self.pos += len(data)
-        self.used = time.monotonic()
-        while self.chunks and self.chunks[0][0] + len(self.chunks[0][1]) < self.pos - keep_behind:
-            self.chunks.pop(0)
+        if data:
+            self._take(data)
         return True
 
+    def pull_nowait(self) -> bool:
+        """Take the next chunk if it has arrived; False if not (or at the end)."""
+        poll = getattr(self.reader, "poll", None)
+        data = poll() if poll is not None else None
+        if not data:
+            return False
+        self._take(data)
+        return True
+
+    def check(self) -> None:
+        """All bytes are here: compare the crc32 (CHECKSUM error if it differs)."""
+        if self.verify and self.crc != self.block.checksum:
+            raise CurvineError(ErrorKind.CHECKSUM,
+                               f"worker {self.worker.address!r}: block "
+                               f"{self.block.block_id:016x} has crc32 {self.crc:08x}, the "
+                               f"master recorded {self.block.checksum:08x}")
+        self.done = True
+
     def slice(self, offset: int, end: int) -> bytes | memoryview:
-        """[offset, end) from the kept chunks (the caller checked they cover it)."""
-        starts = [c[0] for c in self.chunks]
-        i = bisect.bisect_right(starts, offset) - 1
+        """[offset, end) of the (done) block."""
+        i = bisect.bisect_right(self.starts, offset) - 1
         parts = []
         while offset < end and i < len(self.chunks):
-            cstart, data = self.chunks[i]
+            cstart, data = self.starts[i], self.chunks[i]
             lo = offset - cstart
             hi = min(len(data), end - cstart)
             if lo == 0 and hi == len(data):
@@ -134,25 +190,40 @@ class _Stream:
             i += 1
         return join(parts)
 
+    def close(self) -> None:
+        self.closed = True
+        self.reader.close()
+
 
 class BlockFetcher:
-    """Reads byte ranges of immutable blocks from local files or worker streams."""
+    """Reads byte ranges of immutable blocks from local files or worker streams, each
+    block checked against its crc32 before any byte of it is served.
+
+    ``local_dirs``: where short-circuit reads may open files (``block_client.LocalDirs``
+    or a list of dirs; None: this process's, ``block_client.set_local_dirs``)."""
 
     def __init__(self, workers: Mapping[int, WorkerInfo], short_circuit: bool = True,
-                 timeout: float = 30.0, readahead: int = block_client.DEFAULT_READAHEAD):
+                 timeout: float = 30.0, readahead: int = block_client.DEFAULT_READAHEAD,
+                 local_dirs: "block_client.LocalDirs | Iterable[str] | None" = None):
         self.workers: dict[int, WorkerInfo] = dict(workers)
         self.short_circuit = short_circuit
         self.timeout = timeout
         self.readahead = max(1, readahead)
+        self.verify = VERIFY
+        self.local = block_client.local_dirs(local_dirs)
         self._host = host_id()
         self._lock = threading.Lock()
-        self._open_lock = threading.Lock()
-        self._fds: dict[int, int] = {}  # block id -> descriptor of its local file
+        self._open_lock = threading.Lock()  # new remote fetches, one at a time
+        self._fds: dict[int, tuple[int, int]] = {}  # block id -> (local fd, worker id)
+        self._checked: set[int] = set()  # block ids whose open local file matched
+        self._check_locks: dict[int, threading.Lock] = {}
         self._no_local: set[int] = set()
         self._prefetched: set[int] = set()  # blocks whose local file was advised WILLNEED
         self._stream_prefetched: set[int] = set()  # remote blocks streamed ahead of reads
-        self._streams: list[_Stream] = []  # least recently used first
+        self._fetches: collections.OrderedDict[int, _Fetch] = collections.OrderedDict()
         self._bad_workers: set[int] = set()
+        self._bad_copies: dict[int, set[int]] = {}  # block id -> workers whose copy failed
+        self._broken: dict[int, CurvineError] = {}  # block id -> no copy matched
         self._closed = False
 
     def add_workers(self, workers: Mapping[int, WorkerInfo]) -> None:
@@ -161,41 +232,129 @@ class BlockFetcher:
 
     # -- short-circuit --------------------------------------------------------
 
+    def _lookup(self, w: WorkerInfo, block_id: int) -> str | None:
+        if self.local is block_client.local_dirs():  # this process's: the default
+            return block_client.local_block_path(w, block_id)
+        return block_client.local_block_path(w, block_id, self.local)
+
     def open_local(self, block: Block) -> int | None:
-        """The descriptor of the block's local file, opened once; None if not local."""
+        """The descriptor of the block's local file, opened once (not checked yet:
+        ``_local``); None if not local."""
         bid = block.block_id
         with self._lock:
-            fd = self._fds.get(bid)
-            if fd is not None or bid in self._no_local or not self.short_circuit or self._closed:
-                return fd
-        fd = None
-        for wid in block.worker_ids:
-            w = self.workers.get(wid)
-            if w is None or w.host_id != self._host:
+            entry = self._fds.get(bid)
+            if entry is not None:
+                return entry[0]
+            if bid in self._no_local or not self.short_circuit or self._closed:
+                return None
+            bad = set(self._bad_copies.get(bid, ()))
+        fd = wid = None
+        for w_id in block.worker_ids:
+            w = self.workers.get(w_id)
+            if w is None or w_id in bad or w.host_id != self._host:
                 continue
-            path = block_client.local_block_path(w, bid)
+            dirs = self.local.of(w)
+            if not dirs:
+                continue  # none of its data dirs is one this host's configuration names
+            path = self._lookup(w, bid)
             if path is None:
                 continue
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = block_client.open_block_file(path, dirs, self.local.trust_reported)
+                wid = w_id
                 break
+            except block_client.TamperedPath as e:
+                # The worker would read the same path: its copy is not to be trusted.
+                _log_bad_copy(block, w, "local block file", f"{e.filename!r}: {e.strerror}")
+                with self._lock:
+                    self._bad_copies.setdefault(bid, set()).add(w_id)
             except OSError as e:
-                log.debug("short-circuit open of %s failed: %s", path, e)
+                log.debug("short-circuit open of %r (block %016x, worker %d) failed: %s",
+                          path, bid, w_id, e.strerror)
         with self._lock:
             if fd is None:
                 self._no_local.add(bid)
                 return None
-            if self._closed or bid in self._fds:
+            entry = self._fds.get(bid)
+            if self._closed or entry is not None:
                 os.close(fd)
-                return self._fds.get(bid)
-            self._fds[bid] = fd
+                return entry[0] if entry is not None else None
+            self._fds[bid] = (fd, wid)
             return fd
 
     def local_fd(self, block: Block) -> int | None:
         """The descriptor of the block's local file if it is open already (no I/O)."""
-        return self._fds.get(block.block_id)
+        entry = self._fds.get(block.block_id)
+        return entry[0] if entry is not None else None
 
-    def prefetch(self, block: Block) -> None:
+    def _checked_fd(self, block: Block) -> int | None:
+        """The block's local descriptor if it is open and checked already (no I/O)."""
+        entry = self._fds.get(block.block_id)
+        return entry[0] if entry is not None and block.block_id in self._checked else None
+
+    def _local(self, block: Block) -> int | None:
+        """The descriptor of a local file of the block whose bytes matched its crc32
+        (checked once per descriptor); None: read it remotely."""
+        bid = block.block_id
+        while True:
+            fd = self.open_local(block)
+            if fd is None:
+                return None
+            if bid in self._checked:
+                return fd
+            with self._lock:
+                lock = self._check_locks.setdefault(bid, threading.Lock())
+            with lock:
+                with self._lock:
+                    entry = self._fds.get(bid)
+                if entry is None:
+                    if self._closed:
+                        return None
+                    continue  # dropped meanwhile: try the next local copy
+                if bid in self._checked:
+                    return entry[0]
+                detail = self._check_local(block, entry[0])
+                if detail is None:
+                    with self._lock:
+                        self._checked.add(bid)
+                    return entry[0]
+                w = self.workers.get(entry[1])
+                _log_bad_copy(block, w, "local block file", detail)
+                with self._lock:
+                    self._bad_copies.setdefault(bid, set()).add(entry[1])
+                    if self._fds.get(bid) == entry:
+                        del self._fds[bid]
+                try:
+                    os.close(entry[0])
+                except OSError:
+                    pass
+
+    def _check_local(self, block: Block, fd: int) -> str | None:
+        """None if the file's first ``block.length`` bytes match the block's crc32 (or
+        there is nothing to compare), else what is wrong."""
+        if not self.verify or not block.checksum:
+            return None
+        buf = getattr(_check_buf, "buf", None)
+        if buf is None:
+            buf = _check_buf.buf = bytearray(CHECK_PIECE)
+        view = memoryview(buf)
+        crc, pos, n = 0, 0, block.length
+        try:
+            while pos < n:
+                got = os.preadv(fd, [view[:min(CHECK_PIECE, n - pos)]], pos)
+                if got <= 0:
+                    break
+                crc = zlib.crc32(view[:got], crc)
+                pos += got
+        except OSError as e:
+            return f"reading it failed: {e.strerror}"
+        if pos != n:
+            return f"{pos} of {n} bytes"
+        if crc != block.checksum:
+            return f"crc32 {crc:08x}, recorded {block.checksum:08x}"
+        return None
+
+    def advise(self, block: Block) -> None:
         """Ask the kernel to read the block's local file ahead (once per block)."""
         fd = self.open_local(block) if self.short_circuit else None
         if fd is None:
@@ -209,17 +368,25 @@ class BlockFetcher:
         except OSError as e:  # closed meanwhile, or a file system without readahead
             log.debug("readahead advice for block %016x failed: %s", block.block_id, e)
 
+    def prefetch(self, block: Block) -> None:
+        """Read the block's local file ahead and check it (so that non-blocking reads
+        can serve it)."""
+        self.advise(block)
+        if self.short_circuit and not self._closed:
+            self._local(block)
+
     # -- reads ----------------------------------------------------------------
 
     def read(self, block: Block, offset: int, size: int) -> bytes | memoryview:
-        """Up to ``size`` bytes at ``offset`` of ``block`` (short only at its end)."""
+        """Up to ``size`` bytes at ``offset`` of ``block`` (short only at its end),
+        from a copy that matched the block's crc32."""
         size = max(0, min(size, block.length - offset))
         if size == 0:
             return b""
         if block.block_id == 0:
             return zeros(size)
         if self.short_circuit:
-            fd = self.open_local(block)
+            fd = self._local(block)
             if fd is not None:
                 try:
                     data = os.pread(fd, size, offset)
@@ -232,223 +399,245 @@ class BlockFetcher:
                     return data
                 log.warning("local file of block %016x is short (%d of %d bytes at %d); "
                             "reading remotely", block.block_id, len(data), size, offset)
-        data = self._read_remote(block, offset, size)
-        CLIENT_READ_REMOTE.inc(len(data))
-        return data
+        f = self._fetched(block)
+        CLIENT_READ_REMOTE.inc(size)
+        return f.slice(offset, offset + size)
 
     def read_all(self, block: Block) -> bytes | memoryview:
         """The whole block (used to modify it into a new one)."""
         if block.block_id == 0:
             return bytes(block.length)
-        if self.short_circuit:
-            fd = self.open_local(block)
-            if fd is not None:
-                try:
-                    data = os.pread(fd, block.length, 0)
-                except OSError as e:
-                    log.warning("reading the local file of block %016x failed: %s",
-                                block.block_id, e)
-                    data = b""
-                if len(data) == block.length and self._intact(block, data):
-                    CLIENT_READ_SHORT_CIRCUIT.inc(len(data))
-                    return data
-        last: CurvineError | None = None
-        for w in self._candidates(block):
-            try:
-                data = block_client.read_block(w, block.block_id, 0, block.length,
-                                               timeout=self.timeout, token=block.token)
-                if not self._intact(block, data):
-                    raise CurvineError(ErrorKind.CHECKSUM, f"worker {w.address}: block "
-                                       f"{block.block_id:016x} does not match its crc32")
-                CLIENT_READ_REMOTE.inc(len(data))
-                return data
-            except CurvineError as e:
-                last = e
-                self._mark_bad(w, block, e)
-        raise self._no_replica(block, last)
+        return self.read(block, 0, block.length)
 
-    @staticmethod
-    def _intact(block: Block, data) -> bool:
-        """A whole block against the crc32 recorded at publish (0: not known, e.g. a
-        truncated block)."""
-        return not block.checksum or zlib.crc32(data) == block.checksum
+    def read_nowait(self, block: Block, offset: int, size: int,
+                    out: bytearray | None = None) -> bytes | memoryview | None:
+        """[offset, offset+size) of ``block`` if that needs no waiting, else None (never
+        opens a file or a stream): from a checked local file whose bytes are in the
+        page cache (RWF_NOWAIT, into ``out``), or from a remote block received and
+        checked (taking what its stream has received already)."""
+        end = offset + size
+        if self._closed or size <= 0 or end > block.length or not block.block_id:
+            return None
+        bid = block.block_id
+        if self.short_circuit and bid not in self._no_local:
+            fd = self._checked_fd(block)
+            if fd is None or not _NOWAIT or out is None or len(out) < size:
+                return None  # not checked yet (or unknown): the thread path
+            view = memoryview(out)[:size]
+            try:
+                got = os.preadv(fd, [view], offset, _NOWAIT)
+            except OSError:  # EAGAIN: not cached; anything else: the thread path reports it
+                return None
+            if got != size:
+                return None
+            CLIENT_READ_SHORT_CIRCUIT.inc(size)
+            return view
+        f = self._fetched(block, nowait=True)
+        if f is None:
+            return None
+        CLIENT_READ_REMOTE.inc(size)
+        return f.slice(offset, end)
+
+    # -- remote ---------------------------------------------------------------
 
     def _candidates(self, block: Block) -> list[WorkerInfo]:
-        """Replicas to try: local first, known-bad workers last."""
+        """Replicas to try: local first, known-bad workers last, bad copies never."""
         with self._lock:
-            ws = [self.workers[w] for w in block.worker_ids if w in self.workers]
+            bad_copies = self._bad_copies.get(block.block_id, ())
+            ws = [self.workers[w] for w in block.worker_ids
+                  if w in self.workers and w not in bad_copies]
             bad = set(self._bad_workers)
         ws.sort(key=lambda w: (w.worker_id in bad, w.lost, w.host_id != self._host))
         return ws
 
     def _mark_bad(self, w: WorkerInfo, block: Block, e: CurvineError) -> None:
-        log.info("reading block %016x from worker %d (%s) failed: %s", block.block_id,
+        log.info("reading block %016x from worker %d (%r) failed: %s", block.block_id,
                  w.worker_id, w.address, e)
         with self._lock:
             self._bad_workers.add(w.worker_id)
 
     def _no_replica(self, block: Block, last: CurvineError | None) -> CurvineError:
+        bid = block.block_id
+        with self._lock:
+            bad_copies = len(self._bad_copies.get(bid, ()))
+        if bad_copies and (last is None or last.kind == ErrorKind.CHECKSUM):
+            # Every copy was read and none matched: that will not change.
+            err = CurvineError(ErrorKind.CHECKSUM,
+                               f"block {bid:016x}: no intact replica ({bad_copies} did not "
+                               f"match the crc32 the master recorded or were tampered "
+                               f"with)")
+            with self._lock:
+                self._broken[bid] = err
+            return err
         if last is None:
-            return CurvineError(ErrorKind.IO, f"block {block.block_id:016x}: no worker "
-                                              f"holds a replica")
+            return CurvineError(ErrorKind.IO, f"block {bid:016x}: no worker holds a replica")
         # A block deleted under an open reader (unlink, eviction) is a stale handle,
         # not a missing name.
         kind = ErrorKind.STALE if last.kind == ErrorKind.NOT_FOUND else last.kind
-        return CurvineError(kind, f"block {block.block_id:016x}: no replica "
-                                  f"readable: {last.message}")
+        return CurvineError(kind, f"block {bid:016x}: no replica readable: {last.message}")
 
-    def _stream_at(self, block: Block, offset: int, window: int,
-                   avoid: set[int]) -> _Stream:
-        """A stream of ``block`` whose window holds ``offset``, else a new one there
-        (from a replica not in ``avoid`` if possible)."""
-        if self._closed:
-            raise CurvineError(ErrorKind.STALE, "the file handle is closed")
-        s = self._find_stream(block, offset, window)
-        if s is not None:
-            return s
-        with self._open_lock:  # threads arriving together share one new stream
-            s = self._find_stream(block, offset, window)
-            if s is not None:
-                return s
-            return self._open_stream(block, offset, avoid)
-
-    def _find_stream(self, block: Block, offset: int, window: int) -> _Stream | None:
+    def _find_fetch(self, block: Block) -> _Fetch | None:
         with self._lock:
-            for s in reversed(self._streams):
-                if s.covers(block.block_id, offset, window):
-                    self._streams.remove(s)
-                    self._streams.append(s)
-                    return s
-        return None
+            f = self._fetches.get(block.block_id)
+            if f is not None:
+                self._fetches.move_to_end(block.block_id)
+            return f
 
-    def _open_stream(self, block: Block, offset: int, avoid: set[int]) -> _Stream:
-        evicted = []
+    def _new_fetch(self, block: Block) -> _Fetch:
+        """A fetch of ``block`` from the best replica that opens one (or the one
+        another thread opened meanwhile)."""
+        with self._open_lock:  # threads arriving together share one new fetch
+            return self._open_fetch(block)
+
+    def _open_fetch(self, block: Block) -> _Fetch:
+        """``_new_fetch`` with ``_open_lock`` held."""
+        f = self._find_fetch(block)
+        if f is not None:
+            return f
         last: CurvineError | None = None
-        candidates = self._candidates(block)
-        candidates.sort(key=lambda w: w.worker_id in avoid)
-        for w in candidates:
+        for w in self._candidates(block):
             try:
-                s = _Stream(block, w, offset, self.timeout, self.readahead)
+                f = _Fetch(block, w, self.timeout, self.readahead, self.verify)
             except CurvineError as e:
                 last = e
                 self._mark_bad(w, block, e)
                 continue
+            evicted = []
             with self._lock:
-                self._streams.append(s)
-                while len(self._streams) > MAX_STREAMS:
-                    evicted.append(self._streams.pop(0))
-            # Another thread may be reading an evicted stream: close it when done.
+                self._fetches[block.block_id] = f
+                while len(self._fetches) > MAX_HELD:
+                    evicted.append(self._fetches.popitem(last=False)[1])
             for old in evicted:
-                with old.lock:
-                    old.close()
-            return s
+                # one being received by another thread ends with that read
+                if old.lock.acquire(blocking=False):
+                    try:
+                        old.close()
+                    finally:
+                        old.lock.release()
+            return f
         raise self._no_replica(block, last)
 
-    def read_nowait(self, block: Block, offset: int, size: int) -> bytes | memoryview | None:
-        """[offset, offset+size) of a remote block if a stream of it has received those
-        bytes already; None otherwise (never blocks, never opens a stream)."""
-        end = offset + size
-        if self._closed or end > block.length:
-            return None
-        window = self.readahead * MIB
-        s = self._find_stream(block, offset, window)
-        if s is None or not s.lock.acquire(blocking=False):
-            return None
-        try:
-            if not s.covers(block.block_id, offset, window):
-                return None
-            while s.pos < end:
-                if not s.pull_nowait(keep_behind=window + size):
+    def _drop_fetch(self, f: _Fetch) -> None:
+        f.close()
+        with self._lock:
+            if self._fetches.get(f.block.block_id) is f:
+                del self._fetches[f.block.block_id]
+
+    def _fetched(self, block: Block, nowait: bool = False) -> _Fetch | None:
+        """The block received whole from a replica and checked.  ``nowait``: only what
+        needs no waiting (an existing fetch, its chunks arrived already), else None."""
+        bid = block.block_id
+        attempts = 0
+        while True:
+            broken = self._broken.get(bid)
+            if broken is not None:
+                if nowait:
                     return None
-            CLIENT_READ_REMOTE.inc(size)
-            return s.slice(offset, end)
-        finally:
-            s.lock.release()
+                raise broken
+            if self._closed:
+                if nowait:
+                    return None
+                raise CurvineError(ErrorKind.STALE, "the file handle is closed")
+            f = self._find_fetch(block)
+            if f is None:
+                if nowait:
+                    return None
+                f = self._new_fetch(block)
+            if f.done:
+                return f
+            if not f.lock.acquire(blocking=not nowait):
+                return None
+            try:
+                if f.done:
+                    return f
+                if f.closed:
+                    if nowait:
+                        return None
+                    continue  # evicted while this thread waited
+                quiet = time.monotonic() - f.used
+                try:
+                    if nowait:
+                        taken = 0
+                        while (f.pos < block.length and taken < NOWAIT_CHUNKS
+                               and f.pull_nowait()):
+                            taken += 1
+                        if f.pos < block.length:
+                            return None
+                    else:
+                        while f.pos < block.length and f.pull():
+                            pass
+                        if f.pos < block.length:
+                            raise CurvineError(ErrorKind.IO, f"worker {f.worker.address!r}: "
+                                               f"block {bid:016x} ended at {f.pos}, expected "
+                                               f"{block.length} bytes")
+                    f.check()
+                    return f
+                except CurvineError as e:
+                    self._drop_fetch(f)
+                    if e.kind == ErrorKind.CHECKSUM:
+                        _log_bad_copy(block, f.worker, "copy streamed", e.message)
+                        with self._lock:
+                            self._bad_copies.setdefault(bid, set()).add(f.worker.worker_id)
+                    elif quiet < QUIET_STREAM:
+                        self._mark_bad(f.worker, block, e)
+                    else:
+                        log.info("stream of block %016x from worker %d, unread for %.0fs, "
+                                 "ended: %s; reading on from another", bid,
+                                 f.worker.worker_id, quiet, e)
+                    if nowait:
+                        return None
+                    attempts += 1
+                    # Every replica once, plus one more try (a transient failure).
+                    if attempts > len(block.worker_ids):
+                        raise self._no_replica(block, e) from None
+            finally:
+                f.lock.release()
 
     def prefetch_stream(self, block: Block) -> None:
-        """Start streaming a remote block from its beginning (readahead across blocks),
-        unless a stream of it exists; failures are left to the read that needs it."""
+        """Start streaming a remote block (readahead across blocks), unless it is
+        local or being fetched; failures are left to the read that needs it."""
         if self._closed or block.block_id == 0 or self.local_fd(block) is not None:
             return
         with self._lock:
             if (block.block_id in self._stream_prefetched
-                    or any(x.block.block_id == block.block_id for x in self._streams)):
+                    or block.block_id in self._fetches):
                 return
             self._stream_prefetched.add(block.block_id)
         if not self._open_lock.acquire(blocking=False):
             return  # another thread is opening a stream: do not wait for it
         try:
-            if self._find_stream(block, 0, 0) is None:
-                self._open_stream(block, 0, set())
+            self._open_fetch(block)
         except CurvineError as e:
             log.debug("prefetching block %016x failed: %s", block.block_id, e)
         finally:
             self._open_lock.release()
 
-    def _drop_stream(self, s: _Stream) -> None:
-        s.close()
-        with self._lock:
-            if s in self._streams:
-                self._streams.remove(s)
-
-    def _read_remote(self, block: Block, offset: int, size: int) -> bytes | memoryview:
-        end = offset + size
-        window = self.readahead * MIB
-        failed: set[int] = set()
-        attempts = 0
-        while True:
-            s = self._stream_at(block, offset, window, failed)
-            with s.lock:
-                if not s.covers(block.block_id, offset, window):
-                    continue  # moved on (or closed) while this thread waited
-                quiet = time.monotonic() - s.used
-                try:
-                    while s.pos < end:
-                        if not s.pull(keep_behind=window + size):
-                            break
-                    if s.closed:
-                        continue  # evicted mid-read: not the worker's fault
-                    if s.pos < end:
-                        raise CurvineError(ErrorKind.IO, f"worker {s.worker.address}: block "
-                                           f"{block.block_id:016x} ended at {s.pos}, "
-                                           f"expected {block.length} bytes")
-                    return s.slice(offset, end)
-                except CurvineError as e:
-                    self._drop_stream(s)
-                    failed.add(s.worker.worker_id)
-                    if quiet < QUIET_STREAM:
-                        self._mark_bad(s.worker, block, e)
-                    else:
-                        log.info("stream of block %016x from worker %d, unread for %.0fs, "
-                                 "ended: %s; reading on from another", block.block_id,
-                                 s.worker.worker_id, quiet, e)
-                    attempts += 1
-                    # Every replica once, plus one more try (a transient failure).
-                    if attempts > len(block.worker_ids):
-                        raise self._no_replica(block, e) from None
-
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            fds = list(self._fds.values())
+            fds = [fd for fd, _ in self._fds.values()]
             self._fds.clear()
-            streams = list(self._streams)
-            self._streams.clear()
+            fetches = list(self._fetches.values())
+            self._fetches.clear()
         for fd in fds:
             try:
                 os.close(fd)
             except OSError:
                 pass
-        for s in streams:
-            s.close()
+        for f in fetches:
+            f.close()
 
 
 class FileReader:
-    """Reads one version of a file: ``read(offset, size)`` from any thread."""
+    """Reads one version of a file: ``read(offset, size)`` from any thread.
+
+    ``local_dirs``: where short-circuit reads may open block files (see
+    ``BlockFetcher``)."""
 
     def __init__(self, blocks: Iterable[Block], workers: Mapping[int, WorkerInfo],
                  short_circuit: bool = True, timeout: float = 30.0,
-                 readahead: int = block_client.DEFAULT_READAHEAD):
+                 readahead: int = block_client.DEFAULT_READAHEAD,
+                 local_dirs: "block_client.LocalDirs | Iterable[str] | None" = None):
         self.blocks = list(blocks)
         self._starts = []
         pos = 0
@@ -456,7 +645,7 @@ class FileReader:
             self._starts.append(pos)
             pos += b.length
         self.size = pos
-        self._fetcher = BlockFetcher(workers, short_circuit, timeout, readahead)
+        self._fetcher = BlockFetcher(workers, short_circuit, timeout, readahead, local_dirs)
         self._ahead_done: set[int] = set()  # next blocks already asked for (_ahead)
         if short_circuit:
             # Open local block files now, so that an unlink or eviction after open()
@@ -464,12 +653,14 @@ class FileReader:
             for b in self.blocks[:MAX_LOCAL_FDS]:
                 if b.block_id:
                     self._fetcher.open_local(b)
-            # Cold data: have the kernel start reading the first blocks now.
-            for b, start in zip(self.blocks, self._starts):
-                if start >= PREFETCH_BYTES:
-                    break
-                if b.block_id:
-                    self._fetcher.prefetch(b)
+            # Cold data: have the kernel start reading the first blocks now, and check
+            # them (the reads that follow are then served without a thread hop).
+            first_blocks = [b for b, start in zip(self.blocks, self._starts)
+                            if start < PREFETCH_BYTES and b.block_id]
+            for b in first_blocks:
+                self._fetcher.advise(b)
+            for b in first_blocks:
+                self._fetcher.prefetch(b)
         # A remote first block: start its stream now, so that the first read does not
         # wait for the call to be set up (the open reply and the kernel's first read
         # request overlap with it).
@@ -480,43 +671,28 @@ class FileReader:
     def read_cached(self, offset: int, size: int, out: bytearray) -> memoryview | None:
         """[offset, offset+size) without blocking, or None.
 
-        Served from a local block file this reader has open when every byte is in the
-        page cache (RWF_NOWAIT, into ``out``: the caller uses the view before the next
-        call), or from the chunks a remote block's stream has received already.
-        Anything else (cold data, a read across blocks, a stream not there yet) is
-        None: use ``read`` from a thread."""
-        if not _NOWAIT or size <= 0 or offset >= self.size:
+        Served from a checked local block file this reader has open when every byte is
+        in the page cache (RWF_NOWAIT, into ``out``: the caller uses the view before
+        the next call), or from a remote block received and checked already.  Anything
+        else (cold data, a block not checked yet, a read across blocks) is None: use
+        ``read`` from a thread."""
+        if size <= 0 or offset >= self.size:
             return None
         end = min(self.size, offset + size)
         i = bisect.bisect_right(self._starts, offset) - 1
         b, start = self.blocks[i], self._starts[i]
         if end > start + b.length or not b.block_id:
             return None
-        fd = self._fetcher.local_fd(b)
-        n = end - offset
-        if fd is None:  # a remote block: from what its stream has received already
-            data = self._fetcher.read_nowait(b, offset - start, n)
-            if data is not None:
-                self._ahead(i, end - start, background=True)
-            return data
-        if len(out) < n:
-            return None
-        view = memoryview(out)[:n]
-        try:
-            got = os.preadv(fd, [view], offset - start, _NOWAIT)
-        except OSError:  # EAGAIN: not cached; anything else: the thread path reports it
-            return None
-        if got != n:
-            return None
-        CLIENT_READ_SHORT_CIRCUIT.inc(n)
-        self._ahead(i, end - start, background=True)
-        return view
+        data = self._fetcher.read_nowait(b, offset - start, end - offset, out)
+        if data is not None:
+            self._ahead(i, end - start, background=True)
+        return data
 
     def _ahead(self, i: int, reached: int, background: bool) -> None:
         """A read reached ``reached`` bytes into block ``i``: get the next block coming
-        (local: kernel readahead of its file; remote: its stream, once past the middle
-        of this one), at most once per block.  ``background``: from a thread, for
-        callers that must not block."""
+        (local: kernel readahead of its file and its check, always from a thread;
+        remote: its stream, once past the middle of this one), at most once per block.
+        ``background``: from a thread, for callers that must not block."""
         if i + 1 >= len(self.blocks) or not self.blocks[i + 1].block_id:
             return
         nxt = self.blocks[i + 1]
@@ -526,11 +702,12 @@ class FileReader:
         if nxt.block_id in self._ahead_done:
             return
         self._ahead_done.add(nxt.block_id)
-        fn = self._fetcher.prefetch if local else self._fetcher.prefetch_stream
-        if background:
-            _ahead_pool().submit(fn, nxt)
+        if local:
+            _ahead_pool().submit(self._fetcher.prefetch, nxt)
+        elif background:
+            _ahead_pool().submit(self._fetcher.prefetch_stream, nxt)
         else:
-            fn(nxt)
+            self._fetcher.prefetch_stream(nxt)
 
     def read(self, offset: int, size: int) -> bytes | memoryview:
         if offset >= self.size or size <= 0:

@@ -79,15 +79,19 @@ IDLE_BUFFER_BYTES = 256 << 20  # block buffers kept mapped for reuse, per proces
 class LocalWorker:
     """The worker of this host that the master last named (statfs, AddBlock), shared by
     the writers of one mount or client: where a first block is written before it is
-    placed (see the module docstring)."""
+    placed (see the module docstring).  Only a worker with a data dir that ``dirs``
+    (this process's configuration, ``block_client.LocalDirs``; None: the process's)
+    names is taken: a dir reported over the network is never written to by itself."""
 
-    def __init__(self, host_id: str):
+    def __init__(self, host_id: str,
+                 dirs: "block_client.LocalDirs | Iterable[str] | None" = None):
         self.host_id = host_id
+        self.dirs = block_client.local_dirs(dirs)
         self.info: WorkerInfo | None = None
 
     def note(self, workers: Iterable[WorkerInfo]) -> None:
         for w in workers:
-            if w.host_id == self.host_id and not w.lost and w.data_dirs:
+            if w.host_id == self.host_id and not w.lost and self.dirs.of(w):
                 self.info = w
 
 
@@ -345,10 +349,7 @@ class _FileBuffer:
         if fd is None:
             return
         if not self.adopted and self.path:
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+            block_client.unlink_staging(self.path)
         os.close(fd)  # also drops the flock
 
 
@@ -381,13 +382,23 @@ class FileWriter:
     def __init__(self, master, ino: int, block_size: int, base_blocks: Iterable[Block],
                  host_id: str, *, workers: Mapping[int, WorkerInfo] | None = None,
                  short_circuit: bool = True, timeout: float = 30.0, size_hint: int = 0,
-                 local_worker: LocalWorker | None = None):
+                 local_worker: LocalWorker | None = None,
+                 local_dirs: "block_client.LocalDirs | Iterable[str] | None" = None):
         self.master = master
         self.ino = ino
         self.block_size = block_size
         self.host_id = host_id
         self.timeout = timeout
-        self._fetcher = BlockFetcher(workers or {}, short_circuit, timeout)
+        # Where short-circuit reads and staging files may go: this process's own
+        # configuration (given, else the local worker's, else the process's).
+        if local_dirs is not None:
+            self._dirs = block_client.local_dirs(local_dirs)
+        elif local_worker is not None:
+            self._dirs = local_worker.dirs
+        else:
+            self._dirs = block_client.local_dirs()
+        self._fetcher = BlockFetcher(workers or {}, short_circuit, timeout,
+                                     local_dirs=self._dirs)
         self._lock = threading.RLock()
         self._extents: list[_Extent] = []
         self._size = 0
@@ -408,7 +419,7 @@ class FileWriter:
         # The bytes this writer will store, if the caller knows (0: not known, as for a
         # FUSE writer): then even the first block is placed at its first byte.
         self.size_hint = size_hint
-        self._local = local_worker or LocalWorker(host_id)
+        self._local = local_worker or LocalWorker(host_id, self._dirs)
         self._cur: _Extent | None = None  # the one buffer being written
         self._uploading: _Extent | None = None  # at most one background upload
         self.dirty = False  # changed since open or the last publish
@@ -808,7 +819,7 @@ class FileWriter:
         """The first block, before its size is known: an unnamed file in the staging
         area of this host's worker, else memory (see the module docstring)."""
         w = self._local.info if self._fetcher.short_circuit else None
-        made = block_client.create_local_tmpfile(w) if w is not None else None
+        made = block_client.create_local_tmpfile(w, self._dirs) if w is not None else None
         if made is None:
             return _Buffer(self.block_size, checksum=True)
         fd, data_dir = made
@@ -834,7 +845,7 @@ class FileWriter:
             for i, w in enumerate(targets):
                 if w.host_id != self.host_id:
                     continue
-                made = block_client.create_local_staging(w, block_id)
+                made = block_client.create_local_staging(w, block_id, self._dirs)
                 if made is not None:
                     fd, path = made
                     return _FileBuffer(self.block_size, fd, path, block_id, w,
@@ -971,11 +982,11 @@ class FileWriter:
         for w in targets:
             if w.host_id != self.host_id:
                 continue
-            for d in w.data_dirs:  # a link works within one file system only
-                try:
-                    buf.path = block_client.name_local_tmpfile(buf.fd, d, block_id)
-                except OSError:
-                    continue
+            # into a trusted data dir of w on the file's file system (a link works
+            # within one only), else None
+            path = block_client.name_local_tmpfile(buf.fd, w, block_id, self._dirs)
+            if path is not None:
+                buf.path = path
                 buf.block_id, buf.worker = block_id, w
                 buf.others = [t for t in targets if t is not w]
                 return True
@@ -1090,7 +1101,7 @@ class FileWriter:
         adopt the file as ``block_id``; returns the crc32, or None when no data dir of
         it is writable from here (the caller streams to it instead).  A disk error or a
         refusal (the worker is full) raises, as a failed stream would."""
-        made = block_client.create_local_staging(w, block_id)
+        made = block_client.create_local_staging(w, block_id, self._dirs)
         if made is None:
             return None
         fd, path = made
@@ -1113,7 +1124,4 @@ class FileWriter:
         finally:
             os.close(fd)
             if not adopted:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+                block_client.unlink_staging(path)

@@ -21,6 +21,7 @@ from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, ROOT_INO, check_name, host_id
 from curvine.proto import common_pb2
 
+from . import block_client
 from .file_reader import FileReader
 from .file_writer import FileWriter, LocalWorker
 from .master_client import MasterClient
@@ -49,7 +50,11 @@ class CurvineFS:
                                              timeout=self.cfg.cluster.rpc_timeout,
                                              wait=self.cfg.cluster.master_wait)
         self.host = host_id()
-        self._local_worker = LocalWorker(self.host)  # shared by this client's writers
+        # The only dirs short-circuit reads and writes may open: this configuration's
+        # (client.short_circuit_dirs, else worker.data_dirs), never a worker's report.
+        self.local_dirs = block_client.LocalDirs.from_config(self.cfg)
+        # shared by this client's writers
+        self._local_worker = LocalWorker(self.host, self.local_dirs)
         self._block_size: int | None = None
 
     def __enter__(self) -> "CurvineFS":
@@ -163,7 +168,8 @@ class CurvineFS:
         _, blocks, workers = self.master.get_blocks(node.ino)
         return FileReader(blocks, workers, short_circuit=self.cfg.client.short_circuit,
                           timeout=self.cfg.cluster.rpc_timeout,
-                          readahead=self.cfg.client.readahead_blocks)
+                          readahead=self.cfg.client.readahead_blocks,
+                          local_dirs=self.local_dirs)
 
     def iter_read(self, path: str | bytes, chunk: int = CHUNK) -> Iterator[bytes]:
         reader = self.open_reader(path)
@@ -191,7 +197,7 @@ class CurvineFS:
         return FileWriter(self.master, node.ino, self.block_size(), [], self.host,
                           short_circuit=self.cfg.client.short_circuit,
                           timeout=self.cfg.cluster.rpc_timeout, size_hint=size_hint,
-                          local_worker=self._local_worker)
+                          local_worker=self._local_worker, local_dirs=self.local_dirs)
 
     def write_bytes(self, path: str | bytes, data: bytes, mode: int = 0o644) -> Inode:
         w = self.open_writer(path, mode, size_hint=len(data))

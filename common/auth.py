@@ -1,10 +1,20 @@
-"""The cluster token: every RPC carries ``authorization: Bearer <token>``.
+"""Credentials: every RPC carries ``authorization: Bearer <token>``.
 
-The token lives in the file named by ``security.token_file`` (never on a command line,
-never logged).  A process calls :func:`configure` once after loading its config; from
-then on every channel made by ``common.rpc.make_channel`` sends the token, and servers
-built with ``common.rpc.make_server(token=...)`` refuse calls without it
-(UNAUTHENTICATED, counted in ``curvine_rpc_unauthenticated_total``).
+Two roles hold different tokens (docs/security.md, "Roles"):
+
+- the **client** token (``security.token_file``): every mount, connector and CLI, and
+  the daemons themselves; namespace and data calls;
+- the **worker** token (``security.worker_token_file``): masters and workers only;
+  the master serves registration, heartbeats and block reports (and so the block-token
+  key) on its worker port to this token alone.  Required whenever a client token is
+  set, and must differ from it.
+
+The tokens live in files (never on a command line, never logged).  A process calls
+:func:`configure` once after loading its config; from then on every channel made by
+``common.rpc.make_channel`` sends the client token (or the worker token, for the
+channels that ask for it), and servers built with ``common.rpc.make_server(tokens=...)``
+refuse calls without one of the tokens they accept (UNAUTHENTICATED, counted in
+``curvine_rpc_unauthenticated_total``).
 
 No token configured = no checks: the default for a trusted single-tenant network.
 """
@@ -24,47 +34,68 @@ METADATA_KEY = "authorization"
 SCHEME = "Bearer "
 TOKEN_FILE_KEY = "security.token_file"
 TOKEN_FILE_NAME = "token"  # `curvine local up` writes BASE/token
+WORKER_TOKEN_FILE_KEY = "security.worker_token_file"
+WORKER_TOKEN_FILE_NAME = "worker-token"  # and BASE/worker-token
 
 # The token this process sends on every call; read at call time, so channels cached
 # before configure() (the client's per-worker channels) send the current one.
 _client_token = ""
+_worker_token = ""  # set only in masters and workers
 
 
 class TokenError(Exception):
     """The token file named in the config cannot be used (one line, names key and file)."""
 
 
-def read_token_file(path: str) -> str:
-    """The token in ``path`` with surrounding whitespace stripped; TokenError if the file
-    is unreadable, empty, or holds more than one line (never says what it holds)."""
+def read_token_file(path: str, key: str = TOKEN_FILE_KEY) -> str:
+    """The token in ``path`` with surrounding whitespace stripped; TokenError (naming
+    ``key``) if the file is unreadable, empty, or holds more than one line (never says
+    what it holds)."""
     try:
         with open(path, "rb") as f:
             raw = f.read(4097)
     except OSError as e:
-        raise TokenError(f"{TOKEN_FILE_KEY}: cannot read {path}: "
+        raise TokenError(f"{key}: cannot read {path}: "
                          f"{e.strerror or e}") from None
     if len(raw) > 4096:
-        raise TokenError(f"{TOKEN_FILE_KEY}: {path} is larger than 4096 bytes")
+        raise TokenError(f"{key}: {path} is larger than 4096 bytes")
     try:
         token = raw.decode("ascii").strip()
     except UnicodeDecodeError:
-        raise TokenError(f"{TOKEN_FILE_KEY}: {path} must hold printable ASCII") from None
+        raise TokenError(f"{key}: {path} must hold printable ASCII") from None
     if not token:
-        raise TokenError(f"{TOKEN_FILE_KEY}: {path} is empty")
+        raise TokenError(f"{key}: {path} is empty")
     if not all(33 <= ord(ch) <= 126 for ch in token):
-        raise TokenError(f"{TOKEN_FILE_KEY}: {path} must hold one word of printable "
+        raise TokenError(f"{key}: {path} must hold one word of printable "
                          "ASCII (no spaces or control characters)")
     return token
 
 
-def configure(cfg) -> str:
+def configure(cfg, role: str = "client") -> str:
     """Read ``cfg.security.token_file`` (if set) and make it this process's client
-    token; returns it ("" when none is configured).  Also configures this process's
-    TLS (common/tls.py; tls.TLSError, a ConfigError, when its files cannot be used)."""
+    token; returns it ("" when none is configured).  A ``role`` of "master" or "worker"
+    also reads the worker token (``security.worker_token_file``), which such a daemon
+    needs whenever a client token is set.  Also configures this process's TLS
+    (common/tls.py; tls.TLSError, a ConfigError, when its files cannot be used)."""
     path = cfg.security.token_file
     token = read_token_file(path) if path else ""
+    worker = ""
+    if role in ("master", "worker"):
+        wpath = cfg.security.worker_token_file
+        worker = read_token_file(wpath, WORKER_TOKEN_FILE_KEY) if wpath else ""
+        if token and not worker:
+            raise TokenError(f"{WORKER_TOKEN_FILE_KEY}: required when {TOKEN_FILE_KEY} is "
+                             "set (workers and clients hold different credentials; "
+                             "`curvine local up` writes both)")
+        if worker and not token:
+            raise TokenError(f"{TOKEN_FILE_KEY}: required when {WORKER_TOKEN_FILE_KEY} "
+                             "is set")
+        if worker and hmac.compare_digest(worker.encode(), token.encode()):
+            raise TokenError(f"{WORKER_TOKEN_FILE_KEY}: must hold another token than "
+                             f"{TOKEN_FILE_KEY} (every client holds that one)")
     tls.configure(cfg)
     set_client_token(token)
+    set_worker_token(worker)
     return token
 
 
@@ -75,6 +106,16 @@ def set_client_token(token: str) -> None:
 
 def client_token() -> str:
     return _client_token
+
+
+def set_worker_token(token: str) -> None:
+    global _worker_token
+    _worker_token = token
+
+
+def worker_token() -> str:
+    """The worker credential ("" outside masters and workers, or in an open cluster)."""
+    return _worker_token
 
 
 def new_token() -> str:
@@ -145,18 +186,21 @@ def with_token(channel: grpc.Channel, token: Callable[[], str] = client_token) -
 
 # -- server side ----------------------------------------------------------------------
 class TokenServerInterceptor(grpc.ServerInterceptor):
-    """Refuses every call (unary and streaming) whose metadata lacks the token."""
+    """Refuses every call (unary and streaming) whose metadata carries none of
+    ``tokens`` (a server accepts the tokens of the roles it serves)."""
 
-    def __init__(self, token: str):
-        if not token:
-            raise ValueError("TokenServerInterceptor needs a non-empty token")
-        self._expected = (SCHEME + token).encode()
+    def __init__(self, tokens):
+        tokens = [tokens] if isinstance(tokens, str) else [t for t in tokens if t]
+        if not tokens or not all(tokens):
+            raise ValueError("TokenServerInterceptor needs non-empty tokens")
+        self._expected = [(SCHEME + t).encode() for t in tokens]
 
     def _authorized(self, metadata) -> bool:
         for key, value in metadata or ():
             if key == METADATA_KEY:
                 got = value.encode() if isinstance(value, str) else bytes(value)
-                return hmac.compare_digest(got, self._expected)
+                # every candidate compared: the time taken says nothing of which matched
+                return sum(hmac.compare_digest(got, e) for e in self._expected) > 0
         return False
 
     def intercept_service(self, continuation, handler_call_details):

@@ -70,14 +70,17 @@ def checked_requests(requests) -> Iterator:
 
 
 def add_service(server: grpc.Server, service, servicer,
-                serializers: dict[str, Callable] | None = None) -> dict:
-    """Register every method of ``service`` (a ServiceDescriptor) on ``server``, bound
-    to the same-named methods of ``servicer``.  ``serializers`` replaces the response
-    serializer of named methods.  Client-streaming methods receive their stream
-    through :func:`checked_requests`.  Returns the handlers by method name."""
+                serializers: dict[str, Callable] | None = None, methods=None) -> dict:
+    """Register every method of ``service`` (a ServiceDescriptor), or those named in
+    ``methods``, on ``server``, bound to the same-named methods of ``servicer``.
+    ``serializers`` replaces the response serializer of named methods.
+    Client-streaming methods receive their stream through :func:`checked_requests`.
+    Returns the handlers by method name."""
     serializers = serializers or {}
     handlers = {}
     for method in service.methods:
+        if methods is not None and method.name not in methods:
+            continue
         req_cls = message_factory.GetMessageClass(method.input_type)
         reply_cls = message_factory.GetMessageClass(method.output_type)
         fn = getattr(servicer, method.name)

@@ -66,6 +66,9 @@ def parse_duration(value: Any) -> float:
 class ClusterConfig:
     name: str = "curvine"
     master_addr: str = "127.0.0.1:8995"  # host:port of the master's gRPC service
+    # host:port where workers reach the master (registration, heartbeats, block
+    # reports); empty: the host of master_addr and port master.worker_port
+    master_worker_addr: str = ""
     block_size: Size = Size(64 << 20)
     replicas: int = 1
     rpc_timeout: Duration = Duration(30.0)  # deadline of one RPC
@@ -79,7 +82,16 @@ class MasterConfig:
     http_port: int = 9001
     meta_dir: str = "/var/lib/curvine/master"
     rpc_threads: int = 64
+    # workers' calls (registration, heartbeats, block reports) are served on a port and
+    # threads of their own, which client traffic cannot take (master/server.py)
+    worker_port: int = 8996
+    worker_rpc_threads: int = 8
     worker_lost_after: Duration = Duration(30.0)
+    # more than this share of the registered workers lost within worker_lost_after is
+    # held as a suspected master or network fault: their files are kept (and the loss
+    # logged) for mass_loss_hold before their locations are dropped
+    max_lost_share: float = 0.5
+    mass_loss_hold: Duration = Duration(900.0)
     # capacity (master/capacity.py): above evict_high (a fraction of the live workers'
     # capacity) the least recently used complete files that no mount has open are
     # evicted down to evict_low, and a block with no room evicts synchronously;
@@ -128,6 +140,9 @@ class WorkerConfig:
 @dataclass
 class ClientConfig:
     short_circuit: bool = True  # read blocks on this host straight from their files
+    # the data dirs of the workers on this host, the only places short-circuit I/O may
+    # open (never paths learned over the network); empty: this file's worker.data_dirs
+    short_circuit_dirs: list[str] = field(default_factory=list)
     rpc_threads: int = 16
     readahead_blocks: int = 4  # MiB in flight per remote read stream
     access_report_interval: Duration = Duration(1.0)  # opens reported for LRU eviction
@@ -149,7 +164,10 @@ class FuseConfig:
 
 @dataclass
 class SecurityConfig:
-    token_file: str = ""
+    token_file: str = ""  # the client credential: namespace and data calls
+    # the worker credential (registration, heartbeats, block reports, the block-token
+    # key): only masters and workers hold it; required with token_file
+    worker_token_file: str = ""
     # TLS on gRPC (common/tls.py): on when tls_ca is set
     tls_cert: str = ""
     tls_key: str = ""
@@ -284,8 +302,8 @@ def validate(cfg: Config, path: str = "", text: str = "") -> None:
 
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-_PORTS = ("master.port", "master.http_port", "worker.port", "worker.http_port", "fuse.http_port")
-_THREADS = ("master.rpc_threads", "worker.rpc_threads", "client.rpc_threads")
+_PORTS = ("master.port", "master.worker_port", "master.http_port", "worker.port", "worker.http_port", "fuse.http_port")
+_THREADS = ("master.rpc_threads", "master.worker_rpc_threads", "worker.rpc_threads", "client.rpc_threads")
 
 
 def _location(path: str, text: str, keys: tuple[str, ...]) -> str:
@@ -369,12 +387,32 @@ def _problems(cfg: Config):
             read_token_file(cfg.security.token_file)
         except TokenError as e:
             yield ("security.token_file",), str(e).removeprefix("security.token_file: ")
+    if cfg.security.worker_token_file:
+        from .auth import TokenError, read_token_file
+        try:
+            read_token_file(cfg.security.worker_token_file, "security.worker_token_file")
+        except TokenError as e:
+            yield (("security.worker_token_file",),
+                   str(e).removeprefix("security.worker_token_file: "))
+    if not 0 < cfg.master.max_lost_share <= 1:
+        yield ("master.max_lost_share",), "must be in (0, 1]"
+    if cfg.cluster.master_worker_addr and ":" not in cfg.cluster.master_worker_addr:
+        yield ("cluster.master_worker_addr",), "must be host:port"
     # Checked here too, so that every daemon refuses bad TLS files or keys at start
     # (exit 2); the files read are kept for tls.configure.  (Imported here: tls
     # imports this module.)  Nothing to check and nothing read when all are unset.
     from .tls import problems as tls_problems
     for key, message in tls_problems(cfg.security):
         yield (key,), message
+
+
+def master_worker_addr(cfg: Config) -> str:
+    """Where workers reach the master: ``cluster.master_worker_addr``, else the host of
+    ``cluster.master_addr`` with port ``master.worker_port``."""
+    if cfg.cluster.master_worker_addr:
+        return cfg.cluster.master_worker_addr
+    host = cfg.cluster.master_addr.rsplit(":", 1)[0]
+    return f"{host}:{cfg.master.worker_port}"
 
 
 def to_toml(cfg: Config) -> str:

@@ -16,10 +16,15 @@ one update is one lock inside prometheus_client, never a lookup by label strings
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import http.server
+import io
 import logging
+import selectors
 import socket
 import threading
+import time
 from typing import Callable, Iterable
 
 from prometheus_client import (CollectorRegistry, Counter, Histogram, ProcessCollector,
@@ -60,7 +65,13 @@ STREAMS_CANCELLED_IDLE = Counter(
     "Streams the server cancelled after no progress for its idle timeout (a client that "
     "stopped sending or reading: common/stream_guard.py), by method",
     ["method"], registry=None)
-RPC_METRICS = (RPC_HANDLED, RPC_DURATION, RPC_UNAUTHENTICATED, STREAMS_CANCELLED_IDLE)
+STREAMS_REFUSED_BUSY = Counter(
+    "curvine_streams_refused_busy_total",
+    "Block streams refused because the worker had its limit of streams open (the RPC "
+    "threads that unary calls need are never all held by streams)", ["method"],
+    registry=None)
+RPC_METRICS = (RPC_HANDLED, RPC_DURATION, RPC_UNAUTHENTICATED, STREAMS_CANCELLED_IDLE,
+               STREAMS_REFUSED_BUSY)
 
 # -- journal (master) -----------------------------------------------------------------
 JOURNAL_FSYNC = Histogram(
@@ -179,33 +190,45 @@ class Collector:
 Health = Callable[[], "str | None"]  # None when healthy, else a one-line reason
 
 
+# -- the HTTP endpoint's limits --------------------------------------------------------
+# A connection must deliver its whole request head within HTTP_REQUEST_TIMEOUT of being
+# accepted (idle or slow alike: then it is closed), and its reply gets as long again to
+# be sent; every reply ends the connection (no keep-alive).  Until its head is complete
+# (the blank line, at most HTTP_MAX_REQUEST_HEAD bytes) a connection is only a file
+# descriptor watched by the accept thread: no thread per idle or trickling client.  At
+# most HTTP_MAX_HANDLERS complete requests are served at once (one thread each), and at
+# most HTTP_MAX_CONNECTIONS connections are open in all; one more closes the oldest
+# connection still sending its head (or, if none is, the new one, at once), so that a
+# flood of idle connections cannot keep a prompt client such as a /healthz probe out.
+HTTP_REQUEST_TIMEOUT = 10.0
+HTTP_MAX_HANDLERS = 32
+HTTP_MAX_CONNECTIONS = 256
+HTTP_MAX_REQUEST_HEAD = 16 << 10
+HTTP_LISTEN_BACKLOG = 128
+HTTP_ACCEPT_BATCH = 64  # connections accepted per turn of the accept loop
+
+
 class MetricsServer:
-    """``/metrics`` and ``/healthz`` over HTTP, served by daemon threads."""
+    """``/metrics`` and ``/healthz`` over HTTP: one accept thread reads every open
+    connection's request head; a complete request gets a handler thread."""
 
     def __init__(self, host: str, port: int, reg: CollectorRegistry, health: Health,
                  role: str = "daemon"):
         self.registry = reg
         self.health = health
         self.role = role
-        handler = _make_handler(self)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-        class Server(http.server.ThreadingHTTPServer):
-            address_family = family
-            daemon_threads = True  # a hung scrape never holds up the daemon's exit
-
-        self._server = Server((host.strip("[]"), port), handler)
+        self._server = _LimitedHTTPServer((host.strip("[]"), port), _make_handler(self),
+                                          socket.AF_INET6 if ":" in host else socket.AF_INET)
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        kwargs={"poll_interval": 0.2},
-                                        name=f"{role}-http", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve, name=f"{role}-http",
+                                        daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def close(self) -> None:
+        self._server.stop()
         if self._thread.is_alive():
-            self._server.shutdown()
             self._thread.join(5)
         self._server.server_close()
 
@@ -218,10 +241,218 @@ class MetricsServer:
         return None if reason is None else " ".join(str(reason).split())
 
 
+class _LimitedHTTPServer(http.server.HTTPServer):
+    """An HTTPServer with its own accept loop (:meth:`serve`) enforcing the limits
+    above; handler threads are daemon threads (a hung scrape never holds up exit)."""
+
+    request_queue_size = HTTP_LISTEN_BACKLOG
+
+    def __init__(self, address, handler, family):
+        self.address_family = family
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._busy = 0  # requests being handled (threads)
+        self._warned_at = -60.0
+        # connections not yet handed to a thread, oldest first:
+        # sock -> [addr, deadline, bytes of the request head so far]
+        self._waiting: dict[socket.socket, list] = {}
+        self._ready: dict[socket.socket, None] = {}  # of those, the complete heads
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        super().__init__(address, handler)  # binds (a failure calls server_close)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # a full wake pipe already wakes it
+            self._wake_w.send(b"x")
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake()
+
+    def server_close(self) -> None:
+        super().server_close()
+        for s in list(self._waiting):
+            self._drop(s)
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def serve(self) -> None:
+        self.socket.setblocking(False)
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.socket, selectors.EVENT_READ, "listen")
+            sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+            pause_accept_until = 0.0
+            while not self._stopping:
+                try:
+                    now = time.monotonic()
+                    if pause_accept_until and now >= pause_accept_until:
+                        sel.register(self.socket, selectors.EVENT_READ, "listen")
+                        pause_accept_until = 0.0
+                    first = next(iter(self._waiting.values()), None)
+                    timeout = 1.0 if first is None else min(max(first[1] - now, 0.0), 1.0)
+                    for key, _ in sel.select(timeout):
+                        if key.data == "listen":
+                            if not self._accept(sel):
+                                # out of file descriptors: stop accepting for a moment
+                                sel.unregister(self.socket)
+                                pause_accept_until = time.monotonic() + 0.1
+                        elif key.data == "wake":
+                            with contextlib.suppress(OSError):
+                                self._wake_r.recv(4096)
+                        else:  # a waiting connection sent something (or closed)
+                            self._receive(sel, key.fileobj)
+                    self._expire(sel, time.monotonic())
+                    self._dispatch()
+                except Exception:  # noqa: BLE001 - the endpoint must outlive any one bug
+                    log.exception("%s http: accept loop", threading.current_thread().name)
+                    time.sleep(0.1)
+
+    def _accept(self, sel) -> bool:
+        """Accept what is pending; False when out of file descriptors."""
+        for _ in range(HTTP_ACCEPT_BATCH):
+            try:
+                conn, addr = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    now = time.monotonic()
+                    if now - self._warned_at >= 60.0:  # at most once a minute
+                        self._warned_at = now
+                        log.warning("http: cannot accept connections: %s", e.strerror)
+                    return False
+                continue  # e.g. ECONNABORTED: that client is gone
+            if len(self._waiting) + self._busy >= HTTP_MAX_CONNECTIONS:
+                idle = next((s for s in self._waiting if s not in self._ready), None)
+                if idle is None:
+                    log.debug("http: %d connections open, closing a new one from %s",
+                              HTTP_MAX_CONNECTIONS, addr)
+                    self._close(conn)
+                    continue
+                sel.unregister(idle)
+                log.debug("http: %d connections open, closing the oldest idle one (%s)",
+                          HTTP_MAX_CONNECTIONS, self._waiting[idle][0])
+                self._drop(idle)
+            conn.setblocking(False)
+            self._waiting[conn] = [addr, time.monotonic() + HTTP_REQUEST_TIMEOUT, b""]
+            sel.register(conn, selectors.EVENT_READ, "conn")
+        return True
+
+    def _receive(self, sel, s: socket.socket) -> None:
+        entry = self._waiting[s]
+        try:
+            data = s.recv(HTTP_MAX_REQUEST_HEAD + 1 - len(entry[2]))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the client went away (or reset)
+            sel.unregister(s)
+            self._drop(s)
+            return
+        entry[2] += data
+        if b"\r\n\r\n" in entry[2] or b"\n\n" in entry[2]:
+            sel.unregister(s)
+            self._ready[s] = None
+        elif len(entry[2]) > HTTP_MAX_REQUEST_HEAD:
+            log.debug("http: %s sent a request head over %d bytes, closed", entry[0],
+                      HTTP_MAX_REQUEST_HEAD)
+            sel.unregister(s)
+            self._drop(s)
+
+    def _expire(self, sel, now: float) -> None:
+        for s, (addr, deadline, _) in list(self._waiting.items()):
+            if deadline > now:
+                break  # oldest first: the rest are younger
+            if s not in self._ready:
+                sel.unregister(s)
+            log.debug("http: %s sent no request within %gs, closed", addr,
+                      HTTP_REQUEST_TIMEOUT)
+            self._drop(s)
+
+    def _dispatch(self) -> None:
+        while self._ready:
+            with self._lock:
+                if self._busy >= HTTP_MAX_HANDLERS:
+                    return
+                self._busy += 1
+            s = next(iter(self._ready))
+            del self._ready[s]
+            addr, deadline, head = self._waiting.pop(s)
+            try:
+                s.setblocking(True)
+                threading.Thread(target=self._handle, args=(s, addr, deadline, head),
+                                 name=f"{threading.current_thread().name}-req",
+                                 daemon=True).start()
+            except RuntimeError:  # cannot start a thread: refuse this one
+                with self._lock:
+                    self._busy -= 1
+                self._close(s)
+
+    def _handle(self, conn: socket.socket, addr, deadline: float, head: bytes) -> None:
+        try:
+            self.RequestHandlerClass(conn, addr, self, deadline, head)
+        except Exception as e:  # noqa: BLE001 - one client's failure stays with it
+            log.debug("http: request from %s failed: %s", addr, e)
+        finally:
+            self.shutdown_request(conn)
+            with self._lock:
+                self._busy -= 1
+            self._wake()  # a waiting request may now get this thread's place
+
+    def _drop(self, s: socket.socket) -> None:
+        self._waiting.pop(s, None)
+        self._ready.pop(s, None)
+        self._close(s)
+
+    @staticmethod
+    def _close(s: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            s.close()
+
+
+class _DeadlineReader(io.RawIOBase):
+    """``head`` (already received), then the socket's bytes until ``deadline``
+    (time.monotonic); after it, TimeoutError."""
+
+    def __init__(self, sock: socket.socket, deadline: float, head: bytes):
+        super().__init__()
+        self._sock = sock
+        self._deadline = deadline
+        self._head = memoryview(head)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if self._head:
+            n = min(len(b), len(self._head))
+            b[:n] = self._head[:n]
+            self._head = self._head[n:]
+            return n
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"request not received within {HTTP_REQUEST_TIMEOUT:g}s")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(b)
+
+
 def _make_handler(ms: MetricsServer) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         server_version = "curvine"
         protocol_version = "HTTP/1.1"
+
+        def __init__(self, request, client_address, server, deadline: float, head: bytes):
+            self.deadline = deadline
+            self.head = head
+            super().__init__(request, client_address, server)
+
+        def setup(self):
+            super().setup()
+            self.rfile.close()
+            self.rfile = io.BufferedReader(
+                _DeadlineReader(self.connection, self.deadline, self.head))
 
         def do_GET(self):  # noqa: N802 - the name http.server calls
             path = self.path.split("?", 1)[0]
@@ -239,9 +470,11 @@ def _make_handler(ms: MetricsServer) -> type[http.server.BaseHTTPRequestHandler]
 
         def _reply(self, status: int, body: bytes,
                    content_type: str = "text/plain; charset=utf-8") -> None:
+            self.connection.settimeout(HTTP_REQUEST_TIMEOUT)  # to send the reply
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")  # one request per connection
             self.end_headers()
             self.wfile.write(body)
 

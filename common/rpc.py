@@ -25,11 +25,19 @@ from .errors import ERROR_KIND_KEY, CurvineError, ErrorKind, from_rpc_error, sta
 log = logging.getLogger(__name__)
 
 MESSAGE_LIMIT = 64 << 20  # block reports and big directory pages; data messages are 1 MiB
+# Keepalive: clients ping every KEEPALIVE_MS (also while no call is open), and servers
+# accept pings that often.  gRPC servers by default allow one ping without data per
+# 5 minutes and send GOAWAY "too_many_pings" after two more: a mount's quiet lease
+# session was cut that way twice in 5 minutes.  The two numbers must agree.
+KEEPALIVE_MS = 30_000
+SERVER_MIN_PING_INTERVAL_MS = KEEPALIVE_MS // 2  # some slack for timer jitter
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MESSAGE_LIMIT),
     ("grpc.max_send_message_length", MESSAGE_LIMIT),
-    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
     ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),  # pings keep an idle connection checked
     ("grpc.enable_retries", 0),  # we retry ourselves, with request ids
     # A restarted master or worker must be found again within seconds, not the
     # default two minutes of reconnect backoff.
@@ -45,6 +53,9 @@ SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MESSAGE_LIMIT),
     ("grpc.max_send_message_length", MESSAGE_LIMIT),
     ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", SERVER_MIN_PING_INTERVAL_MS),
+    ("grpc.http2.min_ping_interval_without_data_ms", SERVER_MIN_PING_INTERVAL_MS),
 ]
 
 
@@ -156,11 +167,14 @@ def _is_abort(e: Exception) -> bool:
 
 
 def make_server(threads: int, interceptors: list | None = None,
-                max_concurrent: int | None = None, token: str = "") -> grpc.Server:
-    """A server; with ``token``, every method refuses calls without it (common/auth.py)."""
+                max_concurrent: int | None = None, token: str = "",
+                tokens=()) -> grpc.Server:
+    """A server; with ``token`` (or several ``tokens``: the credentials of the roles it
+    serves), every method refuses calls that carry none of them (common/auth.py)."""
     interceptors = list(interceptors or [])
-    if token:
-        interceptors.insert(0, auth.TokenServerInterceptor(token))
+    accepted = [t for t in (token, *tokens) if t]
+    if accepted:
+        interceptors.insert(0, auth.TokenServerInterceptor(accepted))
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
         interceptors=interceptors,
@@ -185,9 +199,10 @@ def bind(server: grpc.Server, host: str, port: int) -> int:
     return bound
 
 
-def make_channel(address: str) -> grpc.Channel:
+def make_channel(address: str, token: Callable[[], str] = auth.client_token) -> grpc.Channel:
     """The one place channels are made: TLS when this process has it configured
-    (common/tls.py), and each call sends this process's cluster token (common/auth.py;
+    (common/tls.py), and each call sends ``token()``: this process's client token by
+    default, ``auth.worker_token`` for a daemon's calls as a worker (common/auth.py;
     none configured = none sent)."""
     creds = tls.channel_credentials()
     if creds is None:
@@ -195,7 +210,7 @@ def make_channel(address: str) -> grpc.Channel:
     else:
         channel = grpc.secure_channel(address, creds,
                                       options=CHANNEL_OPTIONS + tls.channel_options())
-    return auth.with_token(channel)
+    return auth.with_token(channel, token)
 
 
 class RpcClient:
@@ -207,11 +222,12 @@ class RpcClient:
     at once.
     """
 
-    def __init__(self, address: str, stub_cls: Any, timeout: float = 30.0, wait: float = 60.0):
+    def __init__(self, address: str, stub_cls: Any, timeout: float = 30.0, wait: float = 60.0,
+                 token: Callable[[], str] = auth.client_token):
         self.address = address
         self.timeout = timeout
         self.wait = wait
-        self._channel = make_channel(address)
+        self._channel = make_channel(address, token)
         self._stub = stub_cls(self._channel)
         self._closed = threading.Event()
 

@@ -60,14 +60,15 @@ class IdleStreams:
         return _Watch(self, context, method, busy)
 
     def send_from(self, context, method: str, items, after_send: Callable[[], None] | None
-                  = None):
+                  = None, expecting: Callable[[], bool] | None = None):
         """Yield what arrives on queue ``items`` until None: the body of a server stream
         whose replies are produced elsewhere.  The call counts as stalled only while a
-        reply waits in ``items`` or is being sent; ``after_send`` runs after each send."""
+        reply waits in ``items`` or is being sent, or while ``expecting()`` (e.g. a first
+        message not yet received); ``after_send`` runs after each send."""
         sending = False
 
         def busy() -> bool:
-            return sending or not items.empty()
+            return sending or not items.empty() or (expecting is not None and expecting())
 
         with self.watch(context, method, busy) as watched:
             while True:

@@ -26,10 +26,15 @@ import trio
 
 from curvine.client.master_client import MasterClient, Prepared
 from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.ids import ROOT_INO
 from curvine.common.rpc import RETRY_MAX
 from curvine.proto import master_pb2
 
 log = logging.getLogger(__name__)
+
+# The first message of every Calls stream (its result, id 0, is dropped): the master
+# cancels a stream that has sent nothing for master.stream_idle_timeout.
+HELLO = master_pb2.Call(id=0, getattr=master_pb2.GetAttrRequest(ino=ROOT_INO))
 
 
 class _StreamDown(Exception):
@@ -102,6 +107,7 @@ class CallStream:
         lost = False  # since the last result: retries while the master is down log quietly
         while not self._stop.is_set() and not self.master._rpc.closed:
             out: queue.SimpleQueue = queue.SimpleQueue()
+            out.put(HELLO)
 
             def requests():
                 while True:

@@ -23,6 +23,7 @@ import time
 import pyfuse3
 import trio
 
+from curvine.client import block_client
 from curvine.common import auth
 from curvine.common import config as config_mod
 from curvine.common import daemon
@@ -239,6 +240,12 @@ async def serve(cfg: config_mod.Config, ops: Operations,
 def run(cfg: config_mod.Config) -> int:
     tune_malloc()
     raise_fd_limit()
+    # Short-circuit I/O of this mount's readers and writers goes only to the data dirs
+    # its own configuration names (client.short_circuit_dirs, else worker.data_dirs),
+    # never to paths a worker reports over the network.
+    dirs = block_client.set_local_dirs(block_client.LocalDirs.from_config(cfg))
+    if cfg.client.short_circuit:
+        log.info("short-circuit data dirs: %s", ", ".join(dirs.dirs) or "(none)")
     ops = Operations(cfg)
     try:
         pyfuse3.init(ops, cfg.fuse.mountpoint, mount_options(cfg))

@@ -1,6 +1,7 @@
 """Checkpoints: compact, durable copies of the master's LMDB at a journal seq.
 
-Layout: ``<ckpt_root>/ckpt-<seq as 20 digits>/data.mdb``; a checkpoint appears
+Layout: ``<ckpt_root>/ckpt-<seq as 20 digits>/data.mdb`` (dirs 0700, files 0600:
+a checkpoint holds every name); a checkpoint appears
 only by an atomic rename after its contents and directory are fsynced, so any
 ``ckpt-*`` directory is complete.  The newest two are kept; the older one is a
 usable fallback only while the journal still holds the records after it, i.e. if
@@ -16,6 +17,8 @@ import re
 import shutil
 import tempfile
 from typing import TYPE_CHECKING
+
+from curvine.common import private_files
 
 from .journal import fsync_dir
 from .segment import JournalError
@@ -65,7 +68,9 @@ def write_checkpoint(env: lmdb.Environment, ckpt_root: str, seq: int) -> str:
     existing checkpoint: it holds the same applied state, and replacing it would
     open a window with no checkpoint at that seq.
     """
-    os.makedirs(ckpt_root, exist_ok=True)
+    # private (common/private_files.py): ckpt_root 0700 (the ckpt-* dirs are mkdtemp's
+    # 0700), the copied files 0600 (LMDB's copy makes them 0666 & ~umask)
+    private_files.private_dir(ckpt_root, "checkpoints", check_owner=False, durable=True)
     _remove_stale_tmp(ckpt_root)
     final = os.path.join(ckpt_root, checkpoint_name(seq))
     found = _list(ckpt_root)
@@ -85,6 +90,7 @@ def write_checkpoint(env: lmdb.Environment, ckpt_root: str, seq: int) -> str:
         for name in os.listdir(tmp):
             fd = os.open(os.path.join(tmp, name), os.O_RDONLY)
             try:
+                os.fchmod(fd, private_files.FILE_MODE)
                 os.fsync(fd)
             finally:
                 os.close(fd)

@@ -35,6 +35,7 @@ from .segment import (
     encode_frame,
     encode_header,
     find_valid_frame,
+    open_segment,
     parse_segment_name,
     segment_name,
 )
@@ -95,11 +96,14 @@ class Journal:
             "dir_fsyncs": 0, "segments_created": 0, "segments_retired": 0,
             "torn_bytes_cut": 0,
         }
+        # (segment, offset, seq) of the record records() yielded last; None before
+        # and after a complete iteration (see unreplayable)
+        self.last_read: tuple[str, int, int] | None = None
         self._lock_file = self._open_dir()
         try:
             self._scan()
             if self._segments:
-                self._fd = os.open(self._segments[-1].path, os.O_WRONLY | os.O_APPEND)
+                self._fd = open_segment(self._segments[-1].path, os.O_WRONLY | os.O_APPEND)
         except BaseException:
             self._lock_file.close()
             raise
@@ -160,8 +164,8 @@ class Journal:
 
     def _cut_torn_tail(self, path: str, first_seq: int, offset: int, reason: str) -> int:
         """Cut the last segment at ``offset``; returns its new size."""
-        old_size = os.path.getsize(path)
-        with open(path, "r+b") as f:
+        with os.fdopen(open_segment(path, os.O_RDWR), "r+b") as f:
+            old_size = os.fstat(f.fileno()).st_size
             if offset == 0:
                 # the header itself is torn: the segment held nothing durable, so
                 # write a fresh header for the seq its name promises
@@ -221,8 +225,11 @@ class Journal:
                                f"{durable}: the journal has lost records")
         return self._iter_records(segs, after_seq)
 
-    @staticmethod
-    def _iter_records(segs: list[_Segment], after_seq: int) -> Iterator[JournalRecord]:
+    def _iter_records(self, segs: list[_Segment], after_seq: int) -> Iterator[JournalRecord]:
+        # last_read is not cleared when the caller stops early or fails: that is
+        # when unreplayable() needs it (the caller's failure closes this generator
+        # before the caller's handler runs)
+        self.last_read = None
         for seg in segs:
             if seg.last_seq <= after_seq:
                 continue
@@ -230,6 +237,7 @@ class Journal:
             try:
                 for rec in reader:
                     if rec.seq > after_seq:
+                        self.last_read = (seg.path, reader.offset, rec.seq)
                         yield rec
             except FileNotFoundError:
                 raise JournalError(f"segment {seg.path} was retired while being read") from None
@@ -239,6 +247,23 @@ class Journal:
             if reader.end != seg.size:
                 raise JournalCorruption(seg.path, reader.end,
                                         f"segment ends early (expected {seg.size} bytes)")
+        self.last_read = None
+
+    def unreplayable(self, exc: BaseException) -> JournalCorruption | None:
+        """The error to report when processing the record that :meth:`records` yielded
+        last failed with ``exc`` (it does not decode, or cannot be applied): that
+        crc-valid record is damage, named by segment and offset.  None when no
+        iteration of :meth:`records` stopped in the middle (``exc`` came from
+        elsewhere, e.g. after the last record)."""
+        if self.last_read is None:
+            return None
+        path, offset, seq = self.last_read
+        lines = str(exc).strip().splitlines()
+        detail = f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
+        # one log line of printable ASCII, whatever bytes the message quoted
+        detail = "".join(ch if " " <= ch <= "~" else ascii(ch)[1:-1] for ch in detail)
+        return JournalCorruption(path, offset, f"record seq {seq} passes its checksum but "
+                                               f"cannot be replayed ({detail})")
 
     # -- writing ---------------------------------------------------------------
 

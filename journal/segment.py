@@ -13,13 +13,19 @@ the first one being the header's ``first_seq``.  ``length`` is capped at
 
 This module only reads and encodes; deciding whether damage is a torn tail or
 corruption is the journal's job (see :func:`find_valid_frame`).
+
+Every read opens the file with :func:`open_segment`: a segment must be a regular
+file (not a symlink, FIFO, directory or device), and checking that never blocks.
+Reading uses bounded memory whatever the file's size (a buffered reader, one record
+at a time; the search after damage reads 1 MiB windows and skips holes).
 """
 
 from __future__ import annotations
 
-import mmap
+import errno
 import os
 import re
+import stat
 import struct
 import zlib
 from collections.abc import Iterator
@@ -39,6 +45,7 @@ _CRC_START = 8  # the frame crc covers everything from seq on
 _NAME_RE = re.compile(r"^seg-(\d{20})\.wal$")
 _NONZERO = re.compile(rb"[^\x00]")
 _READ_BUFFER = 1 << 20
+_SCAN_WINDOW = 1 << 20  # candidate positions examined per read in find_valid_frame
 
 
 class JournalError(Exception):
@@ -109,10 +116,12 @@ class BadSpot:
 class SegmentReader:
     """Streams the records of one segment file; after iteration ``end`` is the
     offset after the last good frame and ``bad`` says why reading stopped early
-    (None at a clean end of file or at ``limit``).
+    (None at a clean end of file or at ``limit``).  While a record is being
+    yielded, ``offset`` is the byte offset of its frame (for error messages).
 
-    Reads through a buffered file, one record at a time, so a 64 MiB segment is
-    never held in memory as a whole.
+    Reads through a buffered file, one record at a time, so a segment is never held
+    in memory as a whole, whatever its size.  A path that is not a regular file
+    raises :class:`JournalCorruption` (see :func:`open_segment`).
     """
 
     def __init__(self, path: str, first_seq: int, limit: int | None = None) -> None:
@@ -120,10 +129,12 @@ class SegmentReader:
         self.first_seq = first_seq
         self.limit = limit
         self.end = 0
+        self.offset = 0
         self.bad: BadSpot | None = None
 
     def __iter__(self) -> Iterator[JournalRecord]:
-        with open(self.path, "rb", buffering=_READ_BUFFER) as f:
+        fd = open_segment(self.path)
+        with os.fdopen(fd, "rb", buffering=_READ_BUFFER) as f:
             size = os.fstat(f.fileno()).st_size
             if self.limit is not None:
                 size = min(size, self.limit)
@@ -155,10 +166,50 @@ class SegmentReader:
                     self.bad = BadSpot(off, f"record has seq {seq} where {expect} was expected",
                                        False)
                     return
+                self.offset = off
                 yield JournalRecord(seq, typ, payload)
                 off += FRAME_HEADER_SIZE + length
                 self.end = off
                 expect += 1
+
+
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _not_regular(path: str, mode: int) -> JournalCorruption:
+    kind = next((name for test, name in _KINDS if test(mode)), f"of file type {mode:#o}")
+    return JournalCorruption(path, 0, f"the segment is {kind}, not a regular file; "
+                                      "refusing to read it")
+
+
+def open_segment(path: str, flags: int = os.O_RDONLY) -> int:
+    """Open segment ``path`` (read-only unless ``flags`` say otherwise) and return
+    the fd; :class:`JournalCorruption` at offset 0 if it is not a regular file.
+
+    lstat first, so a FIFO, device or socket is never opened at all; then the open
+    with O_NOFOLLOW | O_NONBLOCK (no symlink followed, no wait for a FIFO's writer
+    if the path was swapped in between) and an fstat of what was opened.
+    """
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(path, st.st_mode)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # replaced by a symlink since the lstat
+            raise _not_regular(path, stat.S_IFLNK) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, st.st_mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _check_header(header: bytes, first_seq: int) -> BadSpot | None:
@@ -185,11 +236,21 @@ def find_valid_frame(path: str, start: int, expect_seq: int) -> tuple[int, int] 
     damage in the middle.  Frames that we wrote after the damage carry seqs
     ``expect_seq + k`` with ``k <= remaining bytes // FRAME_HEADER_SIZE``; all
     seqs in that range share their leading bytes, so candidates are found by
-    looking for those bytes with ``mmap.find`` (C speed) instead of trying every
+    looking for those bytes with ``bytes.find`` (C speed) instead of trying every
     offset in Python.  Runs of zero bytes, which a crash can leave behind, are
-    skipped whole (a valid seq is never zero).
+    skipped whole (a valid seq is never zero), and holes of a sparse file are not
+    read at all (``SEEK_DATA``).  The file is read in windows of about 1 MiB (and a
+    candidate's payload in pieces of that size), so memory stays bounded however
+    large the file is.
     """
-    size = os.path.getsize(path)
+    fd = open_segment(path)
+    try:
+        return _find_valid_frame(fd, os.fstat(fd).st_size, start, expect_seq)
+    finally:
+        os.close(fd)
+
+
+def _find_valid_frame(fd: int, size: int, start: int, expect_seq: int) -> tuple[int, int] | None:
     if size - start < FRAME_HEADER_SIZE:
         return None
     lo = expect_seq
@@ -201,27 +262,60 @@ def find_valid_frame(path: str, start: int, expect_seq: int) -> tuple[int, int] 
     needle = lo_b[:k]
     pos = start + _CRC_START  # where the seq field of a frame at ``start`` sits
     last = size - FRAME_HEADER_SIZE + _CRC_START  # seq field of the last possible frame
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        view = memoryview(mm)
-        try:
-            while pos <= last:
-                h = mm.find(needle, pos, last + k)
-                if h < 0:
+    seek_data = True
+    while pos <= last:
+        if seek_data:
+            try:
+                data_at = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno == errno.ENXIO:
+                    return None  # nothing but a hole from pos to the end of the file
+                seek_data = False  # not supported here: read everything
+            else:
+                # a seq field wholly inside the hole is zero, never a valid seq
+                pos = max(pos, data_at - 7)
+                if pos > last:
                     return None
-                off = h - _CRC_START
-                length, crc, seq, _typ = FRAME_HEADER.unpack_from(mm, off)
-                if seq == 0:
-                    # every seq field inside this zero run is zero: jump to its end
-                    m = _NONZERO.search(mm, h)
-                    if m is None:
-                        return None
-                    pos = max(h + 1, m.start() - 7)
-                    continue
-                if (lo <= seq <= hi and length <= MAX_PAYLOAD
-                        and off + FRAME_HEADER_SIZE + length <= size
-                        and zlib.crc32(view[h:off + FRAME_HEADER_SIZE + length]) == crc):
-                    return off, seq
-                pos = h + 1
-            return None
-        finally:
-            view.release()
+        stop = min(pos + _SCAN_WINDOW, last + 1)  # this window: seq fields at [pos, stop)
+        base = pos - _CRC_START                   # file offset of buf[0]
+        buf = os.pread(fd, stop - 1 + FRAME_HEADER_SIZE - _CRC_START - base, base)
+        i = _CRC_START
+        # candidates are buf indexes i < end_i (fewer if the file shrank meanwhile)
+        end_i = min(stop - base, len(buf) - (FRAME_HEADER_SIZE - _CRC_START) + 1)
+        while i < end_i:
+            h = buf.find(needle, i, end_i - 1 + k)
+            if h < 0:
+                break
+            off = base + h - _CRC_START
+            length, crc, seq, _typ = FRAME_HEADER.unpack_from(buf, h - _CRC_START)
+            if seq == 0:
+                # every seq field inside this zero run is zero: jump to its end
+                if buf.count(0, h) == len(buf) - h:
+                    break  # zeros to the end of the window
+                m = _NONZERO.search(buf, h)
+                i = max(h + 1, m.start() - 7)
+                continue
+            if (lo <= seq <= hi and length <= MAX_PAYLOAD
+                    and off + FRAME_HEADER_SIZE + length <= size
+                    and _frame_crc(fd, buf, base, off, length) == crc):
+                return off, seq
+            i = h + 1
+        pos = stop
+    return None
+
+
+def _frame_crc(fd: int, buf: bytes, base: int, off: int, length: int) -> int:
+    """crc32 of seq + type + payload of the frame at file offset ``off``, from ``buf``
+    (which holds the file from offset ``base``) and, past its end, from the file in
+    pieces of at most _SCAN_WINDOW bytes."""
+    begin, end = off + _CRC_START, off + FRAME_HEADER_SIZE + length
+    have = min(end, base + len(buf))
+    with memoryview(buf) as view:
+        crc = zlib.crc32(view[begin - base:have - base])
+    while have < end:
+        piece = os.pread(fd, min(end - have, _SCAN_WINDOW), have)
+        if not piece:
+            return -1  # the file shrank: whatever it is, not a match
+        crc = zlib.crc32(piece, crc)
+        have += len(piece)
+    return crc

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 
-from curvine.common import block_tokens
+from curvine.common import auth, block_tokens
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.rpc import RpcClient
 from curvine.proto import worker_pb2, worker_pb2_grpc
@@ -121,5 +121,6 @@ class DeletePusher:
         c = self._clients.get(address)
         if c is None:
             c = self._clients[address] = RpcClient(address, worker_pb2_grpc.WorkerStub,
-                                                   timeout=self.timeout, wait=0)
+                                                   timeout=self.timeout, wait=0,
+                                                   token=auth.worker_token)
         return c

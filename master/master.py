@@ -7,23 +7,28 @@ a journaled reservation, so no id is ever given twice, even across restarts.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import os
 import shutil
 import threading
 import time
 
-from curvine.common import block_tokens
+import lmdb
+
+from curvine.common import block_tokens, private_files
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.common.ids import check_ino, check_name
-from curvine.journal import Journal
+from curvine.journal import Journal, JournalError
 from curvine.journal.checkpoint import latest_checkpoint
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
 from .capacity import Capacity
 from .committer import Committer, RetryHit
 from .deleter import DeletePusher
+from .lag import LagMonitor
 from .leases import LeaseTable
 from .namespace import FILE, Effects, Namespace, RetryCache, now_ns
 from .replication import ReplicationMonitor
@@ -44,6 +49,12 @@ class Master:
         self.journal_dir = os.path.abspath(journal_dir or cfg.journal.dir)
         self.block_size = int(cfg.cluster.block_size)
         self.ckpt_root = os.path.join(self.meta_dir, "checkpoints")
+        try:  # names and the block token key: this user's only (common/private_files.py)
+            private_files.private_dir(self.meta_dir, "master.meta_dir", scan_depth=2,
+                                      durable=True)
+            private_files.private_dir(self.journal_dir, "journal.dir", durable=True)
+        except OSError as e:
+            raise CurvineError(ErrorKind.IO, f"{e.filename}: {e.strerror}") from None
         self.journal = Journal(self.journal_dir, segment_size=int(cfg.journal.segment_size),
                                fsync=cfg.journal.fsync)
         try:
@@ -62,7 +73,9 @@ class Master:
         self.leases = LeaseTable(float(cfg.master.lease_time),
                                  os.path.join(self.meta_dir, "leases.json"))
         self.ns = Namespace(self.store, self.retry, self.block_size)
-        self.registry = WorkerRegistry(float(cfg.master.worker_lost_after))
+        self.lag = LagMonitor()  # the master's own stalls (master/lag.py)
+        self.lag.start()
+        self.registry = WorkerRegistry(float(cfg.master.worker_lost_after), self.lag)
         # block -> (ino, time, workers, bytes reserved): placed, not yet in a published version
         self._pending: dict[int, tuple[int, float, list[int], int]] = {}
         self._pending_lock = threading.Lock()
@@ -71,7 +84,18 @@ class Master:
                 self.registry.upsert(w)
         self.committer = Committer(self.store, self.journal, self.ns, self._on_effects,
                                    self.ckpt_root, cfg.journal.checkpoint_every)
-        self.committer.replay()
+        try:
+            self.committer.replay()
+        except Exception as e:
+            self.store.close()
+            self.journal.close()
+            # a crc-valid record that does not decode or cannot be applied is damage:
+            # name its segment and offset (server.main exits 2), not a traceback
+            damage = (None if isinstance(e, (JournalError, OSError, MemoryError, lmdb.Error))
+                      else self.journal.unreplayable(e))
+            if damage is None:
+                raise
+            raise damage from e
         with self.store.read() as txn:
             self._reserved = self.store.get_u64(txn, b"block_ids_reserved", 1)
         self._next_block = max(self._reserved, 1)  # skip ids a previous run may have used
@@ -139,6 +163,8 @@ class Master:
             self.deleter.close()
         if hasattr(self, "replication"):
             self.replication.close()
+        if hasattr(self, "lag"):
+            self.lag.close()
         self.committer.stop()
         self.journal.close()
         self.store.close()
@@ -324,10 +350,25 @@ class Master:
 
     def complete(self, req) -> master_pb2.InodeReply:
         check_ino(req.ino)
+        # A block no version holds yet must have been allocated to this file: by AddBlock
+        # of this master run (``_pending`` says for which inode), or, from before a
+        # restart, proven by the write token AddBlock gave with it.
+        with self._pending_lock:
+            pending = {b.block_id: self._pending[b.block_id][0] for b in req.blocks
+                       if b.block_id in self._pending}
+        granted = {b.block_id for b in req.blocks if b.block_id not in pending and b.token
+                   and block_tokens.allows(self.block_key, b.block_id, b.token,
+                                           block_tokens.WRITE)}
+
+        def allocated_here(block_id: int) -> bool:
+            owner = pending.get(block_id)
+            return owner == req.ino if owner is not None else block_id in granted
+
         for b in req.blocks:
             b.ClearField("token")  # a client sends back blocks it got: tokens are never stored
         try:
-            value = self.submit(lambda t: self.ns.plan_complete(t, req, self._reserved),
+            value = self.submit(lambda t: self.ns.plan_complete(t, req, self._reserved,
+                                                                allocated_here),
                                 req.request_id, session=req.session)
         except CurvineError as e:
             if e.kind == ErrorKind.NOT_FOUND:
@@ -411,17 +452,34 @@ class Master:
             return block_id in self._pending
 
     # ------------------------------------------------------------------ workers
-    def register_worker(self, info: common_pb2.WorkerInfo) -> master_pb2.RegisterWorkerReply:
+    def register_worker(self, info: common_pb2.WorkerInfo,
+                        secret: bytes = b"") -> master_pb2.RegisterWorkerReply:
+        """Register (or re-register) the worker named by ``info.uuid``.  The first
+        registration of a uuid with a ``secret`` binds it: later ones must carry the same
+        secret (PERMISSION_DENIED otherwise), so no other holder of the worker credential
+        can take over a registered worker's identity."""
         if not info.uuid or len(info.uuid) > 64:
             raise invalid("worker.uuid", "required, at most 64 characters")
         if not info.address or len(info.address) > 255 or ":" not in info.address:
             raise invalid("worker.address", "must be host:port")
+        if len(secret) > 64:
+            raise invalid("secret", "at most 64 bytes")
+        digest = hashlib.sha256(secret).digest() if secret else b""
         known = self.registry.by_uuid(info.uuid)
         wid = known.worker_id if known is not None else 0
+        bound = self.registry.secret_digest(wid) if known is not None else b""
+        if bound and not hmac.compare_digest(bound, digest):
+            log.warning("refused a registration as worker %d (uuid %s) from %s: wrong "
+                        "secret", wid, info.uuid, info.address)
+            raise CurvineError(ErrorKind.PERMISSION,
+                               f"worker.uuid: {info.uuid} is registered to another worker "
+                               "(its secret differs); a worker with new data dirs needs a "
+                               "new uuid")
         record = common_pb2.WorkerInfo(worker_id=wid, uuid=info.uuid, host_id=info.host_id,
-                                       address=info.address, data_dirs=info.data_dirs)
+                                       address=info.address, data_dirs=info.data_dirs,
+                                       secret_digest=bound or digest)
         if known is None or (known.address, known.host_id, list(known.data_dirs)) != (
-                info.address, info.host_id, list(info.data_dirs)):
+                info.address, info.host_id, list(info.data_dirs)) or (digest and not bound):
             def plan(txn):
                 if not record.worker_id:
                     # From the store inside this transaction, not the registry: workers
@@ -435,13 +493,15 @@ class Master:
                     register_worker=journal_pb2.RegisterWorkerRecord(worker=record)), record.worker_id
             wid = self.submit(plan)
             log.info("worker %d registered: %s (host %s)", wid, info.address, info.host_id)
-        self.registry.registered(wid, info.capacity, info.used)
+        registration = self.registry.registered(wid, info.capacity, info.used)
         return master_pb2.RegisterWorkerReply(worker_id=wid, block_size=self.block_size,
-                                              block_key=self.block_key)
+                                              block_key=self.block_key,
+                                              registration=registration)
 
     def block_report(self, req: master_pb2.BlockReportRequest) -> master_pb2.BlockReportReply:
         if not self.registry.known(req.worker_id):
             raise CurvineError(ErrorKind.NOT_FOUND, f"worker_id: {req.worker_id} is not registered")
+
         if req.block_mtimes_ns and len(req.block_mtimes_ns) != len(req.block_ids):
             raise invalid("block_mtimes_ns", "must be parallel to block_ids")
         reported = set(req.block_ids)

@@ -232,7 +232,10 @@ class Namespace:
             rec.size = req.size
         return journal_pb2.JournalEntry(set_attr=rec), None
 
-    def plan_complete(self, txn, req: master_pb2.CompleteFileRequest, block_ids_reserved: int):
+    def plan_complete(self, txn, req: master_pb2.CompleteFileRequest, block_ids_reserved: int,
+                      allocated_here=lambda block_id: True):
+        """``allocated_here(block_id)``: whether a block no file holds yet was allocated
+        to this file (so a writer cannot publish another file's pending block)."""
         node = self.inode(txn, req.ino)
         if node.type != FILE:
             raise CurvineError(ErrorKind.IS_DIR, "ino: not a regular file")
@@ -258,6 +261,9 @@ class Namespace:
             owner = self.store.block_owner(txn, b.block_id)
             if owner is not None and owner != node.ino:
                 raise invalid(f"blocks[{i}].block_id", f"{b.block_id} belongs to another file")
+            if owner is None and not allocated_here(b.block_id):
+                raise invalid(f"blocks[{i}].block_id",
+                              f"{b.block_id} was not allocated to this file")
             if not b.worker_ids:
                 raise invalid(f"blocks[{i}].worker_ids", "no locations")
             for wid in b.worker_ids:

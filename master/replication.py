@@ -6,7 +6,10 @@ A background loop (``ReplicationMonitor``, one round every ``interval``):
    are dropped (DropLocationsRecord, journaled; a file left without any replica is
    removed from the namespace by that record's apply, so readers get ENOENT) and its
    blocks become suspects.  A lost worker that heartbeats again is asked to register
-   again, so that its full block report tells what it still holds.
+   again, so that its full block report tells what it still holds.  Silence while
+   the master itself was stalled does not count (master/lag.py), and losing more than
+   ``master.max_lost_share`` of the workers at once is held, files kept, for
+   ``master.mass_loss_hold`` (a fault of the master or the network, not of them all).
 2. Suspect blocks (hinted by drops, by files completed with fewer replicas than
    wanted, and found by one scan of every file after the master starts) are checked
    against the file's wanted count (``Inode.replicas``, else ``cluster.replicas``).
@@ -57,6 +60,10 @@ class ReplicationMonitor:
         self.max_inflight = max(1, int(cfg.master.replication_max_inflight))
         self.copy_timeout = max(1.0, float(cfg.master.replication_timeout))
         self.interval = min(1.0, max(0.05, float(cfg.master.worker_lost_after) / 4))
+        self.max_lost_share = float(cfg.master.max_lost_share)
+        self.mass_loss_hold = float(cfg.master.mass_loss_hold)
+        self._held_since = 0.0  # a mass loss is being held since (time.monotonic())
+        self._held_logged = 0.0
         self._lock = threading.Lock()
         self._suspects: dict[int, float] = {}  # block id -> not before (time.monotonic())
         self._inflight: dict[int, dict[int, float]] = {}  # block id -> {target: deadline}
@@ -112,8 +119,46 @@ class ReplicationMonitor:
         self.hint(b.block_id for b in blocks if b.block_id and len(b.worker_ids) < wanted)
 
     # ------------------------------------------------------------------ lost workers
+    def _mass_loss_held(self, new: list[int]) -> bool:
+        """Whether losing ``new`` workers now is held for a second look: more than
+        ``master.max_lost_share`` of the registered workers lost at once looks like a
+        fault of the master or the network more than of the workers, whose data may
+        well still be on their disks.  Held, their files stay (reads go to other
+        replicas, or fail until the workers return); after ``master.mass_loss_hold``
+        of continuous silence the loss is declared after all."""
+        registered = self.m.registry.count()
+        with self._lock:
+            lost = len(self._lost)
+        if (lost + len(new)) <= self.max_lost_share * registered:
+            self._held_since = 0.0
+            return False
+        now = time.monotonic()
+        if not self._held_since:
+            self._held_since = now
+            self._held_logged = 0.0
+        held_for = now - self._held_since
+        if held_for >= self.mass_loss_hold:
+            log.error("workers %s still silent after %.0fs (master.mass_loss_hold): "
+                      "declaring them lost", new, held_for)
+            return False
+        if now - self._held_logged >= 60.0:
+            self._held_logged = now
+            log.error("HOLDING a mass loss: %d of %d registered workers silent (%s; more "
+                      "than master.max_lost_share %.0f%%); their files are kept, not "
+                      "removed, for up to %.0fs more: check the master's host and network, "
+                      "the workers' data may still be on disk", lost + len(new), registered,
+                      ", ".join(map(str, new)), self.max_lost_share * 100,
+                      self.mass_loss_hold - held_for)
+        return True
+
     def _declare_lost(self) -> None:
-        for wid in self.m.registry.silent(self.m.started):
+        new = [w for w in self.m.registry.silent(self.m.started) if not self.is_lost(w)]
+        if not new:
+            self._held_since = 0.0
+            return
+        if self._mass_loss_held(new):
+            return
+        for wid in new:
             with self._lock:
                 if wid in self._lost:
                     continue

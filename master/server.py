@@ -28,6 +28,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--conf", help="TOML config file (default: $CURVINE_CONF or /etc/curvine/curvine.toml)")
     p.add_argument("--host", help="address to bind (config master.host)")
     p.add_argument("--port", type=int, help="gRPC port (config master.port)")
+    p.add_argument("--worker-port", type=int,
+                   help="gRPC port for workers' calls (config master.worker_port)")
     p.add_argument("--meta-dir", help="LMDB and checkpoints (config master.meta_dir)")
     p.add_argument("--journal-dir", help="write-ahead journal, on a durable volume (config journal.dir)")
     return p.parse_args(argv)
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = config_mod.load(args.conf)
-        token = auth.configure(cfg)  # never logged
+        token = auth.configure(cfg, role="master")  # never logged
         tls.check_can_serve()  # before the journal or LMDB is touched
     except (config_mod.ConfigError, auth.TokenError) as e:
         print(f"curvine-master: {e}", file=sys.stderr)
@@ -46,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg.master.host = args.host
     if args.port is not None:
         cfg.master.port = args.port
+    if args.worker_port is not None:
+        cfg.master.worker_port = args.worker_port
     if args.meta_dir:
         cfg.master.meta_dir = args.meta_dir
     if args.journal_dir:
@@ -68,34 +72,47 @@ def main(argv: list[str] | None = None) -> int:
                              token=token)
     servicer = MasterServicer(master, cfg.master.max_sessions, cfg.master.rpc_threads,
                               float(cfg.master.stream_idle_timeout))
-    add_to_server(servicer, server)
+    add_to_server(servicer, server, "client")
+    # Workers' registrations, heartbeats and block reports have a server of their own
+    # (port, threads, credential): a flood of client calls or streams cannot delay
+    # them and so make the master declare healthy workers lost.
+    wthreads = cfg.master.worker_rpc_threads
+    worker_server = rpc.make_server(wthreads, max_concurrent=wthreads * 4,
+                                    token=auth.worker_token())
+    add_to_server(servicer, worker_server, "worker")
     try:
         port = rpc.bind(server, cfg.master.host, cfg.master.port)
+        wport = rpc.bind(worker_server, cfg.master.host, cfg.master.worker_port)
     except CurvineError as e:
         log.critical("%s", e)
         master.close()
         return 1
+    worker_server.start()
     server.start()
     serving = threading.Event()
     http = metrics_mod.serve("master", cfg.master.host, cfg.master.http_port,
                              "master.http_port", master_metrics.registry(master),
                              lambda: master_metrics.health(master, serving))
     serving.set()
-    log.info("master serving on %s:%d (meta %s, journal %s, applied seq %d)", cfg.master.host,
-             port, master.meta_dir, master.journal_dir, master.committer.applied_seq)
+    log.info("master serving on %s:%d, workers on port %d (meta %s, journal %s, applied "
+             "seq %d)", cfg.master.host, port, wport, master.meta_dir, master.journal_dir,
+             master.committer.applied_seq)
     daemon.notify("READY=1")
     try:
         while not stop.wait(1.0):
             if master.committer.fatal is not None:
                 log.critical("stopping: journal failure")
                 server.stop(0)
+                worker_server.stop(0)
                 return 1
     finally:
         serving.clear()
         if http is not None:
             http.close()  # before the store closes under a scrape
     daemon.notify("STOPPING=1")
-    server.stop(grace=5).wait(6)
+    stopped = server.stop(grace=5), worker_server.stop(grace=5)
+    for event in stopped:
+        event.wait(6)
     servicer.close()
     master.close()
     log.info("master stopped")

@@ -36,6 +36,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.m = master
         self.max_sessions = max_sessions  # also the cap on open Calls streams
         self._calls_open = 0
+        self._sessions_starting = 0  # Session streams whose first message is awaited
         self._calls_lock = threading.Lock()
         # Session and Calls streams whose client stops taking replies are cancelled
         self.idle = IdleStreams(stream_idle_timeout, "master")
@@ -111,30 +112,53 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     @handler
     def RegisterWorker(self, req, ctx):
-        return self.m.register_worker(req.worker)
+        return self.m.register_worker(req.worker, req.secret)
 
+    # A worker's heartbeats and block reports name its live registration (made with
+    # the worker's secret, master.register_worker): another holder of the worker
+    # credential can neither keep a worker's entry alive nor drop its locations.
     @handler
     def BlockReport(self, req, ctx):
+        if self.m.registry.known(req.worker_id) and not self.m.registry.registration_ok(
+                req.worker_id, req.registration):
+            raise CurvineError(ErrorKind.PERMISSION,
+                               f"registration: not the live registration of worker "
+                               f"{req.worker_id}; register first")
         return self.m.block_report(req)
 
     @handler
     def WorkerHeartbeat(self, req, ctx):
+        if not self.m.registry.registration_ok(req.worker_id, req.registration):
+            # unknown since the master started, registered again since, or not that
+            # worker at all: nothing in it is believed; the worker registers again
+            return master_pb2.HeartbeatReply(reregister=True)
         return self.m.heartbeat(req)
 
     def Session(self, request_iterator, ctx):
         """A mount's lease session: the first event names it, then invalidations; acks
         arrive on the request stream (read by a helper thread)."""
         leases = self.m.leases
-        try:
-            first = next(request_iterator)
-        except StopIteration:
-            return
-        except grpc.RpcError:
-            return
-        if leases.lease_time <= 0 or leases.open_sessions() >= self.max_sessions:
+        # The slot is taken before the first message is read: a stream that sends
+        # nothing counts against max_sessions, and is cancelled after the idle timeout.
+        with self._calls_lock:
+            full = leases.open_sessions() + self._sessions_starting >= self.max_sessions
+            if not full and leases.lease_time > 0:
+                self._sessions_starting += 1
+        if full or leases.lease_time <= 0:
             yield master_pb2.SessionEvent(session_id=0, lease_ms=0)  # no leases: cache nothing
             return
-        sess = leases.open_session(ctx.peer(), first.dropped)
+        try:
+            with self.idle.watch(ctx, "Session") as watched:
+                try:
+                    first = next(request_iterator)
+                except (StopIteration, grpc.RpcError):
+                    return
+                if watched.cancelled:
+                    return
+            sess = leases.open_session(ctx.peer(), first.dropped)
+        finally:
+            with self._calls_lock:
+                self._sessions_starting -= 1
         self.m.capacity.session_opened(sess.id, first.dropped)  # writers' liveness
         ctx.add_callback(lambda: self.m.capacity.session_closed(sess.id))
 
@@ -186,6 +210,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def _calls(self, request_iterator, ctx):
         results: queue.SimpleQueue = queue.SimpleQueue()
         slots = threading.Semaphore(MAX_CALLS_IN_FLIGHT)
+        started = threading.Event()  # the first call arrived
 
         def run(call):
             results.put(self._run_call(call))
@@ -193,6 +218,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         def read_calls():
             try:
                 for call in request_iterator:
+                    started.set()
                     while not slots.acquire(timeout=0.5):
                         if not ctx.is_active():
                             return
@@ -207,7 +233,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
         ctx.add_callback(lambda: results.put(None))
         threading.Thread(target=read_calls, name="calls-reader", daemon=True).start()
-        yield from self.idle.send_from(ctx, "Calls", results, after_send=slots.release)
+        # until its first call, a stream is expected to move: one that never sends
+        # anything is cancelled after the idle timeout, like one that stopped
+        yield from self.idle.send_from(ctx, "Calls", results, after_send=slots.release,
+                                       expecting=lambda: not started.is_set())
 
     def close(self) -> None:
         self.idle.close()
@@ -255,9 +284,38 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return report.checkpoint_now(self.m, remaining)
 
 
-def add_to_server(servicer: MasterServicer, server: grpc.Server) -> None:
+# Served on the master's worker port only (master.worker_port, the worker credential):
+# client traffic can neither call them nor take the threads that answer them.
+WORKER_METHODS = frozenset(("RegisterWorker", "BlockReport", "WorkerHeartbeat"))
+
+
+class _ClientPort:
+    """The servicer as the client port serves it: the worker methods refuse."""
+
+    def __init__(self, servicer: MasterServicer):
+        self._servicer = servicer
+
+    def __getattr__(self, name):
+        if name in WORKER_METHODS:
+            return _worker_only(name)
+        return getattr(self._servicer, name)
+
+
+def _worker_only(name: str):
+    def refuse(req, ctx):
+        ctx.abort(grpc.StatusCode.PERMISSION_DENIED,
+                  f"{name} is served on the master's worker port (master.worker_port), "
+                  "to the worker credential (security.worker_token_file) only")
+    return refuse
+
+
+def add_to_server(servicer: MasterServicer, server: grpc.Server, port: str = "client") -> None:
     """Register the Master service (instead of the generated add_MasterServicer_to_server)
     so that requests which do not parse are refused as INVALID naming ``request``, not
-    logged as a traceback and answered INTERNAL (common/checked_service.py)."""
-    checked_service.add_service(server, master_pb2.DESCRIPTOR.services_by_name["Master"],
-                                servicer)
+    logged as a traceback and answered INTERNAL (common/checked_service.py).  ``port``
+    "client": every method but WORKER_METHODS (which refuse); "worker": those only."""
+    service = master_pb2.DESCRIPTOR.services_by_name["Master"]
+    if port == "worker":
+        checked_service.add_service(server, service, servicer, methods=WORKER_METHODS)
+    else:
+        checked_service.add_service(server, service, _ClientPort(servicer))

@@ -32,6 +32,7 @@ from typing import Iterator
 
 import lmdb
 
+from curvine.common import private_files
 from curvine.proto import common_pb2
 
 U32 = struct.Struct(">I")
@@ -50,12 +51,18 @@ class Store:
     """Typed access to the LMDB environment; methods take an open transaction."""
 
     def __init__(self, path: str, map_size: int = 1 << 36):
-        os.makedirs(path, exist_ok=True)
+        # Private (common/private_files.py): the dir 0700, LMDB's files 0600.  No owner
+        # check here: the master checks its meta dir at start, and an offline tool run
+        # by root on the master's files must work.
+        private_files.private_dir(path, "master.meta_dir (LMDB)", check_owner=False)
+        for name in ("data.mdb", "lock.mdb"):  # made by an older version: 0644
+            private_files.tighten_file(os.path.join(path, name), "master.meta_dir (LMDB)")
         # sync=False: the journal is the durable truth; LMDB is synced at checkpoints
         # and at shutdown, and replay covers whatever an OS crash takes back.
         self.path = path
         self.env = lmdb.open(path, map_size=map_size, max_dbs=len(_DBS) + 1, sync=False,
-                             metasync=False, readahead=False, max_readers=512)
+                             metasync=False, readahead=False, max_readers=512,
+                             mode=private_files.FILE_MODE)
         self.db = {name: self.env.open_db(name.encode()) for name in _DBS}
         with self.env.begin(write=True) as txn:
             fmt = txn.get(b"format", db=self.db["meta"])

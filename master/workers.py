@@ -22,11 +22,15 @@ exactly which of its own changes that number already includes:
 
 from __future__ import annotations
 
+import hmac
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
 
 from curvine.proto import common_pb2
+
+from .lag import LagMonitor
 
 PLACED_EXPIRY = 600.0  # seconds: a placement never reported nor freed stops counting
 
@@ -45,6 +49,8 @@ class WorkerState:
     # ones are gone from the worker's disk, the others are still there
     deleting: dict[int, int] = field(default_factory=dict)
     confirmed: set[int] = field(default_factory=set)
+    secret_digest: bytes = b""  # binds the uuid (journaled; kept out of ``info``)
+    registration: bytes = b""  # of the live registration (heartbeats carry it)
 
     def estimated_used(self) -> int:
         placed = sum(n for n, _ in self.placed.values())
@@ -75,19 +81,27 @@ class WorkerUsage:
 
 
 class WorkerRegistry:
-    def __init__(self, lost_after: float):
+    def __init__(self, lost_after: float, lag: LagMonitor | None = None):
         self.lost_after = lost_after
+        self.lag = lag  # the master's own stalls do not count as workers' silence
         self._lock = threading.Lock()
         self._workers: dict[int, WorkerState] = {}
         self.deletes_queued = threading.Condition(self._lock)  # notified by queue_deletes
 
-    def upsert(self, info: common_pb2.WorkerInfo) -> None:
+    def upsert(self, record: common_pb2.WorkerInfo) -> None:
+        """A registration record (from the journal or the store); its secret digest is
+        kept here, never in the ``info`` that clients are sent."""
+        info = common_pb2.WorkerInfo()
+        info.CopyFrom(record)
+        info.ClearField("secret_digest")
         with self._lock:
             st = self._workers.get(info.worker_id)
             if st is None:
-                self._workers[info.worker_id] = WorkerState(info=info)
+                st = self._workers[info.worker_id] = WorkerState(info=info)
             else:
                 st.info = info
+            if record.secret_digest:
+                st.secret_digest = record.secret_digest
 
     def by_uuid(self, uuid: str) -> common_pb2.WorkerInfo | None:
         with self._lock:
@@ -96,19 +110,36 @@ class WorkerRegistry:
                     return st.info
         return None
 
+    def secret_digest(self, worker_id: int) -> bytes:
+        with self._lock:
+            st = self._workers.get(worker_id)
+            return st.secret_digest if st is not None else b""
+
+    def registration_ok(self, worker_id: int, registration: bytes) -> bool:
+        """Whether a heartbeat or block report names the live registration of its
+        worker (an impostor without the worker's secret has none)."""
+        with self._lock:
+            st = self._workers.get(worker_id)
+            return (st is not None and bool(st.registration)
+                    and hmac.compare_digest(st.registration, registration))
+
     def known(self, worker_id: int) -> bool:
         with self._lock:
             return worker_id in self._workers
 
-    def registered(self, worker_id: int, capacity: int, used: int) -> None:
+    def registered(self, worker_id: int, capacity: int, used: int) -> bytes:
         """A (re)registration: its usage is the whole truth, placements and deletes the
         master counted before are forgotten (a restarted worker lost its writes in
-        flight; its block report settles the rest)."""
+        flight; its block report settles the rest).  Returns the new registration
+        (heartbeats and block reports must carry it)."""
+        registration = secrets.token_bytes(16)
         with self._lock:
             st = self._workers.get(worker_id)
             if st is not None:
                 st.reset_account()
+                st.registration = registration
         self.heartbeat(worker_id, capacity, used, 0)
+        return registration
 
     def heartbeat(self, worker_id: int, capacity: int, used: int, num_blocks: int,
                   added=(), removed=(), failed=(), lost: bool = False) -> list[int] | None:
@@ -214,10 +245,14 @@ class WorkerRegistry:
         one, or never heard from although the master has run (since ``since``, a
         time.monotonic()) for that long."""
         now = time.monotonic()
+        heard = self.lag.heard_since if self.lag is not None else (lambda t: t)
         with self._lock:
             return [wid for wid, st in self._workers.items()
-                    if not self.alive(st, now)
-                    and (st.last_heartbeat > 0 or now - since >= self.lost_after)]
+                    if now - heard(st.last_heartbeat or since) >= self.lost_after]
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._workers)
 
     def alive_ids(self) -> set[int]:
         now = time.monotonic()

@@ -82,7 +82,7 @@ class BlockList(_message.Message):
     def __init__(self, blocks: _Optional[_Iterable[_Union[Block, _Mapping]]] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "uuid", "host_id", "address", "data_dirs", "capacity", "used", "lost")
+    __slots__ = ("worker_id", "uuid", "host_id", "address", "data_dirs", "capacity", "used", "lost", "secret_digest")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,7 @@ class WorkerInfo(_message.Message):
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
+    SECRET_DIGEST_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     uuid: str
     host_id: str
@@ -99,7 +100,8 @@ class WorkerInfo(_message.Message):
     capacity: int
     used: int
     lost: bool
-    def __init__(self, worker_id: _Optional[int] = ..., uuid: _Optional[str] = ..., host_id: _Optional[str] = ..., address: _Optional[str] = ..., data_dirs: _Optional[_Iterable[str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., lost: _Optional[bool] = ...) -> None: ...
+    secret_digest: bytes
+    def __init__(self, worker_id: _Optional[int] = ..., uuid: _Optional[str] = ..., host_id: _Optional[str] = ..., address: _Optional[str] = ..., data_dirs: _Optional[_Iterable[str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., lost: _Optional[bool] = ..., secret_digest: _Optional[bytes] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()

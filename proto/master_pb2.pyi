@@ -264,32 +264,38 @@ class CompleteFileRequest(_message.Message):
     def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., if_unpublished: _Optional[bool] = ..., session: _Optional[int] = ..., abandoned_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker",)
+    __slots__ = ("worker", "secret")
     WORKER_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     worker: _common_pb2.WorkerInfo
-    def __init__(self, worker: _Optional[_Union[_common_pb2.WorkerInfo, _Mapping]] = ...) -> None: ...
+    secret: bytes
+    def __init__(self, worker: _Optional[_Union[_common_pb2.WorkerInfo, _Mapping]] = ..., secret: _Optional[bytes] = ...) -> None: ...
 
 class RegisterWorkerReply(_message.Message):
-    __slots__ = ("worker_id", "block_size", "block_key")
+    __slots__ = ("worker_id", "block_size", "block_key", "registration")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_KEY_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     block_size: int
     block_key: bytes
-    def __init__(self, worker_id: _Optional[int] = ..., block_size: _Optional[int] = ..., block_key: _Optional[bytes] = ...) -> None: ...
+    registration: bytes
+    def __init__(self, worker_id: _Optional[int] = ..., block_size: _Optional[int] = ..., block_key: _Optional[bytes] = ..., registration: _Optional[bytes] = ...) -> None: ...
 
 class BlockReportRequest(_message.Message):
-    __slots__ = ("worker_id", "block_ids", "block_mtimes_ns", "block_lengths")
+    __slots__ = ("worker_id", "block_ids", "block_mtimes_ns", "block_lengths", "registration")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_MTIMES_NS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     block_mtimes_ns: _containers.RepeatedScalarFieldContainer[int]
     block_lengths: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, worker_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., block_mtimes_ns: _Optional[_Iterable[int]] = ..., block_lengths: _Optional[_Iterable[int]] = ...) -> None: ...
+    registration: bytes
+    def __init__(self, worker_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ..., block_mtimes_ns: _Optional[_Iterable[int]] = ..., block_lengths: _Optional[_Iterable[int]] = ..., registration: _Optional[bytes] = ...) -> None: ...
 
 class BlockReportReply(_message.Message):
     __slots__ = ("delete_block_ids",)
@@ -298,7 +304,7 @@ class BlockReportReply(_message.Message):
     def __init__(self, delete_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "capacity", "used", "num_blocks", "replicated_block_ids", "failed_block_ids", "added_block_ids", "removed_block_ids", "changes_lost")
+    __slots__ = ("worker_id", "capacity", "used", "num_blocks", "replicated_block_ids", "failed_block_ids", "added_block_ids", "removed_block_ids", "changes_lost", "registration")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
@@ -308,6 +314,7 @@ class HeartbeatRequest(_message.Message):
     ADDED_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     REMOVED_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     CHANGES_LOST_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     capacity: int
     used: int
@@ -317,7 +324,8 @@ class HeartbeatRequest(_message.Message):
     added_block_ids: _containers.RepeatedScalarFieldContainer[int]
     removed_block_ids: _containers.RepeatedScalarFieldContainer[int]
     changes_lost: bool
-    def __init__(self, worker_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., num_blocks: _Optional[int] = ..., replicated_block_ids: _Optional[_Iterable[int]] = ..., failed_block_ids: _Optional[_Iterable[int]] = ..., added_block_ids: _Optional[_Iterable[int]] = ..., removed_block_ids: _Optional[_Iterable[int]] = ..., changes_lost: _Optional[bool] = ...) -> None: ...
+    registration: bytes
+    def __init__(self, worker_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., num_blocks: _Optional[int] = ..., replicated_block_ids: _Optional[_Iterable[int]] = ..., failed_block_ids: _Optional[_Iterable[int]] = ..., added_block_ids: _Optional[_Iterable[int]] = ..., removed_block_ids: _Optional[_Iterable[int]] = ..., changes_lost: _Optional[bool] = ..., registration: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("delete_block_ids", "reregister", "replicate")

@@ -1,9 +1,11 @@
 """A slow or hostile client cannot pin a worker's threads forever.
 
-A real worker process with two RPC threads and ``worker.stream_idle_timeout = 1s``.
-Two WriteBlock streams that send a header and then nothing (no client deadline) take
-both threads: an honest call waits behind them, and is served once the worker has
-cancelled the idle streams.  A ReadBlock stream whose client stops reading is cancelled
+A real worker process with four RPC threads (so at most two block streams,
+worker/server.stream_limit) and ``worker.stream_idle_timeout = 1s``.  Two WriteBlock
+streams that send a header and then nothing (no client deadline) take both stream
+slots: a third stream is refused BUSY at once instead of queueing behind them, an
+honest unary call is served at once (the streams cannot take the threads it needs),
+and the worker cancels the idle streams.  A ReadBlock stream whose client stops reading is cancelled
 the same way.  A slow writer that keeps sending (total time well past the timeout) is
 not cancelled: the limit is on silence, not on duration.  Every cancellation is counted
 in ``curvine_streams_cancelled_idle_total{method}`` and leaves no staging file.
@@ -37,7 +39,7 @@ def cancelled_idle(http_port: int) -> dict[str, float]:
 
 def test_idle_streams_are_cancelled_and_free_their_threads(make_cluster, tmp_path):
     conf = tmp_path / "limits.toml"
-    conf.write_text('[worker]\nrpc_threads = 2\nstream_idle_timeout = "1s"\n')
+    conf.write_text('[worker]\nrpc_threads = 4\nstream_idle_timeout = "1s"\n')
     c = make_cluster(workers=1, mounts=0, conf=str(conf))
     worker = c._proc("worker", 0)
     staging = os.path.join(c.base, "worker", "0", "data", "staging")
@@ -65,8 +67,17 @@ def test_idle_streams_are_cancelled_and_free_their_threads(make_cluster, tmp_pat
             deadline = time.monotonic() + DEADLINE
             while len(os.listdir(staging)) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert len(os.listdir(staging)) == 2, "both stalled writers hold a thread"
-            # An honest call queues behind them and is served once they are cancelled.
+            assert len(os.listdir(staging)) == 2, "both stalled writers hold a slot"
+            # A third stream is refused at once, not queued behind them.
+            started = time.monotonic()
+            try:
+                stub.WriteBlock(stalled(*alloc()), timeout=DEADLINE)
+                raise AssertionError("a third block stream was served")
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.ABORTED, (e.code(), e.details())
+                assert "block streams open" in e.details()
+            refused_after = time.monotonic() - started
+            # An honest unary call is served while they hold their slots.
             started = time.monotonic()
             with_token = alloc()
             info = stub.GetBlockInfo.future(worker_pb2.GetBlockInfoRequest(
@@ -76,6 +87,7 @@ def test_idle_streams_are_cancelled_and_free_their_threads(make_cluster, tmp_pat
             except grpc.RpcError as e:
                 assert e.code() == grpc.StatusCode.NOT_FOUND, (e.code(), e.details())
             waited = time.monotonic() - started
+            assert len(os.listdir(staging)) == 2, "answered while both writers stalled"
             for f in stalls:
                 try:
                     f.result(timeout=DEADLINE)
@@ -85,7 +97,8 @@ def test_idle_streams_are_cancelled_and_free_their_threads(make_cluster, tmp_pat
                                         grpc.StatusCode.DEADLINE_EXCEEDED), e.code()
         finally:
             release.set()
-        print(f"an honest call waited {waited:.1f}s behind two silent writers")
+        print(f"beside two silent writers: a third stream refused after "
+              f"{refused_after:.2f}s, an honest unary call answered after {waited:.2f}s")
         assert cancelled_idle(worker.http_port).get("WriteBlock") == 2
         deadline = time.monotonic() + DEADLINE
         while os.listdir(staging) and time.monotonic() < deadline:
@@ -155,7 +168,9 @@ def test_master_streams_are_bounded_and_stalled_ones_cancelled(make_cluster, tmp
     reading it once MAX_CALLS_IN_FLIGHT results wait unsent (the client's sends then
     block on flow control instead of the master's memory growing), and cancels it once
     it has owed replies for ``master.stream_idle_timeout``.  A quiet stream owing
-    nothing is left alone.  Calls streams beyond ``master.max_sessions`` are refused."""
+    nothing is left alone once it has sent a call (as a mount's does at once); one that
+    never sends anything is cancelled like one that stopped.  Calls streams beyond
+    ``master.max_sessions`` are refused."""
     from curvine.master.service import MAX_CALLS_IN_FLIGHT
     conf = tmp_path / "limits.toml"
     conf.write_text('[master]\nmax_sessions = 2\nstream_idle_timeout = "2s"\n')
@@ -173,9 +188,8 @@ def test_master_streams_are_bounded_and_stalled_ones_cancelled(make_cluster, tmp
     quiet_stop = threading.Event()
 
     def quiet():
-        quiet_stop.wait(60)
-        return
-        yield  # a generator that sends nothing
+        yield master_pb2.Call(id=1, getattr=master_pb2.GetAttrRequest(ino=ROOT_INO))
+        quiet_stop.wait(60)  # then nothing: a quiet mount
 
     # The client's receive window stays at 64 KiB (no BDP probing): a client that does
     # not read stops taking replies after ~64 KiB of them.
@@ -194,6 +208,7 @@ def test_master_streams_are_bounded_and_stalled_ones_cancelled(make_cluster, tmp
                 response_deserializer=master_pb2.CallResult.FromString)(requests)
 
         quiet_stream = open_calls(channel, quiet())  # open, owes nothing: must survive
+        assert next(quiet_stream).id == 1
         before = handled(http_port, "Lookup")
         flood_stream = open_calls(small_window, flood())  # no deadline, never read
         try:
@@ -237,6 +252,29 @@ def test_master_streams_are_bounded_and_stalled_ones_cancelled(make_cluster, tmp
             second.cancel()
             time.sleep(3)  # longer than the timeout: the quiet stream is not cancelled
             assert cancelled_idle(http_port).get("Calls") == 1
+            assert quiet_stream.is_active()
+
+            # A stream that never sends a call holds a slot and a thread: cancelled
+            # after the timeout like one that stopped.
+            silent_stop = threading.Event()
+
+            def silent():
+                silent_stop.wait(60)
+                return
+                yield
+
+            silent_stream = open_calls(channel, silent())
+            started = time.monotonic()
+            try:
+                for _ in silent_stream:
+                    pass
+                raise AssertionError("a silent Calls stream ended normally")
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.CANCELLED, e.code()
+            finally:
+                silent_stop.set()
+            assert 1.5 < time.monotonic() - started < DEADLINE
+            assert cancelled_idle(http_port).get("Calls") == 2
             assert quiet_stream.is_active()
         finally:
             stop.set()

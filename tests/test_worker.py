@@ -639,7 +639,9 @@ class WorkerProcess:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [os.path.join(VENV_BIN, "curvine-worker"), "--conf", str(conf),
-                 "--master", f"127.0.0.1:{master_port}", "--host", "127.0.0.1", "--port", "0",
+                 "--master", f"127.0.0.1:{master_port}",
+                 "--master-worker", f"127.0.0.1:{master_port}",
+                 "--host", "127.0.0.1", "--port", "0",
                  "--data-dir", str(data_dir), "--capacity", "1GiB"],
                 stdout=log, stderr=subprocess.STDOUT, env=env)
 

@@ -17,6 +17,12 @@ Short-circuit writes: a client on this host writes a block's staging file itself
 type, link count and length and renames it into place like a finished write.  Client
 staging files whose writer is gone (the flock is free) are swept periodically.
 
+Private: every directory of a data dir is 0700 and every file the worker creates is
+0600 (an adopted file is made 0600 too); at start the data dir and its staging and
+block directories are checked (common/private_files.py): opened up to group or others
+they are made 0700 with a warning, owned by another user they are refused
+(NotOwnedError, exit 2).  Block files are not walked: the dirs keep others out.
+
 Paths are built only from validated integer block ids, so no request can name a
 file outside the data dirs.  fsync is off by default: this is a cache (LMCache never
 fsyncs either) and a block lost in a crash is a cache miss, not data loss.
@@ -37,6 +43,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterable
 
+from curvine.common import private_files
 from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.common.blocks import (CLIENT_STAGING_NAME, MAX_BLOCK_ID, block_path,
                                    check_block_id)
@@ -50,6 +57,8 @@ _STAGING_SUFFIX = ".tmp"
 _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 STALE_CLIENT_STAGING = 60.0  # seconds before an unlocked client staging file is swept
 MAX_CHANGES = 100_000  # block set changes kept for the next heartbeat (then: "lost")
+# every directory of a data dir (created 0700 and checked at start); files are 0600
+_PRIVATE_SUBDIRS = ("staging", "blocks", *(os.path.join("blocks", f"{i:02x}") for i in range(256)))
 
 
 @dataclass(frozen=True)
@@ -88,11 +97,12 @@ class BlockStore:
         self._added: list[int] = []
         self._removed: list[int] = []
         self._changes_lost = False
+        self._adopt_mode_warned = False
         for d in dirs:
             try:
-                os.makedirs(os.path.join(d, "staging"), exist_ok=True)
-                for i in range(256):
-                    os.makedirs(os.path.join(d, "blocks", f"{i:02x}"), exist_ok=True)
+                # 0700, owned by this user (common/private_files.py): the dirs, not the
+                # millions of block files in them, are what keep other users out
+                private_files.private_dir(d, "worker.data_dirs", _PRIVATE_SUBDIRS)
             except OSError as e:
                 raise CurvineError(ErrorKind.IO, f"data dir {d}: {e.strerror}") from None
         self._clean_staging()
@@ -261,7 +271,8 @@ class BlockStore:
         path = os.path.join(self.data_dirs[di], "staging",
                             f"{block_id:016x}.{secrets.token_hex(8)}{_STAGING_SUFFIX}")
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                         private_files.FILE_MODE)
         except OSError as e:
             with self._lock:
                 self._reserved -= expected_length
@@ -364,6 +375,7 @@ class BlockStore:
                 raise invalid("path", f"{path} has {st.st_nlink} links")
             if st.st_size != length:
                 raise invalid("length", f"{path} holds {st.st_size} bytes, not {length}")
+            self._make_private(fd, st, path)
             with self._lock:
                 if self._used + self._reserved + length > self.capacity:
                     full = True
@@ -384,7 +396,7 @@ class BlockStore:
                 except FileNotFoundError:
                     if not os.path.exists(path):
                         raise
-                    os.makedirs(os.path.dirname(final), exist_ok=True)
+                    private_files.make_dir(os.path.dirname(final))
                     os.replace(path, final)
                 if self.fsync:
                     _fsync_dir(os.path.dirname(final))
@@ -418,6 +430,23 @@ class BlockStore:
         if stale:
             _unlink(stale)
         return length, checksum
+
+    def _make_private(self, fd: int, st: os.stat_result, path: str) -> None:
+        """An adopted file becomes 0600 like the worker's own blocks, whatever mode
+        its writer gave it (the client makes it this worker's user's file)."""
+        if stat.S_IMODE(st.st_mode) == private_files.FILE_MODE:
+            return
+        try:
+            os.fchmod(fd, private_files.FILE_MODE)
+        except OSError as e:
+            # not this user's file (a client that did not chown it): the 0700 data
+            # dir still keeps other users away from it
+            if not self._adopt_mode_warned:
+                self._adopt_mode_warned = True
+                log.warning("cannot make adopted block files 0600 (%s is owned by uid %d, "
+                            "mode %o: %s); the data dir's mode 0700 still keeps other "
+                            "users out (said once)", path, st.st_uid,
+                            stat.S_IMODE(st.st_mode), e.strerror)
 
     def sweep_client_staging(self, min_age: float = STALE_CLIENT_STAGING) -> int:
         """Remove client staging files older than ``min_age`` seconds whose writer is
@@ -583,7 +612,7 @@ class BlockWriter:
                 os.replace(self.staging_path, final)
             except FileNotFoundError:
                 # The block subdir vanished (someone cleaned up by hand): recreate it.
-                os.makedirs(os.path.dirname(final), exist_ok=True)
+                private_files.make_dir(os.path.dirname(final))
                 os.replace(self.staging_path, final)
             if store.fsync:
                 _fsync_dir(os.path.dirname(final))

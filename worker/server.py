@@ -8,7 +8,8 @@ READY=1.  Reads are served from the moment the gRPC server is up.  A heartbeat e
 copies); the master answers with blocks to delete, blocks to copy from other workers
 (re-replication, worker/replication.py), or asks the worker to register again.  SIGTERM stops cleanly.
 
-Exit codes: 0 clean shutdown, 1 cannot start (data dir, port), 2 bad config or flags.
+Exit codes: 0 clean shutdown, 1 cannot start (data dir, port), 2 bad config or flags,
+or a data dir owned by another user (common/private_files.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import ctypes
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -26,7 +28,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from curvine.common import auth, block_tokens, tls
 from curvine.common import config as config_mod
-from curvine.common import daemon
+from curvine.common import daemon, private_files
 from curvine.common import log as log_mod
 from curvine.common import metrics
 from curvine.common.errors import CurvineError, ErrorKind
@@ -43,6 +45,7 @@ from .service import WorkerServicer, add_to_server
 log = logging.getLogger(__name__)
 
 UUID_FILE = "worker.uuid"
+SECRET_FILE = "worker.secret"  # binds the uuid at the master (RegisterWorkerRequest.secret)
 STAGING_SWEEP_INTERVAL = 30.0  # seconds between sweeps of abandoned client staging files
 _MASTER_DOWN = (ErrorKind.UNAVAILABLE, ErrorKind.TIMEOUT)
 
@@ -60,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--conf",
                    help="config file (default $CURVINE_CONF or /etc/curvine/curvine.toml)")
     p.add_argument("--master", metavar="H:P", help="master gRPC address (cluster.master_addr)")
+    p.add_argument("--master-worker", metavar="H:P",
+                   help="where workers reach the master (cluster.master_worker_addr; "
+                        "default: the master's host, port master.worker_port)")
     p.add_argument("--host", help="address to listen on and to advertise (worker.host)")
     p.add_argument("--port", type=int, help="gRPC port, 0 = any free port (worker.port)")
     p.add_argument("--data-dir", action="append", dest="data_dirs", metavar="DIR",
@@ -73,6 +79,8 @@ def load_config(args: argparse.Namespace) -> config_mod.Config:
     cfg = config_mod.load(args.conf)
     if args.master is not None:
         cfg.cluster.master_addr = args.master
+    if args.master_worker is not None:
+        cfg.cluster.master_worker_addr = args.master_worker
     if args.host is not None:
         cfg.worker.host = args.host
     if args.port is not None:
@@ -94,7 +102,8 @@ def worker_uuid(data_dir: str) -> str:
     except FileNotFoundError:
         value = str(uuid.uuid4())
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="ascii") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                          private_files.FILE_MODE), "w", encoding="ascii") as f:
             f.write(value + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -106,6 +115,36 @@ def worker_uuid(data_dir: str) -> str:
     except ValueError:
         raise CurvineError(ErrorKind.INVALID, f"{path}: not a UUID; remove the file to give "
                                               "this worker a new identity") from None
+
+
+def worker_secret(data_dir: str) -> bytes:
+    """The worker's secret (32 random bytes, mode 0600 beside its uuid, made once): the
+    master binds the uuid to the first secret it registers with and refuses any other,
+    so another holder of the worker credential cannot take over this worker's identity.
+    Losing the file means the uuid must go too (remove worker.uuid as well)."""
+    path = os.path.join(data_dir, SECRET_FILE)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(129)
+    except FileNotFoundError:
+        value = secrets.token_bytes(32)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(value.hex() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return value
+    try:
+        value = bytes.fromhex(raw.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        value = b""
+    if len(value) != 32:
+        raise CurvineError(ErrorKind.INVALID, f"{path}: not a worker secret (64 hex digits); "
+                                              f"remove it and {UUID_FILE} to give this "
+                                              "worker a new identity")
+    return value
 
 
 def load_block_key(data_dir: str) -> bytes:
@@ -123,6 +162,12 @@ def save_block_key(data_dir: str, key: bytes) -> None:
         block_tokens.write_key(os.path.join(data_dir, block_tokens.BLOCK_KEY_FILE), key)
     except OSError as e:
         log.warning("cannot save the block token key in %s: %s", data_dir, e)
+
+
+def stream_limit(rpc_threads: int) -> int:
+    """Block streams the worker serves at once: a quarter of its threads (at least
+    two) stay free for unary calls, refusals and the master's deletes."""
+    return max(1, rpc_threads - max(2, rpc_threads // 4))
 
 
 def advertised_address(host: str, port: int) -> str:
@@ -150,6 +195,9 @@ class MasterLink:
         self.ready = threading.Event()
         self.worker_id = 0
         self.uuid = worker_uuid(store.data_dirs[0])
+        self.secret = worker_secret(store.data_dirs[0])
+        self.registration = b""  # names the live registration in heartbeats and reports
+        self.master_addr = config_mod.master_worker_addr(cfg)  # the master's worker port
         self.interval = max(float(cfg.worker.heartbeat_interval), 0.01)
         self.rpc = self._make_rpc()
         # copies of other workers' blocks the master asks for (re-replication)
@@ -180,8 +228,8 @@ class MasterLink:
             self.rpc.close()
 
     def _make_rpc(self) -> RpcClient:
-        return RpcClient(self.cfg.cluster.master_addr, master_pb2_grpc.MasterStub,
-                         timeout=float(self.cfg.cluster.rpc_timeout))
+        return RpcClient(self.master_addr, master_pb2_grpc.MasterStub,
+                         timeout=float(self.cfg.cluster.rpc_timeout), token=auth.worker_token)
 
     def _call(self, method: str, request):
         # wait=0: no retries inside RpcClient; this loop retries at its own pace.
@@ -195,7 +243,7 @@ class MasterLink:
                 else:
                     self._heartbeat()
                 if self._master_down:
-                    log.info("master %s is reachable again", self.cfg.cluster.master_addr)
+                    log.info("master %s is reachable again", self.master_addr)
                 self._master_down = False
                 self._last_error = ""
                 self.last_contact = time.monotonic()
@@ -207,12 +255,12 @@ class MasterLink:
                 if e.kind in _MASTER_DOWN:
                     if not self._master_down:
                         log.warning("master %s unavailable (%s); retrying every %.1fs",
-                                    self.cfg.cluster.master_addr, e, self.interval)
+                                    self.master_addr, e, self.interval)
                     self._master_down = True
                     self._new_channel()
                 else:
                     if str(e) != self._last_error:
-                        log.error("master %s refused %s: %s", self.cfg.cluster.master_addr,
+                        log.error("master %s refused %s: %s", self.master_addr,
                                   "heartbeat" if self._registered else "registration", e)
                         self._last_error = str(e)
                     # Whatever the master disliked (e.g. a worker id it no longer
@@ -230,9 +278,11 @@ class MasterLink:
         info = common_pb2.WorkerInfo(
             worker_id=self.worker_id, uuid=self.uuid, host_id=host_id(), address=self.address,
             data_dirs=self.store.data_dirs, capacity=capacity, used=used)
-        reply = self._call("RegisterWorker", master_pb2.RegisterWorkerRequest(worker=info))
+        reply = self._call("RegisterWorker", master_pb2.RegisterWorkerRequest(
+            worker=info, secret=self.secret))
+        self.registration = reply.registration
         if reply.worker_id != self.worker_id:
-            log.info("registered with master %s as worker %d", self.cfg.cluster.master_addr,
+            log.info("registered with master %s as worker %d", self.master_addr,
                      reply.worker_id)
         self.worker_id = reply.worker_id
         if reply.block_size:
@@ -247,7 +297,8 @@ class MasterLink:
     def _block_report(self) -> None:
         blocks = self.store.report_sizes()
         req = master_pb2.BlockReportRequest(
-            worker_id=self.worker_id, block_ids=[b for b, _, _ in blocks],
+            worker_id=self.worker_id, registration=self.registration,
+            block_ids=[b for b, _, _ in blocks],
             block_mtimes_ns=[m for _, m, _ in blocks], block_lengths=[n for _, _, n in blocks])
         reply = self._call("BlockReport", req)
         log.info("block report: %d blocks, master asked to delete %d",
@@ -259,7 +310,8 @@ class MasterLink:
         copied, failed = self.copier.take_outcomes()
         try:
             reply = self._call("WorkerHeartbeat", master_pb2.HeartbeatRequest(
-                worker_id=self.worker_id, capacity=capacity, used=used, num_blocks=num_blocks,
+                worker_id=self.worker_id, registration=self.registration,
+                capacity=capacity, used=used, num_blocks=num_blocks,
                 replicated_block_ids=copied, failed_block_ids=failed,
                 added_block_ids=added, removed_block_ids=removed, changes_lost=lost))
         except BaseException:
@@ -293,7 +345,7 @@ class MasterLink:
 def health(link: MasterLink) -> str | None:
     """Healthy while the master has accepted this worker's registration or heartbeat
     within master.worker_lost_after (after that the master counts it lost)."""
-    master = link.cfg.cluster.master_addr
+    master = link.master_addr
     if not link.ready.is_set():
         return f"not registered with master {master} yet" + (
             f" ({link.last_failure})" if link.last_failure else "")
@@ -341,13 +393,19 @@ def run(cfg: config_mod.Config, stop: threading.Event) -> int:
     wc = cfg.worker
     try:
         store = BlockStore(wc.data_dirs, capacity=int(wc.capacity))
+    except private_files.NotOwnedError as e:
+        log.error("%s", e)  # another user's data dir: restarting will not help
+        return 2
     except (CurvineError, OSError) as e:
         log.error("cannot open data dirs: %s", e)
         return 1
     servicer = WorkerServicer(store, block_size=int(cfg.cluster.block_size),
                               block_key=load_block_key(store.data_dirs[0]),
-                              stream_idle_timeout=float(wc.stream_idle_timeout))
-    server = make_server(wc.rpc_threads, token=auth.client_token())
+                              stream_idle_timeout=float(wc.stream_idle_timeout),
+                              max_streams=stream_limit(wc.rpc_threads))
+    # clients (mounts, the client library) and the other daemons (the master's deletes,
+    # other workers' re-replication copies) call the worker
+    server = make_server(wc.rpc_threads, tokens=(auth.client_token(), auth.worker_token()))
     add_to_server(servicer, server)
     try:
         port = bind(server, wc.host, wc.port)
@@ -357,7 +415,7 @@ def run(cfg: config_mod.Config, stop: threading.Event) -> int:
     server.start()
     address = advertised_address(wc.host, port)
     log.info("worker listening on %s:%d, registering with master %s", wc.host, port,
-             cfg.cluster.master_addr)
+             config_mod.master_worker_addr(cfg))
     try:
         link = MasterLink(cfg, store, servicer, address, stop)
     except (CurvineError, OSError) as e:
@@ -391,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = load_config(args)
-        auth.configure(cfg)  # the token is never logged
+        auth.configure(cfg, role="worker")  # the tokens are never logged
         tls.check_can_serve()  # before the data dirs are touched
     except (config_mod.ConfigError, auth.TokenError) as e:
         log_mod.setup("INFO", "curvine-worker")

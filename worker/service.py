@@ -6,7 +6,9 @@ BlockStore, convert the result.  Data travels in messages of at most 1 MiB.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 
 import grpc
 
@@ -18,7 +20,7 @@ from curvine.proto import common_pb2, worker_pb2, worker_pb2_grpc
 
 from curvine.common import checked_service, wire
 from curvine.common.stream_guard import IdleStreams, Watched
-from curvine.common.metrics import (BLOCK_TOKEN_REFUSED, WORKER_READ_REMOTE,
+from curvine.common.metrics import (BLOCK_TOKEN_REFUSED, STREAMS_REFUSED_BUSY, WORKER_READ_REMOTE,
                                     WORKER_WRITTEN_REMOTE, WORKER_WRITTEN_SHORT_CIRCUIT)
 from curvine.common.blocks import check_block_id
 
@@ -44,8 +46,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     block store plumbing without a master, never set by the worker daemon."""
 
     def __init__(self, store: BlockStore, block_size: int = 64 * MIB,
-                 block_key: bytes | None = b"", stream_idle_timeout: float = 0.0):
+                 block_key: bytes | None = b"", stream_idle_timeout: float = 0.0,
+                 max_streams: int = 0):
         self.store = store
+        # Block streams open at once (0 = no limit).  The daemon sets it below its RPC
+        # threads, so streams that send nothing (each held until the idle timeout) can
+        # never take the threads that unary calls and refusals need: more are refused
+        # BUSY at once instead of queueing behind them for minutes.
+        self.max_streams = max_streams
+        self._streams = 0
+        self._streams_lock = threading.Lock()
         self.block_size = block_size
         self.block_key = block_key
         # WriteBlock/ReadBlock streams silent this long are cancelled (0 = never)
@@ -89,9 +99,26 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         watched.touch()
         return req
 
+    @contextlib.contextmanager
+    def _stream_slot(self, method: str):
+        with self._streams_lock:
+            full = self.max_streams and self._streams >= self.max_streams
+            if not full:
+                self._streams += 1
+        if full:
+            STREAMS_REFUSED_BUSY.labels(method=method).inc()
+            raise CurvineError(ErrorKind.BUSY, f"{method}: {self.max_streams} block streams "
+                                               "open on this worker; try again")
+        try:
+            yield
+        finally:
+            with self._streams_lock:
+                self._streams -= 1
+
     @handler
     def WriteBlock(self, request_iterator, context):
-        with self.idle.watch(context, "WriteBlock") as watched:
+        with self._stream_slot("WriteBlock"), \
+                self.idle.watch(context, "WriteBlock") as watched:
             return self._write_block(iter(request_iterator), watched)
 
     def _write_block(self, requests, watched: Watched):
@@ -141,6 +168,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if chunk > READ_CHUNK:
             raise invalid("chunk_size", f"{chunk} is larger than {READ_CHUNK}")
         self._authorize(block_id, request.token, block_tokens.READ, "token")
+        with self._stream_slot("ReadBlock"):
+            yield from self._read_block(block_id, request, chunk, context)
+
+    def _read_block(self, block_id: int, request, chunk: int, context):
         chunks = self.store.read(block_id, request.offset, request.length, chunk)
         sent = 0
         # A yield returns once gRPC has sent the message: a reader that stops reading
