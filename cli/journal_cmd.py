@@ -349,7 +349,14 @@ def _checkpoint_offline(args) -> int:
                            int(cfg.cluster.block_size))
             committer = Committer(store, journal, ns, lambda fx: None,
                                   os.path.join(meta_dir, "checkpoints"))
-            replayed = committer.replay()
+            try:
+                replayed = committer.replay()
+            except Exception as e:
+                # a record that does not decode or apply: damage (exit 4), named
+                damage = journal.unreplayable(e)
+                if damage is None:
+                    raise
+                raise damage from e
             retired = journal.stats["segments_retired"]
             path = committer.checkpoint()
             retired = journal.stats["segments_retired"] - retired

@@ -252,10 +252,14 @@ class Journal:
     def unreplayable(self, exc: BaseException) -> JournalCorruption | None:
         """The error to report when processing the record that :meth:`records` yielded
         last failed with ``exc`` (it does not decode, or cannot be applied): that
-        crc-valid record is damage, named by segment and offset.  None when no
-        iteration of :meth:`records` stopped in the middle (``exc`` came from
-        elsewhere, e.g. after the last record)."""
-        if self.last_read is None:
+        crc-valid record is damage, named by segment and offset.  None when ``exc``
+        is not the record's fault (a JournalError, which names its own place; an
+        OSError, MemoryError or LMDB error, which are the machine's or the store's)
+        or when no iteration of :meth:`records` stopped in the middle (``exc`` came
+        from elsewhere, e.g. after the last record): then the caller re-raises it."""
+        if (self.last_read is None or not isinstance(exc, Exception)
+                or isinstance(exc, (JournalError, OSError, MemoryError))
+                or type(exc).__module__.partition(".")[0] == "lmdb"):
             return None
         path, offset, seq = self.last_read
         lines = str(exc).strip().splitlines()

@@ -27,6 +27,7 @@ class LagMonitor:
         self.max_lag = 0.0  # worst lag seen (seconds), for the metrics
         self.stalls = 0  # stalls seen
         self.stall_end = 0.0  # time.monotonic() at the end of the last stall (0 = none)
+        self._last_tick = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lag-monitor", daemon=True)
 
@@ -38,17 +39,20 @@ class LagMonitor:
         if self._thread.is_alive():
             self._thread.join(2.0)
 
-    def heard_since(self, t: float) -> float:
+    def heard_since(self, t: float, now: float | None = None) -> float:
         """The start of the time in which silence counts: ``t`` (a worker's last
-        heartbeat), or the end of a master stall after it."""
+        heartbeat), or the end of a master stall after it.  A tick overdue right now
+        means a stall that is only ending (the caller ran before this thread did)."""
+        now = time.monotonic() if now is None else now
+        if self._thread.is_alive() and now - self._last_tick > self.tick + self.stall:
+            return now
         return max(t, self.stall_end)
 
     def _run(self) -> None:
-        before = time.monotonic()
         while not self._stop.wait(self.tick):
             now = time.monotonic()
-            self.note(now - before - self.tick, now)
-            before = now
+            self.note(now - self._last_tick - self.tick, now)
+            self._last_tick = now
 
     def note(self, lag: float, now: float) -> None:
         """One wake-up ``lag`` seconds late at ``now``."""

@@ -15,13 +15,11 @@ import shutil
 import threading
 import time
 
-import lmdb
-
 from curvine.common import block_tokens, private_files
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.common.ids import check_ino, check_name
-from curvine.journal import Journal, JournalError
+from curvine.journal import Journal
 from curvine.journal.checkpoint import latest_checkpoint
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
@@ -91,8 +89,7 @@ class Master:
             self.journal.close()
             # a crc-valid record that does not decode or cannot be applied is damage:
             # name its segment and offset (server.main exits 2), not a traceback
-            damage = (None if isinstance(e, (JournalError, OSError, MemoryError, lmdb.Error))
-                      else self.journal.unreplayable(e))
+            damage = self.journal.unreplayable(e)
             if damage is None:
                 raise
             raise damage from e

@@ -129,6 +129,15 @@ def collectors(master) -> list[metrics.Collector]:
         workers.add_metric(["lost"], lost)
         workers.add_metric(["silent"], len(snapshot) - live - lost)
         yield workers
+        yield CounterMetricFamily("curvine_master_stalls", "Times the master itself was "
+                                  "stalled for over a second (master/lag.py); workers' "
+                                  "silence then is not counted against them",
+                                  value=master.lag.stalls)
+        yield GaugeMetricFamily("curvine_master_max_lag_seconds", "The longest the master "
+                                "was late to wake up since it started", value=master.lag.max_lag)
+        yield GaugeMetricFamily("curvine_pool_workers_held", "Silent workers of a mass loss "
+                                "being held (master.max_lost_share): files kept",
+                                value=master.replication.held_count())
         yield GaugeMetricFamily("curvine_pool_high_watermark_ratio",
                                 "Eviction starts above this fraction of the capacity "
                                 "(master.evict_high)", value=master.capacity.high)

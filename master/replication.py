@@ -62,7 +62,8 @@ class ReplicationMonitor:
         self.interval = min(1.0, max(0.05, float(cfg.master.worker_lost_after) / 4))
         self.max_lost_share = float(cfg.master.max_lost_share)
         self.mass_loss_hold = float(cfg.master.mass_loss_hold)
-        self._held_since = 0.0  # a mass loss is being held since (time.monotonic())
+        self._held: set[int] = set()  # silent workers of a mass loss being held
+        self._held_since = 0.0  # since (time.monotonic())
         self._held_logged = 0.0
         self._lock = threading.Lock()
         self._suspects: dict[int, float] = {}  # block id -> not before (time.monotonic())
@@ -119,45 +120,52 @@ class ReplicationMonitor:
         self.hint(b.block_id for b in blocks if b.block_id and len(b.worker_ids) < wanted)
 
     # ------------------------------------------------------------------ lost workers
-    def _mass_loss_held(self, new: list[int]) -> bool:
-        """Whether losing ``new`` workers now is held for a second look: more than
-        ``master.max_lost_share`` of the registered workers lost at once looks like a
-        fault of the master or the network more than of the workers, whose data may
-        well still be on their disks.  Held, their files stay (reads go to other
-        replicas, or fail until the workers return); after ``master.mass_loss_hold``
-        of continuous silence the loss is declared after all."""
-        registered = self.m.registry.count()
-        with self._lock:
-            lost = len(self._lost)
-        if (lost + len(new)) <= self.max_lost_share * registered:
-            self._held_since = 0.0
-            return False
+    def _to_declare(self, silent: list[int]) -> list[int]:
+        """Which of the ``silent`` workers (not lost yet) to declare lost now.  More
+        than ``master.max_lost_share`` of the registered workers lost at once looks like
+        a fault of the master or the network more than of the workers, whose data may
+        well still be on their disks: such a loss is held, its workers' files kept
+        (reads go to other replicas, or fail until the workers return), for
+        ``master.mass_loss_hold``; a held worker that comes back leaves the hold, and
+        those still silent when it ends are declared lost after all."""
         now = time.monotonic()
-        if not self._held_since:
-            self._held_since = now
-            self._held_logged = 0.0
+        if self._held:
+            self._held &= set(silent)  # the ones that came back are fine
+        if not self._held:
+            registered = self.m.registry.count()
+            # Workers that fail together fall silent within a heartbeat or two of each
+            # other: the ones half way to being lost count as going with these.
+            going = set(self.m.registry.silent(self.m.started, 0.5)) | set(silent)
+            with self._lock:
+                lost = len(self._lost)
+                going -= self._lost
+            if not silent or lost + len(going) <= self.max_lost_share * registered:
+                return silent
+            self._held, self._held_since, self._held_logged = going, now, now
+            log.error("HOLDING a mass loss: %d of %d registered workers silent (%s; more "
+                      "than master.max_lost_share %.0f%%): their files are kept, not "
+                      "removed, for up to master.mass_loss_hold (%.0fs): check the "
+                      "master's host and network; the workers' data may still be on disk",
+                      lost + len(going), registered, ", ".join(map(str, sorted(going))),
+                      self.max_lost_share * 100, self.mass_loss_hold)
         held_for = now - self._held_since
         if held_for >= self.mass_loss_hold:
             log.error("workers %s still silent after %.0fs (master.mass_loss_hold): "
-                      "declaring them lost", new, held_for)
-            return False
+                      "declaring them lost", ", ".join(map(str, sorted(self._held))),
+                      held_for)
+            self._held = set()
+            return silent
         if now - self._held_logged >= 60.0:
             self._held_logged = now
-            log.error("HOLDING a mass loss: %d of %d registered workers silent (%s; more "
-                      "than master.max_lost_share %.0f%%); their files are kept, not "
-                      "removed, for up to %.0fs more: check the master's host and network, "
-                      "the workers' data may still be on disk", lost + len(new), registered,
-                      ", ".join(map(str, new)), self.max_lost_share * 100,
-                      self.mass_loss_hold - held_for)
-        return True
+            log.error("holding the loss of workers %s for %.0fs more",
+                      ", ".join(map(str, sorted(self._held))), self.mass_loss_hold - held_for)
+        return [w for w in silent if w not in self._held]
 
     def _declare_lost(self) -> None:
-        new = [w for w in self.m.registry.silent(self.m.started) if not self.is_lost(w)]
-        if not new:
-            self._held_since = 0.0
+        silent = [w for w in self.m.registry.silent(self.m.started) if not self.is_lost(w)]
+        if not silent and not self._held:
             return
-        if self._mass_loss_held(new):
-            return
+        new = self._to_declare(silent)
         for wid in new:
             with self._lock:
                 if wid in self._lost:
@@ -199,6 +207,9 @@ class ReplicationMonitor:
             return journal_pb2.JournalEntry(drop_locations=rec), None
 
         self.m.submit(plan)
+
+    def held_count(self) -> int:
+        return len(self._held)
 
     def is_lost(self, wid: int) -> bool:
         with self._lock:

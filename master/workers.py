@@ -240,15 +240,16 @@ class WorkerRegistry:
                                 st.estimated_used(), st.pending_free())
                     for wid, st in self._workers.items()]
 
-    def silent(self, since: float) -> list[int]:
-        """Workers that missed heartbeats for ``lost_after``: silent since their last
-        one, or never heard from although the master has run (since ``since``, a
-        time.monotonic()) for that long."""
+    def silent(self, since: float, fraction: float = 1.0) -> list[int]:
+        """Workers that missed heartbeats for ``lost_after`` (times ``fraction``): silent
+        since their last one, or never heard from although the master has run (since
+        ``since``, a time.monotonic()) for that long."""
         now = time.monotonic()
-        heard = self.lag.heard_since if self.lag is not None else (lambda t: t)
+        limit = self.lost_after * fraction
+        heard = self.lag.heard_since if self.lag is not None else (lambda t, now: t)
         with self._lock:
             return [wid for wid, st in self._workers.items()
-                    if now - heard(st.last_heartbeat or since) >= self.lost_after]
+                    if now - heard(st.last_heartbeat or since, now) >= limit]
 
     def count(self) -> int:
         with self._lock:

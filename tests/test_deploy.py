@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import copy
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,11 +30,12 @@ FUSE_INSTANCE = "curvine-fuse@mnt-kv.service"  # mounts /mnt/kv
 # ----------------------------------------------------------------------------- systemd
 
 
-def _unit(name: str) -> dict[str, dict[str, list[str]]]:
-    """A unit file as {section: {key: [values, in order]}} (keys may repeat)."""
+def _unit(name: str, text: str | None = None) -> dict[str, dict[str, list[str]]]:
+    """A unit file (or ``text``) as {section: {key: [values, in order]}} (keys may
+    repeat)."""
     sections: dict[str, dict[str, list[str]]] = {}
     current = None
-    for line in open(os.path.join(SYSTEMD, name)):
+    for line in (text if text is not None else open(os.path.join(SYSTEMD, name)).read()).splitlines():
         line = line.strip()
         if not line or line[0] in "#;":
             continue
@@ -141,7 +143,10 @@ def test_units_have_what_the_daemons_need():
     assert "curvine-master.service" not in " ".join(_values(worker, "Unit", "Requires"))
 
 
-TOKEN_FILE = "/etc/curvine/token"  # where docs/deploy-gpu-node.md puts the cluster token
+TOKEN_FILE = "/etc/curvine/token"  # where docs/deploy-gpu-node.md puts the client token
+# and the worker token (security.worker_token_file): read by master and worker only
+WORKER_TOKEN_FILE = "/etc/curvine/worker-token"
+MASTER_AND_WORKER_UNITS = ("curvine-master.service", "curvine-worker.service")
 # where docs/deploy-gpu-node.md puts the TLS files (the key 0640 root:curvine)
 TLS_FILES = ["/etc/curvine/tls/ca.pem", "/etc/curvine/tls/node.pem", "/etc/curvine/tls/node.key"]
 
@@ -176,13 +181,15 @@ def _unreadable_because(unit: dict, path: str = TOKEN_FILE) -> list[str]:
 
 def test_units_can_read_the_token_and_tls_files():
     """Every daemon reads security.token_file and the security.tls_* files at start (it
-    exits 2 if it cannot): the documented /etc/curvine/token and /etc/curvine/tls/*
-    (the key and token 0640 root:curvine) must be readable by each unit's user under
+    exits 2 if it cannot), master and worker also security.worker_token_file: the
+    documented /etc/curvine/token, /etc/curvine/worker-token and /etc/curvine/tls/*
+    (the key and tokens 0640 root:curvine) must be readable by each unit's user under
     its sandboxing."""
     for name in UNITS:
         for path in (TOKEN_FILE, *TLS_FILES):
             assert _unreadable_because(_unit(name), path) == [], (name, path)
-    for name in ("curvine-master.service", "curvine-worker.service"):
+    for name in MASTER_AND_WORKER_UNITS:
+        assert _unreadable_because(_unit(name), WORKER_TOKEN_FILE) == [], name
         assert _values(_unit(name), "Service", "Group") == ["curvine"], name
     # the check sees what would hide the file
     master = _unit("curvine-master.service")
@@ -194,6 +201,116 @@ def test_units_can_read_the_token_and_tls_files():
         assert _unreadable_because(broken, TLS_FILES[-1]), change
     assert _unreadable_because(master, "/root/token") == ["ProtectHome=true"]
     assert _unreadable_because(master, "/tmp/token") == ["PrivateTmp=true"]
+
+
+def _worker_token_settings(name: str, text: str | None = None) -> list[str]:
+    """The settings (KEY=VALUE, comments left out) of a unit that name a worker token."""
+    return [f"{key}={value}" for section in _unit(name, text).values()
+            for key, values in section.items() for value in values
+            if re.search(r"(?i)worker.?token", f"{key}={value}")]
+
+
+def test_only_master_and_worker_units_name_the_worker_token():
+    """The master and worker units say which worker token file they read (and the
+    master's worker port); the FUSE unit has no setting, argument or credential for it:
+    the mount never needs the file."""
+    for name in MASTER_AND_WORKER_UNITS:
+        text = open(os.path.join(SYSTEMD, name)).read()
+        assert WORKER_TOKEN_FILE in text and "security.worker_token_file" in text, name
+        assert "8996" in text and "master.worker_port" in text, name
+    fuse = "curvine-fuse@.service"
+    assert _worker_token_settings(fuse) == []
+    # the check sees a FUSE unit handed the worker token
+    text = open(os.path.join(SYSTEMD, fuse)).read()
+    for setting in (f"LoadCredential=worker-token:{WORKER_TOKEN_FILE}",
+                    "Environment=CURVINE_WORKER_TOKEN=x"):
+        broken = text.replace("\n[Service]\n", f"\n[Service]\n{setting}\n", 1)
+        assert _worker_token_settings(fuse, broken) == [setting]
+
+
+DEPLOY_DOC = os.path.join(REPO, "docs", "deploy-gpu-node.md")
+
+
+def _documented_config() -> str:
+    """The config of docs/deploy-gpu-node.md, 2 (its first TOML block)."""
+    section = open(DEPLOY_DOC).read().split("## 2. Configure", 1)[1]
+    return section.split("```toml\n", 1)[1].split("```", 1)[0]
+
+
+def _daemon_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "CURVINE_CONF")}
+
+
+def _start(argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run one of the venv's commands to its exit (for daemons that refuse to start)."""
+    return subprocess.run([os.path.join(VENV_BIN, argv[0]), *argv[1:]], capture_output=True,
+                          text=True, timeout=timeout, env=_daemon_env(),
+                          stdin=subprocess.DEVNULL)
+
+
+_CONFIGURE = """\
+import sys
+from curvine.common import auth, config
+try:
+    auth.configure(config.load(sys.argv[1]), role=sys.argv[2])
+except (config.ConfigError, auth.TokenError) as e:
+    sys.exit(f"refused: {e}")
+"""
+
+
+def _refusal(role: str, conf) -> str:
+    """What a process of ``role`` ("master", "worker", or "client": a mount, the CLI)
+    says when it reads ``conf`` and the token files it needs, as each does first at
+    start (its own process: the tokens are global state); "" = it goes on."""
+    out = subprocess.run([sys.executable, "-c", _CONFIGURE, str(conf), role],
+                         capture_output=True, text=True, timeout=60, env=_daemon_env())
+    return (out.stderr.strip() or f"exit {out.returncode}") if out.returncode else ""
+
+
+def test_documented_config_keeps_the_worker_token_from_the_mount(tmp_path):
+    """docs/deploy-gpu-node.md's config names both token files where the units read
+    them. Run with stand-in tokens at those paths: a node where the worker token file
+    is missing still mounts (curvine-fuse gets past its config and tokens, to the check
+    of its mount point), while curvine-master and curvine-worker refuse to start (exit
+    2, naming security.worker_token_file), also when the file holds the client token;
+    with both files they get past that check."""
+    text = _documented_config()
+    sec = tomllib.loads(text)["security"]
+    assert sec["token_file"] == TOKEN_FILE and sec["worker_token_file"] == WORKER_TOKEN_FILE
+    token, worker_token = tmp_path / "token", tmp_path / "worker-token"
+    client = auth.write_token_file(str(token))
+    for old, new in ((TOKEN_FILE, token), (WORKER_TOKEN_FILE, worker_token)):
+        assert text.count(f'"{old}"') == 1, old
+        text = text.replace(f'"{old}"', f'"{new}"')
+    conf = tmp_path / "curvine.toml"
+    conf.write_text(text)
+    assert not worker_token.exists()
+    mnt = tmp_path / "not-a-mount-point"
+    fuse = _start(["curvine-fuse", str(mnt), "--conf", str(conf)])
+    assert fuse.returncode == 2 and f"mount point {mnt} is not a directory" in fuse.stderr, \
+        fuse.stderr
+    assert "worker_token" not in fuse.stderr
+    assert _refusal("client", conf) == ""  # the CLI's start too
+    daemons = {"master": ["curvine-master", "--conf", str(conf)],
+               "worker": ["curvine-worker", "--conf", str(conf)]}
+    for argv in daemons.values():
+        out = _start(argv)
+        assert out.returncode == 2, (argv, out.stderr)
+        assert f"security.worker_token_file: cannot read {worker_token}" in out.stderr, \
+            out.stderr
+    auth.write_token_file(str(worker_token), client)  # the client token again: refused
+    for argv in daemons.values():
+        out = _start(argv)
+        assert out.returncode == 2 and "security.worker_token_file: must hold another token" \
+            in out.stderr, (argv, out.stderr)
+    auth.write_token_file(str(worker_token))
+    for role in daemons:
+        assert _refusal(role, conf) == "", role
+    # with no worker token file named at all, the message says which key to set
+    conf.write_text("\n".join(l for l in text.splitlines()
+                              if not l.startswith("worker_token_file")))
+    assert "security.worker_token_file: required" in _refusal("worker", conf)
+    assert _refusal("client", conf) == ""
 
 
 def test_fuse_unit_mounts_where_the_host_sees_it():
@@ -257,6 +374,8 @@ def _container(pod_spec: dict, name: str) -> dict:
     return next(c for c in pod_spec["containers"] if c["name"] == name)
 
 
+# [security] keys naming token files -> the Secret each must be, and its key
+TOKEN_KEYS = {"token_file": "token", "worker_token_file": "worker-token"}
 # [security] keys naming TLS files -> the key of the Secret curvine-tls each must be
 TLS_KEYS = {"tls_ca": "ca.crt", "tls_cert": "tls.crt", "tls_key": "tls.key"}
 
@@ -264,19 +383,19 @@ TLS_KEYS = {"tls_ca": "ca.crt", "tls_cert": "tls.crt", "tls_key": "tls.key"}
 def _config_of(docs, tmp_path, tls_dir: str | None = None) -> config.Config:
     """The ConfigMap's curvine.toml through curvine's own loader.  The loader reads the
     token and TLS files it names, which only exist in the pods (the Secrets): for the
-    load, a stand-in token is put at a temporary path, and a TLS path is pointed at the
-    file of the same name in ``tls_dir`` (the files the TLS Secret is made from; a name
-    the Secret does not hold is a file that does not exist there).  The result keeps
-    the paths the pods see."""
+    load, stand-in tokens (a client and a worker token) are put at temporary paths,
+    and a TLS path is pointed at the file of the same name in ``tls_dir`` (the files
+    the TLS Secret is made from; a name the Secret does not hold is a file that does
+    not exist there).  The result keeps the paths the pods see."""
     cm = _one(docs, "ConfigMap", "curvine-config")
     text = cm["data"]["curvine.toml"]
     sec = tomllib.loads(text).get("security", {})
-    in_pod = {key: sec.get(key, "") for key in ("token_file", *TLS_KEYS)}
+    in_pod = {key: sec.get(key, "") for key in (*TOKEN_KEYS, *TLS_KEYS)}
     for key, pod_path in in_pod.items():
         if not pod_path:
             continue
-        if key == "token_file":
-            stand_in = str(tmp_path / "token")
+        if key in TOKEN_KEYS:
+            stand_in = str(tmp_path / TOKEN_KEYS[key])
             auth.write_token_file(stand_in)
         else:
             assert tls_dir, f"security.{key} is set: the load needs the TLS files"
@@ -341,17 +460,30 @@ def test_configmap_is_a_valid_config_and_agrees_with_the_manifests(tmp_path):
     namespace = _one(docs, "Namespace")["metadata"]["name"]
     assert all(d["metadata"].get("namespace", namespace) == namespace for d in docs)
 
-    # master: the Service named by cluster.master_addr, ports from the config
+    # master: the Service named by cluster.master_addr, ports from the config; workers
+    # reach its worker port through the same Service (cluster.master_worker_addr)
     host, port = cfg.cluster.master_addr.rsplit(":", 1)
     svc = _one(docs, "Service", "curvine-master")
     assert host == f"{svc['metadata']['name']}.{namespace}.svc.cluster.local"
-    assert {p["port"] for p in svc["spec"]["ports"]} == {int(port), cfg.master.http_port}
+    assert int(port) == cfg.master.port
+    assert {p["port"] for p in svc["spec"]["ports"]} == {
+        cfg.master.port, cfg.master.worker_port, cfg.master.http_port}
+    assert cfg.master.worker_port not in (cfg.master.port, cfg.master.http_port)
+    whost, wport = config.master_worker_addr(cfg).rsplit(":", 1)
+    assert whost == host and int(wport) == cfg.master.worker_port
+    svc_ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert svc_ports["worker"]["port"] == cfg.master.worker_port
     sts = _one(docs, "StatefulSet", "curvine-master")
     assert sts["spec"]["replicas"] == 1
     assert _one(docs, "Service", sts["spec"]["serviceName"])["spec"]["clusterIP"] == "None"
     assert svc["spec"]["selector"] == sts["spec"]["template"]["metadata"]["labels"]
     master = _container(sts["spec"]["template"]["spec"], "master")
-    assert {p["containerPort"] for p in master["ports"]} == {cfg.master.port, cfg.master.http_port}
+    assert {p["containerPort"] for p in master["ports"]} == {
+        cfg.master.port, cfg.master.worker_port, cfg.master.http_port}
+    # each Service port leads to the container port of the config's value
+    container_ports = {p["name"]: p["containerPort"] for p in master["ports"]}
+    for p in svc["spec"]["ports"]:
+        assert container_ports[p["targetPort"]] == p["port"], p
     assert _http_probe_ports(master) == {cfg.master.http_port}
     assert cfg.master.host == "0.0.0.0"
     # the journal and the LMDB are on the claim's volume, not in the container
@@ -471,6 +603,224 @@ def test_every_daemon_mounts_the_token_secret(tmp_path):
     assert daemons == 3  # master, worker, fuse
 
 
+WORKER_TOKEN_SECRET = "curvine-worker-token"  # made by the kustomization from deploy/k8s/worker-token
+# the only containers that may read the worker token: whoever holds it can register
+# fake workers (never the FUSE container, whose mount inference pods use, nor those pods)
+WORKER_TOKEN_HOLDERS = {"curvine-master/master", "curvine-node/worker"}
+
+
+def _containers(spec: dict) -> list[dict]:
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def _secrets_seen(spec: dict, c: dict) -> set[str]:
+    """The Secrets container ``c`` of the pod ``spec`` can read: through its volume
+    mounts (secret and projected volumes), env and envFrom."""
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    seen = set()
+    for m in c.get("volumeMounts", []):
+        v = volumes.get(m["name"], {})
+        if "secret" in v:
+            seen.add(v["secret"]["secretName"])
+        seen.update(src["secret"]["name"] for src in v.get("projected", {}).get("sources", [])
+                    if "secret" in src)
+    seen.update(e["valueFrom"]["secretKeyRef"]["name"] for e in c.get("env", [])
+                if "secretKeyRef" in e.get("valueFrom", {}))
+    seen.update(e["secretRef"]["name"] for e in c.get("envFrom", []) if "secretRef" in e)
+    return seen
+
+
+def _worker_token_problems(docs, cfg: config.Config) -> list[str]:
+    """What is wrong with where the worker token goes ([] = nothing): the Secret is
+    mounted read-only where security.worker_token_file points (its own directory, not
+    the client token's), readable by its user and by no one else, in the master's and
+    the workers' containers; no other container (the FUSE client, an inference pod)
+    can read it in any way."""
+    wdir, wname = os.path.split(cfg.security.worker_token_file)
+    if not (wdir and wname):
+        return ["the ConfigMap sets no security.worker_token_file"]
+    if wdir == os.path.dirname(cfg.security.token_file):
+        return [f"security.worker_token_file {cfg.security.worker_token_file} is in the "
+                "client token's directory (where the client token Secret is mounted)"]
+    problems, holders = [], set()
+    for pod_name, spec in _pod_specs(docs):
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for c in _containers(spec):
+            where = f"{pod_name}/{c['name']}"
+            if WORKER_TOKEN_SECRET not in _secrets_seen(spec, c):
+                continue
+            holders.add(where)
+            if where not in WORKER_TOKEN_HOLDERS:
+                problems.append(f"{where} can read the worker token")
+                continue
+            mounts = [m for m in c.get("volumeMounts", []) if volumes.get(m["name"], {}).get(
+                "secret", {}).get("secretName") == WORKER_TOKEN_SECRET]
+            if len(mounts) != 1:
+                problems.append(f"{where}: {len(mounts)} mounts of the worker token Secret")
+                continue
+            [m] = mounts
+            if m["mountPath"] != wdir or "subPath" in m:
+                problems.append(f"{where}: the worker token at {m['mountPath']} "
+                                f"{m.get('subPath', '')}, the config names {wdir}")
+            if m.get("readOnly") is not True:
+                problems.append(f"{where}: the worker token is not mounted read-only")
+            secret = volumes[m["name"]]["secret"]
+            # the key is required (a Secret without it keeps the pod from starting)
+            if secret.get("items") != [{"key": "worker-token", "path": wname}]:
+                problems.append(f"{where}: items {secret.get('items')}, not the Secret's key "
+                                f"worker-token at {wname}")
+            mode = secret.get("defaultMode", 0o644)
+            if mode & 0o007:
+                problems.append(f"{where}: worker token readable by others ({mode:o})")
+            user = (c.get("securityContext", {}).get("runAsUser")
+                    or spec.get("securityContext", {}).get("runAsUser") or 0)
+            if user != 0 and not (spec.get("securityContext", {}).get("fsGroup")
+                                  and mode & 0o040):
+                problems.append(f"{where}: uid {user} cannot read the worker token ({mode:o})")
+    problems += [f"{where} does not get the worker token"
+                 for where in sorted(WORKER_TOKEN_HOLDERS - holders)]
+    return problems
+
+
+def test_worker_token_goes_to_the_master_and_the_workers_only(tmp_path):
+    """The worker token Secret is mounted read-only, where security.worker_token_file
+    points, into the master's and the worker's containers, and can be read by no other
+    container: not the FUSE client's, not the inference pod's (which gets no Secret at
+    all)."""
+    docs = _manifests()
+    cfg = _config_of(docs, tmp_path)
+    assert cfg.security.worker_token_file and cfg.security.token_file
+    assert _worker_token_problems(docs, cfg) == []
+    pod = _one(docs, "DaemonSet", "curvine-node")["spec"]["template"]["spec"]
+    assert _secrets_seen(pod, _container(pod, "fuse")) == {TOKEN_SECRET}
+    vllm = _one(docs, "Pod")["spec"]
+    assert [_secrets_seen(vllm, c) for c in _containers(vllm)] == [set()]
+
+
+# the worker token's manifests broken one way each: (file, old, new, what catches it)
+WORKER_TOKEN_BROKEN = {
+    "fuse mounts it": ("daemonset.yaml",
+                       "            - {name: nvme, mountPath: /var/lib/curvine/data}\n"
+                       "            - {name: mnt,",
+                       "            - {name: worker-token, mountPath: /etc/curvine-worker-token,"
+                       " readOnly: true}\n"
+                       "            - {name: nvme, mountPath: /var/lib/curvine/data}\n"
+                       "            - {name: mnt,", "curvine-node/fuse can read the worker token"),
+    "inference pod env": ("example-inference-pod.yaml",
+                          '        - {name: PYTHONHASHSEED, value: "0"}\n',
+                          '        - {name: PYTHONHASHSEED, value: "0"}\n'
+                          "        - name: CURVINE_WORKER_TOKEN\n          valueFrom: "
+                          "{secretKeyRef: {name: curvine-worker-token, key: worker-token}}\n",
+                          "vllm-example/vllm can read the worker token"),
+    "worker lacks it": ("daemonset.yaml",
+                        "            - {name: worker-token, mountPath: /etc/curvine-worker-token,"
+                        " readOnly: true}\n", "",
+                        "curvine-node/worker does not get the worker token"),
+    "writable": ("master.yaml", "{name: worker-token, mountPath: /etc/curvine-worker-token, "
+                 "readOnly: true}", "{name: worker-token, mountPath: /etc/curvine-worker-token, "
+                 "readOnly: false}", "curvine-master/master: the worker token is not mounted "
+                 "read-only"),
+    "master cannot read": ("master.yaml", "items: [{key: worker-token, path: worker-token}]\n"
+                           "            defaultMode: 0440", "items: [{key: worker-token, path: "
+                           "worker-token}]\n            defaultMode: 0400",
+                           "curvine-master/master: uid 10001 cannot read the worker token"),
+    "readable by others": ("daemonset.yaml", "items: [{key: worker-token, path: worker-token}]\n"
+                           "            defaultMode: 0400", "items: [{key: worker-token, path: "
+                           "worker-token}]\n            defaultMode: 0404",
+                           "curvine-node/worker: worker token readable by others"),
+    "wrong key": ("master.yaml", "items: [{key: worker-token, path: worker-token}]",
+                  "items: [{key: token, path: worker-token}]",
+                  "curvine-master/master: items"),
+    "beside the client token": ("configmap.yaml", '"/etc/curvine-worker-token/worker-token"',
+                                '"/etc/curvine-token/worker-token"',
+                                "is in the client token's directory"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WORKER_TOKEN_BROKEN))
+def test_worker_token_checks_catch_a_broken_manifest(tmp_path, case):
+    name, old, new, caught = WORKER_TOKEN_BROKEN[case]
+    text = open(os.path.join(K8S, name)).read()
+    assert text.count(old) == 1, (name, old)
+    docs = _manifests({name: text.replace(old, new)})
+    problems = _worker_token_problems(docs, _config_of(docs, tmp_path))
+    assert any(caught in p for p in problems), problems
+
+
+def _daemon_role(c: dict) -> str:
+    """The role of the curvine daemon container ``c`` runs ("" = none)."""
+    command = " ".join([*c.get("command", []), *c.get("args", [])])
+    for name, role in (("curvine-master", "master"), ("curvine-worker", "worker"),
+                       ("curvine-fuse", "client")):
+        if name in command:
+            return role
+    return ""
+
+
+def _view_of(docs, directory, spec: dict, c: dict) -> str:
+    """The ConfigMap's curvine.toml as the container ``c`` of the pod ``spec`` has it,
+    written in ``directory``: each token file the config names is a stand-in holding
+    the token of the Secret the container mounts there (STAND_IN_TOKEN,
+    STAND_IN_WORKER_TOKEN), or, where it mounts none, a path that does not exist."""
+    directory.mkdir()
+    text = _one(docs, "ConfigMap", "curvine-config")["data"]["curvine.toml"]
+    sec = tomllib.loads(text).get("security", {})
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    tokens = {TOKEN_SECRET: STAND_IN_TOKEN, WORKER_TOKEN_SECRET: STAND_IN_WORKER_TOKEN}
+    for key in TOKEN_KEYS:
+        pod_path = sec.get(key, "")
+        if not pod_path:
+            continue
+        stand_in = directory / "absent" / os.path.basename(pod_path)  # no such file
+        for m in c.get("volumeMounts", []):
+            secret = volumes.get(m["name"], {}).get("secret")
+            if (secret and m["mountPath"] == os.path.dirname(pod_path) and
+                    os.path.basename(pod_path) in {i["path"] for i in secret.get("items", [])}):
+                stand_in = directory / os.path.basename(pod_path)
+                auth.write_token_file(str(stand_in), tokens.get(secret["secretName"]))
+        assert text.count(f'"{pod_path}"') == 1, pod_path
+        text = text.replace(f'"{pod_path}"', f'"{stand_in}"')
+    path = directory / "curvine.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_each_daemon_container_has_the_tokens_its_daemon_needs(tmp_path):
+    """Each daemon container's view of the config (stand-ins for the token Secrets it
+    mounts, nothing where it mounts none), read the way its daemon reads it at start:
+    the master and the worker accept theirs; the FUSE container has no worker token
+    file (a worker in its place would refuse to start) and curvine-fuse gets past its
+    config and tokens anyway, to the check of its mount point."""
+    docs = _manifests()
+    roles = {}
+    for pod_name, spec in _pod_specs(docs):
+        for c in spec["containers"]:
+            role = _daemon_role(c)
+            if not role:
+                continue
+            where = f"{pod_name}/{c['name']}"
+            roles[where] = role
+            view = _view_of(docs, tmp_path / where.replace("/", "-"), spec, c)
+            assert _refusal(role, view) == "", where
+            if role == "client":
+                assert "security.worker_token_file: cannot read" in _refusal("worker", view)
+                mnt = tmp_path / "not-a-mount-point"
+                fuse = _start(["curvine-fuse", str(mnt), "--conf", view])
+                assert fuse.returncode == 2, fuse.stderr
+                assert f"mount point {mnt} is not a directory" in fuse.stderr, fuse.stderr
+    assert roles == {"curvine-master/master": "master", "curvine-node/worker": "worker",
+                     "curvine-node/fuse": "client"}
+    # the check sees a worker container without the worker token
+    text = open(os.path.join(K8S, "daemonset.yaml")).read()
+    old = ("            - {name: worker-token, mountPath: /etc/curvine-worker-token,"
+           " readOnly: true}\n")
+    assert text.count(old) == 1
+    docs = _manifests({"daemonset.yaml": text.replace(old, "")})
+    pod = _one(docs, "DaemonSet", "curvine-node")["spec"]["template"]["spec"]
+    view = _view_of(docs, tmp_path / "broken", pod, _container(pod, "worker"))
+    assert "security.worker_token_file: cannot read" in _refusal("worker", view)
+
+
 def _kustomize(directory) -> subprocess.CompletedProcess:
     # kubectl builds the kustomization offline (apply --dry-run needs an API server)
     return subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True,
@@ -481,39 +831,51 @@ def test_kustomization_lists_the_cluster_manifests(tmp_path):
     yaml = pytest.importorskip("yaml")
     k = yaml.safe_load(open(os.path.join(K8S, "kustomization.yaml")))
     assert k["resources"] == [f for f in K8S_FILES if f != "example-inference-pod.yaml"]
-    [gen] = k["secretGenerator"]
-    assert gen["name"] == TOKEN_SECRET and gen["files"] == ["token"]
-    assert gen["options"]["disableNameSuffixHash"] is True  # the name the pods mount
-    # the token file is never committed
+    # two Secrets, each from its own file: the client token and the worker token
+    gens = {g["name"]: g for g in k["secretGenerator"]}
+    assert len(gens) == len(k["secretGenerator"]) == 2
+    assert {name: g["files"] for name, g in gens.items()} == {
+        TOKEN_SECRET: ["token"], WORKER_TOKEN_SECRET: ["worker-token"]}
+    for g in gens.values():
+        assert g["options"]["disableNameSuffixHash"] is True  # the names the pods mount
+    # the token files are never committed
     if shutil.which("git") and os.path.isdir(os.path.join(REPO, ".git")):
-        ignored = subprocess.run(["git", "check-ignore", "-q", "deploy/k8s/token"], cwd=REPO,
-                                 timeout=30)
-        assert ignored.returncode == 0, "deploy/k8s/token is not ignored by git"
-        tracked = subprocess.run(["git", "ls-files", "deploy/k8s/token"], cwd=REPO,
-                                 capture_output=True, text=True, timeout=30)
-        assert tracked.stdout == "", "a token file is committed"
+        for path in ("deploy/k8s/token", "deploy/k8s/worker-token"):
+            ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO, timeout=30)
+            assert ignored.returncode == 0, f"{path} is not ignored by git"
+            tracked = subprocess.run(["git", "ls-files", path], cwd=REPO,
+                                     capture_output=True, text=True, timeout=30)
+            assert tracked.stdout == "", f"a token file is committed: {path}"
     if shutil.which("kubectl") is None:
         return
     work = tmp_path / "k8s"
-    shutil.copytree(K8S, work, ignore=shutil.ignore_patterns("token"))
-    # without a token file there is nothing to apply: no default token
+    shutil.copytree(K8S, work, ignore=shutil.ignore_patterns("token", "worker-token"))
+    # without either token file there is nothing to apply: no default token
     out = _kustomize(work)
     assert out.returncode != 0 and "token" in out.stderr
     token = auth.write_token_file(str(work / "token"))
     out = _kustomize(work)
+    assert out.returncode != 0 and "worker-token" in out.stderr
+    worker_token = auth.write_token_file(str(work / "worker-token"))
+    out = _kustomize(work)
     assert out.returncode == 0, out.stderr
     built = [d for d in yaml.safe_load_all(out.stdout) if d]
     assert sorted(d["kind"] for d in built) == sorted(
-        [d["kind"] for d in _manifests() if d["kind"] != "Pod"] + ["Secret"])
-    secret = _one(built, "Secret", TOKEN_SECRET)
-    assert secret["metadata"]["namespace"] == _one(built, "Namespace")["metadata"]["name"]
-    assert base64.b64decode(secret["data"]["token"]).decode().strip() == token
-    assert _schema_errors([secret]) == []
-    # what the pods mount is what the kustomization makes
+        [d["kind"] for d in _manifests() if d["kind"] != "Pod"] + ["Secret", "Secret"])
+    for name, key, value in ((TOKEN_SECRET, "token", token),
+                             (WORKER_TOKEN_SECRET, "worker-token", worker_token)):
+        secret = _one(built, "Secret", name)
+        assert secret["metadata"]["namespace"] == _one(built, "Namespace")["metadata"]["name"]
+        assert list(secret["data"]) == [key]
+        assert base64.b64decode(secret["data"][key]).decode().strip() == value
+        assert _schema_errors([secret]) == []
+    # what the pods mount is what the kustomization makes, and as built the worker
+    # token still goes where the manifests say
     for _, spec in _pod_specs(built):
         for v in spec.get("volumes", []):
             if "secret" in v:
-                assert v["secret"]["secretName"] == TOKEN_SECRET
+                assert v["secret"]["secretName"] in (TOKEN_SECRET, WORKER_TOKEN_SECRET)
+    assert _worker_token_problems(built, _config_of(built, tmp_path)) == []
 
 
 # ------------------------------------------------------- Kubernetes: TLS (opt-in Component)
@@ -521,6 +883,7 @@ def test_kustomization_lists_the_cluster_manifests(tmp_path):
 TLS_SECRET = "curvine-tls"  # made by the Component deploy/k8s/tls from its three files
 TLS_COMPONENT = os.path.join(K8S, "tls")
 STAND_IN_TOKEN = auth.new_token()  # one for every build here, so that builds compare
+STAND_IN_WORKER_TOKEN = auth.new_token()  # and the worker token's stand-in
 needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None,
                                    reason="kubectl is not installed (kubectl kustomize)")
 
@@ -544,11 +907,13 @@ def _tls_build(tmp_path, tls_files: str, edits: dict[str, tuple[str, str]] | Non
                missing: str | None = None) -> subprocess.CompletedProcess:
     """``kubectl kustomize`` of an overlay of deploy/k8s with the TLS Component, as
     docs/kubernetes.md says to write it (outside deploy/k8s), over a copy of deploy/k8s
-    with a stand-in token and the stand-in TLS files.  ``edits``: {file under
+    with stand-in tokens and the stand-in TLS files.  ``edits``: {file under
     deploy/k8s: (old, new)} to break the copy; ``missing``: a TLS file left out."""
     work = tmp_path / f"build{len(list(tmp_path.glob('build*')))}"
-    shutil.copytree(K8S, work / "k8s", ignore=shutil.ignore_patterns("token", *TLS_KEYS.values()))
+    shutil.copytree(K8S, work / "k8s", ignore=shutil.ignore_patterns(
+        "token", "worker-token", *TLS_KEYS.values()))
     auth.write_token_file(str(work / "k8s" / "token"), STAND_IN_TOKEN)
+    auth.write_token_file(str(work / "k8s" / "worker-token"), STAND_IN_WORKER_TOKEN)
     for name in TLS_KEYS.values():
         if name != missing:
             shutil.copy(os.path.join(tls_files, name), work / "k8s" / "tls" / name)
@@ -651,6 +1016,7 @@ def test_tls_component_mounts_its_secret_where_the_config_points(tmp_path, tls_f
     cfg = _config_of(docs, tmp_path, tls_files)
     assert cfg.security.tls_ca and cfg.security.tls_client_auth
     assert _tls_problems(docs, cfg) == []
+    assert _worker_token_problems(docs, cfg) == []  # still the master's and workers' only
     secret = _one(docs, "Secret", TLS_SECRET)
     assert secret["metadata"]["namespace"] == _one(docs, "Namespace")["metadata"]["name"]
     for name in TLS_KEYS.values():  # what the pods get is what the files hold
@@ -688,11 +1054,13 @@ def _changed_from_base(docs, base) -> list[str]:
 
 
 def _base_docs(tmp_path) -> list[dict]:
-    """``kubectl kustomize deploy/k8s`` (a copy, with a stand-in token)."""
+    """``kubectl kustomize deploy/k8s`` (a copy, with stand-in tokens)."""
     yaml = pytest.importorskip("yaml")
     work = tmp_path / "base"
-    shutil.copytree(K8S, work, ignore=shutil.ignore_patterns("token", *TLS_KEYS.values()))
+    shutil.copytree(K8S, work, ignore=shutil.ignore_patterns(
+        "token", "worker-token", *TLS_KEYS.values()))
     auth.write_token_file(str(work / "token"), STAND_IN_TOKEN)
+    auth.write_token_file(str(work / "worker-token"), STAND_IN_WORKER_TOKEN)
     out = _kustomize(work)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
@@ -810,7 +1178,10 @@ def test_tls_names_let_a_client_dial_a_server_by_ip(tmp_path):
     the master's Service name (as docs/kubernetes.md makes it) serves a master that a
     client dials at an IP, as every worker is dialed at its node's IP, with the
     rendered config's mutual TLS and tls_server_name; without tls_server_name the
-    same client is refused."""
+    same client is refused.  The master and a worker run with stand-ins for both token
+    Secrets, as their containers mount them; the worker registers at the master's
+    worker port where cluster.master_worker_addr points (the Service's "worker" port,
+    here an IP too); the client has no worker token file, as in the FUSE container."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
     from curvine.cli.local import free_ports
@@ -827,12 +1198,19 @@ def test_tls_names_let_a_client_dial_a_server_by_ip(tmp_path):
         subprocess.run(["openssl", *argv], cwd=pki, check=True, capture_output=True, timeout=60)
     docs = _tls_docs(tmp_path, str(pki))
     text = _one(docs, "ConfigMap", "curvine-config")["data"]["curvine.toml"]
-    port, http_port = free_ports(2)
-    auth.write_token_file(str(tmp_path / "token"))
+    port, worker_port, http_port, wport, whttp_port = free_ports(5)
+    auth.write_token_file(str(tmp_path / "token"), STAND_IN_TOKEN)
+    auth.write_token_file(str(tmp_path / "worker-token"), STAND_IN_WORKER_TOKEN)
     for old, new in [("/etc/curvine-tls/", f"{pki}/"),
                      ("/etc/curvine-token/token", str(tmp_path / "token")),
+                     # the client's view: no such file (the FUSE container has none)
+                     ("/etc/curvine-worker-token/", f"{tmp_path}/absent/"),
                      ("curvine-master.curvine.svc.cluster.local:8995", f"127.0.0.1:{port}"),
-                     ("http_port = 9001", f"http_port = {http_port}")]:
+                     ("curvine-master.curvine.svc.cluster.local:8996",
+                      f"127.0.0.1:{worker_port}"),
+                     ("worker_port = 8996", f"worker_port = {worker_port}"),
+                     ("http_port = 9001", f"http_port = {http_port}"),
+                     ("http_port = 9002", f"http_port = {whttp_port}")]:
         assert old in text
         text = text.replace(old, new)
     assert 'tls_server_name = "curvine-master.curvine.svc.cluster.local"' in text
@@ -840,34 +1218,58 @@ def test_tls_names_let_a_client_dial_a_server_by_ip(tmp_path):
     conf.write_text(text)
     conf_no_name.write_text("\n".join(l for l in text.splitlines()
                                       if not l.startswith("tls_server_name")))
+    # the master's and the worker's view: the worker token Secret mounted
+    daemon_conf = tmp_path / "daemon.toml"
+    daemon_conf.write_text(text.replace(f"{tmp_path}/absent/worker-token",
+                                        str(tmp_path / "worker-token")))
+    assert not (tmp_path / "absent").exists()
     bin_ = lambda name: os.path.join(VENV_BIN, name)  # noqa: E731
-    master = subprocess.Popen(
-        [bin_("curvine-master"), "--conf", str(conf), "--host", "127.0.0.1", "--port", str(port),
-         "--meta-dir", str(tmp_path / "meta"), "--journal-dir", str(tmp_path / "journal")],
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "master.log", "w"))
+    procs = {}
+
+    def start(name, argv):
+        procs[name] = subprocess.Popen([bin_(argv[0]), *argv[1:]], stdout=subprocess.DEVNULL,
+                                       stderr=open(tmp_path / f"{name}.log", "w"),
+                                       env=_daemon_env(), stdin=subprocess.DEVNULL)
+
+    def logs():
+        return {n: (tmp_path / f"{n}.log").read_text()[-2000:] for n in procs}
+
+    def wait_healthy(name, http):
+        # the CLI waits only 2 s for a master: wait for it to serve first; a worker's
+        # /healthz answers 200 once the master has accepted its registration
+        deadline = time.monotonic() + 60
+        while True:
+            assert procs[name].poll() is None, logs()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}/healthz", timeout=5):
+                    return
+            except OSError:
+                assert time.monotonic() < deadline, (f"{name} not healthy in 60 s", logs())
+                time.sleep(0.1)
+
+    start("master", ["curvine-master", "--conf", str(daemon_conf), "--host", "127.0.0.1",
+                     "--port", str(port), "--meta-dir", str(tmp_path / "meta"),
+                     "--journal-dir", str(tmp_path / "journal")])
     try:
         def ls(conf_file):
             return subprocess.run([bin_("curvine"), "fs", "ls", "/"], capture_output=True,
                                   text=True, timeout=120,
-                                  env={**os.environ, "CURVINE_CONF": str(conf_file)})
-        # the CLI waits only 2 s for a master: wait for it to serve first
-        deadline = time.monotonic() + 60
-        while True:
-            assert master.poll() is None, (tmp_path / "master.log").read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=5):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "the master did not come up in 60 s"
-                time.sleep(0.1)
+                                  env={**_daemon_env(), "CURVINE_CONF": str(conf_file)})
+        wait_healthy("master", http_port)
         ok = ls(conf)
-        assert ok.returncode == 0, (ok.stderr, (tmp_path / "master.log").read_text()[-2000:])
+        assert ok.returncode == 0, (ok.stderr, logs())
         refused = ls(conf_no_name)
         assert refused.returncode != 0 and "Hostname Verification" in refused.stderr, refused.stderr
+        (tmp_path / "data").mkdir(mode=0o700)
+        start("worker", ["curvine-worker", "--conf", str(daemon_conf), "--host", "127.0.0.1",
+                         "--port", str(wport), "--data-dir", str(tmp_path / "data")])
+        wait_healthy("worker", whttp_port)
+        assert f"127.0.0.1:{worker_port}" in logs()["worker"]  # cluster.master_worker_addr
     finally:
-        master.terminate()
-        try:
-            master.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            master.kill()
-            master.wait()
+        for p in reversed(list(procs.values())):
+            p.terminate()
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()

@@ -358,6 +358,14 @@ def test_master_exits_2_naming_a_record_it_cannot_replay(make_cluster):
             assert v.returncode == 4 and f"at byte offset {off}:" in v.stderr, v.stderr
         else:
             assert v.returncode == 0, v.stderr
+        if what.startswith("garbage"):
+            # the offline checkpoint replays like the master: damage, exit 4, named
+            # (old code: exit 1, "internal error: DecodeError")
+            r = cli("journal", "checkpoint", "--offline", "--conf", m[3], "--journal-dir", jdir,
+                    "--meta-dir", os.path.join(c.base, "master", "meta"))
+            assert r.returncode == 4, (r.stdout, r.stderr)
+            assert f"at byte offset {off}: record seq 2 passes its checksum but cannot be " \
+                   "replayed" in one_error_line(r)
 
     with open(seg, "wb") as f:
         f.write(pristine)

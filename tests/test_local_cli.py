@@ -66,7 +66,7 @@ def test_state_file_records_every_process(tmp_path):
     assert state["master_addr"] == c.master_addr
     # Nothing but the state file and its directories: the write was temp + rename.
     assert sorted(n for n in os.listdir(c.base) if n != ".lock") == sorted(
-        [STATE_FILE, "conf", "logs", "master", "mnt", "token", "worker"])
+        [STATE_FILE, "conf", "logs", "master", "mnt", "token", "worker", "worker-token"])
 
     procs = {(p["role"], p["index"]): p for p in state["procs"]}
     base = c.base
