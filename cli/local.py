@@ -212,7 +212,8 @@ def log_tail(path: str, lines: int = LOG_TAIL_LINES, last_run: bool = False) -> 
 
 def _write_atomic(path: str, data: bytes) -> None:
     tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
-    with open(tmp, "wb") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -644,7 +645,8 @@ class LocalCluster:
             # connected"); a new daemon cannot mount over it.
             if is_mounted(p.mount) and not fusermount_unmount(p.mount):
                 raise ClusterError(f"{p.mount} is still mounted and cannot be unmounted")
-        with open(p.log, "ab") as log:
+        with os.fdopen(os.open(p.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600),
+                       "ab") as log:
             log.write(f"{START_MARKER}{p.name} at "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(p.argv)}\n".encode())
             log.flush()

@@ -118,7 +118,8 @@ class Journal:
             os.makedirs(self._dir, exist_ok=True)
             if self._fsync:
                 fsync_dir(os.path.dirname(self._dir))
-        f = open(os.path.join(self._dir, LOCK_NAME), "ab")
+        f = os.fdopen(os.open(os.path.join(self._dir, LOCK_NAME),
+                              os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600), "ab")
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -361,7 +362,7 @@ class Journal:
     def _roll(self, first_seq: int) -> _Segment:
         """Create the next segment (header is written with its first frames)."""
         path = os.path.join(self._dir, segment_name(first_seq))
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
         if self._fsync:
             try:
                 fsync_dir(self._dir)

@@ -323,7 +323,8 @@ class LeaseTable:
                 sessions = sorted(set(self._sessions) | set(self._gone_until)
                                   | self._grace_sessions)
             tmp = self.state_path + ".tmp"
-            with open(tmp, "w", encoding="ascii") as f:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w", encoding="ascii") as f:
                 json.dump({"until": horizon, "sessions": [str(s) for s in sessions]}, f)
                 f.flush()
                 os.fsync(f.fileno())

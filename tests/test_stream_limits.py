@@ -284,7 +284,7 @@ def test_master_streams_are_bounded_and_stalled_ones_cancelled(make_cluster, tmp
         assert master.StatFs(master_pb2.StatFsRequest(), timeout=DEADLINE) is not None
 
 
-def remote_client(make_cluster, tmp_path):
+def remote_client(make_cluster, tmp_path, extra: str = ""):
     """A one-worker cluster whose worker cuts streams idle for 1 s, and a client
     library instance that reads and writes remotely (short-circuit off); returns
     (CurvineFS, the worker's HTTP port)."""
@@ -293,7 +293,7 @@ def remote_client(make_cluster, tmp_path):
     from curvine.client.fs import CurvineFS
     from curvine.common.config import Config
     conf = tmp_path / "limits.toml"
-    conf.write_text('[worker]\nstream_idle_timeout = "1s"\n')
+    conf.write_text('[worker]\nstream_idle_timeout = "1s"\n' + extra)
     c = make_cluster(workers=1, mounts=0, conf=str(conf))
     cfg = Config()
     cfg.client = dataclasses.replace(cfg.client, short_circuit=False)
@@ -328,27 +328,30 @@ def test_a_reader_that_pauses_past_the_idle_timeout_reads_on(make_cluster, tmp_p
     """A remote reader's stream, left unread past worker.stream_idle_timeout, is cut by
     the worker; the next read opens another stream and returns the right bytes, and
     the worker is not counted as failing (it would be avoided for the rest of the
-    reader's life)."""
+    reader's life).  Blocks of 32 MiB: a reader fetches (and checks the crc32 of) a
+    block whole before it serves from it, so the stream left unread is the one of the
+    next block, read ahead."""
     import logging
 
-    fs, http_port = remote_client(make_cluster, tmp_path)
-    data = os.urandom(24 * MIB)
+    fs, http_port = remote_client(make_cluster, tmp_path,
+                                  '[cluster]\nblock_size = "32MiB"\n')
+    data = os.urandom(64 * MIB)
     caplog.set_level(logging.INFO, logger="curvine.client.file_reader")
     with fs:
         fs.write_bytes("/r.data", data)
         r = fs.open_reader("/r.data")
         try:
-            first = bytes(r.read(0, MIB))
+            first = bytes(r.read(0, 17 * MIB))  # past the middle: block 1 is streamed
             deadline = time.monotonic() + DEADLINE
             while (cancelled_idle(http_port).get("ReadBlock", 0) < 1
                    and time.monotonic() < deadline):
                 time.sleep(0.1)
             assert cancelled_idle(http_port).get("ReadBlock", 0) >= 1
             time.sleep(QUIET_WAIT)
-            rest = bytes(r.read(MIB, 16 * MIB))  # past what the stream had buffered
+            rest = bytes(r.read(17 * MIB, 24 * MIB))  # into block 1, whose stream was cut
         finally:
             r.close()
-    assert first + rest == data[:17 * MIB]
+    assert first + rest == data[:41 * MIB]
     messages = [rec.getMessage() for rec in caplog.records]
     assert any("unread for" in m for m in messages), messages
     assert not any(m.startswith("reading block") for m in messages), messages
