@@ -574,6 +574,17 @@ def _staging_dirs(worker: WorkerInfo, dirs: "LocalDirs | None") -> list[tuple[st
     return [(local, name) for _, local, name in found]
 
 
+
+def _claim(fd: int, sfd: int) -> bool:
+    """Make a new staging file the worker's to adopt: mode 0600 whatever the umask,
+    owned by the staging dir's owner, flock'ed; False if any of it fails."""
+    try:
+        os.fchmod(fd, _STAGING_MODE)
+        _give_to_dir_owner(fd, sfd)
+        return _lock_new(fd)
+    except OSError:
+        return False
+
 def create_local_staging(worker: WorkerInfo, block_id: int,
                          dirs: "LocalDirs | None" = None) -> tuple[int, str] | None:
     """Create a client staging file for ``block_id`` in one of the (local) worker's
@@ -600,13 +611,7 @@ def create_local_staging(worker: WorkerInfo, block_id: int,
                              | os.O_CLOEXEC, _STAGING_MODE, dir_fd=sfd)
             except OSError:
                 continue
-            try:
-                os.fchmod(fd, _STAGING_MODE)  # whatever the umask
-                _give_to_dir_owner(fd, sfd)
-                ok = _lock_new(fd)
-            except OSError:
-                ok = False
-            if not ok:
+            if not _claim(fd, sfd):
                 os.close(fd)
                 with contextlib.suppress(OSError):
                     os.unlink(fname, dir_fd=sfd)
@@ -636,13 +641,7 @@ def create_local_tmpfile(worker: WorkerInfo,
                              dir_fd=sfd)
             except OSError:
                 continue  # a file system without O_TMPFILE
-            try:
-                os.fchmod(fd, _STAGING_MODE)
-                _give_to_dir_owner(fd, sfd)
-                ok = _lock_new(fd)
-            except OSError:
-                ok = False
-            if not ok:
+            if not _claim(fd, sfd):
                 os.close(fd)
                 continue
             return fd, local

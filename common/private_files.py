@@ -59,7 +59,7 @@ def make_dir(path: str, durable: bool = False) -> bool:
             return False
     os.chmod(path, DIR_MODE)  # in case the umask took owner bits away
     if durable:
-        _fsync_dir(os.path.dirname(path) or ".")
+        fsync_dir(os.path.dirname(path) or ".")
     return True
 
 
@@ -152,7 +152,7 @@ def _subdirs(top: str, depth: int) -> list[str]:
     return found
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)

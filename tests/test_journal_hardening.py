@@ -107,19 +107,45 @@ def rewrite(path: str, first: int, replace: dict[int, bytes], append: list[bytes
     return offsets
 
 
+# Runs a command and writes its peak RSS (KiB) to the file named first.  Linux keeps,
+# in a child's ru_maxrss, the high-water mark of the process it was forked from (up to
+# the exec): measured straight from pytest, which holds gigabytes after the LMCache
+# tests, that is pytest's size.  Forked from this small process it is the command's.
+_RSS_WRAPPER = (
+    "import os, subprocess, sys\n"
+    "rc = subprocess.call(sys.argv[2:])\n"
+    "import resource\n"
+    "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n"
+    "sys.exit(rc)\n")
+
+
 def measured(argv: list[str], timeout: float = 30.0) -> tuple[int | None, str, str, int, float]:
     """Run ``argv``; (exit code or None if killed at the timeout, stdout, stderr, peak
-    RSS in bytes, seconds).  The RSS is the child's own (wait4), not that of any other
-    process this test run started."""
+    RSS in bytes, seconds).  The RSS is the command's own (see _RSS_WRAPPER), not that
+    of any other process this test run started."""
+    import tempfile
+    fd, rss_file = tempfile.mkstemp(prefix="rss-")
+    os.close(fd)
+    try:
+        rc, out, err, _, secs = _measured([sys.executable, "-c", _RSS_WRAPPER, rss_file,
+                                           *argv], timeout)
+        text = open(rss_file).read().strip()
+        return rc, out, err, int(text) * 1024 if text else 0, secs
+    finally:
+        os.unlink(rss_file)
+
+
+def _measured(argv: list[str], timeout: float) -> tuple[int | None, str, str, int, float]:
     t0 = time.monotonic()
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True)  # a timeout kills the whole group
     deadline = t0 + timeout
     while True:
         pid, status, usage = os.wait4(p.pid, os.WNOHANG)
         if pid:
             break
         if time.monotonic() > deadline:
-            p.kill()
+            os.killpg(p.pid, signal.SIGKILL)
             pid, status, usage = os.wait4(p.pid, 0)
             p.returncode = -9
             p.stdout.close()

@@ -399,7 +399,7 @@ class BlockStore:
                     private_files.make_dir(os.path.dirname(final))
                     os.replace(path, final)
                 if self.fsync:
-                    _fsync_dir(os.path.dirname(final))
+                    private_files.fsync_dir(os.path.dirname(final))
                 _check_same_file(final, st, path)
             except CurvineError:  # the staging file was swapped: final is gone
                 with self._lock:
@@ -615,7 +615,7 @@ class BlockWriter:
                 private_files.make_dir(os.path.dirname(final))
                 os.replace(self.staging_path, final)
             if store.fsync:
-                _fsync_dir(os.path.dirname(final))
+                private_files.fsync_dir(os.path.dirname(final))
         except OSError as e:
             self.abort()
             raise _disk_error(e, final) from None
@@ -709,11 +709,3 @@ def _unlink(path: str) -> None:
         pass
     except OSError as e:
         log.warning("cannot remove %s: %s", path, e)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
