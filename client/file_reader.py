@@ -80,6 +80,34 @@ _logged: set[tuple[int, int, str]] = set()
 _LOGGED_MAX = 4096
 
 
+class _VerifiedFiles:
+    """Local block files whose bytes matched their crc32, by file identity (bounded,
+    least recently checked dropped first); shared by every reader of the process."""
+
+    LIMIT = 100_000
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._seen: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, identity) -> bool:
+        with self._lock:
+            if identity in self._seen:
+                self._seen.move_to_end(identity)
+                return True
+            return False
+
+    def put(self, identity) -> None:
+        with self._lock:
+            self._seen[identity] = True
+            self._seen.move_to_end(identity)
+            while len(self._seen) > self.LIMIT:
+                self._seen.popitem(last=False)
+
+
+_verified = _VerifiedFiles()
+
+
 def zeros(n: int) -> bytes | memoryview:
     return memoryview(_ZEROS)[:n] if n <= MIB else bytes(n)
 
@@ -334,6 +362,23 @@ class BlockFetcher:
         there is nothing to compare), else what is wrong."""
         if not self.verify or not block.checksum:
             return None
+        try:
+            st = os.fstat(fd)
+        except OSError as e:
+            return f"fstat failed: {e.strerror}"
+        # Any write to the file since it was checked changes its ctime (which no
+        # unprivileged process can set back): the same file, unchanged, is not read
+        # again for every open (warm reads of a hot chunk).
+        identity = (block.block_id, block.checksum, st.st_dev, st.st_ino, st.st_size,
+                    st.st_mtime_ns, st.st_ctime_ns)
+        if _verified.get(identity):
+            return None
+        detail = self._crc_of_file(block, fd)
+        if detail is None:
+            _verified.put(identity)
+        return detail
+
+    def _crc_of_file(self, block: Block, fd: int) -> str | None:
         buf = getattr(_check_buf, "buf", None)
         if buf is None:
             buf = _check_buf.buf = bytearray(CHECK_PIECE)

@@ -23,7 +23,7 @@ import grpc
 from curvine.common import rpc
 
 SCALE = 30
-QUIET = 8.0  # seconds of silence on the stream: eight client pings
+QUIET = 6.0  # seconds of silence on the stream: six client pings
 
 
 def scaled(options, names):

@@ -36,7 +36,7 @@ from curvine.proto import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_gr
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SESSIONS, CALLS, WRITES = 1500, 1500, 200
-HOLD = 40.0  # seconds: longer than master.worker_lost_after (30 s by default)
+HOLD = 36.0  # seconds: longer than master.worker_lost_after (30 s by default)
 DEADLINE = 20.0  # bounds every honest call
 
 
