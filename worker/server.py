@@ -129,7 +129,8 @@ def worker_secret(data_dir: str) -> bytes:
     except FileNotFoundError:
         value = secrets.token_bytes(32)
         tmp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        # (a leftover of a start that crashed here is overwritten, a link not followed)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="ascii") as f:
             f.write(value.hex() + "\n")
             f.flush()
