@@ -42,6 +42,8 @@ import threading
 import time
 from typing import Callable
 
+from curvine.common.mounts import mount_table
+
 from . import argtypes
 from .demo import SEED, chunk_data, chunk_keys, format_table, get_chunk, put_chunk
 from .local import ClusterError, LocalCluster, mounted_paths
@@ -205,11 +207,9 @@ def _fs_of(path: str) -> dict:
     """Device, file system type and mount point holding ``path``."""
     real = os.path.realpath(path)
     best = ("", "?", "?")
-    with contextlib.suppress(OSError), open("/proc/mounts") as f:
-        for line in f:
-            dev, mnt, fstype = line.split()[:3]
-            if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best[0]):
-                best = (mnt, dev, fstype)
+    for dev, mnt, fstype in mount_table():
+        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best[0]):
+            best = (mnt, dev, fstype)
     return {"path": real, "mount_point": best[0], "device": best[1], "fstype": best[2]}
 
 

@@ -51,6 +51,7 @@ from curvine.common import config as config_mod
 from curvine.common.log import escape
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, ROOT_INO
+from curvine.common.mounts import mount_table
 from curvine.proto import common_pb2
 
 MOUNT_FS_TYPE = "fuse.curvine"
@@ -262,18 +263,7 @@ def namespace_path(path: str) -> str:
 
 
 def _curvine_mounts() -> list[str]:
-    try:
-        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        parts = line.split()
-        if len(parts) >= 3 and parts[2] == MOUNT_FS_TYPE:
-            out.append(parts[1].replace("\\040", " ").replace("\\011", "\t")
-                       .replace("\\012", "\n").replace("\\134", "\\"))
-    return out
+    return [m.point for m in mount_table() if m.fstype == MOUNT_FS_TYPE]
 
 
 def stat_path(client: MasterClient, path: str) -> Inode:

@@ -42,6 +42,7 @@ from typing import Any
 
 from curvine.common import auth, tls
 from curvine.common import config as _config
+from curvine.common.mounts import mount_table
 
 from . import argtypes
 
@@ -134,20 +135,9 @@ def pid_alive(pid: int | None, start_time: int | None = None) -> bool:
     return start_time is None or st == start_time
 
 
-def _unescape_mount(path: str) -> str:
-    # /proc/mounts escapes space, tab, newline and backslash as octal.
-    for code, ch in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        path = path.replace(code, ch)
-    return path
-
-
 def mounted_paths() -> set[str]:
-    """Mount points currently listed in /proc/mounts (never touches the file systems)."""
-    try:
-        with open("/proc/mounts", encoding="utf-8", errors="surrogateescape") as f:
-            return {_unescape_mount(line.split()[1]) for line in f if line.strip()}
-    except OSError:
-        return set()
+    """Mount points currently in the mount table (never touches the file systems)."""
+    return {m.point for m in mount_table()}
 
 
 def is_mounted(path: str) -> bool:

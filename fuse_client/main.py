@@ -13,7 +13,6 @@ import ctypes
 import ctypes.util
 import logging
 import os
-import re
 import resource
 import signal
 import sys
@@ -31,6 +30,7 @@ from curvine.common import log as log_mod
 from curvine.common import metrics
 from curvine.common.errors import CurvineError
 from curvine.common.ids import ROOT_INO
+from curvine.common.mounts import mount_table
 from curvine.common.rpc import RpcClient
 from curvine.proto import master_pb2, master_pb2_grpc
 
@@ -104,22 +104,10 @@ PROBE_TIMEOUT = 2.0  # deadline of the master probe of one /healthz
 
 
 def is_mounted(mountpoint: str) -> bool:
-    """Whether ``mountpoint`` is a FUSE mount, from /proc/self/mountinfo (a stat() of
-    the mount from this process could wait on its own loop)."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                fields, _, fs = line.partition(" - ")
-                fields = fields.split()
-                if len(fields) < 5 or not fs:
-                    continue
-                # mountinfo escapes space, tab, newline and backslash as \ooo
-                point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-                if point == mountpoint and fs.split()[0].startswith("fuse"):
-                    return True
-    except OSError:
-        pass
-    return False
+    """Whether ``mountpoint`` is a FUSE mount, from the mount table (a stat() of the
+    mount from this process could wait on its own loop)."""
+    return any(m.point == mountpoint and m.fstype.startswith("fuse")
+               for m in mount_table())
 
 
 class FuseHealth:
