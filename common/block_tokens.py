@@ -30,6 +30,8 @@ import logging
 import os
 import secrets
 
+from . import private_files
+
 log = logging.getLogger(__name__)
 
 READ = b"r"
@@ -102,17 +104,4 @@ def read_key(path: str) -> bytes | None:
 def write_key(path: str, key: bytes) -> None:
     """Replace ``path`` with ``key`` (mode 0600), durably: a key lost in a crash
     would void every token handed out with it."""
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, key)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    private_files.write_file(path, key)

@@ -152,6 +152,23 @@ def _subdirs(top: str, depth: int) -> list[str]:
     return found
 
 
+def write_file(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data``, mode 0600 whatever the umask, durably (file and
+    directory fsynced); a temporary file left by a crash here is overwritten, and a
+    link at its name is not followed."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")
+
+
 def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

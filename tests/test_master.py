@@ -21,12 +21,16 @@ from curvine.proto import common_pb2, master_pb2
 MiB = 1 << 20
 
 
-def make_master(tmp_path, **journal) -> Master:
+def make_master(tmp_path, master: dict | None = None, **journal) -> Master:
+    """An in-process master in ``tmp_path``; ``master`` and ``journal``: config keys of
+    those sections."""
     cfg = Config()
     cfg.master.meta_dir = str(tmp_path / "meta")
     cfg.journal.dir = str(tmp_path / "journal")
     cfg.cluster.block_size = 4 * MiB
     cfg.master.orphan_block_grace = 0.0
+    for k, v in (master or {}).items():
+        setattr(cfg.master, k, v)
     for k, v in journal.items():
         setattr(cfg.journal, k, v)
     m = Master(cfg)

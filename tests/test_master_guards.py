@@ -22,8 +22,8 @@ import time
 
 import pytest
 
+import test_master
 from cluster_util import wait_for
-from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO, new_request_id
 from curvine.common.rpc import make_channel
@@ -34,16 +34,7 @@ MiB = 1 << 20
 
 
 def make_master(tmp_path, **master) -> Master:
-    cfg = Config()
-    cfg.master.meta_dir = str(tmp_path / "meta")
-    cfg.journal.dir = str(tmp_path / "journal")
-    cfg.cluster.block_size = 4 * MiB
-    cfg.master.orphan_block_grace = 0.0
-    for k, v in master.items():
-        setattr(cfg.master, k, v)
-    m = Master(cfg)
-    m.deleter.close()  # its workers are addresses only
-    return m
+    return test_master.make_master(tmp_path, master=master)
 
 
 def add_worker(m, uuid: str) -> int:

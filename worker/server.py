@@ -101,13 +101,7 @@ def worker_uuid(data_dir: str) -> str:
             text = f.read().strip()
     except FileNotFoundError:
         value = str(uuid.uuid4())
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                          private_files.FILE_MODE), "w", encoding="ascii") as f:
-            f.write(value + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        private_files.write_file(path, (value + "\n").encode("ascii"))
         log.info("new worker identity %s in %s", value, path)
         return value
     try:
@@ -128,14 +122,7 @@ def worker_secret(data_dir: str) -> bytes:
             raw = f.read(129)
     except FileNotFoundError:
         value = secrets.token_bytes(32)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        # (a leftover of a start that crashed here is overwritten, a link not followed)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(value.hex() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        private_files.write_file(path, (value.hex() + "\n").encode("ascii"))
         return value
     try:
         value = bytes.fromhex(raw.decode("ascii").strip())
