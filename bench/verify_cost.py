@@ -25,10 +25,10 @@ import statistics
 import tempfile
 import time
 
-from curvine.cli.local import LocalCluster
 from curvine.client import file_reader
 from curvine.client.fs import CurvineFS
 from curvine.common.config import Config
+from curvine.devtools.local import LocalCluster
 
 VALUES, SIZE, ROUNDS = 8, 32 << 20, 5
 

@@ -14,10 +14,10 @@
     curvine fs status                # pool usage, watermarks, eviction counters
 
 PATH is a path in the cluster's namespace (``/l2cache``), resolved at the master
-name by name from the root; a path on a local curvine mount (``/mnt/kv/l2cache``)
-works too and is translated.  The master is ``--master H:P``, else the config's
-``cluster.master_addr`` (``--conf``, ``$CURVINE_CONF``).  Errors name the path;
-docs/cli.md lists the exit codes.
+name by name from the root (``CurvineFS.resolve``); a path on a local curvine mount
+(``/mnt/kv/l2cache``) works too and is translated.  The cluster is found as every
+command finds it (``--master``, ``--conf``, ``--base``, ``$CURVINE_CONF``:
+cli/connect.py).  Errors name the path; docs/cli.md lists the exit codes.
 
 Every name, path or peer-supplied string printed (listings, messages, errors) goes
 through :func:`shown`: control and non-printable characters and undecodable bytes as
@@ -42,17 +42,18 @@ import stat as stat_mod
 import sys
 import tempfile
 import time
-from typing import Iterator
 
 from curvine.client.fs import CurvineFS
 from curvine.client.master_client import MasterClient
-from curvine.common import auth
 from curvine.common import config as config_mod
 from curvine.common.log import escape
 from curvine.common.errors import CurvineError, ErrorKind
-from curvine.common.ids import MIB, ROOT_INO
+from curvine.common.ids import MIB
 from curvine.common.mounts import mount_table
 from curvine.proto import common_pb2
+
+from . import connect
+from .show import human_size
 
 MOUNT_FS_TYPE = "fuse.curvine"
 CHUNK = MIB  # put/get copy in 1 MiB pieces: memory stays constant whatever the size
@@ -76,10 +77,7 @@ def register(subparsers) -> None:
                         help="show this help and exit")
         if human:
             sp.add_argument("-h", "--human", action="store_true", help="sizes as Ki, Mi, Gi")
-        sp.add_argument("--master", metavar="H:P", help="master address "
-                        "(default: cluster.master_addr of the config)")
-        sp.add_argument("--conf", help="config file (default $CURVINE_CONF or "
-                        f"{config_mod.DEFAULT_PATH})")
+        connect.add_options(sp)
         sp.set_defaults(func=_escaped_errors(func), _parser=sp)
         return sp
 
@@ -221,28 +219,7 @@ def _mode(text: str) -> int:
     return mode
 
 
-# ---------------------------------------------------------------- connection, paths
-
-def _client(args) -> MasterClient:
-    cfg = config_mod.load(args.conf)
-    auth.configure(cfg)  # every channel sends the cluster token
-    address = args.master or cfg.cluster.master_addr
-    # a CLI should fail fast when the master is down, not wait for it
-    return MasterClient(address, timeout=float(cfg.cluster.rpc_timeout), wait=2.0)
-
-
-@contextlib.contextmanager
-def _fs(args) -> Iterator[CurvineFS]:
-    cfg = config_mod.load(args.conf)
-    auth.configure(cfg)  # every channel sends the cluster token
-    client = MasterClient(args.master or cfg.cluster.master_addr,
-                          timeout=float(cfg.cluster.rpc_timeout), wait=2.0)
-    fs = CurvineFS(cfg=cfg, master=client)
-    try:
-        yield fs
-    finally:
-        fs.close()
-
+# ---------------------------------------------------------------- paths
 
 def namespace_path(path: str) -> str:
     """``path`` as a normalised path in the namespace: a path on a local curvine mount
@@ -266,32 +243,9 @@ def _curvine_mounts() -> list[str]:
     return [m.point for m in mount_table() if m.fstype == MOUNT_FS_TYPE]
 
 
-def stat_path(client: MasterClient, path: str) -> Inode:
-    """The inode at namespace ``path``, walking from the root one name at a time;
-    errors name the path."""
-    node = client.getattr(ROOT_INO)
-    walked = ""
-    for part in path.split("/"):
-        if part in ("", "."):
-            continue
-        if node.type != common_pb2.DIRECTORY:
-            raise CurvineError(ErrorKind.NOT_DIR, f"{walked}: not a directory")
-        walked += "/" + part
-        child = client.lookup_or_none(node.ino, os.fsencode(part))
-        if child is None:
-            raise CurvineError(ErrorKind.NOT_FOUND, f"{walked}: no such file or directory")
-        node = child
-    return node
-
-
-def resolve(client: MasterClient, path: str) -> int:
-    """The inode number of a namespace path."""
-    return stat_path(client, path).ino
-
-
-def stat_or_none(client: MasterClient, path: str) -> Inode | None:
+def stat_or_none(fs: CurvineFS, path: str) -> Inode | None:
     try:
-        return stat_path(client, path)
+        return fs.resolve(path)
     except CurvineError as e:
         if e.kind == ErrorKind.NOT_FOUND:
             return None
@@ -314,16 +268,6 @@ def _is_dir(node: Inode) -> bool:
 
 
 # ---------------------------------------------------------------- formatting
-
-def human_size(n: int) -> str:
-    """1023 -> '1023', 1536 -> '1.5Ki', 41943040 -> '40.0Mi' (binary units)."""
-    value = float(n)
-    for unit in ("", "Ki", "Mi", "Gi", "Ti", "Pi"):
-        if value < 1024 or unit == "Pi":
-            return f"{int(value)}" if not unit else f"{value:.1f}{unit}"
-        value /= 1024
-    return str(n)
-
 
 def _size(n: int, human: bool) -> str:
     return human_size(n) if human else str(n)
@@ -430,10 +374,10 @@ class Progress:
 # ---------------------------------------------------------------- ls, stat
 
 def _cmd_ls(args, parser) -> int:
-    with _fs(args) as fs:
+    with connect.curvine_fs(args) as fs:
         for i, arg in enumerate(args.paths):
             path = namespace_path(arg)
-            node = stat_path(fs.master, path)
+            node = fs.resolve(path)
             if _is_dir(node) and not args.directory:
                 if len(args.paths) > 1 and not args.json:
                     if i:
@@ -461,10 +405,10 @@ def _ls_line(args, name: bytes | str, node: Inode, path: str) -> None:
 
 
 def _cmd_stat(args, parser) -> int:
-    with _fs(args) as fs:
+    with connect.curvine_fs(args) as fs:
         for arg in args.paths:
             path = namespace_path(arg)
-            node = stat_path(fs.master, path)
+            node = fs.resolve(path)
             blocks, workers = [], {}
             if not _is_dir(node):
                 with _about(path):
@@ -502,7 +446,7 @@ def _cmd_stat(args, parser) -> int:
 # ---------------------------------------------------------------- mkdir, rm, mv
 
 def _cmd_mkdir(args, parser) -> int:
-    with _fs(args) as fs:
+    with connect.curvine_fs(args) as fs:
         for arg in args.paths:
             path = namespace_path(arg)
             if path == "/":
@@ -510,26 +454,22 @@ def _cmd_mkdir(args, parser) -> int:
                     continue
                 raise CurvineError(ErrorKind.EXISTS, "/: file exists")
             with _about(path):
-                if args.parents:
-                    fs.mkdir(path, args.mode, parents=True)
-                else:
-                    parent, name = _parent_of(fs.master, path)
-                    fs.master.mkdir(parent.ino, name, args.mode, os.getuid(), os.getgid())
+                fs.mkdir(path, args.mode, parents=args.parents)
     return 0
 
 
 def _cmd_rm(args, parser) -> int:
-    with _fs(args) as fs:
+    with connect.curvine_fs(args) as fs:
         for arg in args.paths:
             path = namespace_path(arg)
             if path == "/":
                 raise CurvineError(ErrorKind.INVALID, "/: refusing to remove the root")
-            node = stat_or_none(fs.master, path)
+            node = stat_or_none(fs, path)
             if node is None:
                 if args.force:
                     continue
                 raise CurvineError(ErrorKind.NOT_FOUND, f"{path}: no such file or directory")
-            parent, name = _parent_of(fs.master, path)
+            parent, name = fs.parent(path)
             with _about(path):
                 if not _is_dir(node):
                     fs.master.unlink(parent.ino, name)
@@ -538,14 +478,6 @@ def _cmd_rm(args, parser) -> int:
                 else:
                     _remove_tree(fs.master, parent.ino, name, node.ino)
     return 0
-
-
-def _parent_of(client: MasterClient, path: str) -> tuple[Inode, bytes]:
-    """The directory holding ``path`` (not the root) and its last name."""
-    parent = stat_path(client, posixpath.dirname(path))
-    if not _is_dir(parent):
-        raise CurvineError(ErrorKind.NOT_DIR, f"{posixpath.dirname(path)}: not a directory")
-    return parent, os.fsencode(posixpath.basename(path))
 
 
 def _remove_tree(client: MasterClient, parent: int, name: bytes, ino: int) -> None:
@@ -569,19 +501,19 @@ def _remove_tree(client: MasterClient, parent: int, name: bytes, ino: int) -> No
 
 
 def _cmd_mv(args, parser) -> int:
-    with _fs(args) as fs:
+    with connect.curvine_fs(args) as fs:
         src, dst = namespace_path(args.src), namespace_path(args.dst)
         if src == "/":
             raise CurvineError(ErrorKind.INVALID, "/: cannot move the root")
-        node = stat_path(fs.master, src)
-        src_dir, src_name = _parent_of(fs.master, src)
-        target = stat_or_none(fs.master, dst)
+        node = fs.resolve(src)
+        src_dir, src_name = fs.parent(src)
+        target = stat_or_none(fs, dst)
         if target is not None and _is_dir(target) and target.ino != node.ino:
             dst_dir, name = target, src_name  # into the directory, like mv(1)
         elif dst == "/":
             raise CurvineError(ErrorKind.EXISTS, "/: file exists")
         else:
-            dst_dir, name = _parent_of(fs.master, dst)
+            dst_dir, name = fs.parent(dst)
         with _about(f"{src} -> {dst}"):
             fs.master.rename(src_dir.ino, src_name, dst_dir.ino, name)
     return 0
@@ -590,10 +522,10 @@ def _cmd_mv(args, parser) -> int:
 # ---------------------------------------------------------------- du, df
 
 def _cmd_du(args, parser) -> int:
-    with _fs(args) as fs:
+    with connect.curvine_fs(args) as fs:
         for arg in args.paths:
             path = namespace_path(arg)
-            node = stat_path(fs.master, path)
+            node = fs.resolve(path)
             with _about(path):
                 total = _du(fs.master, node, path, args)
             print(f"{_size(total, args.human)}\t{shown(path)}")
@@ -625,7 +557,7 @@ def _du(client: MasterClient, node: Inode, path: str, args) -> int:
 
 
 def _cmd_df(args, parser) -> int:
-    client = _client(args)
+    client = connect.master_client(args)
     try:
         st = client.statfs()
         cap = client.capacity_status()
@@ -652,15 +584,15 @@ def _cmd_df(args, parser) -> int:
 # ---------------------------------------------------------------- put, get
 
 def _cmd_put(args, parser) -> int:
-    with _fs(args) as fs:
+    with connect.curvine_fs(args) as fs:
         dst = namespace_path(args.remote)
-        existing = stat_or_none(fs.master, dst)
+        existing = stat_or_none(fs, dst)
         if args.remote.endswith("/") or (existing is not None and _is_dir(existing)):
             if args.local == "-":
                 raise CurvineError(ErrorKind.IS_DIR, f"{dst}: is a directory (name the file "
                                                      "to write stdin to)")
             dst = posixpath.join(dst, os.path.basename(args.local))
-            existing = stat_or_none(fs.master, dst)
+            existing = stat_or_none(fs, dst)
         if args.local == "-":
             src, total, mode = sys.stdin.buffer, None, 0o644
         else:
@@ -712,9 +644,9 @@ def _upload(fs: CurvineFS, src, dst: str, mode: int, progress: Progress, created
 
 
 def _cmd_get(args, parser) -> int:
-    with _fs(args) as fs:
+    with connect.curvine_fs(args) as fs:
         src = namespace_path(args.remote)
-        node = stat_path(fs.master, src)
+        node = fs.resolve(src)
         if _is_dir(node):
             raise CurvineError(ErrorKind.IS_DIR, f"{src}: is a directory")
         progress = Progress(f"get {shown(src)}", node.size, not args.quiet)
@@ -754,32 +686,26 @@ def _download(fs: CurvineFS, src: str, out, progress: Progress) -> None:
 # ---------------------------------------------------------------- ttl, replicas, status
 
 def _cmd_ttl(args, parser) -> int:
-    client = _client(args)
-    try:
+    with connect.curvine_fs(args) as fs:
         path = namespace_path(args.path)
         with _about(path):
-            node = client.set_policy(resolve(client, path),
-                                     ttl_ms=int(round(args.duration * 1000)))
-    finally:
-        client.close()
+            node = fs.master.set_policy(fs.resolve(path).ino,
+                                        ttl_ms=int(round(args.duration * 1000)))
     print(f"{shown(path)}: ttl {_fmt_ttl(node.ttl_ms)}")
     return 0
 
 
 def _cmd_replicas(args, parser) -> int:
-    client = _client(args)
-    try:
+    with connect.curvine_fs(args) as fs:
         path = namespace_path(args.path)
         with _about(path):
-            node = client.set_policy(resolve(client, path), replicas=args.replicas)
-    finally:
-        client.close()
+            node = fs.master.set_policy(fs.resolve(path).ino, replicas=args.replicas)
     print(f"{shown(path)}: replicas {node.replicas or 'cluster default'}")
     return 0
 
 
 def _cmd_status(args, parser) -> int:
-    client = _client(args)
+    client = connect.master_client(args)
     try:
         st = client.capacity_status()
     finally:

@@ -26,16 +26,13 @@ from google.protobuf.message import DecodeError
 
 from curvine.common import config as config_mod
 from curvine.common.errors import CurvineError, ErrorKind
-from curvine.journal.segment import (
-    JournalCorruption,
-    SegmentReader,
-    find_valid_frame,
-    parse_segment_name,
-)
+from curvine.journal.journal import Damage, gap_damage, list_segments, segment_damage
+from curvine.journal.segment import JournalCorruption, SegmentReader
 from curvine.proto import journal_pb2
 
 from . import argtypes
-from .fs_cmd import _client, human_size
+from . import connect
+from .show import human_size
 
 EXIT_DAMAGED = 4  # verify found damage before the tail (docs/cli.md)
 _TYPE_NAMES = {f.number: f.name
@@ -49,14 +46,15 @@ def register(subparsers) -> None:
                     "segment's checksums, or have the master checkpoint its metadata now.")
     sub = p.add_subparsers(dest="journal_command", metavar="SUBCOMMAND", required=True)
 
-    def dirs(sp, meta: bool = False):
+    def dirs(sp, meta: bool = False, conf: bool = True):
         sp.add_argument("--journal-dir", metavar="DIR",
                         help="journal directory (default: journal.dir of the config)")
         if meta:
             sp.add_argument("--meta-dir", metavar="DIR",
                             help="metadata directory (default: master.meta_dir of the config)")
-        sp.add_argument("--conf", help="config file (default $CURVINE_CONF or "
-                        f"{config_mod.DEFAULT_PATH})")
+        if conf:
+            sp.add_argument("--conf", help="config file (default $CURVINE_CONF or "
+                            f"{config_mod.DEFAULT_PATH})")
 
     d = sub.add_parser("dump", help="print records, one per line",
                        description="Print the journal's records in order, one per line: "
@@ -84,11 +82,10 @@ def register(subparsers) -> None:
                        description="Ask the running master to copy its metadata (LMDB) into "
                                    "a checkpoint and retire the journal segments it covers; "
                                    "with --offline, do it here for a stopped master.")
-    c.add_argument("--master", metavar="H:P", help="master address "
-                   "(default: cluster.master_addr of the config)")
+    connect.add_options(c)  # --master, and --conf or --base
     c.add_argument("--offline", action="store_true",
                    help="the master is stopped: replay and checkpoint its directories here")
-    dirs(c, meta=True)
+    dirs(c, meta=True, conf=False)
     c.set_defaults(func=_cmd_checkpoint, _parser=c)
     p.set_defaults(_parser=p)
 
@@ -100,25 +97,7 @@ def _journal_dir(args) -> str:
     return os.path.abspath(d)
 
 
-def _segments(directory: str) -> list[tuple[int, str]]:
-    """(first seq, path) of every segment file, oldest first."""
-    found = []
-    for name in os.listdir(directory):
-        first = parse_segment_name(name)
-        if first is not None:
-            found.append((first, os.path.join(directory, name)))
-    return sorted(found)
-
-
 # ---------------------------------------------------------------- verify
-
-@dataclass
-class Damage:
-    segment: str
-    offset: int
-    reason: str
-    torn_tail: bool  # the last record is incomplete: what a crash mid-append leaves
-
 
 @dataclass
 class Walk:
@@ -131,21 +110,19 @@ class Walk:
 
 
 def walk(directory: str) -> Walk:
-    """Check every segment the way the master does at start (journal.Journal._scan,
-    then the replay's decoding of each record): damage anywhere but an incomplete
-    tail of the last segment is corruption; so is a crc-valid record the master could
-    not replay, wherever it is (no crash writes one), and a segment path that is not a
-    regular file."""
+    """Check every segment the way the master does at start (the journal's
+    ``segment_damage`` and ``gap_damage``, then the replay's decoding of each record):
+    damage anywhere but an incomplete tail of the last segment is corruption; so is a
+    crc-valid record the master could not replay, wherever it is (no crash writes
+    one), and a segment path that is not a regular file."""
     w = Walk()
-    segs = _segments(directory)
+    segs = list_segments(directory)
     expect = None
     for i, (first, path) in enumerate(segs):
-        is_last = i == len(segs) - 1
         w.segments += 1
         w.bytes += os.lstat(path).st_size  # a symlink is refused below, not followed
-        if expect is not None and first != expect:
-            w.damage = Damage(path, 0, f"segment starts at seq {first} but the previous one "
-                                       f"ends at seq {expect - 1}", False)
+        w.damage = gap_damage(path, first, expect)
+        if w.damage is not None:
             return w
         reader = SegmentReader(path, first)
         last = first - 1
@@ -164,10 +141,9 @@ def walk(directory: str) -> Walk:
             w.damage = Damage(e.segment, e.offset, e.reason, False)
             return w
         w.last_seq = max(w.last_seq, last)
-        if reader.bad is not None:
-            w.damage = _damage(reader, last, is_last)
-            if not w.damage.torn_tail:
-                return w
+        w.damage = segment_damage(reader, last, is_last=i == len(segs) - 1)
+        if w.damage is not None and not w.damage.torn_tail:
+            return w
         expect = last + 1
     return w
 
@@ -196,21 +172,6 @@ def replay_problem(payload: bytes) -> str | None:
     return None
 
 
-def _damage(reader: SegmentReader, last_seq: int, is_last: bool) -> Damage:
-    """Where and why ``reader`` stopped, and whether it is only a torn tail: bytes that
-    may be a partial write (not intact-but-wrong ones) at the end of the last segment
-    with no valid record after them."""
-    bad = reader.bad
-    torn = is_last and bad.torn_ok
-    reason = bad.reason
-    if torn:
-        later = find_valid_frame(reader.path, bad.offset + 1, last_seq + 1)
-        if later is not None:
-            torn = False
-            reason += f", but a valid record (seq {later[1]}) follows at offset {later[0]}"
-    return Damage(reader.path, bad.offset, reason, torn)
-
-
 def _cmd_verify(args, parser) -> int:
     directory = _journal_dir(args)
     w = walk(directory)
@@ -236,7 +197,7 @@ def _cmd_verify(args, parser) -> int:
 
 def _cmd_dump(args, parser) -> int:
     directory = _journal_dir(args)
-    segs = _segments(directory)
+    segs = list_segments(directory)
     printed = 0
     for i, (first, path) in enumerate(segs):
         if i + 1 < len(segs) and segs[i + 1][0] <= args.from_seq:
@@ -251,12 +212,12 @@ def _cmd_dump(args, parser) -> int:
             printed += 1
             if args.limit and printed >= args.limit:
                 return 0
-        if reader.bad is not None:
-            damage = _damage(reader, last, i == len(segs) - 1)
+        damage = segment_damage(reader, last, is_last=i == len(segs) - 1)
+        if damage is not None:
             if damage.torn_tail:
                 break  # an incomplete last record: being written, or torn (see verify)
             sys.stdout.flush()
-            raise JournalCorruption(path, damage.offset, damage.reason)
+            raise damage.error()
     return 0
 
 
@@ -312,7 +273,7 @@ def _cmd_checkpoint(args, parser) -> int:
         return _checkpoint_offline(args)
     if args.meta_dir or args.journal_dir:
         parser.error("--meta-dir and --journal-dir only go with --offline")
-    client = _client(args)
+    client = connect.master_client(args)
     try:
         reply = client.checkpoint()
     finally:
@@ -323,50 +284,35 @@ def _cmd_checkpoint(args, parser) -> int:
 
 
 def _checkpoint_offline(args) -> int:
-    """Replay the journal into LMDB and checkpoint, as the master would at start.
+    """Open the metadata as the master does at start (recovery and replay,
+    master/metadata.py), then checkpoint.
 
     The journal's directory lock makes this refuse to run next to a live master."""
-    from curvine.journal import Journal
-    from curvine.master.committer import Committer
-    from curvine.master.namespace import Namespace, RetryCache
-    from curvine.master.store import Store
+    from curvine.master.metadata import Metadata, lmdb_dir
 
     if args.master:
         raise CurvineError(ErrorKind.INVALID, "--master: not used with --offline")
+    if args.base:  # its client config names no directories; a master's config does
+        raise CurvineError(ErrorKind.INVALID, "--base: not used with --offline (use --conf "
+                           "with the master's config, or --meta-dir and --journal-dir)")
     cfg = config_mod.load(args.conf)
     journal_dir = _journal_dir(args)
     meta_dir = os.path.abspath(args.meta_dir or cfg.master.meta_dir)
-    lmdb_dir = os.path.join(meta_dir, "lmdb")
-    if not os.path.isdir(lmdb_dir):
-        raise CurvineError(ErrorKind.NOT_FOUND, f"{lmdb_dir}: no master metadata here "
+    lmdb = lmdb_dir(meta_dir)
+    if not os.path.isdir(lmdb):
+        raise CurvineError(ErrorKind.NOT_FOUND, f"{lmdb}: no master metadata here "
                                                 "(is --meta-dir right?)")
-    journal = Journal(journal_dir, segment_size=int(cfg.journal.segment_size),
-                      fsync=cfg.journal.fsync)
+    # a record that does not decode or apply is damage (exit 4), named
+    md = Metadata.open(cfg, meta_dir, journal_dir)
     try:
-        store = Store(lmdb_dir)
-        try:
-            ns = Namespace(store, RetryCache(cfg.master.retry_cache_entries),
-                           int(cfg.cluster.block_size))
-            committer = Committer(store, journal, ns, lambda fx: None,
-                                  os.path.join(meta_dir, "checkpoints"))
-            try:
-                replayed = committer.replay()
-            except Exception as e:
-                # a record that does not decode or apply: damage (exit 4), named
-                damage = journal.unreplayable(e)
-                if damage is None:
-                    raise
-                raise damage from e
-            retired = journal.stats["segments_retired"]
-            path = committer.checkpoint()
-            retired = journal.stats["segments_retired"] - retired
-        finally:
-            store.close()
+        retired = md.journal.stats["segments_retired"]
+        path = md.committer.checkpoint()
+        retired = md.journal.stats["segments_retired"] - retired
     finally:
-        journal.close()
+        md.close()
     if path is None:
         print("nothing to checkpoint: the journal holds no records")
         return 0
-    print(f"checkpoint at seq {committer.applied_seq}: {path} ({replayed} records replayed, "
-          f"{retired} journal segments retired)")
+    print(f"checkpoint at seq {md.committer.applied_seq}: {path} ({md.replayed} records "
+          f"replayed, {retired} journal segments retired)")
     return 0

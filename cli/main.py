@@ -16,11 +16,12 @@ import signal
 import sys
 import traceback
 
-# Command groups, in help order: (name, module under curvine.cli).
+# Command groups, in help order: (name, module).  local, demo and bench are
+# development tooling (curvine.devtools); the rest are the operator commands.
 COMMAND_GROUPS = [
-    ("local", "curvine.cli.local"),
-    ("demo", "curvine.cli.demo"),
-    ("bench", "curvine.cli.bench"),
+    ("local", "curvine.devtools.local"),
+    ("demo", "curvine.devtools.demo"),
+    ("bench", "curvine.devtools.bench"),
     ("fs", "curvine.cli.fs_cmd"),
     ("config", "curvine.cli.config_cmd"),
     ("report", "curvine.cli.report"),
@@ -43,8 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
-    from curvine.cli.local import ClusterError
-    from curvine.common.config import ConfigError
+    from curvine.devtools.local import ClusterError
+    from curvine.common.errors import ConfigError
     from curvine.common.errors import CurvineError
     from curvine.journal import JournalError
     return (ClusterError, ConfigError, CurvineError, JournalError, OSError)

@@ -1,6 +1,6 @@
 """`curvine report`: the cluster at a glance, from the master's Report RPC.
 
-    curvine report [--json] [--master H:P] [--conf FILE]
+    curvine report [--json] [--master H:P] [--conf FILE | --base DIR]
 
 Workers (id, address, host, state, capacity, used, blocks, last heartbeat), the
 namespace (inodes, files with data, blocks, replicas), under-replicated blocks,
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 
-from curvine.common import config as config_mod
 from curvine.proto import master_pb2
 
-from .fs_cmd import _client, human_size
+from . import connect
+from .show import human_size
 
 
 def register(subparsers) -> None:
@@ -26,10 +26,7 @@ def register(subparsers) -> None:
                     "and usage, the namespace, under-replicated blocks, evictions, lookup "
                     "hits and misses, lease sessions and the journal position.")
     p.add_argument("--json", action="store_true", help="one JSON object")
-    p.add_argument("--master", metavar="H:P", help="master address "
-                   "(default: cluster.master_addr of the config)")
-    p.add_argument("--conf", help="config file (default $CURVINE_CONF or "
-                   f"{config_mod.DEFAULT_PATH})")
+    connect.add_options(p)
     p.set_defaults(func=_cmd_report, _parser=p)
 
 
@@ -131,7 +128,7 @@ def print_report(d: dict) -> None:
 
 
 def _cmd_report(args, parser) -> int:
-    client = _client(args)
+    client = connect.master_client(args)
     try:
         reply = client.report()
     finally:

@@ -3,8 +3,9 @@ short-circuit paths to block files on this host (reads of finalised files; write
 staging files that the worker then adopts).
 
 Blocking calls, safe from many threads (the FUSE client runs them through
-``trio.to_thread``).  One gRPC channel per worker address is shared by the whole
-process.  Every failure is a ``CurvineError`` whose message names the worker.
+``trio.to_thread``).  Every call takes the caller's ``security`` (common/security.py;
+keyword, required); one gRPC channel per (worker address, security) is shared by the
+whole process.  Every failure is a ``CurvineError`` whose message names the worker.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import grpc
 from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error, invalid
 from curvine.common.ids import MIB
 from curvine.common.rpc import make_channel
+from curvine.common.security import Security
 from curvine.proto import common_pb2, worker_pb2, worker_pb2_grpc
 # The block file layout and the data framing have one definition each, in the worker.
 from curvine.common import wire
@@ -36,14 +38,14 @@ DEFAULT_READAHEAD = 4  # messages buffered ahead of the reader (client.readahead
 WorkerInfo = common_pb2.WorkerInfo
 
 _lock = threading.Lock()
-_workers: dict[str, "_WorkerCalls"] = {}
+_workers: dict[tuple[str, Security], "_WorkerCalls"] = {}
 
 
 class _WorkerCalls:
     """A channel plus the data-path calls, framed by hand (see curvine.common.wire)."""
 
-    def __init__(self, address: str):
-        self.channel = make_channel(address)
+    def __init__(self, address: str, security: Security):
+        self.channel = make_channel(address, security)
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
         self.write = self.channel.stream_unary(
             "/curvine.Worker/WriteBlock",
@@ -57,16 +59,17 @@ class _WorkerCalls:
             _registered_method=True)
 
 
-def get_channel(address: str) -> grpc.Channel:
-    """The process-wide channel to ``address`` (created on first use)."""
-    return _calls(address).channel
+def get_channel(address: str, *, security: Security) -> grpc.Channel:
+    """The process-wide channel to ``address`` with ``security`` (created on first use)."""
+    return _calls(address, security).channel
 
 
-def _calls(address: str) -> _WorkerCalls:
+def _calls(address: str, security: Security) -> _WorkerCalls:
+    key = (address, security)
     with _lock:
-        calls = _workers.get(address)
+        calls = _workers.get(key)
         if calls is None:
-            calls = _workers[address] = _WorkerCalls(address)
+            calls = _workers[key] = _WorkerCalls(address, security)
         return calls
 
 
@@ -113,7 +116,8 @@ def _check(block_id: int, offset: int = 0, length: int = 0) -> None:
 
 
 def write_block(worker: WorkerInfo, block_id: int, data: bytes | bytearray | memoryview,
-                timeout: float = 30.0, token: bytes = b"") -> tuple[int, int]:
+                timeout: float = 30.0, token: bytes = b"", *,
+                security: Security) -> tuple[int, int]:
     """Stream ``data`` as block ``block_id`` to ``worker``; returns (length, crc32).
 
     ``token`` is the master's write token for the block (AddBlock; every call of this
@@ -123,7 +127,7 @@ def write_block(worker: WorkerInfo, block_id: int, data: bytes | bytearray | mem
     view = memoryview(data).cast("B")
     result: dict = {}
     try:
-        reply = _calls(worker.address).write(
+        reply = _calls(worker.address, security).write(
             _write_requests(block_id, view, result, token), timeout=timeout)
     except grpc.RpcError as e:
         raise _error(worker, e) from None
@@ -147,7 +151,7 @@ class BlockWriteStream:
     the call failed, ``send`` and ``finish`` raise its error."""
 
     def __init__(self, worker: WorkerInfo, block_id: int, timeout: float = 30.0,
-                 depth: int = 8, token: bytes = b""):
+                 depth: int = 8, token: bytes = b"", *, security: Security):
         _check(block_id)
         self.worker = worker
         self.block_id = block_id
@@ -157,7 +161,8 @@ class BlockWriteStream:
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._first = True
         self._cancelled = False
-        self._call = _calls(worker.address).write.future(self._requests(), timeout=timeout)
+        self._call = _calls(worker.address, security).write.future(self._requests(),
+                                                                    timeout=timeout)
 
     def _requests(self):
         while True:
@@ -232,10 +237,10 @@ class BlockWriteStream:
 
 
 def read_block(worker: WorkerInfo, block_id: int, offset: int, length: int,
-               timeout: float = 30.0, token: bytes = b"") -> bytes:
+               timeout: float = 30.0, token: bytes = b"", *, security: Security) -> bytes:
     """[offset, offset+length) of a block (length 0 = to the end), in one bytes object."""
     _check(block_id, offset, length)
-    stream = _calls(worker.address).read(
+    stream = _calls(worker.address, security).read(
         worker_pb2.ReadBlockRequest(block_id=block_id, offset=offset, length=length,
                                     token=token),
         timeout=timeout)
@@ -287,14 +292,14 @@ class BlockReader:
 
     def __init__(self, worker: WorkerInfo, block_id: int, offset: int = 0, length: int = 0,
                  timeout: float = 30.0, readahead: int = DEFAULT_READAHEAD,
-                 token: bytes = b""):
+                 token: bytes = b"", *, security: Security):
         _check(block_id, offset, length)
         self.worker = worker
         self.block_id = block_id
         self.length = length
         self._received = 0
         self._closed = threading.Event()
-        self._stream = _calls(worker.address).read(
+        self._stream = _calls(worker.address, security).read(
             worker_pb2.ReadBlockRequest(block_id=block_id, offset=offset, length=length,
                                         token=token),
             timeout=timeout)
@@ -701,14 +706,15 @@ def unlink_staging(path: str) -> None:
 
 
 def adopt_block(worker: WorkerInfo, block_id: int, path: str, length: int, checksum: int,
-                timeout: float = 30.0, token: bytes = b"") -> tuple[int, int]:
+                timeout: float = 30.0, token: bytes = b"", *,
+                security: Security) -> tuple[int, int]:
     """Ask the (local) worker to finalise the staging file ``path`` as block ``block_id``
     (see ``create_local_staging``); returns (length, crc32) as the worker recorded them."""
     _check(block_id, 0, length)
     req = worker_pb2.AdoptBlockRequest(block_id=block_id, path=path, length=length,
                                        checksum=checksum, token=token)
     try:
-        reply = _calls(worker.address).stub.AdoptBlock(req, timeout=timeout)
+        reply = _calls(worker.address, security).stub.AdoptBlock(req, timeout=timeout)
     except grpc.RpcError as e:
         raise _error(worker, e) from None
     if reply.length != length or reply.checksum != checksum:

@@ -1,26 +1,32 @@
 """Reading one published version of a file: its blocks, fetched once at open.
 
-Every byte served has been checked: a block is read whole and its crc32 compared with
-the one the master recorded at publish (``Block.checksum``; 0 = not known, e.g. a
-truncated block, then there is nothing to check) before any part of it is returned,
-whatever the entry point (``read`` of any range, ``read_all``, ``read_cached``).  One
-path decides where a block comes from and checks it (``BlockFetcher._local`` and
-``BlockFetcher._fetched``).  A copy that does not match is logged once (block id and
-worker), never read again by this reader, and the next replica is tried; when none
-matches, the read fails with ErrorKind.CHECKSUM (EIO at the mount), never with other
-bytes.
+Where a block is read from is decided in one place, ``BlockFetcher._source``: a
+block stored by a worker on this host is read from its local file (``_LocalFile``,
+short-circuit), any other block, or one whose local file fails, from a copy streamed
+whole from a worker (``_Fetch``); a hole (block id 0) is zeros.  Every entry point
+(``read`` of any range, ``read_all``, ``read_nowait`` behind ``read_cached``) goes
+through it, and both sources follow one policy:
 
-A block stored by a worker on this host is read straight from its file
-(short-circuit), but only in a data dir that this process's own configuration names
-(``block_client.LocalDirs``; a dir a worker reports over the network only selects
-one of those), opened component by component with O_NOFOLLOW.  The file is opened once
-and the descriptor kept: an open descriptor keeps reading the bytes it opened even if
-the block is deleted later (DESIGN consistency rule 4).  It is checked once per
-descriptor, at open for the blocks in the first PREFETCH_BYTES of the file (which the
-kernel is asked to read ahead, POSIX_FADV_WILLNEED), in the background when a read
-reaches the block before, else at its first read; later reads of that descriptor are
-served from it (preadv2 RWF_NOWAIT lets ``read_cached`` answer from the page cache
-without blocking, so the FUSE loop needs no thread hop).
+- Checked before served: a block is read whole and its crc32 compared with the one
+  the master recorded at publish (``Block.checksum``; 0 = not known, e.g. a truncated
+  block, then there is nothing to check: ``_checks``) before any part of it is
+  returned (``_crc_problem``).  A copy that does not match is rejected
+  (``_reject_copy``): logged once (block id and worker), never read again by this
+  reader, and the next replica is tried; when none matches, the read fails with
+  ErrorKind.CHECKSUM (EIO at the mount), never with other bytes.
+- Counted when served: the bytes returned, once, on the counter of the source that
+  served them (``served``: short-circuit or remote).
+
+A local block file is found only in a data dir that this process's own configuration
+names (``block_client.LocalDirs``; a dir a worker reports over the network only
+selects one of those), opened component by component with O_NOFOLLOW.  The file is
+opened once and the descriptor kept: an open descriptor keeps reading the bytes it
+opened even if the block is deleted later (DESIGN consistency rule 4).  It is checked
+once per descriptor, at open for the blocks in the first PREFETCH_BYTES of the file
+(which the kernel is asked to read ahead, POSIX_FADV_WILLNEED), in the background when
+a read reaches the block before, else at its first read; later reads of that
+descriptor are served from it (preadv2 RWF_NOWAIT lets ``read_cached`` answer from
+the page cache without blocking, so the FUSE loop needs no thread hop).
 
 Other blocks are streamed whole from a worker (ReadBlock from offset 0, with
 readahead) and kept in memory once checked: the last MAX_HELD blocks per reader, so
@@ -45,6 +51,7 @@ from typing import Iterable, Mapping
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, host_id
 from curvine.common.metrics import CLIENT_READ_REMOTE, CLIENT_READ_SHORT_CIRCUIT
+from curvine.common.security import Security
 from curvine.proto import common_pb2
 
 from . import block_client
@@ -120,10 +127,18 @@ def join(parts: list) -> bytes | memoryview:
     return b"".join(parts)
 
 
-def _log_bad_copy(block: Block, worker: WorkerInfo | None, copy: str, detail: str) -> None:
+def _crc_problem(block: Block, crc: int) -> str | None:
+    """What is wrong with a copy of ``block`` whose bytes have crc32 ``crc``; None if
+    it matches the crc32 the master recorded."""
+    if crc != block.checksum:
+        return f"crc32 {crc:08x}, recorded {block.checksum:08x}"
+    return None
+
+
+def _log_bad_copy(block: Block, wid: int, worker: WorkerInfo | None, copy: str,
+                  detail: str) -> None:
     """One warning per (block, worker, copy) and process; later ones at debug.  What
     came over the network (the address, paths) is logged escaped (%r)."""
-    wid = worker.worker_id if worker is not None else 0
     key = (block.block_id, wid, copy)
     with _logged_lock:
         first = key not in _logged
@@ -137,20 +152,70 @@ def _log_bad_copy(block: Block, worker: WorkerInfo | None, copy: str, detail: st
             "copy again", block.block_id, copy, wid, address, detail)
 
 
+class _LocalFile:
+    """A source: the block's file on this host, its descriptor opened once; read only
+    once ``checked`` (``BlockFetcher._local``)."""
+
+    served = CLIENT_READ_SHORT_CIRCUIT
+
+    def __init__(self, block_id: int, fd: int, worker_id: int):
+        self.block_id = block_id
+        self.fd = fd
+        self.worker_id = worker_id
+        self.checked = False  # its bytes matched the block's crc32
+        self.lock = threading.Lock()  # held while checking
+
+    def read(self, offset: int, size: int) -> bytes | None:
+        """``size`` bytes at ``offset``; None when the file does not give them all (a
+        failing disk: another replica may be fine)."""
+        try:
+            data = os.pread(self.fd, size, offset)
+        except OSError as e:
+            log.warning("reading the local file of block %016x failed (%s); reading "
+                        "remotely", self.block_id, e)
+            return None
+        if len(data) != size:
+            log.warning("local file of block %016x is short (%d of %d bytes at %d); "
+                        "reading remotely", self.block_id, len(data), size, offset)
+            return None
+        return data
+
+    def read_nowait(self, offset: int, size: int,
+                    out: bytearray | None) -> memoryview | None:
+        """The bytes, into ``out``, if every one is in the page cache (RWF_NOWAIT)."""
+        if not _NOWAIT or out is None or len(out) < size:
+            return None
+        view = memoryview(out)[:size]
+        try:
+            got = os.preadv(self.fd, [view], offset, _NOWAIT)
+        except OSError:  # EAGAIN: not cached; anything else: the thread path reports it
+            return None
+        return view if got == size else None
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
 class _Fetch:
-    """One block received whole from one replica (a ReadBlock stream from offset 0).
+    """A source: one block received whole from one replica (a ReadBlock stream from
+    offset 0).
 
     Chunks are kept and their crc32 computed as they arrive; none is served before all
     have arrived and matched the crc32 the master recorded (``done``)."""
 
+    served = CLIENT_READ_REMOTE
+
     def __init__(self, block: Block, worker: WorkerInfo, timeout: float, readahead: int,
-                 verify: bool):
+                 verify: bool, security: Security):
         self.block = block
         self.worker = worker
-        self.verify = verify and bool(block.checksum)
+        self.verify = verify
         self.reader = block_client.BlockReader(worker, block.block_id, 0, block.length,
                                                timeout=timeout, readahead=readahead,
-                                               token=block.token)
+                                               token=block.token, security=security)
         self.it = iter(self.reader)
         self.starts: list[int] = []
         self.chunks: list = []
@@ -195,11 +260,9 @@ class _Fetch:
 
     def check(self) -> None:
         """All bytes are here: compare the crc32 (CHECKSUM error if it differs)."""
-        if self.verify and self.crc != self.block.checksum:
-            raise CurvineError(ErrorKind.CHECKSUM,
-                               f"worker {self.worker.address!r}: block "
-                               f"{self.block.block_id:016x} has crc32 {self.crc:08x}, the "
-                               f"master recorded {self.block.checksum:08x}")
+        problem = _crc_problem(self.block, self.crc) if self.verify else None
+        if problem is not None:
+            raise CurvineError(ErrorKind.CHECKSUM, problem)
         self.done = True
 
     def slice(self, offset: int, end: int) -> bytes | memoryview:
@@ -218,6 +281,13 @@ class _Fetch:
             i += 1
         return join(parts)
 
+    def read(self, offset: int, size: int) -> bytes | memoryview:
+        return self.slice(offset, offset + size)
+
+    def read_nowait(self, offset: int, size: int,
+                    out: bytearray | None) -> bytes | memoryview:
+        return self.slice(offset, offset + size)
+
     def close(self) -> None:
         self.closed = True
         self.reader.close()
@@ -228,12 +298,15 @@ class BlockFetcher:
     block checked against its crc32 before any byte of it is served.
 
     ``local_dirs``: where short-circuit reads may open files (``block_client.LocalDirs``
-    or a list of dirs; None: this process's, ``block_client.set_local_dirs``)."""
+    or a list of dirs; None: this process's, ``block_client.set_local_dirs``).
+    ``security``: the credentials of the streams from workers (common/security.py)."""
 
     def __init__(self, workers: Mapping[int, WorkerInfo], short_circuit: bool = True,
                  timeout: float = 30.0, readahead: int = block_client.DEFAULT_READAHEAD,
-                 local_dirs: "block_client.LocalDirs | Iterable[str] | None" = None):
+                 local_dirs: "block_client.LocalDirs | Iterable[str] | None" = None, *,
+                 security: Security):
         self.workers: dict[int, WorkerInfo] = dict(workers)
+        self.security = security
         self.short_circuit = short_circuit
         self.timeout = timeout
         self.readahead = max(1, readahead)
@@ -242,9 +315,7 @@ class BlockFetcher:
         self._host = host_id()
         self._lock = threading.Lock()
         self._open_lock = threading.Lock()  # new remote fetches, one at a time
-        self._fds: dict[int, tuple[int, int]] = {}  # block id -> (local fd, worker id)
-        self._checked: set[int] = set()  # block ids whose open local file matched
-        self._check_locks: dict[int, threading.Lock] = {}
+        self._files: dict[int, _LocalFile] = {}  # block id -> its open local file
         self._no_local: set[int] = set()
         self._prefetched: set[int] = set()  # blocks whose local file was advised WILLNEED
         self._stream_prefetched: set[int] = set()  # remote blocks streamed ahead of reads
@@ -258,6 +329,39 @@ class BlockFetcher:
         with self._lock:
             self.workers.update(workers)
 
+    # -- where a block is read from ---------------------------------------------
+
+    def _source(self, block: Block, nowait: bool = False) -> "_LocalFile | _Fetch | None":
+        """Where ``block`` (not a hole) is read from: its local file once checked, else
+        its copy received whole from a replica and checked.  ``nowait``: only a source
+        that serves without waiting (never opening or checking a file, never opening
+        a stream), else None; a local block not checked yet is the thread path's."""
+        if self.short_circuit:
+            if not nowait:
+                local = self._local(block)
+                if local is not None:
+                    return local
+            elif block.block_id not in self._no_local:
+                local = self._files.get(block.block_id)
+                return local if local is not None and local.checked else None
+        return self._fetched(block, nowait)
+
+    def is_local(self, block: Block) -> bool:
+        """Whether the block's local file is open already (no I/O)."""
+        return block.block_id in self._files
+
+    # -- what is checked, and what is done with a copy that fails ---------------
+
+    def _checks(self, block: Block) -> bool:
+        """Whether copies of ``block`` are compared with a crc32 (0: not known)."""
+        return self.verify and bool(block.checksum)
+
+    def _reject_copy(self, block: Block, worker_id: int, copy: str, detail: str) -> None:
+        """A copy that is not intact: logged once, never read again by this reader."""
+        _log_bad_copy(block, worker_id, self.workers.get(worker_id), copy, detail)
+        with self._lock:
+            self._bad_copies.setdefault(block.block_id, set()).add(worker_id)
+
     # -- short-circuit --------------------------------------------------------
 
     def _lookup(self, w: WorkerInfo, block_id: int) -> str | None:
@@ -265,18 +369,18 @@ class BlockFetcher:
             return block_client.local_block_path(w, block_id)
         return block_client.local_block_path(w, block_id, self.local)
 
-    def open_local(self, block: Block) -> int | None:
-        """The descriptor of the block's local file, opened once (not checked yet:
-        ``_local``); None if not local."""
+    def open_local(self, block: Block) -> _LocalFile | None:
+        """The block's local file, opened once (not checked yet: ``_local``); None if
+        not local."""
         bid = block.block_id
         with self._lock:
-            entry = self._fds.get(bid)
-            if entry is not None:
-                return entry[0]
+            local = self._files.get(bid)
+            if local is not None:
+                return local
             if bid in self._no_local or not self.short_circuit or self._closed:
                 return None
             bad = set(self._bad_copies.get(bid, ()))
-        fd = wid = None
+        opened = None
         for w_id in block.worker_ids:
             w = self.workers.get(w_id)
             if w is None or w_id in bad or w.host_id != self._host:
@@ -289,78 +393,55 @@ class BlockFetcher:
                 continue
             try:
                 fd = block_client.open_block_file(path, dirs, self.local.trust_reported)
-                wid = w_id
-                break
             except block_client.TamperedPath as e:
                 # The worker would read the same path: its copy is not to be trusted.
-                _log_bad_copy(block, w, "local block file", f"{e.filename!r}: {e.strerror}")
-                with self._lock:
-                    self._bad_copies.setdefault(bid, set()).add(w_id)
+                self._reject_copy(block, w_id, "local block file",
+                                  f"{e.filename!r}: {e.strerror}")
+                continue
             except OSError as e:
                 log.debug("short-circuit open of %r (block %016x, worker %d) failed: %s",
                           path, bid, w_id, e.strerror)
+                continue
+            opened = _LocalFile(bid, fd, w_id)
+            break
         with self._lock:
-            if fd is None:
+            if opened is None:
                 self._no_local.add(bid)
                 return None
-            entry = self._fds.get(bid)
-            if self._closed or entry is not None:
-                os.close(fd)
-                return entry[0] if entry is not None else None
-            self._fds[bid] = (fd, wid)
-            return fd
+            local = self._files.get(bid)
+            if self._closed or local is not None:
+                opened.close()
+                return local
+            self._files[bid] = opened
+            return opened
 
-    def local_fd(self, block: Block) -> int | None:
-        """The descriptor of the block's local file if it is open already (no I/O)."""
-        entry = self._fds.get(block.block_id)
-        return entry[0] if entry is not None else None
-
-    def _checked_fd(self, block: Block) -> int | None:
-        """The block's local descriptor if it is open and checked already (no I/O)."""
-        entry = self._fds.get(block.block_id)
-        return entry[0] if entry is not None and block.block_id in self._checked else None
-
-    def _local(self, block: Block) -> int | None:
-        """The descriptor of a local file of the block whose bytes matched its crc32
-        (checked once per descriptor); None: read it remotely."""
+    def _local(self, block: Block) -> _LocalFile | None:
+        """The block's local file once its bytes matched its crc32 (checked once per
+        descriptor); None: read it remotely."""
         bid = block.block_id
         while True:
-            fd = self.open_local(block)
-            if fd is None:
-                return None
-            if bid in self._checked:
-                return fd
-            with self._lock:
-                lock = self._check_locks.setdefault(bid, threading.Lock())
-            with lock:
-                with self._lock:
-                    entry = self._fds.get(bid)
-                if entry is None:
-                    if self._closed:
-                        return None
-                    continue  # dropped meanwhile: try the next local copy
-                if bid in self._checked:
-                    return entry[0]
-                detail = self._check_local(block, entry[0])
+            local = self.open_local(block)
+            if local is None or local.checked:
+                return local
+            with local.lock:
+                if local.checked:
+                    return local
+                if self._files.get(bid) is not local:
+                    continue  # dropped meanwhile (its check failed, or closed): the next copy
+                detail = self._check_local(block, local.fd)
                 if detail is None:
-                    with self._lock:
-                        self._checked.add(bid)
-                    return entry[0]
-                w = self.workers.get(entry[1])
-                _log_bad_copy(block, w, "local block file", detail)
+                    local.checked = True
+                    return local
+                self._reject_copy(block, local.worker_id, "local block file", detail)
                 with self._lock:
-                    self._bad_copies.setdefault(bid, set()).add(entry[1])
-                    if self._fds.get(bid) == entry:
-                        del self._fds[bid]
-                try:
-                    os.close(entry[0])
-                except OSError:
-                    pass
+                    if self._files.get(bid) is local:
+                        del self._files[bid]
+                local.close()
 
     def _check_local(self, block: Block, fd: int) -> str | None:
         """None if the file's first ``block.length`` bytes match the block's crc32 (or
         there is nothing to compare), else what is wrong."""
-        if not self.verify or not block.checksum:
+        if not self._checks(block):
             return None
         try:
             st = os.fstat(fd)
@@ -395,21 +476,19 @@ class BlockFetcher:
             return f"reading it failed: {e.strerror}"
         if pos != n:
             return f"{pos} of {n} bytes"
-        if crc != block.checksum:
-            return f"crc32 {crc:08x}, recorded {block.checksum:08x}"
-        return None
+        return _crc_problem(block, crc)
 
     def advise(self, block: Block) -> None:
         """Ask the kernel to read the block's local file ahead (once per block)."""
-        fd = self.open_local(block) if self.short_circuit else None
-        if fd is None:
+        local = self.open_local(block)
+        if local is None:
             return
         with self._lock:
             if block.block_id in self._prefetched:
                 return
             self._prefetched.add(block.block_id)
         try:
-            os.posix_fadvise(fd, 0, block.length, os.POSIX_FADV_WILLNEED)
+            os.posix_fadvise(local.fd, 0, block.length, os.POSIX_FADV_WILLNEED)
         except OSError as e:  # closed meanwhile, or a file system without readahead
             log.debug("readahead advice for block %016x failed: %s", block.block_id, e)
 
@@ -417,41 +496,28 @@ class BlockFetcher:
         """Read the block's local file ahead and check it (so that non-blocking reads
         can serve it)."""
         self.advise(block)
-        if self.short_circuit and not self._closed:
-            self._local(block)
+        self._local(block)
 
     # -- reads ----------------------------------------------------------------
 
     def read(self, block: Block, offset: int, size: int) -> bytes | memoryview:
-        """Up to ``size`` bytes at ``offset`` of ``block`` (short only at its end),
-        from a copy that matched the block's crc32."""
+        """``size`` bytes at ``offset`` of ``block`` (fewer only past its end), from a
+        copy that matched the block's crc32."""
         size = max(0, min(size, block.length - offset))
         if size == 0:
             return b""
         if block.block_id == 0:
             return zeros(size)
-        if self.short_circuit:
-            fd = self._local(block)
-            if fd is not None:
-                try:
-                    data = os.pread(fd, size, offset)
-                except OSError as e:  # a failing disk: another replica may be fine
-                    log.warning("reading the local file of block %016x failed (%s); "
-                                "reading remotely", block.block_id, e)
-                    data = b""
-                if len(data) == size:
-                    CLIENT_READ_SHORT_CIRCUIT.inc(size)
-                    return data
-                log.warning("local file of block %016x is short (%d of %d bytes at %d); "
-                            "reading remotely", block.block_id, len(data), size, offset)
-        f = self._fetched(block)
-        CLIENT_READ_REMOTE.inc(size)
-        return f.slice(offset, offset + size)
+        source = self._source(block)
+        data = source.read(offset, size)
+        if data is None:  # the local file failed: a replica's copy
+            source = self._fetched(block)
+            data = source.read(offset, size)
+        source.served.inc(size)
+        return data
 
     def read_all(self, block: Block) -> bytes | memoryview:
         """The whole block (used to modify it into a new one)."""
-        if block.block_id == 0:
-            return bytes(block.length)
         return self.read(block, 0, block.length)
 
     def read_nowait(self, block: Block, offset: int, size: int,
@@ -460,28 +526,13 @@ class BlockFetcher:
         opens a file or a stream): from a checked local file whose bytes are in the
         page cache (RWF_NOWAIT, into ``out``), or from a remote block received and
         checked (taking what its stream has received already)."""
-        end = offset + size
-        if self._closed or size <= 0 or end > block.length or not block.block_id:
+        if self._closed or size <= 0 or offset + size > block.length or not block.block_id:
             return None
-        bid = block.block_id
-        if self.short_circuit and bid not in self._no_local:
-            fd = self._checked_fd(block)
-            if fd is None or not _NOWAIT or out is None or len(out) < size:
-                return None  # not checked yet (or unknown): the thread path
-            view = memoryview(out)[:size]
-            try:
-                got = os.preadv(fd, [view], offset, _NOWAIT)
-            except OSError:  # EAGAIN: not cached; anything else: the thread path reports it
-                return None
-            if got != size:
-                return None
-            CLIENT_READ_SHORT_CIRCUIT.inc(size)
-            return view
-        f = self._fetched(block, nowait=True)
-        if f is None:
-            return None
-        CLIENT_READ_REMOTE.inc(size)
-        return f.slice(offset, end)
+        source = self._source(block, nowait=True)
+        data = source.read_nowait(offset, size, out) if source is not None else None
+        if data is not None:
+            source.served.inc(size)
+        return data
 
     # -- remote ---------------------------------------------------------------
 
@@ -542,7 +593,8 @@ class BlockFetcher:
         last: CurvineError | None = None
         for w in self._candidates(block):
             try:
-                f = _Fetch(block, w, self.timeout, self.readahead, self.verify)
+                f = _Fetch(block, w, self.timeout, self.readahead, self._checks(block),
+                           self.security)
             except CurvineError as e:
                 last = e
                 self._mark_bad(w, block, e)
@@ -620,9 +672,8 @@ class BlockFetcher:
                 except CurvineError as e:
                     self._drop_fetch(f)
                     if e.kind == ErrorKind.CHECKSUM:
-                        _log_bad_copy(block, f.worker, "copy streamed", e.message)
-                        with self._lock:
-                            self._bad_copies.setdefault(bid, set()).add(f.worker.worker_id)
+                        self._reject_copy(block, f.worker.worker_id, "copy streamed",
+                                          e.message)
                     elif quiet < QUIET_STREAM:
                         self._mark_bad(f.worker, block, e)
                     else:
@@ -641,7 +692,7 @@ class BlockFetcher:
     def prefetch_stream(self, block: Block) -> None:
         """Start streaming a remote block (readahead across blocks), unless it is
         local or being fetched; failures are left to the read that needs it."""
-        if self._closed or block.block_id == 0 or self.local_fd(block) is not None:
+        if self._closed or block.block_id == 0 or self.is_local(block):
             return
         with self._lock:
             if (block.block_id in self._stream_prefetched
@@ -660,29 +711,23 @@ class BlockFetcher:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            fds = [fd for fd, _ in self._fds.values()]
-            self._fds.clear()
-            fetches = list(self._fetches.values())
+            sources = [*self._files.values(), *self._fetches.values()]
+            self._files.clear()
             self._fetches.clear()
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        for f in fetches:
-            f.close()
+        for source in sources:
+            source.close()
 
 
 class FileReader:
     """Reads one version of a file: ``read(offset, size)`` from any thread.
 
-    ``local_dirs``: where short-circuit reads may open block files (see
-    ``BlockFetcher``)."""
+    ``local_dirs`` and ``security``: see ``BlockFetcher``."""
 
     def __init__(self, blocks: Iterable[Block], workers: Mapping[int, WorkerInfo],
                  short_circuit: bool = True, timeout: float = 30.0,
                  readahead: int = block_client.DEFAULT_READAHEAD,
-                 local_dirs: "block_client.LocalDirs | Iterable[str] | None" = None):
+                 local_dirs: "block_client.LocalDirs | Iterable[str] | None" = None, *,
+                 security: Security):
         self.blocks = list(blocks)
         self._starts = []
         pos = 0
@@ -690,7 +735,8 @@ class FileReader:
             self._starts.append(pos)
             pos += b.length
         self.size = pos
-        self._fetcher = BlockFetcher(workers, short_circuit, timeout, readahead, local_dirs)
+        self._fetcher = BlockFetcher(workers, short_circuit, timeout, readahead, local_dirs,
+                                     security=security)
         self._ahead_done: set[int] = set()  # next blocks already asked for (_ahead)
         if short_circuit:
             # Open local block files now, so that an unlink or eviction after open()
@@ -710,8 +756,8 @@ class FileReader:
         # wait for the call to be set up (the open reply and the kernel's first read
         # request overlap with it).
         first = next((b for b in self.blocks if b.block_id), None)
-        if first is not None and self._fetcher.local_fd(first) is None:
-            self._fetcher.prefetch_stream(first)
+        if first is not None:
+            self._fetcher.prefetch_stream(first)  # nothing if it is local
 
     def read_cached(self, offset: int, size: int, out: bytearray) -> memoryview | None:
         """[offset, offset+size) without blocking, or None.
@@ -724,7 +770,7 @@ class FileReader:
         if size <= 0 or offset >= self.size:
             return None
         end = min(self.size, offset + size)
-        i = bisect.bisect_right(self._starts, offset) - 1
+        i = self._block_at(offset)
         b, start = self.blocks[i], self._starts[i]
         if end > start + b.length or not b.block_id:
             return None
@@ -741,7 +787,7 @@ class FileReader:
         if i + 1 >= len(self.blocks) or not self.blocks[i + 1].block_id:
             return
         nxt = self.blocks[i + 1]
-        local = self._fetcher.local_fd(nxt) is not None
+        local = self._fetcher.is_local(nxt)
         if not local and reached <= self.blocks[i].length // 2:
             return
         if nxt.block_id in self._ahead_done:
@@ -758,7 +804,7 @@ class FileReader:
         if offset >= self.size or size <= 0:
             return b""
         end = min(self.size, offset + size)
-        i = bisect.bisect_right(self._starts, offset) - 1
+        i = self._block_at(offset)
         parts = []
         while offset < end:
             b = self.blocks[i]
@@ -767,15 +813,15 @@ class FileReader:
                 i += 1
                 continue
             n = min(end, start + b.length) - offset
-            data = self._fetcher.read(b, offset - start, n)
+            parts.append(self._fetcher.read(b, offset - start, n))  # all n: within the block
             self._ahead(i, offset - start + n, background=False)
-            if len(data) != n:
-                raise CurvineError(ErrorKind.IO, f"block {b.block_id:016x}: read "
-                                                 f"{len(data)} of {n} bytes")
-            parts.append(data)
             offset += n
             i += 1
         return join(parts)
+
+    def _block_at(self, offset: int) -> int:
+        """Index of the block that holds byte ``offset`` (< size)."""
+        return bisect.bisect_right(self._starts, offset) - 1
 
     def close(self) -> None:
         self._fetcher.close()

@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
-from curvine.common import auth
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, ROOT_INO, check_name, host_id
+from curvine.common.security import Security
 from curvine.proto import common_pb2
 
 from . import block_client
@@ -43,12 +43,13 @@ class CurvineFS:
     def __init__(self, master_addr: str | None = None, cfg: Config | None = None,
                  master: MasterClient | None = None):
         self.cfg = cfg or Config()
-        if self.cfg.security.token_file or self.cfg.security.tls_ca:
-            # this process's channels send the cluster token and speak TLS
-            auth.configure(self.cfg)
+        # the token and TLS keys every channel of this client uses: the given master
+        # client's, else those ``cfg`` names
         self.master = master or MasterClient(master_addr or self.cfg.cluster.master_addr,
                                              timeout=self.cfg.cluster.rpc_timeout,
-                                             wait=self.cfg.cluster.master_wait)
+                                             wait=self.cfg.cluster.master_wait,
+                                             security=Security.load(self.cfg))
+        self.security = self.master.security
         self.host = host_id()
         # The only dirs short-circuit reads and writes may open: this configuration's
         # (client.short_circuit_dirs, else worker.data_dirs), never a worker's report.
@@ -69,26 +70,31 @@ class CurvineFS:
     # -- names ------------------------------------------------------------------
 
     def resolve(self, path: str | bytes) -> Inode:
-        """The inode at ``path`` (one Lookup per component)."""
-        parts = split(path)
+        """The inode at ``path``, one Lookup per name from the root.  An error names
+        the part of the path that is missing or not a directory (``/a: no such file or
+        directory`` for ``/a/b``)."""
         node = self.master.getattr(ROOT_INO)
-        for name in parts:
-            if name == b"..":
-                node = self.master.getattr(node.parent or ROOT_INO)
-                continue
+        walked = b""
+        for name in split(path):
             if node.type != common_pb2.DIRECTORY:
-                raise CurvineError(ErrorKind.NOT_DIR, f"{os.fsdecode(path)}: not a directory")
-            node = self.master.lookup(node.ino, name)
+                raise CurvineError(ErrorKind.NOT_DIR, f"{os.fsdecode(walked)}: not a directory")
+            walked += b"/" + name
+            child = self.master.lookup_or_none(node.ino, name)
+            if child is None:
+                raise CurvineError(ErrorKind.NOT_FOUND,
+                                   f"{os.fsdecode(walked)}: no such file or directory")
+            node = child
         return node
 
-    def _parent(self, path: str | bytes) -> tuple[Inode, bytes]:
+    def parent(self, path: str | bytes) -> tuple[Inode, bytes]:
+        """The directory that holds ``path`` (not the root), and the last name of it."""
         parts = split(path)
         if not parts:
             raise CurvineError(ErrorKind.INVALID, "path: the root has no parent")
-        parent = self.resolve(b"/" + b"/".join(parts[:-1]))
+        directory = b"/" + b"/".join(parts[:-1])
+        parent = self.resolve(directory)
         if parent.type != common_pb2.DIRECTORY:
-            raise CurvineError(ErrorKind.NOT_DIR, f"{os.fsdecode(path)}: parent is not a "
-                                                  f"directory")
+            raise CurvineError(ErrorKind.NOT_DIR, f"{os.fsdecode(directory)}: not a directory")
         return parent, parts[-1]
 
     def stat(self, path: str | bytes) -> Inode:
@@ -130,7 +136,7 @@ class CurvineFS:
             if node.type != common_pb2.DIRECTORY:
                 raise CurvineError(ErrorKind.NOT_DIR, f"{os.fsdecode(path)}: not a directory")
             return node
-        parent, name = self._parent(path)
+        parent, name = self.parent(path)
         try:
             return self.master.mkdir(parent.ino, name, mode, os.getuid(), os.getgid())
         except CurvineError as e:
@@ -141,16 +147,16 @@ class CurvineFS:
             raise
 
     def unlink(self, path: str | bytes) -> None:
-        parent, name = self._parent(path)
+        parent, name = self.parent(path)
         self.master.unlink(parent.ino, name)
 
     def rmdir(self, path: str | bytes) -> None:
-        parent, name = self._parent(path)
+        parent, name = self.parent(path)
         self.master.rmdir(parent.ino, name)
 
     def rename(self, src: str | bytes, dst: str | bytes, no_replace: bool = False) -> None:
-        sp, sn = self._parent(src)
-        dp, dn = self._parent(dst)
+        sp, sn = self.parent(src)
+        dp, dn = self.parent(dst)
         self.master.rename(sp.ino, sn, dp.ino, dn, no_replace=no_replace)
 
     # -- data -------------------------------------------------------------------
@@ -169,7 +175,7 @@ class CurvineFS:
         return FileReader(blocks, workers, short_circuit=self.cfg.client.short_circuit,
                           timeout=self.cfg.cluster.rpc_timeout,
                           readahead=self.cfg.client.readahead_blocks,
-                          local_dirs=self.local_dirs)
+                          local_dirs=self.local_dirs, security=self.security)
 
     def iter_read(self, path: str | bytes, chunk: int = CHUNK) -> Iterator[bytes]:
         reader = self.open_reader(path)
@@ -192,7 +198,7 @@ class CurvineFS:
         """An empty new version of ``path`` (created if missing); ``publish()`` it.
         ``size_hint``: the bytes that will be written, if known (placement reserves
         them; without it the first block is placed once its size is known)."""
-        parent, name = self._parent(path)
+        parent, name = self.parent(path)
         node = self.master.create(parent.ino, name, mode, os.getuid(), os.getgid())
         return FileWriter(self.master, node.ino, self.block_size(), [], self.host,
                           short_circuit=self.cfg.client.short_circuit,

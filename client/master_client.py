@@ -25,6 +25,7 @@ import grpc
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import new_request_id
 from curvine.common.rpc import RETRY_MAX, RpcClient
+from curvine.common.security import Security
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
 Inode = common_pb2.Inode
@@ -72,11 +73,17 @@ def _parents(reply: master_pb2.ParentReply) -> tuple[Inode | None, Inode | None,
 
 
 class MasterClient:
-    """The master's namespace and block API, one method per RPC."""
+    """The master's namespace and block API, one method per RPC.
 
-    def __init__(self, address: str, timeout: float = 30.0, wait: float = 60.0):
+    ``security``: the credentials of its channel (common/security.py); objects built
+    from this client (writers, readers) use ``.security`` for their own channels."""
+
+    def __init__(self, address: str, timeout: float = 30.0, wait: float = 60.0, *,
+                 security: Security):
         self.address = address
-        self._rpc = RpcClient(address, master_pb2_grpc.MasterStub, timeout=timeout, wait=wait)
+        self.security = security
+        self._rpc = RpcClient(address, master_pb2_grpc.MasterStub, security=security,
+                              timeout=timeout, wait=wait)
         self.session = 0  # lease session id while a LeaseSession is up (0 = none)
 
     def _call(self, method: str, request):
@@ -146,6 +153,32 @@ class MasterClient:
             request_id=new_request_id(), ino=ino, blocks=list(blocks), size=size,
             mtime_ns=mtime_ns, if_unpublished=if_unpublished, session=self.session,
             abandoned_block_ids=list(abandoned)), _inode)
+
+    def _prep_getattr_unleased(self, ino: int) -> Prepared:
+        """GetAttr without the session: an answer the kernel keeps only for
+        fuse.attr_timeout, so the master has no lease of this mount to revoke."""
+        return Prepared("GetAttr", "getattr", master_pb2.GetAttrRequest(ino=ino), _inode)
+
+    # The calls below have no field in master.Call (op ""): they always go unary.
+
+    def _prep_setattr(self, ino: int, **fields) -> Prepared:
+        return Prepared("SetAttr", "", master_pb2.SetAttrRequest(
+            request_id=new_request_id(), ino=ino, session=self.session, **fields), _inode)
+
+    def _prep_listdir(self, ino: int, start_after: bytes = b"",
+                      limit: int = LISTDIR_PAGE) -> Prepared:
+        return Prepared("ListDir", "", master_pb2.ListDirRequest(
+            ino=ino, start_after=start_after, limit=limit),
+            lambda reply: (list(reply.entries), reply.has_more))
+
+    def _prep_statfs(self) -> Prepared:
+        return Prepared("StatFs", "", master_pb2.StatFsRequest(), lambda reply: reply)
+
+    def _prep_get_blocks(self, ino: int, session: int = 0, open_id: int = 0) -> Prepared:
+        return Prepared("GetBlocks", "", master_pb2.GetBlocksRequest(
+            ino=ino, session=session if open_id else 0, open_id=open_id if session else 0),
+            lambda reply: (reply.inode, list(reply.blocks),
+                           {w.worker_id: w for w in reply.workers}))
 
     # -- namespace -------------------------------------------------------------
 

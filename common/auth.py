@@ -9,12 +9,12 @@ Two roles hold different tokens (docs/security.md, "Roles"):
   key) on its worker port to this token alone.  Required whenever a client token is
   set, and must differ from it.
 
-The tokens live in files (never on a command line, never logged).  A process calls
-:func:`configure` once after loading its config; from then on every channel made by
-``common.rpc.make_channel`` sends the client token (or the worker token, for the
-channels that ask for it), and servers built with ``common.rpc.make_server(tokens=...)``
-refuse calls without one of the tokens they accept (UNAUTHENTICATED, counted in
-``curvine_rpc_unauthenticated_total``).
+The tokens live in files (never on a command line, never logged).  This module reads
+and writes those files and holds the two interceptors: :func:`with_token` makes a
+channel send a token, :class:`TokenServerInterceptor` refuses calls without one of
+the tokens a server accepts (UNAUTHENTICATED, counted in
+``curvine_rpc_unauthenticated_total``).  Which tokens a process holds, sends and
+accepts is its ``common.security.Security``, which ``common.rpc`` is given.
 
 No token configured = no checks: the default for a trusted single-tenant network.
 """
@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import hmac
 import os
-from typing import Callable
 
 import grpc
 
-from . import tls
 from .metrics import RPC_UNAUTHENTICATED
 
 METADATA_KEY = "authorization"
@@ -36,11 +34,6 @@ TOKEN_FILE_KEY = "security.token_file"
 TOKEN_FILE_NAME = "token"  # `curvine local up` writes BASE/token
 WORKER_TOKEN_FILE_KEY = "security.worker_token_file"
 WORKER_TOKEN_FILE_NAME = "worker-token"  # and BASE/worker-token
-
-# The token this process sends on every call; read at call time, so channels cached
-# before configure() (the client's per-worker channels) send the current one.
-_client_token = ""
-_worker_token = ""  # set only in masters and workers
 
 
 class TokenError(Exception):
@@ -71,53 +64,6 @@ def read_token_file(path: str, key: str = TOKEN_FILE_KEY) -> str:
     return token
 
 
-def configure(cfg, role: str = "client") -> str:
-    """Read ``cfg.security.token_file`` (if set) and make it this process's client
-    token; returns it ("" when none is configured).  A ``role`` of "master" or "worker"
-    also reads the worker token (``security.worker_token_file``), which such a daemon
-    needs whenever a client token is set.  Also configures this process's TLS
-    (common/tls.py; tls.TLSError, a ConfigError, when its files cannot be used)."""
-    path = cfg.security.token_file
-    token = read_token_file(path) if path else ""
-    worker = ""
-    if role in ("master", "worker"):
-        wpath = cfg.security.worker_token_file
-        worker = read_token_file(wpath, WORKER_TOKEN_FILE_KEY) if wpath else ""
-        if token and not worker:
-            raise TokenError(f"{WORKER_TOKEN_FILE_KEY}: required when {TOKEN_FILE_KEY} is "
-                             "set (workers and clients hold different credentials; "
-                             "`curvine local up` writes both)")
-        if worker and not token:
-            raise TokenError(f"{TOKEN_FILE_KEY}: required when {WORKER_TOKEN_FILE_KEY} "
-                             "is set")
-        if worker and hmac.compare_digest(worker.encode(), token.encode()):
-            raise TokenError(f"{WORKER_TOKEN_FILE_KEY}: must hold another token than "
-                             f"{TOKEN_FILE_KEY} (every client holds that one)")
-    tls.configure(cfg)
-    set_client_token(token)
-    set_worker_token(worker)
-    return token
-
-
-def set_client_token(token: str) -> None:
-    global _client_token
-    _client_token = token
-
-
-def client_token() -> str:
-    return _client_token
-
-
-def set_worker_token(token: str) -> None:
-    global _worker_token
-    _worker_token = token
-
-
-def worker_token() -> str:
-    """The worker credential ("" outside masters and workers, or in an open cluster)."""
-    return _worker_token
-
-
 def new_token() -> str:
     """A fresh random token (256 bits, URL-safe)."""
     import secrets
@@ -141,17 +87,14 @@ class _TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor,
                               grpc.UnaryStreamClientInterceptor,
                               grpc.StreamUnaryClientInterceptor,
                               grpc.StreamStreamClientInterceptor):
-    """Adds the current client token to every call's metadata."""
+    """Adds ``token`` to every call's metadata."""
 
-    def __init__(self, token: Callable[[], str]):
-        self._token = token
+    def __init__(self, token: str):
+        self._value = SCHEME + token
 
     def _details(self, details):
-        token = self._token()
-        if not token:
-            return details
         metadata = [m for m in (details.metadata or ()) if m[0] != METADATA_KEY]
-        metadata.append((METADATA_KEY, SCHEME + token))
+        metadata.append((METADATA_KEY, self._value))
         return _CallDetails(details.method, details.timeout, metadata,
                             details.credentials, getattr(details, "wait_for_ready", None),
                             getattr(details, "compression", None))
@@ -179,8 +122,10 @@ class _CallDetails(grpc.ClientCallDetails):
         self.compression = compression
 
 
-def with_token(channel: grpc.Channel, token: Callable[[], str] = client_token) -> grpc.Channel:
-    """``channel`` sending ``token()`` (by default this process's token) on every call."""
+def with_token(channel: grpc.Channel, token: str) -> grpc.Channel:
+    """``channel`` sending ``token`` on every call (``channel`` itself when it is "")."""
+    if not token:
+        return channel
     return grpc.intercept_channel(channel, _TokenClientInterceptor(token))
 
 

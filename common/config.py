@@ -2,8 +2,8 @@
 
 Lookup order: ``--conf FILE``, then ``$CURVINE_CONF``, then ``/etc/curvine/curvine.toml``
 if it exists, else the defaults below.  Sizes may be written ``"64MiB"`` and durations
-``"2h"``.  An unknown section or key, or a bad value, is a ``ConfigError`` that names
-the key, the file and the line.
+``"2h"``.  An unknown section or key, or a bad value, is a ``ConfigError``
+(common/errors.py) that names the key, the file and the line.
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
+from . import auth, errors, tls
+
 DEFAULT_PATH = "/etc/curvine/curvine.toml"
-
-
-class ConfigError(Exception):
-    pass
 
 
 class Size(int):
@@ -236,8 +234,8 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
                 raise ValueError("expected a list of strings")
             return list(value)
     except ValueError as e:
-        raise ConfigError(f"{where}: {e}") from None
-    raise ConfigError(f"{where}: unsupported type")
+        raise errors.ConfigError(f"{where}: {e}") from None
+    raise errors.ConfigError(f"{where}: unsupported type")
 
 
 def load(path: str | None = None) -> Config:
@@ -251,12 +249,12 @@ def load(path: str | None = None) -> Config:
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
+        raise errors.ConfigError(f"{path}: cannot read config: {e.strerror}") from None
     text = raw.decode("utf-8", "replace")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(_syntax_error(path, text, str(e))) from None
+        raise errors.ConfigError(_syntax_error(path, text, str(e))) from None
     return apply_dict(cfg, data, path, text)
 
 
@@ -275,20 +273,21 @@ def apply_dict(cfg: Config, data: dict, path: str = "<config>", text: str = "") 
     sections = {f.name: f for f in dataclasses.fields(cfg)}
     for sec_name, sec_val in data.items():
         if sec_name not in sections and not isinstance(sec_val, dict):
-            raise ConfigError(f"{path}:{_line_of(text, '', sec_name)}: {sec_name}: a key "
+            raise errors.ConfigError(f"{path}:{_line_of(text, '', sec_name)}: {sec_name}: a key "
                               f"outside any section (sections: {', '.join(sections)})")
         if sec_name not in sections:
             line = _line_of(text, sec_name, None)
-            raise ConfigError(f"{path}:{line}: unknown section [{sec_name}]")
+            raise errors.ConfigError(f"{path}:{line}: unknown section [{sec_name}]")
         if not isinstance(sec_val, dict):
-            raise ConfigError(f"{path}:{_line_of(text, '', sec_name)}: [{sec_name}] must be a table")
+            raise errors.ConfigError(f"{path}:{_line_of(text, '', sec_name)}: [{sec_name}] "
+                                     "must be a table")
         section = getattr(cfg, sec_name)
         hints = get_type_hints(type(section))
         for key, value in sec_val.items():
             line = _line_of(text, sec_name, key)
             where = f"{path}:{line}: {sec_name}.{key}"
             if key not in hints:
-                raise ConfigError(f"{where}: unknown key")
+                raise errors.ConfigError(f"{where}: unknown key")
             setattr(section, key, _coerce(value, hints[key], where))
     validate(cfg, path, text)
     return cfg
@@ -298,7 +297,7 @@ def validate(cfg: Config, path: str = "", text: str = "") -> None:
     """Check values that parse but cannot work; the error names the key and, when
     ``path`` (and its ``text``) are given, the file and the key's line in it."""
     for keys, message in _problems(cfg):
-        raise ConfigError(f"{_location(path, text, keys)}{' / '.join(keys)}: {message}")
+        raise errors.ConfigError(f"{_location(path, text, keys)}{' / '.join(keys)}: {message}")
 
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -382,12 +381,11 @@ def _problems(cfg: Config):
         yield ("log.level",), f"{cfg.log.level!r} is not one of {', '.join(_LOG_LEVELS)}"
     if cfg.security.token_file:
         # Checked here so that every daemon refuses a bad file at start (exit 2).
-        from .auth import TokenError, read_token_file
         try:
-            read_token_file(cfg.security.token_file)
-        except TokenError as e:
+            auth.read_token_file(cfg.security.token_file)
+        except auth.TokenError as e:
             yield ("security.token_file",), str(e).removeprefix("security.token_file: ")
-    # security.worker_token_file is read only by masters and workers (auth.configure,
+    # security.worker_token_file is read only by masters and workers (Security.load,
     # role "master"/"worker"): one config file may name it for a node's worker and
     # mount, and the mount, which never holds that file, still starts.
     if not 0 < cfg.master.max_lost_share <= 1:
@@ -395,10 +393,8 @@ def _problems(cfg: Config):
     if cfg.cluster.master_worker_addr and ":" not in cfg.cluster.master_worker_addr:
         yield ("cluster.master_worker_addr",), "must be host:port"
     # Checked here too, so that every daemon refuses bad TLS files or keys at start
-    # (exit 2); the files read are kept for tls.configure.  (Imported here: tls
-    # imports this module.)  Nothing to check and nothing read when all are unset.
-    from .tls import problems as tls_problems
-    for key, message in tls_problems(cfg.security):
+    # (exit 2).  Nothing to check and nothing read when all are unset.
+    for key, message in tls.problems(cfg.security):
         yield (key,), message
 
 

@@ -5,6 +5,9 @@ Every failure a caller should understand is a ``CurvineError`` carrying an
 sends the kind as gRPC trailing metadata next to a matching status code, a client
 turns it back into a ``CurvineError``, and the FUSE edge maps it to an errno in one
 function (:func:`to_errno`).  Anything unknown becomes ``IO`` (EIO).
+
+``ConfigError`` is the other error every process knows: a configuration that cannot
+work, found at start (never on the wire; daemons exit 2 with its one line).
 """
 
 from __future__ import annotations
@@ -90,6 +93,11 @@ _KIND_OF_STATUS = {
 }
 
 ERROR_KIND_KEY = "curvine-error-kind"
+
+
+class ConfigError(Exception):
+    """A config value, file or combination that cannot work: one line that names the
+    key (and, when it came from a file, the file and line)."""
 
 
 class CurvineError(Exception):

@@ -5,6 +5,13 @@ into a gRPC status plus the ``curvine-error-kind`` trailer, and anything unexpec
 into INTERNAL after logging it once.  Clients call through :class:`RpcClient`, which
 puts a deadline on every call, retries idempotent calls while the peer is
 unavailable, and raises ``CurvineError``.
+
+Servers, ports and channels are made with the process's ``Security``
+(common/security.py), always passed by the caller: the tokens a server accepts, TLS on
+ports and channels, the token a channel sends.  None of them has a default: a caller
+that forgets it fails at once instead of running without a credential
+(``NO_SECURITY`` says "open cluster, plaintext" where that is meant).  The one default
+is ``make_server``'s ``accept=("client",)``, which can only refuse more.
 """
 
 from __future__ import annotations
@@ -15,12 +22,13 @@ import random
 import threading
 import time
 from concurrent import futures
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import grpc
 
 from . import auth, metrics, tls
 from .errors import ERROR_KIND_KEY, CurvineError, ErrorKind, from_rpc_error, status_code
+from .security import CLIENT, Role, Security
 
 log = logging.getLogger(__name__)
 
@@ -167,12 +175,13 @@ def _is_abort(e: Exception) -> bool:
 
 
 def make_server(threads: int, interceptors: list | None = None,
-                max_concurrent: int | None = None, token: str = "",
-                tokens=()) -> grpc.Server:
-    """A server; with ``token`` (or several ``tokens``: the credentials of the roles it
-    serves), every method refuses calls that carry none of them (common/auth.py)."""
+                max_concurrent: int | None = None, *, security: Security,
+                accept: Iterable[Role] = (CLIENT,)) -> grpc.Server:
+    """A server for the calls of the roles ``accept`` ("client", "worker"): with tokens
+    in ``security``, every method refuses calls that carry none of those roles' tokens
+    (common/auth.py)."""
     interceptors = list(interceptors or [])
-    accepted = [t for t in (token, *tokens) if t]
+    accepted = security.accepted(accept)
     if accepted:
         interceptors.insert(0, auth.TokenServerInterceptor(accepted))
     return grpc.server(
@@ -183,12 +192,11 @@ def make_server(threads: int, interceptors: list | None = None,
     )
 
 
-def bind(server: grpc.Server, host: str, port: int) -> int:
-    """Bind ``host:port``, with TLS when this process has it configured (common/tls.py,
-    set by auth.configure); returns the bound port."""
-    if tls.enabled():
+def bind(server: grpc.Server, host: str, port: int, security: Security) -> int:
+    """Bind ``host:port``, with TLS when ``security`` has it; returns the bound port."""
+    if security.material is not None:
         try:
-            creds = tls.server_credentials()
+            creds = tls.server_credentials(security.material)
         except tls.TLSError as e:  # TLS on but no certificate to serve with
             raise CurvineError(ErrorKind.UNAVAILABLE, f"cannot serve {host}:{port}: {e}") from None
         bound = server.add_secure_port(f"{host}:{port}", creds)
@@ -199,22 +207,22 @@ def bind(server: grpc.Server, host: str, port: int) -> int:
     return bound
 
 
-def make_channel(address: str, token: Callable[[], str] = auth.client_token) -> grpc.Channel:
-    """The one place channels are made: TLS when this process has it configured
-    (common/tls.py), and each call sends ``token()``: this process's client token by
-    default, ``auth.worker_token`` for a daemon's calls as a worker (common/auth.py;
-    none configured = none sent)."""
-    creds = tls.channel_credentials()
-    if creds is None:
+def make_channel(address: str, security: Security) -> grpc.Channel:
+    """The one place channels are made: TLS when ``security`` has it, and each call
+    sends ``security.token`` (the client token, or the worker token of
+    ``security.as_worker()``; none in an open cluster)."""
+    if security.channel_credentials is None:
         channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
     else:
-        channel = grpc.secure_channel(address, creds,
-                                      options=CHANNEL_OPTIONS + tls.channel_options())
-    return auth.with_token(channel, token)
+        channel = grpc.secure_channel(address, security.channel_credentials,
+                                      options=CHANNEL_OPTIONS
+                                      + tls.channel_options(security.material))
+    return auth.with_token(channel, security.token)
 
 
 class RpcClient:
-    """A stub plus deadlines and retries; thread-safe.
+    """A stub plus deadlines and retries, on a channel made with ``security``;
+    thread-safe.
 
     ``call(name, request, idempotent=...)``: idempotent calls (reads, and mutations
     carrying a request id) are retried with backoff while the peer is UNAVAILABLE,
@@ -222,12 +230,12 @@ class RpcClient:
     at once.
     """
 
-    def __init__(self, address: str, stub_cls: Any, timeout: float = 30.0, wait: float = 60.0,
-                 token: Callable[[], str] = auth.client_token):
+    def __init__(self, address: str, stub_cls: Any, *, security: Security,
+                 timeout: float = 30.0, wait: float = 60.0):
         self.address = address
         self.timeout = timeout
         self.wait = wait
-        self._channel = make_channel(address, token)
+        self._channel = make_channel(address, security)
         self._stub = stub_cls(self._channel)
         self._closed = threading.Event()
 

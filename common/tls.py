@@ -15,23 +15,21 @@ client of server-only TLS (it verifies servers, presents no certificate); it can
 serve, and servers with ``tls_client_auth`` refuse it.  Inconsistent combinations are
 refused by :func:`problems` at config time.
 
-A process calls ``auth.configure(cfg)`` once after loading its config; that calls
-:func:`configure`, after which ``common.rpc.bind`` opens secure ports and
-``common.rpc.make_channel`` makes secure channels.  Files are read once per process
-(config validation reads them, configure reuses what it read): rotating
-certificates means restarting the process.
+The material (:func:`load`) is part of a process's ``common.security.Security``: with it
+``common.rpc.bind`` opens secure ports and ``common.rpc.make_channel`` makes secure
+channels, through the credentials built here from the material they are given.
+Files are read when the config is checked and when the process loads its Security,
+both at start: rotating certificates means restarting the process.
 """
 
 from __future__ import annotations
 
-import os
 import ssl
-import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
-from .config import ConfigError
+from .errors import ConfigError
 
 MAX_PEM = 1 << 20  # a CA bundle of a whole distribution is ~200 KiB
 _CERT_MARK = b"-----BEGIN CERTIFICATE-----"
@@ -53,88 +51,68 @@ class TLSError(ConfigError):
 class Material:
     """What one process read from its TLS files."""
     cert: bytes | None       # chain, PEM
-    key: bytes | None        # private key, PEM
+    key: bytes | None = field(repr=False)  # private key, PEM (never logged)
     ca: bytes                # CA bundle, PEM
     client_auth: bool
     server_name: str
 
 
 def problems(sec):
-    """Yield ``(key, message)`` for inconsistent TLS keys of ``sec`` (a SecurityConfig),
-    then for files that cannot be used (they are read and kept for :func:`configure`)."""
+    """Yield ``(key, message)`` for the first problem of ``sec``'s TLS keys (a
+    SecurityConfig): an inconsistent combination, else a file that cannot be used."""
+    try:
+        load(sec)
+    except TLSError as e:
+        yield e.key, e.message
+
+
+def _inconsistency(sec) -> tuple[str, str] | None:
+    """``(key, message)`` for keys of ``sec`` that cannot go together, else None."""
     on = bool(sec.tls_cert or sec.tls_key or sec.tls_ca)
     if sec.tls_key and not sec.tls_cert:
-        yield "security.tls_key", "is set but security.tls_cert is not (a key needs its certificate)"
-        return
+        return ("security.tls_key",
+                "is set but security.tls_cert is not (a key needs its certificate)")
     if sec.tls_cert and not sec.tls_key:
-        yield "security.tls_cert", "is set but security.tls_key is not (a certificate needs its key)"
-        return
+        return ("security.tls_cert",
+                "is set but security.tls_key is not (a certificate needs its key)")
     if on and not sec.tls_ca:
-        yield ("security.tls_ca", "must be set when security.tls_cert is (the CA that peers' "
-               "certificates chain to; every daemon is also a client of others)")
-        return
+        return ("security.tls_ca", "must be set when security.tls_cert is (the CA that peers' "
+                "certificates chain to; every daemon is also a client of others)")
     if sec.tls_client_auth and not sec.tls_ca:
-        yield ("security.tls_client_auth", "needs security.tls_ca, tls_cert and tls_key "
-               "(servers verify client certificates with the CA)")
-        return
+        return ("security.tls_client_auth", "needs security.tls_ca, tls_cert and tls_key "
+                "(servers verify client certificates with the CA)")
     if sec.tls_client_auth and not sec.tls_cert:
-        yield ("security.tls_client_auth", "needs security.tls_cert and tls_key: with mutual "
-               "TLS every process, clients too, must present a certificate")
-        return
+        return ("security.tls_client_auth", "needs security.tls_cert and tls_key: with mutual "
+                "TLS every process, clients too, must present a certificate")
     if sec.tls_server_name and not on:
-        yield "security.tls_server_name", "is set but TLS is off (set security.tls_ca)"
-        return
+        return "security.tls_server_name", "is set but TLS is off (set security.tls_ca)"
     if sec.tls_server_name and not _valid_name(sec.tls_server_name):
-        yield "security.tls_server_name", f"{sec.tls_server_name!r} is not a host name"
-        return
-    if on:
-        try:
-            load(sec)
-        except TLSError as e:
-            yield e.key, e.message
+        return "security.tls_server_name", f"{sec.tls_server_name!r} is not a host name"
+    return None
 
 
 def _valid_name(name: str) -> bool:
     return len(name) <= 253 and all(33 <= ord(c) <= 126 for c in name) and "/" not in name
 
 
-# Files read by this process, by path and identity (inode, mtime, size): validation
-# reads them, configure (right after) reuses them, so each file is read once per
-# process; a file replaced since (new certificates, same path) is read again.
-_read: dict[tuple, tuple[bytes | None, bytes | None, bytes]] = {}
-_lock = threading.Lock()
-
-
-def _identity(paths: tuple[str, ...]) -> tuple | None:
-    try:
-        return tuple((p, st.st_ino, st.st_mtime_ns, st.st_size)
-                     for p, st in ((p, os.stat(p)) for p in paths if p))
-    except OSError:
-        return None  # reading will say what is wrong
-
-
 def load(sec) -> Material | None:
     """The TLS material named by ``sec``; None when TLS is off; TLSError naming the key
-    and file when a file is unreadable, not PEM, or the key does not fit the cert."""
+    (and file) when the keys do not go together, a file is unreadable, not PEM, or the
+    key does not fit the cert."""
+    found = _inconsistency(sec)
+    if found:
+        raise TLSError(*found)
     if not sec.tls_ca:
         return None
-    ident = _identity((sec.tls_cert, sec.tls_key, sec.tls_ca))
-    with _lock:
-        files = _read.get(ident) if ident else None
-    if files is None:
-        ca = _read_pem("security.tls_ca", sec.tls_ca, (_CERT_MARK,), "certificates")
-        _check_certs("security.tls_ca", sec.tls_ca, ca)
-        cert = key = None
-        if sec.tls_cert:
-            cert = _read_pem("security.tls_cert", sec.tls_cert, (_CERT_MARK,), "a certificate")
-            _check_certs("security.tls_cert", sec.tls_cert, cert)
-            key = _read_pem("security.tls_key", sec.tls_key, _KEY_MARKS, "a private key")
-            _check_pair(sec.tls_cert, sec.tls_key)
-        files = (cert, key, ca)
-        if ident:
-            with _lock:
-                _read[ident] = files
-    return Material(*files, client_auth=bool(sec.tls_client_auth),
+    ca = _read_pem("security.tls_ca", sec.tls_ca, (_CERT_MARK,), "certificates")
+    _check_certs("security.tls_ca", sec.tls_ca, ca)
+    cert = key = None
+    if sec.tls_cert:
+        cert = _read_pem("security.tls_cert", sec.tls_cert, (_CERT_MARK,), "a certificate")
+        _check_certs("security.tls_cert", sec.tls_cert, cert)
+        key = _read_pem("security.tls_key", sec.tls_key, _KEY_MARKS, "a private key")
+        _check_pair(sec.tls_cert, sec.tls_key)
+    return Material(cert, key, ca, client_auth=bool(sec.tls_client_auth),
                     server_name=sec.tls_server_name)
 
 
@@ -187,45 +165,10 @@ def _reason(e: Exception) -> str:
     return str(getattr(e, "reason", None) or e)
 
 
-# -- this process ---------------------------------------------------------------------
-_material: Material | None = None
-_channel_creds: grpc.ChannelCredentials | None = None
-
-
-def configure(cfg) -> bool:
-    """Make ``cfg.security``'s TLS this process's (off when ``tls_ca`` is empty);
-    TLSError if the keys are inconsistent or a file cannot be used.  True if on."""
-    for key, message in problems(cfg.security):
-        raise TLSError(key, message)
-    set_material(load(cfg.security))
-    return _material is not None
-
-
-def set_material(material: Material | None) -> None:
-    """Use ``material`` (None: plaintext) for every later server port and channel."""
-    global _material, _channel_creds
-    with _lock:
-        _material = material
-        _channel_creds = None
-
-
-def enabled() -> bool:
-    return _material is not None
-
-
-def check_can_serve() -> None:
-    """For daemons, right after configuring: TLSError (a ConfigError: exit 2) when TLS
-    is on but this process has no certificate to serve with."""
-    if enabled():
-        server_credentials()
-
-
-def server_credentials() -> grpc.ServerCredentials:
-    """Credentials for this process's server ports; TLSError when TLS is on without a
-    certificate of its own (a client-only config cannot serve)."""
-    m = _material
-    if m is None:
-        raise TLSError("security.tls_ca", "TLS is not configured")
+# -- credentials of a material --------------------------------------------------------
+def server_credentials(m: Material) -> grpc.ServerCredentials:
+    """Credentials for server ports with ``m``; TLSError when it has no certificate of
+    its own (a client-only config cannot serve)."""
     if m.cert is None:
         raise TLSError("security.tls_cert", "a server needs security.tls_cert and "
                                             "security.tls_key when TLS is on")
@@ -235,22 +178,15 @@ def server_credentials() -> grpc.ServerCredentials:
         require_client_auth=m.client_auth)
 
 
-def channel_credentials() -> grpc.ChannelCredentials | None:
-    """Credentials of this process's channels (made once); None when TLS is off."""
-    global _channel_creds
-    with _lock:
-        m = _material
-        if m is None:
-            return None
-        if _channel_creds is None:
-            _channel_creds = grpc.ssl_channel_credentials(
-                root_certificates=m.ca, private_key=m.key, certificate_chain=m.cert)
-        return _channel_creds
+def channel_credentials(m: Material) -> grpc.ChannelCredentials:
+    """Credentials of channels with ``m``: verify servers with its CA, present its
+    certificate (if any)."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=m.ca, private_key=m.key, certificate_chain=m.cert)
 
 
-def channel_options() -> list[tuple[str, str]]:
+def channel_options(m: Material | None) -> list[tuple[str, str]]:
     """Extra channel options: the server-name override, when configured."""
-    m = _material
     if m is not None and m.server_name:
         return [("grpc.ssl_target_name_override", m.server_name)]
     return []

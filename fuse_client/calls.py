@@ -1,4 +1,7 @@
-"""The FUSE handlers' namespace calls: on the mount's Calls stream, from the trio loop.
+"""The one route of the mount's master calls: :class:`Calls`, on the mount's Calls
+stream where the call has a field in master.Call, else as a unary RPC in a thread.
+The trio loop awaits ``Calls.run``; a thread trio started (a writer publishing at
+close) calls ``Calls.from_thread``.
 
 A unary gRPC call from trio costs a ``trio.to_thread`` hop there and back plus grpcio's
 per-call set-up, status and trailers on both ends; a message on an open stream costs
@@ -156,9 +159,10 @@ class CallStream:
 
 
 class Calls:
-    """``await calls.run(op, *args)``: namespace call ``op`` of MasterClient.prepare,
-    on the stream when it is up, else (or when it breaks) as a unary RPC through
-    ``to_thread`` (a function that runs a blocking callable in a thread)."""
+    """``await calls.run(op, *args)``: master call ``op`` of MasterClient.prepare, on
+    the stream when it is up and the call has a field in master.Call, else (or when
+    the stream breaks) as a unary RPC through ``to_thread`` (a function that runs a
+    blocking callable in a thread)."""
 
     def __init__(self, master: MasterClient,
                  to_thread: Callable[..., Awaitable], stream: CallStream | None = None):
@@ -168,7 +172,7 @@ class Calls:
 
     async def run(self, op: str, *args, **kwargs):
         prepared = self.master.prepare(op, *args, **kwargs)
-        if self.stream is not None:
+        if self.stream is not None and prepared.op:
             try:
                 reply = await self.stream.call(prepared)
             except _StreamDown:
@@ -176,3 +180,18 @@ class Calls:
             else:
                 return prepared.convert(reply)
         return await self.to_thread(functools.partial(self.master.call, prepared))
+
+    def from_thread(self, op: str, *args, **kwargs):
+        """``run`` from a thread that trio started (``trio.to_thread``): on the stream
+        through the trio loop, else unary in this very thread.  Not through
+        ``to_thread``: this thread already holds a slot of the mount's thread limiter,
+        and threads that all wait for another slot would wait forever."""
+        prepared = self.master.prepare(op, *args, **kwargs)
+        if self.stream is not None and prepared.op:
+            try:
+                reply = trio.from_thread.run(self.stream.call, prepared)
+            except _StreamDown:
+                pass
+            else:
+                return prepared.convert(reply)
+        return self.master.call(prepared)

@@ -23,15 +23,17 @@ import pyfuse3
 import trio
 
 from curvine.client import block_client
+from curvine.client.master_client import MasterClient
 from curvine.common import auth
 from curvine.common import config as config_mod
 from curvine.common import daemon
 from curvine.common import log as log_mod
 from curvine.common import metrics
-from curvine.common.errors import CurvineError
+from curvine.common.errors import ConfigError, CurvineError
 from curvine.common.ids import ROOT_INO
 from curvine.common.mounts import mount_table
 from curvine.common.rpc import RpcClient
+from curvine.common.security import Security
 from curvine.proto import master_pb2, master_pb2_grpc
 
 from .operations import Operations
@@ -118,7 +120,7 @@ class FuseHealth:
     retry); the outage is counted from the first failed probe after a good one, so an
     outage shorter than the wait, which calls ride out, leaves the mount healthy."""
 
-    def __init__(self, cfg: config_mod.Config):
+    def __init__(self, cfg: config_mod.Config, security: Security):
         self.mountpoint = cfg.fuse.mountpoint
         self.master_addr = cfg.cluster.master_addr
         self.wait = float(cfg.cluster.master_wait)
@@ -126,6 +128,7 @@ class FuseHealth:
         self._down_since: float | None = None
         self._lock = threading.Lock()
         self._probe = RpcClient(self.master_addr, master_pb2_grpc.MasterStub,
+                                security=security,
                                 timeout=min(PROBE_TIMEOUT, float(cfg.cluster.rpc_timeout)),
                                 wait=0)
 
@@ -225,7 +228,7 @@ async def serve(cfg: config_mod.Config, ops: Operations,
         nursery.start_soon(ready)
 
 
-def run(cfg: config_mod.Config) -> int:
+def run(cfg: config_mod.Config, security: Security) -> int:
     tune_malloc()
     raise_fd_limit()
     # Short-circuit I/O of this mount's readers and writers goes only to the data dirs
@@ -234,7 +237,9 @@ def run(cfg: config_mod.Config) -> int:
     dirs = block_client.set_local_dirs(block_client.LocalDirs.from_config(cfg))
     if cfg.client.short_circuit:
         log.info("short-circuit data dirs: %s", ", ".join(dirs.dirs) or "(none)")
-    ops = Operations(cfg)
+    master = MasterClient(cfg.cluster.master_addr, timeout=cfg.cluster.rpc_timeout,
+                          wait=cfg.cluster.master_wait, security=security)
+    ops = Operations(cfg, master)  # closes the master client with itself
     try:
         pyfuse3.init(ops, cfg.fuse.mountpoint, mount_options(cfg))
     except (RuntimeError, OSError) as e:
@@ -243,7 +248,7 @@ def run(cfg: config_mod.Config) -> int:
         return 1
     # The FUSE client has no host of its own in the config: it listens where this
     # node's worker does (worker.host; 127.0.0.1 by default).
-    health = FuseHealth(cfg)
+    health = FuseHealth(cfg, security)
     http = metrics.serve("fuse", cfg.worker.host, cfg.fuse.http_port, "fuse.http_port",
                          metrics.registry(groups=(metrics.CLIENT_IO_METRICS,
                                                   metrics.FUSE_METRICS)), health)
@@ -272,15 +277,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = load_config(args)
-        auth.configure(cfg)  # every channel sends the cluster token
-    except (config_mod.ConfigError, CurvineError, auth.TokenError) as e:
+        security = Security.load(cfg)  # every channel sends the cluster token
+    except (ConfigError, CurvineError, auth.TokenError) as e:
         print(f"curvine-fuse: {e}", file=sys.stderr)
         return 2
     log_mod.setup("DEBUG" if cfg.fuse.debug else cfg.log.level, role="curvine-fuse")
     if not os.path.isdir(cfg.fuse.mountpoint):
         log.error("mount point %s is not a directory", cfg.fuse.mountpoint)
         return 2
-    return run(cfg)
+    return run(cfg, security)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ with one write and one fsync for the whole batch (group commit).  On open every
 segment is scanned and checked; a torn tail of the last segment (what a crash in the
 middle of a write leaves) is cut off with a WARNING, any other damage raises
 :class:`JournalCorruption` naming segment and offset, because records after it may
-have been acknowledged.
+have been acknowledged.  That rule is :func:`segment_damage` (and :func:`gap_damage`
+between segments), which ``curvine journal verify`` and ``dump`` apply too.
 
 Threads: ``append`` may be called from many threads while one thread runs ``sync``;
 ``records``, ``retire`` and ``close`` are meant for the owning thread.  One process
@@ -51,6 +52,59 @@ class _Segment:
     first_seq: int
     last_seq: int  # first_seq - 1 while it holds no record
     size: int      # end of the last durable frame
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """Where a journal stops being readable, and why.  ``torn_tail``: only what a crash
+    in the middle of an append leaves, which the journal cuts off at open; any other
+    damage is corruption (:meth:`error`)."""
+    segment: str
+    offset: int
+    reason: str
+    torn_tail: bool
+
+    def error(self) -> JournalCorruption:
+        return JournalCorruption(self.segment, self.offset, self.reason)
+
+
+def list_segments(directory: str) -> list[tuple[int, str]]:
+    """(first seq, path) of every segment file in ``directory``, oldest first."""
+    found = []
+    for name in os.listdir(directory):
+        first = parse_segment_name(name)
+        if first is not None:
+            found.append((first, os.path.join(directory, name)))
+        elif name != LOCK_NAME:
+            log.debug("journal %s: ignoring %s", directory, name)
+    return sorted(found)
+
+
+def gap_damage(path: str, first_seq: int, expect_seq: int | None) -> Damage | None:
+    """A segment that does not start right after the previous one (``expect_seq``;
+    None for the first segment) is corruption: records between them are missing."""
+    if expect_seq is None or first_seq == expect_seq:
+        return None
+    return Damage(path, 0, f"segment starts at seq {first_seq} but the previous segment "
+                           f"ends at seq {expect_seq - 1}", False)
+
+
+def segment_damage(reader: SegmentReader, last_seq: int, is_last: bool) -> Damage | None:
+    """Where and why ``reader`` stopped before the end of its segment (None: it did
+    not), ``last_seq`` being the last record it read.  A torn tail is bytes that may
+    be a partial write (not intact-but-wrong ones, ``BadSpot.torn_ok``) at the end of
+    the last segment with no valid record after them."""
+    bad = reader.bad
+    if bad is None:
+        return None
+    torn = is_last and bad.torn_ok
+    reason = bad.reason
+    if torn:
+        later = find_valid_frame(reader.path, bad.offset + 1, last_seq + 1)
+        if later is not None:
+            torn = False
+            reason += f", but a valid record (seq {later[1]}) follows at offset {later[0]}"
+    return Damage(reader.path, bad.offset, reason, torn)
 
 
 def fsync_dir(path: str) -> None:
@@ -129,35 +183,22 @@ class Journal:
         return f
 
     def _scan(self) -> None:
-        found = []
-        for name in os.listdir(self._dir):
-            first = parse_segment_name(name)
-            if first is not None:
-                found.append((first, os.path.join(self._dir, name)))
-            elif name != LOCK_NAME:
-                log.debug("journal %s: ignoring %s", self._dir, name)
-        found.sort()
+        found = list_segments(self._dir)
         expect: int | None = None
         for i, (first, path) in enumerate(found):
-            is_last = i == len(found) - 1
-            if expect is not None and first != expect:
-                raise JournalCorruption(path, 0, f"segment starts at seq {first} but the "
-                                        f"previous segment ends at seq {expect - 1}")
+            gap = gap_damage(path, first, expect)
+            if gap is not None:
+                raise gap.error()
             reader = SegmentReader(path, first)
             last = first - 1
             for rec in reader:
                 last = rec.seq
             size = reader.end
-            bad = reader.bad
-            if bad is not None:
-                if not is_last or not bad.torn_ok:
-                    raise JournalCorruption(path, bad.offset, bad.reason)
-                later = find_valid_frame(path, bad.offset + 1, last + 1)
-                if later is not None:
-                    raise JournalCorruption(
-                        path, bad.offset, f"{bad.reason}, but a valid record (seq {later[1]}) "
-                        f"follows at offset {later[0]}")
-                size = self._cut_torn_tail(path, first, bad.offset, bad.reason)
+            damage = segment_damage(reader, last, is_last=i == len(found) - 1)
+            if damage is not None:
+                if not damage.torn_tail:
+                    raise damage.error()
+                size = self._cut_torn_tail(path, first, damage.offset, damage.reason)
             self._segments.append(_Segment(path, first, last, size))
             expect = last + 1
         if self._segments:

@@ -7,6 +7,9 @@ whenever deletes are queued, and records the worker's answer: from then on those
 bytes are free in the master's account (master/workers.py).  Deletes that cannot be
 delivered go back to their queue and reach the worker with a later heartbeat reply.
 
+The calls carry the worker token (the master's ``Security.as_worker()``), the
+credential of the daemons' calls to each other.
+
 ``deliver()`` runs the same delivery on the caller's thread, for a placement that
 waits for room (master/capacity.py ``make_room``): when it returns, every delete
 queued before it was delivered and confirmed (or failed); it returns how many the
@@ -19,9 +22,10 @@ import logging
 import threading
 import time
 
-from curvine.common import auth, block_tokens
+from curvine.common import block_tokens
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.rpc import RpcClient
+from curvine.common.security import Security
 from curvine.proto import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -31,8 +35,9 @@ RETRY_AFTER = 1.0  # seconds before a worker that failed a delivery is tried aga
 
 
 class DeletePusher:
-    def __init__(self, master):
+    def __init__(self, master, security: Security):
         self.m = master
+        self.security = security.as_worker()
         self.timeout = min(float(master.cfg.cluster.rpc_timeout), 10.0)
         self._clients: dict[str, RpcClient] = {}
         self._failed_at: dict[int, float] = {}  # worker id -> monotonic time it failed
@@ -121,6 +126,6 @@ class DeletePusher:
         c = self._clients.get(address)
         if c is None:
             c = self._clients[address] = RpcClient(address, worker_pb2_grpc.WorkerStub,
-                                                   timeout=self.timeout, wait=0,
-                                                   token=auth.worker_token)
+                                                   security=self.security,
+                                                   timeout=self.timeout, wait=0)
         return c

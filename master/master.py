@@ -1,4 +1,5 @@
-"""The master: assembles store, journal, namespace, committer and worker registry.
+"""The master: assembles its metadata (journal, store, namespace and committer, opened
+and recovered by metadata.py) and the worker registry, leases and background rounds.
 
 Reads run on the caller's thread with an LMDB read transaction.  Mutations go to the
 committer (see committer.py) and return once durable.  Block ids are handed out from
@@ -11,7 +12,6 @@ import hashlib
 import hmac
 import logging
 import os
-import shutil
 import threading
 import time
 
@@ -19,18 +19,17 @@ from curvine.common import block_tokens, private_files
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.common.ids import check_ino, check_name
-from curvine.journal import Journal
-from curvine.journal.checkpoint import latest_checkpoint
+from curvine.common.security import Security
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
 from .capacity import Capacity
-from .committer import Committer, RetryHit
+from .committer import RetryHit
 from .deleter import DeletePusher
 from .lag import LagMonitor
 from .leases import LeaseTable
-from .namespace import FILE, Effects, Namespace, RetryCache, now_ns
+from .metadata import Metadata, checkpoint_root
+from .namespace import FILE, Effects, now_ns
 from .replication import ReplicationMonitor
-from .store import Store
 from .workers import WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -41,58 +40,46 @@ DEFAULT_LIST = 1000
 
 
 class Master:
-    def __init__(self, cfg: Config, meta_dir: str | None = None, journal_dir: str | None = None):
+    def __init__(self, cfg: Config, meta_dir: str | None = None, journal_dir: str | None = None,
+                 *, security: Security):
         self.cfg = cfg
         self.meta_dir = os.path.abspath(meta_dir or cfg.master.meta_dir)
         self.journal_dir = os.path.abspath(journal_dir or cfg.journal.dir)
         self.block_size = int(cfg.cluster.block_size)
-        self.ckpt_root = os.path.join(self.meta_dir, "checkpoints")
+        self.ckpt_root = checkpoint_root(self.meta_dir)
         try:  # names and the block token key: this user's only (common/private_files.py)
             private_files.private_dir(self.meta_dir, "master.meta_dir", scan_depth=2,
                                       durable=True)
             private_files.private_dir(self.journal_dir, "journal.dir", durable=True)
         except OSError as e:
             raise CurvineError(ErrorKind.IO, f"{e.filename}: {e.strerror}") from None
-        self.journal = Journal(self.journal_dir, segment_size=int(cfg.journal.segment_size),
-                               fsync=cfg.journal.fsync)
-        try:
-            self.store = self._open_store()
-        except BaseException:
-            self.journal.close()
-            raise
-        try:
-            # workers accept a block id only with a token signed by this key
-            self.block_key = block_tokens.load_or_create_key(self.meta_dir)
-        except (OSError, ValueError) as e:
-            self.store.close()
-            self.journal.close()
-            raise CurvineError(ErrorKind.IO, f"block token key: {e}") from None
-        self.retry = RetryCache(cfg.master.retry_cache_entries)
-        self.leases = LeaseTable(float(cfg.master.lease_time),
-                                 os.path.join(self.meta_dir, "leases.json"))
-        self.ns = Namespace(self.store, self.retry, self.block_size)
         self.lag = LagMonitor()  # the master's own stalls (master/lag.py)
         self.lag.start()
         self.registry = WorkerRegistry(float(cfg.master.worker_lost_after), self.lag)
         # block -> (ino, time, workers, bytes reserved): placed, not yet in a published version
         self._pending: dict[int, tuple[int, float, list[int], int]] = {}
         self._pending_lock = threading.Lock()
-        with self.store.read() as txn:
-            for w in self.store.workers(txn):
-                self.registry.upsert(w)
-        self.committer = Committer(self.store, self.journal, self.ns, self._on_effects,
-                                   self.ckpt_root, cfg.journal.checkpoint_every)
         try:
-            self.committer.replay()
-        except Exception as e:
-            self.store.close()
-            self.journal.close()
-            # a crc-valid record that does not decode or cannot be applied is damage:
-            # name its segment and offset (server.main exits 2), not a traceback
-            damage = self.journal.unreplayable(e)
-            if damage is None:
-                raise
-            raise damage from e
+            # the registry hears of the workers the store knows, then of the replay's
+            # effects (master/metadata.py)
+            self.metadata = Metadata.open(cfg, self.meta_dir, self.journal_dir,
+                                          self._on_effects)
+        except BaseException:
+            self.lag.close()
+            raise
+        self.journal = self.metadata.journal
+        self.store = self.metadata.store
+        self.ns = self.metadata.ns
+        self.committer = self.metadata.committer
+        try:
+            # workers accept a block id only with a token signed by this key
+            self.block_key = block_tokens.load_or_create_key(self.meta_dir)
+        except (OSError, ValueError) as e:
+            self.metadata.close()
+            self.lag.close()
+            raise CurvineError(ErrorKind.IO, f"block token key: {e}") from None
+        self.leases = LeaseTable(float(cfg.master.lease_time),
+                                 os.path.join(self.meta_dir, "leases.json"))
         with self.store.read() as txn:
             self._reserved = self.store.get_u64(txn, b"block_ids_reserved", 1)
         self._next_block = max(self._reserved, 1)  # skip ids a previous run may have used
@@ -100,58 +87,13 @@ class Master:
         self.started = time.monotonic()
         self.committer.start()
         self.submit(self.ns.plan_root)
-        self.deleter = DeletePusher(self)  # block deletes to the workers at once
+        # block deletes to the workers at once (the master's calls to workers)
+        self.deleter = DeletePusher(self, security)
         self.deleter.start()
         self.capacity = Capacity(self)  # eviction, TTL, orphans (master/capacity.py)
         self.capacity.start()
         self.replication = ReplicationMonitor(self)
         self.replication.start()
-
-    def _open_store(self) -> Store:
-        """Open LMDB and make sure the journal can bring it up to date.
-
-        LMDB is synced lazily, so an OS crash can take it back behind the oldest journal
-        record: then the newest checkpoint is restored first.  If LMDB is *ahead* of the
-        journal (the journal lost records it had made durable, e.g. a damaged tail), the
-        journal is the truth: LMDB is rebuilt from a checkpoint at or below the journal's
-        end, or from nothing when the journal still starts at seq 1.
-        """
-        lmdb_dir = os.path.join(self.meta_dir, "lmdb")
-        store = Store(lmdb_dir)
-        with store.read() as txn:
-            applied = store.get_u64(txn, b"applied_seq")
-        j = self.journal
-        end = j.durable_seq
-        behind = end >= j.first_seq and applied + 1 < j.first_seq
-        ahead = applied > end
-        if not (behind or ahead):
-            return store
-        store.env.close()
-        if end == 0:
-            raise CurvineError(ErrorKind.IO,
-                               f"the journal in {self.journal_dir} is empty but the metadata in "
-                               f"{lmdb_dir} is at seq {applied}: is --journal-dir right?")
-        ckpt = latest_checkpoint(self.ckpt_root, at_most=end)
-        if ckpt is not None and ckpt[0] + 1 < j.first_seq:
-            ckpt = None  # the journal no longer holds the records after it
-        if ckpt is None and j.first_seq > 1:
-            raise CurvineError(ErrorKind.IO,
-                               f"metadata in {lmdb_dir} is at seq {applied}, the journal holds "
-                               f"seqs {j.first_seq}..{end}, and no checkpoint bridges the two")
-        if ahead:
-            log.error("metadata in %s is at seq %d but the journal ends at seq %d: records "
-                      "%d..%d are lost; rebuilding the metadata from the journal",
-                      lmdb_dir, applied, end, end + 1, applied)
-        else:
-            log.warning("metadata at seq %d is older than the journal (first seq %d): "
-                        "restoring it", applied, j.first_seq)
-        aside = f"{lmdb_dir}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
-        os.replace(lmdb_dir, aside)  # kept for forensics; the operator may delete it
-        log.warning("previous metadata moved to %s", aside)
-        if ckpt is not None:
-            log.warning("restoring checkpoint %s (seq %d)", ckpt[1], ckpt[0])
-            shutil.copytree(ckpt[1], lmdb_dir)
-        return Store(lmdb_dir)
 
     def close(self) -> None:
         if hasattr(self, "capacity"):
@@ -162,9 +104,7 @@ class Master:
             self.replication.close()
         if hasattr(self, "lag"):
             self.lag.close()
-        self.committer.stop()
-        self.journal.close()
-        self.store.close()
+        self.metadata.close()
 
     # ------------------------------------------------------------------ plumbing
     def submit(self, plan, request_id: bytes = b"", timeout: float | None = None,

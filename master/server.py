@@ -12,8 +12,9 @@ import sys
 import threading
 
 from curvine.common import config as config_mod
-from curvine.common import auth, daemon, log as log_mod, metrics as metrics_mod, rpc, tls
-from curvine.common.errors import CurvineError
+from curvine.common import auth, daemon, log as log_mod, metrics as metrics_mod, rpc
+from curvine.common.errors import ConfigError, CurvineError
+from curvine.common.security import CLIENT, WORKER, Security
 from curvine.journal import JournalError
 
 from . import metrics as master_metrics
@@ -39,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = config_mod.load(args.conf)
-        token = auth.configure(cfg, role="master")  # never logged
-        tls.check_can_serve()  # before the journal or LMDB is touched
-    except (config_mod.ConfigError, auth.TokenError) as e:
+        security = Security.load(cfg, role="master")  # the tokens are never logged
+        security.check_can_serve()  # before the journal or LMDB is touched
+    except (ConfigError, auth.TokenError) as e:
         print(f"curvine-master: {e}", file=sys.stderr)
         return 2
     if args.host:
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     log_mod.setup(cfg.log.level, "master")
     stop = daemon.stop_event()
     try:
-        master = Master(cfg)
+        master = Master(cfg, security=security)
     except JournalError as e:
         log.critical("cannot recover the journal: %s", e)
         return 2
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     streams = 2 * cfg.master.max_sessions
     server = rpc.make_server(cfg.master.rpc_threads + streams,
                              max_concurrent=cfg.master.rpc_threads * 4 + streams,
-                             token=token)
+                             security=security, accept=(CLIENT,))
     servicer = MasterServicer(master, cfg.master.max_sessions, cfg.master.rpc_threads,
                               float(cfg.master.stream_idle_timeout))
     add_to_server(servicer, server, "client")
@@ -78,11 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     # them and so make the master declare healthy workers lost.
     wthreads = cfg.master.worker_rpc_threads
     worker_server = rpc.make_server(wthreads, max_concurrent=wthreads * 4,
-                                    token=auth.worker_token())
+                                    security=security, accept=(WORKER,))
     add_to_server(servicer, worker_server, "worker")
     try:
-        port = rpc.bind(server, cfg.master.host, cfg.master.port)
-        wport = rpc.bind(worker_server, cfg.master.host, cfg.master.worker_port)
+        port = rpc.bind(server, cfg.master.host, cfg.master.port, security)
+        wport = rpc.bind(worker_server, cfg.master.host, cfg.master.worker_port, security)
     except CurvineError as e:
         log.critical("%s", e)
         master.close()

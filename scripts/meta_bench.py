@@ -156,7 +156,7 @@ def main() -> int:
 
     cluster = None
     if args.mount is None and args.only != "plain":
-        from curvine.cli.local import LocalCluster
+        from curvine.devtools.local import LocalCluster
         base = args.base or tempfile.mkdtemp(prefix="meta-bench-")
         cluster = LocalCluster(base, workers=1, mounts=2, conf=args.conf)
         cluster.up()

@@ -61,7 +61,7 @@ def metric_samples(http_port: int, name: str) -> list:
 
 def tracebacks_in_logs(cluster, tail_lines: int = 40) -> list[str]:
     """For each daemon log of ``cluster`` that contains a traceback: its name and tail."""
-    from curvine.cli.local import log_tail
+    from curvine.devtools.local import log_tail
     found = []
     for path in cluster.logs():
         try:

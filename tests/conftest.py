@@ -6,6 +6,12 @@
 down afterwards (no process, no mount left), and the test fails if any daemon log
 contains a traceback.  Tests that need FUSE are skipped, with the reason, on a
 machine without /dev/fuse or fusermount3.
+
+Every test carries the marker of its module's layer (LAYERS below; the heaviest thing
+any test of the module starts): ``unit`` (no servers), ``services`` (real master and
+worker servicers in this process, on loopback), ``daemons`` (real curvine processes,
+FUSE mounts, the CLI in a subprocess).  ``pytest -m unit`` runs in seconds; a new test
+module must be placed in a layer or collection fails.
 """
 
 from __future__ import annotations
@@ -13,7 +19,38 @@ from __future__ import annotations
 import pytest
 
 from cluster_util import fuse_available, tracebacks_in_logs
-from curvine.cli.local import ClusterError, LocalCluster
+from curvine.devtools.local import ClusterError, LocalCluster
+
+
+LAYERS = {
+    "unit": {"test_journal", "test_mounts", "test_proto"},
+    "services": {"test_calls", "test_fuse_ops", "test_fuzz", "test_keepalive", "test_master",
+                 "test_security"},
+    "daemons": {
+        "test_auth", "test_bench", "test_bigdir", "test_block_garbage", "test_block_tokens",
+        "test_capacity", "test_capacity_defaults", "test_cli_admin", "test_client_trust",
+        "test_config", "test_crash", "test_deploy", "test_fio", "test_fs_lmcache",
+        "test_fs_posix", "test_journal_hardening", "test_leases", "test_lmcache",
+        "test_local_cli", "test_master_guards", "test_master_outage", "test_metrics",
+        "test_permissions", "test_private_files", "test_replicas", "test_roles",
+        "test_small_hardening", "test_starvation", "test_stream_limits", "test_tls",
+        "test_worker", "test_worker_safety"},
+}
+_LAYER_OF = {module: layer for layer, modules in LAYERS.items() for module in modules}
+
+
+def pytest_collection_modifyitems(config, items):
+    unplaced = set()
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        layer = _LAYER_OF.get(module)
+        if layer is None:
+            unplaced.add(module)
+        else:
+            item.add_marker(getattr(pytest.mark, layer))
+    if unplaced:
+        raise pytest.UsageError(f"tests/conftest.py LAYERS: place {', '.join(sorted(unplaced))} "
+                                "in a layer (unit, services or daemons)")
 
 
 @pytest.fixture

@@ -22,8 +22,6 @@ import sys
 import time
 import traceback
 
-from curvine.common import auth
-
 MIB = 1 << 20
 
 # --------------------------------------------------------------------------- patterns
@@ -121,18 +119,13 @@ def spawn_ctx():
 
 
 def start_procs(target, arg_lists: list[tuple]) -> list:
+    """Start ``target(*args)`` in a process per ``args`` (a target that calls the
+    cluster takes the cluster's Security among them)."""
     ctx = spawn_ctx()
-    # children send the cluster token of this process (LocalCluster set it)
-    procs = [ctx.Process(target=_with_token, args=(auth.client_token(), target, *args),
-                         daemon=True) for args in arg_lists]
+    procs = [ctx.Process(target=target, args=args, daemon=True) for args in arg_lists]
     for p in procs:
         p.start()
     return procs
-
-
-def _with_token(token: str, target, *args):
-    auth.set_client_token(token)
-    return target(*args)
 
 
 def join_procs(procs: list, timeout: float) -> None:
@@ -254,8 +247,8 @@ def create_via_fuse(directory: str, names: list[str], out: str) -> None:
     write_json(out, {"n": len(names), "seconds": time.monotonic() - t0, "errors": errors})
 
 
-def create_via_client(master_addr: str, dir_name: str, names: list[str], threads: int,
-                      out: str) -> None:
+def create_via_client(master_addr: str, security, dir_name: str, names: list[str],
+                      threads: int, out: str) -> None:
     """Create empty, complete files with the client library (Create + CompleteFile),
     ``threads`` calls in flight."""
     from concurrent.futures import ThreadPoolExecutor
@@ -264,7 +257,7 @@ def create_via_client(master_addr: str, dir_name: str, names: list[str], threads
     from curvine.common.ids import ROOT_INO
 
     t0 = time.monotonic()
-    mc = MasterClient(master_addr)
+    mc = MasterClient(master_addr, security=security)
     parent = mc.lookup(ROOT_INO, dir_name.encode()).ino
     errors = []
 

@@ -14,9 +14,9 @@ import sys
 import pytest
 
 from cluster_util import fuse_available
-from curvine.cli import bench
-from curvine.cli.local import mounted_paths
 from curvine.cli.main import build_parser
+from curvine.devtools import bench
+from curvine.devtools.local import mounted_paths
 
 MiB = 1 << 20
 needs_fuse = pytest.mark.skipif(fuse_available() is not None,

@@ -35,8 +35,8 @@ def test_flat_directory_of_100k_files_lists_completely(make_cluster, tmp_path):
     for i in range(4 if via_fuse else 0):
         jobs.append((create_via_fuse, (dirs[i % 2], via_fuse[i::4], str(tmp_path / f"f{i}.json"))))
     for i in range(4 if via_client else 0):
-        jobs.append((create_via_client, (c.master_addr, name, via_client[i::4], 8,
-                                         str(tmp_path / f"c{i}.json"))))
+        jobs.append((create_via_client, (c.master_addr, c.security, name, via_client[i::4],
+                                         8, str(tmp_path / f"c{i}.json"))))
     t0 = time.monotonic()
     procs = [start_procs(target, [args])[0] for target, args in jobs]
     join_procs(procs, timeout=270)

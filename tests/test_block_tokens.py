@@ -154,7 +154,8 @@ def test_worker_serves_only_blocks_the_master_handed_out(make_cluster):
     c = make_cluster(workers=1, mounts=0)
     worker = c._proc("worker", 0)
     data_dir = os.path.join(c.base, "worker", "0", "data")
-    with make_channel(c.master_addr) as mch, make_channel(worker.address) as wch:
+    with make_channel(c.master_addr, c.security) as mch, \
+            make_channel(worker.address, c.security) as wch:
         master = master_pb2_grpc.MasterStub(mch)
         stub = worker_pb2_grpc.WorkerStub(wch)
         node, alloc = _create_and_allocate(master)
@@ -233,13 +234,13 @@ def test_a_restarted_worker_serves_before_the_master_is_back(make_cluster):
     assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
     with open(os.path.join(c.base, "master", "meta", bt.BLOCK_KEY_FILE), "rb") as f:
         assert open(key_file, "rb").read() == f.read()
-    with make_channel(c.master_addr) as mch:
+    with make_channel(c.master_addr, c.security) as mch:
         master = master_pb2_grpc.MasterStub(mch)
         _node, alloc = _create_and_allocate(master)
     c.kill("master", 0, signal.SIGTERM)
     c.kill("worker", 0)
     c.start("worker", 0, wait_ready=False)  # ready = registered: not while the master is down
-    with make_channel(worker.address) as wch:
+    with make_channel(worker.address, c.security) as wch:
         stub = worker_pb2_grpc.WorkerStub(wch)
         header = worker_pb2.WriteBlockHeader(block_id=alloc.block_id, token=alloc.block_token)
         reply = stub.WriteBlock(iter([worker_pb2.WriteBlockRequest(

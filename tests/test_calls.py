@@ -12,6 +12,7 @@ from curvine.common import rpc
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO
+from curvine.common.security import NO_SECURITY
 from curvine.fuse_client.calls import Calls, CallStream, _StreamDown
 from curvine.master.master import Master
 from curvine.master.service import MasterServicer
@@ -23,12 +24,12 @@ def served(tmp_path):
     cfg = Config()
     cfg.master.meta_dir = str(tmp_path / "meta")
     cfg.journal.dir = str(tmp_path / "journal")
-    m = Master(cfg)
-    server = rpc.make_server(16)
+    m = Master(cfg, security=NO_SECURITY)
+    server = rpc.make_server(16, security=NO_SECURITY)
     master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(m, call_threads=4), server)
-    port = rpc.bind(server, "127.0.0.1", 0)
+    port = rpc.bind(server, "127.0.0.1", 0, NO_SECURITY)
     server.start()
-    client = MasterClient(f"127.0.0.1:{port}", timeout=10, wait=2)
+    client = MasterClient(f"127.0.0.1:{port}", timeout=10, wait=2, security=NO_SECURITY)
     yield m, client, server
     client.close()
     server.stop(0)

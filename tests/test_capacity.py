@@ -22,9 +22,10 @@ import pytest
 
 from cluster_util import wait_for
 from curvine.client.master_client import MasterClient
-from curvine.common.config import Config, ConfigError, apply_dict
-from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.config import Config, apply_dict
+from curvine.common.errors import ConfigError, CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO, new_request_id
+from curvine.common.security import NO_SECURITY
 from curvine.master.master import Master
 from curvine.proto import common_pb2, master_pb2
 
@@ -40,7 +41,7 @@ def make_master(tmp_path, **master_cfg) -> Master:
     cfg.master.evict_interval = 3600.0  # rounds run when the test says so
     for k, v in master_cfg.items():
         setattr(cfg.master, k, v)
-    m = Master(cfg)
+    m = Master(cfg, security=NO_SECURITY)
     assert m.capacity.ready.wait(10)
     return m
 
@@ -302,7 +303,7 @@ def exists(path: str) -> bool:
 
 
 def master_client(c) -> MasterClient:
-    return MasterClient(c.master_addr, timeout=10.0, wait=10.0)
+    return MasterClient(c.master_addr, timeout=10.0, wait=10.0, security=c.security)
 
 
 def test_lmcache_stores_five_times_the_pool(make_cluster, tmp_path):

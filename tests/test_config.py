@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from curvine.common import config
-from curvine.common.config import Config, ConfigError
+from curvine.common.config import Config
+from curvine.common.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(REPO, "conf", "curvine.toml")

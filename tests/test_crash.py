@@ -33,7 +33,7 @@ def _journal_dir(c) -> str:
 
 
 def _last_run(text: str) -> str:
-    from curvine.cli.local import START_MARKER
+    from curvine.devtools.local import START_MARKER
     i = text.rfind(START_MARKER)
     return text[i:] if i >= 0 else text
 
@@ -71,7 +71,7 @@ def _start_master(c) -> None:
     """Start the master; if it will not start, kill the mounts before failing (a mount
     stalls each call up to cluster.master_wait while the master is down, which makes
     the teardown's unmount take minutes)."""
-    from curvine.cli.local import ClusterError
+    from curvine.devtools.local import ClusterError
     try:
         c.start("master")
     except ClusterError:
@@ -260,7 +260,7 @@ def test_worker_sigkill_restart_reconciles(make_cluster, tmp_path):
 
     from curvine.client.master_client import MasterClient
     from curvine.common.ids import ROOT_INO
-    mc = MasterClient(c.master_addr, timeout=10, wait=10)
+    mc = MasterClient(c.master_addr, timeout=10, wait=10, security=c.security)
     try:
         parent = mc.lookup(ROOT_INO, b"kv").ino
         where: dict[str, list[tuple[int, int]]] = {}  # name -> [(block id, worker index)]

@@ -18,6 +18,7 @@ import urllib.request
 import pytest
 
 from curvine.common import auth, config
+from curvine.common.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYSTEMD = os.path.join(REPO, "systemd")
@@ -251,9 +252,11 @@ def _start(argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
 _CONFIGURE = """\
 import sys
 from curvine.common import auth, config
+from curvine.common.errors import ConfigError
+from curvine.common.security import Security
 try:
-    auth.configure(config.load(sys.argv[1]), role=sys.argv[2])
-except (config.ConfigError, auth.TokenError) as e:
+    Security.load(config.load(sys.argv[1]), role=sys.argv[2])
+except (ConfigError, auth.TokenError) as e:
     sys.exit(f"refused: {e}")
 """
 
@@ -261,7 +264,7 @@ except (config.ConfigError, auth.TokenError) as e:
 def _refusal(role: str, conf) -> str:
     """What a process of ``role`` ("master", "worker", or "client": a mount, the CLI)
     says when it reads ``conf`` and the token files it needs, as each does first at
-    start (its own process: the tokens are global state); "" = it goes on."""
+    start (its own process, as each daemon reads them at its start); "" = it goes on."""
     out = subprocess.run([sys.executable, "-c", _CONFIGURE, str(conf), role],
                          capture_output=True, text=True, timeout=60, env=_daemon_env())
     return (out.stderr.strip() or f"exit {out.returncode}") if out.returncode else ""
@@ -548,7 +551,7 @@ def test_a_bad_configmap_is_caught(tmp_path):
     text = open(os.path.join(K8S, "configmap.yaml")).read()
     assert "    replicas = 1\n" in text
     docs = _manifests({"configmap.yaml": text.replace("    replicas = 1\n", "    replicas = 0\n")})
-    with pytest.raises(config.ConfigError, match=r"curvine\.toml:\d+: cluster\.replicas"):
+    with pytest.raises(ConfigError, match=r"curvine\.toml:\d+: cluster\.replicas"):
         _config_of(docs, tmp_path)
 
 
@@ -895,7 +898,7 @@ def tls_files(tmp_path_factory) -> str:
     Secret's key names."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
-    from curvine.cli.local import make_tls_files
+    from curvine.devtools.local import make_tls_files
     made = make_tls_files(str(tmp_path_factory.mktemp("pki")), days=1)
     d = tmp_path_factory.mktemp("tls")
     for key, name in TLS_KEYS.items():
@@ -1119,7 +1122,7 @@ def test_tls_checks_catch_a_broken_component(tmp_path, tls_files, case):
     name, old, new, caught = TLS_BROKEN[case]
     docs = _tls_docs(tmp_path, tls_files, edits={name: (old, new)})
     if "curvine\\.toml" in caught:  # the loader refuses it
-        with pytest.raises(config.ConfigError, match=caught):
+        with pytest.raises(ConfigError, match=caught):
             _config_of(docs, tmp_path, tls_files)
         return
     problems = _tls_problems(docs, _config_of(docs, tmp_path, tls_files))
@@ -1184,7 +1187,7 @@ def test_tls_names_let_a_client_dial_a_server_by_ip(tmp_path):
     here an IP too); the client has no worker token file, as in the FUSE container."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
-    from curvine.cli.local import free_ports
+    from curvine.devtools.local import free_ports
     pki = tmp_path / "pki"
     pki.mkdir()
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]

@@ -114,12 +114,12 @@ def _writer(w: int, directory: str, rounds: int, size: int, barrier, current, ou
                      "write_seconds": t_write})
 
 
-def _after_bad_read(path: str, master_addr: str) -> str:
+def _after_bad_read(path: str, master_addr: str, security) -> str:
     """What the name shows right after a bad read (diagnostics for the report)."""
     from curvine.client.master_client import MasterClient
     from curvine.common.ids import ROOT_INO
     try:
-        mc = MasterClient(master_addr, timeout=5, wait=5)
+        mc = MasterClient(master_addr, timeout=5, wait=5, security=security)
         d = mc.lookup(ROOT_INO, os.path.basename(os.path.dirname(path)).encode())
         node = mc.lookup(d.ino, os.path.basename(path).encode())
         master = f"master: ino {node.ino} size {node.size} state {node.state}; "
@@ -138,7 +138,8 @@ def _after_bad_read(path: str, master_addr: str) -> str:
         return master + f"then: {describe_exc(e)}"
 
 
-def _reader(directory: str, size: int, current, stop, out: str, master_addr: str) -> None:
+def _reader(directory: str, size: int, current, stop, out: str, master_addr: str,
+            security) -> None:
     """Reads the current round's <key>.data while the writers store it: every
     complete read must be exactly one writer's bytes of that round."""
     reads = misses = stale = 0
@@ -173,7 +174,7 @@ def _reader(directory: str, size: int, current, stop, out: str, master_addr: str
             if rr != r:
                 bad.append(f"{path}: holds round {rr} of writer {w}")
         except AssertionError as e:
-            bad.append(f"{path}: {e}; {_after_bad_read(path, master_addr)}")
+            bad.append(f"{path}: {e}; {_after_bad_read(path, master_addr, security)}")
     write_json(out, {"reads": reads, "misses": misses, "stale": stale, "bad": bad[:20],
                      "n_bad": len(bad),
                      "errors": errors[:20], "n_errors": len(errors)})
@@ -195,8 +196,8 @@ def test_lmcache_concurrent_writers_same_key(make_cluster, tmp_path):
     writers = start_procs(_writer, [(w, dirs[w % 2], ROUNDS, CHUNK, barrier, current, outs[w])
                                     for w in range(WRITERS)])
     # each mount also has a reader, reading what the other mount's writers store
-    readers = start_procs(_reader, [(dirs[i], CHUNK, current, stop, routs[i], c.master_addr)
-                                    for i in range(2)])
+    readers = start_procs(_reader, [(dirs[i], CHUNK, current, stop, routs[i], c.master_addr,
+                                     c.security) for i in range(2)])
     try:
         join_procs(writers, timeout=240)
     finally:

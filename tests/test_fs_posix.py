@@ -21,7 +21,7 @@ import time
 import pytest
 
 from cluster_util import fuse_available, tracebacks_in_logs
-from curvine.cli.local import LocalCluster
+from curvine.devtools.local import LocalCluster
 from fs_helpers import MIB, errname, errno_of, read_all, sha256
 
 BLOCK = 4 * MIB

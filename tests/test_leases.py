@@ -12,6 +12,7 @@ import pytest
 
 from curvine.common.config import Config
 from curvine.common.ids import ROOT_INO, new_request_id
+from curvine.common.security import NO_SECURITY
 from curvine.master.leases import LeaseTable
 from curvine.master.master import Master
 from curvine.proto import master_pb2
@@ -125,7 +126,7 @@ def make_master(tmp_path, lease_time=30.0) -> Master:
     cfg.master.meta_dir = str(tmp_path / "meta")
     cfg.journal.dir = str(tmp_path / "journal")
     cfg.master.lease_time = lease_time
-    return Master(cfg)
+    return Master(cfg, security=NO_SECURITY)
 
 
 def test_master_revokes_what_a_mutation_changed(tmp_path):

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
 from cluster_util import fake_commands, fuse_available, tracebacks_in_logs, wait_for
-from curvine.cli.local import (STATE_FILE, ClusterError, LocalCluster, free_ports,
-                               is_mounted, mounted_paths, pid_alive, proc_start_time)
 from curvine.common import config
+from curvine.devtools.local import (STATE_FILE, ClusterError, LocalCluster, free_ports,
+                                    is_mounted, mounted_paths, pid_alive, proc_start_time)
 
 needs_fuse = pytest.mark.skipif(fuse_available() is not None,
                                 reason=f"needs FUSE mounts: {fuse_available()}")
@@ -105,6 +107,20 @@ def test_state_file_records_every_process(tmp_path):
     mconf = config.load(m[m.index("--conf") + 1])
     assert (mconf.master.meta_dir, mconf.journal.dir) == (f"{base}/master/meta",
                                                           f"{base}/master/journal")
+
+
+def test_client_config_reaches_the_cluster_without_the_worker_token(tmp_path):
+    """BASE/conf/client.toml (CURVINE_CONF, or --base of the other commands) names the
+    master, the cluster token and the short-circuit dirs, never the worker token."""
+    c = _planned(tmp_path, workers=2, mounts=0)
+    assert LocalCluster.client_conf_of(c.base) == c.client_conf == f"{c.base}/conf/client.toml"
+    cfg = config.load(c.client_conf)
+    assert cfg.cluster.master_addr == c.master_addr
+    assert cfg.security.token_file == f"{c.base}/token"
+    assert cfg.security.worker_token_file == ""
+    assert cfg.client.short_circuit_dirs == [f"{c.base}/worker/0/data", f"{c.base}/worker/1/data"]
+    with pytest.raises(ClusterError, match="no cluster in .*cluster.json not found"):
+        LocalCluster.client_conf_of(str(tmp_path / "none"))
 
 
 def test_user_config_is_copied_and_passed_on(tmp_path):
@@ -242,6 +258,8 @@ def _run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     (["demo", "--chunks", "0"], True),
     (["local", "status", "--base", "B"], False),  # no cluster there
     (["local", "up", "--base", "B", "--conf", "missing.toml"], False),
+    (["report", "--base", "B"], False),  # no cluster there
+    (["fs", "ls", "--base", "B", "--conf", "c.toml"], True),  # one or the other
 ])
 def test_cli_errors_are_one_line_without_traceback(tmp_path, args, usage):
     args = [str(tmp_path / "B") if a == "B" else a for a in args]
@@ -445,10 +463,82 @@ def test_cluster_fixture_restarts(make_cluster):
     assert os.path.getsize(os.path.join(m, "a.data")) == 3 << 20
 
 
+def _up_without_mounts(base: str) -> tuple[str, list[dict]]:
+    """`curvine local up` of a master and one worker: the CURVINE_CONF it printed
+    (on stderr) and the rows of `curvine local status --json`."""
+    r = _run_cli("local", "up", "--base", base, "--workers", "1", "--mounts", "0",
+                 "--timeout", "60", timeout=90)
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    exports = [line for line in r.stderr.splitlines() if line.startswith("export ")]
+    assert len(exports) == 1, r.stderr
+    name, _, value = shlex.split(exports[0])[1].partition("=")
+    assert name == "CURVINE_CONF"
+    st = _run_cli("local", "status", "--base", base, "--json")
+    assert st.returncode == 0, st.stderr
+    return value, json.loads(st.stdout)
+
+
+def test_commands_find_the_local_cluster_with_base(tmp_path):
+    """`curvine report` and `curvine fs` reach the cluster of `local up --base B` with
+    `--base B` (its master, token and config), and `local status` names each daemon's
+    metrics URL, which answers."""
+    base = str(tmp_path / "cl")
+    try:
+        _, rows = _up_without_mounts(base)
+        assert [(x["role"], x["index"]) for x in rows] == [("master", 0), ("worker", 0)]
+        for x in rows:
+            assert x["metrics"].startswith("http://127.0.0.1:") and x["metrics"].endswith("/metrics")
+            with urllib.request.urlopen(x["metrics"], timeout=10) as resp:
+                assert resp.status == 200 and b"curvine_" in resp.read()
+        table = _run_cli("local", "status", "--base", base)
+        assert table.returncode == 0 and all(x["metrics"] in table.stdout for x in rows)
+
+        r = _run_cli("report", "--base", base, "--json", timeout=30)
+        assert r.returncode == 0, r.stderr
+        report = json.loads(r.stdout)
+        assert report["master"] == rows[0]["address"] and report["workers_live"] == 1
+        r = subprocess.run([sys.executable, "-m", "curvine.cli.main", "fs", "put", "-q", "-",
+                            "/hello", "--base", base], input=b"hello", capture_output=True,
+                           timeout=30)
+        assert r.returncode == 0, r.stderr
+        r = _run_cli("fs", "ls", "/", "--base", base, timeout=30)
+        assert r.returncode == 0 and r.stdout.split() == ["hello"], r.stderr
+    finally:
+        down = _run_cli("local", "down", "--base", base)
+    assert down.returncode == 0, down.stderr
+    assert tracebacks_in_logs(LocalCluster(base)) == []
+
+
+def test_commands_find_the_local_cluster_with_curvine_conf(tmp_path):
+    """The CURVINE_CONF line `local up` prints is all the other commands need."""
+    base = str(tmp_path / "cl")
+    try:
+        conf, rows = _up_without_mounts(base)
+        env = {k: v for k, v in os.environ.items() if k != "CURVINE_CONF"}
+        env["CURVINE_CONF"] = conf
+
+        def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "curvine.cli.main", *args],
+                                  input=stdin, capture_output=True, env=env, timeout=30)
+
+        r = cli("report", "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["master"] == rows[0]["address"]
+        assert cli("fs", "put", "-q", "-", "/kv.data", stdin=b"x" * 4096).returncode == 0
+        r = cli("fs", "get", "-q", "/kv.data", "-")
+        assert r.returncode == 0 and r.stdout == b"x" * 4096, r.stderr
+        r = cli("fs", "df", "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["live_workers"] == 1, r.stderr
+    finally:
+        down = _run_cli("local", "down", "--base", base)
+    assert down.returncode == 0, down.stderr
+    assert tracebacks_in_logs(LocalCluster(base)) == []
+
+
 # --------------------------------------------------------------------------- demo
 
 def test_demo_workload_on_plain_directories(tmp_path):
-    from curvine.cli import demo
+    from curvine.devtools import demo
     keys = demo.chunk_keys(4)
     assert len(set(keys)) == 4 and keys == demo.chunk_keys(4)  # seeded
     assert all(k.startswith("vllm@Qwen2.5-7B@1@0@") for k in keys)

@@ -15,6 +15,7 @@ import pytest
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO, new_request_id
+from curvine.common.security import NO_SECURITY
 from curvine.master.master import Master
 from curvine.proto import common_pb2, master_pb2
 
@@ -33,7 +34,7 @@ def make_master(tmp_path, master: dict | None = None, **journal) -> Master:
         setattr(cfg.master, k, v)
     for k, v in journal.items():
         setattr(cfg.journal, k, v)
-    m = Master(cfg)
+    m = Master(cfg, security=NO_SECURITY)
     # its workers are addresses only: deletes go with the heartbeat replies, as to a
     # worker that DeleteBlocks cannot reach
     m.deleter.close()

@@ -148,7 +148,7 @@ def test_losing_every_worker_at_the_defaults_keeps_the_files(make_cluster):
         cluster.kill("worker", i, signal.SIGKILL)
     time.sleep(36)  # worker_lost_after (30 s) and some rounds
     assert names_in(mount) == sorted(files)
-    with make_channel(cluster.master_addr) as ch:
+    with make_channel(cluster.master_addr, cluster.security) as ch:
         report = master_pb2_grpc.MasterStub(ch).Report(master_pb2.ReportRequest(), timeout=20)
     assert report.files_with_data == len(files)
     log = open(cluster.log_path("master")).read()

@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from curvine.cli.local import is_mounted
+from curvine.devtools.local import is_mounted
 from fs_helpers import MIB, log_text, read_all, sha256, wait_until
 
 WAIT = 3.0  # cluster.master_wait of the short-wait clusters

@@ -41,8 +41,8 @@ import zlib
 import pytest
 
 from cluster_util import wait_for
-from curvine.cli.local import ClusterError
 from curvine.common.blocks import CLIENT_STAGING_NAME, block_path
+from curvine.devtools.local import ClusterError
 from curvine.journal.checkpoint import write_checkpoint
 from curvine.master.store import Store
 from curvine.worker.blockstore import BlockStore

@@ -28,6 +28,7 @@ import pytest
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO, new_request_id
+from curvine.common.security import NO_SECURITY
 from curvine.master.master import Master
 from curvine.proto import common_pb2, master_pb2
 
@@ -46,7 +47,7 @@ def make_master(tmp_path, replicas: int = 2) -> Master:
     cfg.cluster.replicas = replicas
     cfg.master.worker_lost_after = LOST_AFTER
     cfg.master.orphan_block_grace = 0.0
-    m = Master(cfg)
+    m = Master(cfg, security=NO_SECURITY)
     # its workers are addresses only: deletes go with the heartbeat replies, as to a
     # worker that DeleteBlocks cannot reach
     m.deleter.close()
@@ -319,8 +320,9 @@ class _Meta:
         from curvine.client.master_client import MasterClient
         from curvine.common.rpc import RpcClient
         from curvine.proto import master_pb2_grpc
-        self.mc = MasterClient(c.master_addr, timeout=10, wait=10)
-        self.rpc = RpcClient(c.master_addr, master_pb2_grpc.MasterStub, timeout=10, wait=10)
+        self.mc = MasterClient(c.master_addr, timeout=10, wait=10, security=c.security)
+        self.rpc = RpcClient(c.master_addr, master_pb2_grpc.MasterStub, security=c.security,
+                             timeout=10, wait=10)
         self.worker_ids = {}  # worker index -> worker id, by address
         addresses = {s["address"]: s["index"] for s in c.status() if s["role"] == "worker"}
         registered = []

@@ -231,7 +231,7 @@ def test_fs_rm_r_and_du_of_a_1000_deep_tree(make_cluster):
     (`curvine: error: internal error: RecursionError ...`, exit 1)."""
     c = make_cluster(workers=0, mounts=0)
     m = _cli_args(c)
-    client = MasterClient(c.master_addr, timeout=30, wait=10)
+    client = MasterClient(c.master_addr, timeout=30, wait=10, security=c.security)
     try:
         t0 = time.monotonic()
         ino = client.mkdir(ROOT_INO, b"deep", 0o755, os.getuid(), os.getgid()).ino
@@ -265,7 +265,7 @@ def test_fs_commands_print_names_escaped(make_cluster):
     escape sequence and the line break went to the terminal."""
     c = make_cluster(workers=0, mounts=0)
     m = _cli_args(c)
-    client = MasterClient(c.master_addr, timeout=30, wait=10)
+    client = MasterClient(c.master_addr, timeout=30, wait=10, security=c.security)
     evil = HOSTILE.encode() + b"\xff"  # and a byte that is not UTF-8
     shown = "evil\\x1b[31mred\\r\\n" + FORGED + "\\xff"
     try:

@@ -58,7 +58,7 @@ def test_stream_starvation_loses_no_worker_and_no_file(make_cluster):
     worker = cluster._proc("worker", 0)
     workers_http = [cluster._proc("worker", i).http_port for i in range(2)]
 
-    with make_channel(cluster.master_addr) as mch:
+    with make_channel(cluster.master_addr, cluster.security) as mch:
         master = master_pb2_grpc.MasterStub(mch)
         ino = master.Lookup(master_pb2.LookupRequest(parent=1, name=b"kv0.data"),
                             timeout=DEADLINE).inode.ino
@@ -74,7 +74,7 @@ def test_stream_starvation_loses_no_worker_and_no_file(make_cluster):
     try:
         time.sleep(5)  # the streams are open
         ends = time.monotonic() + HOLD - 8
-        with make_channel(holder) as wch:
+        with make_channel(holder, cluster.security) as wch:
             wstub = worker_pb2_grpc.WorkerStub(wch)
             while time.monotonic() < ends:
                 for path in files:
@@ -107,7 +107,7 @@ def test_stream_starvation_loses_no_worker_and_no_file(make_cluster):
     assert max(ages) < 10, ages
 
     time.sleep(2)
-    with make_channel(cluster.master_addr) as mch:
+    with make_channel(cluster.master_addr, cluster.security) as mch:
         master = master_pb2_grpc.MasterStub(mch)
         report = master.Report(master_pb2.ReportRequest(), timeout=DEADLINE)
         status = master.ReplicationStatus(master_pb2.ReplicationStatusRequest(),

@@ -43,7 +43,8 @@ def test_idle_streams_are_cancelled_and_free_their_threads(make_cluster, tmp_pat
     c = make_cluster(workers=1, mounts=0, conf=str(conf))
     worker = c._proc("worker", 0)
     staging = os.path.join(c.base, "worker", "0", "data", "staging")
-    with make_channel(c.master_addr) as mch, make_channel(worker.address) as wch:
+    with make_channel(c.master_addr, c.security) as mch, \
+            make_channel(worker.address, c.security) as wch:
         master = master_pb2_grpc.MasterStub(mch)
         stub = worker_pb2_grpc.WorkerStub(wch)
         node = master.Create(master_pb2.CreateRequest(
@@ -194,8 +195,8 @@ def test_master_streams_are_bounded_and_stalled_ones_cancelled(make_cluster, tmp
     # The client's receive window stays at 64 KiB (no BDP probing): a client that does
     # not read stops taking replies after ~64 KiB of them.
     small_window = auth.with_token(grpc.insecure_channel(
-        c.master_addr, options=[("grpc.http2.bdp_probe", 0)]))
-    with make_channel(c.master_addr) as channel, small_window:
+        c.master_addr, options=[("grpc.http2.bdp_probe", 0)]), c.security.token)
+    with make_channel(c.master_addr, c.security) as channel, small_window:
         master = master_pb2_grpc.MasterStub(channel)
         master.Create(master_pb2.CreateRequest(
             request_id=new_request_id(), parent=ROOT_INO, name=b"kv.data", mode=0o644),

@@ -30,6 +30,7 @@ from curvine.client.fs import CurvineFS
 from curvine.client.master_client import MasterClient
 from curvine.common import auth, rpc, tls
 from curvine.common.config import Config, SecurityConfig
+from curvine.common.security import Security
 from curvine.master import server as master_server
 from curvine.proto import master_pb2, master_pb2_grpc
 
@@ -107,14 +108,6 @@ def pki(tmp_path_factory):
     }
 
 
-@pytest.fixture(autouse=True)
-def plaintext_afterwards():
-    """TLS and the token are per-process state: leave this test process as it was."""
-    yield
-    tls.set_material(None)
-    auth.set_client_token("")
-
-
 def cluster_conf(tmp_path, pki, client_auth: bool = False) -> str:
     cert, key = pki["server"]
     path = tmp_path / "tls.toml"
@@ -123,19 +116,24 @@ def cluster_conf(tmp_path, pki, client_auth: bool = False) -> str:
     return str(path)
 
 
-def use_client(token_file: str, ca: str, cert: tuple[str, str] | None = None) -> Config:
-    """Make this process a client with ``ca`` (and the client certificate ``cert``)."""
+def client_config(token_file: str, ca: str, cert: tuple[str, str] | None = None) -> Config:
+    """The config of a client with ``ca`` (and the client certificate ``cert``)."""
     cfg = Config()
     cfg.security = SecurityConfig(token_file=token_file, tls_ca=ca,
                                   tls_cert=cert[0] if cert else "",
                                   tls_key=cert[1] if cert else "")
-    auth.configure(cfg)
     return cfg
 
 
-def statfs_code(address: str) -> grpc.StatusCode:
+def client_security(token_file: str, ca: str,
+                    cert: tuple[str, str] | None = None) -> Security:
+    """The credentials of a client with ``ca`` (and the client certificate ``cert``)."""
+    return Security.load(client_config(token_file, ca, cert))
+
+
+def statfs_code(address: str, security: Security) -> grpc.StatusCode:
     """StatFs over a channel made like every curvine channel (rpc.make_channel)."""
-    with rpc.make_channel(address) as channel:
+    with rpc.make_channel(address, security) as channel:
         try:
             master_pb2_grpc.MasterStub(channel).StatFs(master_pb2.StatFsRequest(), timeout=10)
         except grpc.RpcError as e:
@@ -181,9 +179,9 @@ def test_cluster_runs_with_tls(make_cluster, tmp_path, pki):
         files[f"/kv{i}.data"] = data
 
     # This process: server-only TLS (it trusts the CA, has no certificate of its own).
-    cfg = use_client(c.token_file, pki["ca"])
-    assert tls.enabled() and tls.load(cfg.security).cert is None
+    cfg = client_config(c.token_file, pki["ca"])
     with CurvineFS(c.master_addr, cfg=cfg) as fs:
+        assert fs.master.security.material is not None and tls.load(cfg.security).cert is None
         fs.write_bytes("/from-client.data", files["/kv0.data"][::-1])
         files["/from-client.data"] = files["/kv0.data"][::-1]
         live = {w.worker_id for w in fs.master.statfs().workers if not w.lost}
@@ -197,11 +195,11 @@ def test_cluster_runs_with_tls(make_cluster, tmp_path, pki):
         # A plaintext client cannot talk to a TLS port, even with the right token.
         assert plaintext_code(address, token) == grpc.StatusCode.UNAVAILABLE, role
     # A client that trusts another CA refuses the cluster's certificate.
-    use_client(c.token_file, pki["other_ca"])
-    assert statfs_code(c.master_addr) == grpc.StatusCode.UNAVAILABLE
+    other = client_security(c.token_file, pki["other_ca"])
+    assert statfs_code(c.master_addr, other) == grpc.StatusCode.UNAVAILABLE
     # ... and with the right CA the same call works (the refusals were TLS's).
-    use_client(c.token_file, pki["ca"])
-    assert statfs_code(c.master_addr) == grpc.StatusCode.OK
+    right = client_security(c.token_file, pki["ca"])
+    assert statfs_code(c.master_addr, right) == grpc.StatusCode.OK
 
 
 # -- mutual TLS -----------------------------------------------------------------------
@@ -210,7 +208,7 @@ def test_mutual_tls(make_cluster, tmp_path, pki):
     # cluster coming up at all shows the daemons authenticate each other.
     c = make_cluster(workers=2, mounts=0, conf=cluster_conf(tmp_path, pki, client_auth=True))
 
-    cfg = use_client(c.token_file, pki["ca"], pki["client"])
+    cfg = client_config(c.token_file, pki["ca"], pki["client"])
     with CurvineFS(c.master_addr, cfg=cfg) as fs:
         files = {f"/m{i}.data": os.urandom(300_000 + i) for i in range(6)}
         for path, data in files.items():
@@ -218,34 +216,32 @@ def test_mutual_tls(make_cluster, tmp_path, pki):
         assert write_and_read_back(fs, files)  # blocks on the workers, read back
 
     # No client certificate (server-only TLS client): refused by the handshake.
-    use_client(c.token_file, pki["ca"])
-    assert statfs_code(c.master_addr) == grpc.StatusCode.UNAVAILABLE
-    assert statfs_code(c._proc("worker", 0).address) == grpc.StatusCode.UNAVAILABLE
+    no_cert = client_security(c.token_file, pki["ca"])
+    assert statfs_code(c.master_addr, no_cert) == grpc.StatusCode.UNAVAILABLE
+    assert statfs_code(c._proc("worker", 0).address, no_cert) == grpc.StatusCode.UNAVAILABLE
     # A certificate from another CA (the client still trusts the cluster's CA).
-    use_client(c.token_file, pki["ca"], pki["other_client"])
-    assert statfs_code(c.master_addr) == grpc.StatusCode.UNAVAILABLE
-    assert statfs_code(c._proc("worker", 1).address) == grpc.StatusCode.UNAVAILABLE
+    impostor = client_security(c.token_file, pki["ca"], pki["other_client"])
+    assert statfs_code(c.master_addr, impostor) == grpc.StatusCode.UNAVAILABLE
+    assert statfs_code(c._proc("worker", 1).address, impostor) == grpc.StatusCode.UNAVAILABLE
     # The cluster's client certificate gets through on each daemon (a worker does not
     # serve StatFs: UNIMPLEMENTED comes from past the handshake and the token check).
-    use_client(c.token_file, pki["ca"], pki["client"])
-    assert statfs_code(c.master_addr) == grpc.StatusCode.OK
-    assert statfs_code(c._proc("worker", 1).address) == grpc.StatusCode.UNIMPLEMENTED
+    member = client_security(c.token_file, pki["ca"], pki["client"])
+    assert statfs_code(c.master_addr, member) == grpc.StatusCode.OK
+    assert statfs_code(c._proc("worker", 1).address, member) == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_client_library_with_tls_and_no_token(make_cluster, tmp_path, pki):
-    """CurvineFS(cfg=...) configures TLS from its config even without a token file
-    (it used to configure the process only when a token was set: plaintext to a TLS
-    port, UNAVAILABLE)."""
+    """CurvineFS(cfg=...) takes TLS from its config even without a token file (it used
+    to configure the process only when a token was set: plaintext to a TLS port,
+    UNAVAILABLE)."""
     c = make_cluster(workers=1, mounts=0, conf=cluster_conf(tmp_path, pki), token=False)
-    tls.set_material(None)  # this process starts as plaintext, like a fresh program
-    auth.set_client_token("")
     cfg = Config()
     cfg.cluster.master_wait = 5  # a plaintext client would wait the whole time, then fail
     cfg.security = SecurityConfig(tls_ca=pki["ca"])
     with CurvineFS(c.master_addr, cfg=cfg) as fs:
         fs.write_bytes("/lib.data", b"over tls")
         assert fs.read_bytes("/lib.data") == b"over tls"
-    assert tls.enabled()
+        assert fs.master.security.material is not None
 
 
 # -- bad configs ----------------------------------------------------------------------
@@ -335,18 +331,18 @@ def test_server_name_override(tmp_path, pki):
     cfg.master.meta_dir, cfg.journal.dir = str(tmp_path / "meta"), str(tmp_path / "j")
     cert, key = pki["named"]  # names master.curvine.test only
     cfg.security = SecurityConfig(tls_cert=cert, tls_key=key, tls_ca=pki["ca"])
-    auth.configure(cfg)
-    m = Master(cfg)
-    server = rpc.make_server(4)
+    security = Security.load(cfg)
+    m = Master(cfg, security=security)
+    server = rpc.make_server(4, security=security)
     master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(m, call_threads=2), server)
-    address = f"127.0.0.1:{rpc.bind(server, '127.0.0.1', 0)}"
+    address = f"127.0.0.1:{rpc.bind(server, '127.0.0.1', 0, security)}"
     server.start()
     try:
-        assert statfs_code(address) == grpc.StatusCode.UNAVAILABLE
+        assert statfs_code(address, security) == grpc.StatusCode.UNAVAILABLE
         cfg.security.tls_server_name = "master.curvine.test"
-        auth.configure(cfg)
-        assert statfs_code(address) == grpc.StatusCode.OK
-        client = MasterClient(address, timeout=10, wait=1)  # RpcClient: same channels
+        named = Security.load(cfg)
+        assert statfs_code(address, named) == grpc.StatusCode.OK
+        client = MasterClient(address, timeout=10, wait=1, security=named)  # same channels
         try:
             assert client.statfs().block_size > 0
         finally:
@@ -370,10 +366,10 @@ def test_local_cluster_with_tls(make_cluster):
     data = os.urandom(2 << 20)
     with open(os.path.join(c.mounts[0], "a.data"), "wb") as f:
         f.write(data)
-    # LocalCluster made this process a client of the cluster (token and certificate).
-    with CurvineFS(c.master_addr) as fs:
+    # LocalCluster's Security is a client's of the cluster (token and certificate).
+    with CurvineFS(master=MasterClient(c.master_addr, security=c.security)) as fs:
         assert fs.read_bytes("/a.data") == data
     token = auth.read_token_file(c.token_file)
     assert plaintext_code(c.master_addr, token) == grpc.StatusCode.UNAVAILABLE
-    use_client(c.token_file, os.path.join(d, "ca.pem"))  # mutual: no certificate, refused
-    assert statfs_code(c.master_addr) == grpc.StatusCode.UNAVAILABLE
+    no_cert = client_security(c.token_file, os.path.join(d, "ca.pem"))  # mutual: no cert
+    assert statfs_code(c.master_addr, no_cert) == grpc.StatusCode.UNAVAILABLE

@@ -2,8 +2,8 @@
 
 Levels: BlockStore on real directories -> a real WorkerServicer on an in-process gRPC
 server driven through curvine.client.block_client -> `curvine-worker` as a
-subprocess against a small fake master that records what the worker tells it,
-including SIGTERM and SIGKILL-mid-write recovery.
+subprocess against a real master served in-process (tests/inproc.py; ``Heard`` taps
+what the worker tells it), including SIGTERM and SIGKILL-mid-write recovery.
 """
 
 from __future__ import annotations
@@ -23,13 +23,18 @@ import pytest
 
 from curvine.client import block_client
 from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error
-from curvine.common.ids import MIB
+from curvine.common.ids import MIB, ROOT_INO, new_request_id
 from curvine.common.rpc import bind, make_server
-from curvine.proto import common_pb2, master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
-from curvine.common import block_tokens, wire
+from curvine.common.security import NO_SECURITY
+from curvine.master.master import Master
+from curvine.proto import common_pb2, master_pb2, worker_pb2, worker_pb2_grpc
+from curvine.common import wire
 from curvine.common.blocks import MAX_BLOCK_ID, block_path, check_block_id
 from curvine.worker.blockstore import BlockStore
+from curvine.worker.server import worker_secret, worker_uuid
 from curvine.worker.service import UNCHECKED, WorkerServicer, add_to_server
+
+from inproc import InprocMaster, master_config, tap
 
 VENV_BIN = os.path.dirname(sys.executable)
 
@@ -231,9 +236,9 @@ def worker(tmp_path):
     data_dir = tmp_path / "data"
     store = BlockStore([data_dir])
     servicer = WorkerServicer(store, block_size=64 * MIB, block_key=UNCHECKED)
-    server = make_server(8)
+    server = make_server(8, security=NO_SECURITY)
     add_to_server(servicer, server)
-    port = bind(server, "127.0.0.1", 0)
+    port = bind(server, "127.0.0.1", 0, NO_SECURITY)
     server.start()
     info = common_pb2.WorkerInfo(worker_id=1, address=f"127.0.0.1:{port}",
                                  data_dirs=[str(data_dir)], host_id="here")
@@ -243,7 +248,7 @@ def worker(tmp_path):
 
 
 def _raw_write(info, messages, timeout=10.0):
-    stub = worker_pb2_grpc.WorkerStub(block_client.get_channel(info.address))
+    stub = worker_pb2_grpc.WorkerStub(block_client.get_channel(info.address, security=NO_SECURITY))
     try:
         return stub.WriteBlock(iter(messages), timeout=timeout)
     except grpc.RpcError as e:
@@ -253,50 +258,51 @@ def _raw_write(info, messages, timeout=10.0):
 def test_write_and_read_32mib(worker):
     info, store, _ = worker
     data = os.urandom(32 * MIB + 17)
-    assert block_client.write_block(info, 77, data) == (len(data), zlib.crc32(data))
-    assert block_client.read_block(info, 77, 0, 0) == data
-    assert block_client.read_block(info, 77, 0, len(data)) == data
-    with block_client.BlockReader(info, 77) as reader:
+    assert block_client.write_block(info, 77, data, security=NO_SECURITY) == (
+        len(data), zlib.crc32(data))
+    assert block_client.read_block(info, 77, 0, 0, security=NO_SECURITY) == data
+    assert block_client.read_block(info, 77, 0, len(data), security=NO_SECURITY) == data
+    with block_client.BlockReader(info, 77, security=NO_SECURITY) as reader:
         chunks = list(reader)
     assert all(len(c) <= MIB for c in chunks) and b"".join(chunks) == data
     # Ranged reads, across message boundaries.
     for off, n in [(0, 1), (MIB - 3, 6), (5 * MIB + 1, 3 * MIB), (len(data) - 10, 10),
                    (len(data) - 10, 0)]:
         expect = data[off:off + n] if n else data[off:]
-        assert block_client.read_block(info, 77, off, n) == expect
-        assert b"".join(block_client.BlockReader(info, 77, off, n)) == expect
+        assert block_client.read_block(info, 77, off, n, security=NO_SECURITY) == expect
+        assert b"".join(block_client.BlockReader(info, 77, off, n, security=NO_SECURITY)) == expect
     # memoryview and bytearray inputs; an empty block.
-    assert (block_client.write_block(info, 78, memoryview(data)[:MIB])
+    assert (block_client.write_block(info, 78, memoryview(data)[:MIB], security=NO_SECURITY)
             == (MIB, zlib.crc32(data[:MIB])))
-    assert block_client.write_block(info, 79, bytearray(b"")) == (0, 0)
-    assert block_client.read_block(info, 79, 0, 0) == b""
+    assert block_client.write_block(info, 79, bytearray(b""), security=NO_SECURITY) == (0, 0)
+    assert block_client.read_block(info, 79, 0, 0, security=NO_SECURITY) == b""
     assert len(store) == 3
 
 
 def test_read_errors(worker):
     info, _, _ = worker
     with pytest.raises(CurvineError) as e:
-        block_client.read_block(info, 12345, 0, 0)
+        block_client.read_block(info, 12345, 0, 0, security=NO_SECURITY)
     assert _kind(e) == ErrorKind.NOT_FOUND and info.address in str(e.value)
     with pytest.raises(CurvineError) as e:
-        list(block_client.BlockReader(info, 12345))
+        list(block_client.BlockReader(info, 12345, security=NO_SECURITY))
     assert _kind(e) == ErrorKind.NOT_FOUND
-    block_client.write_block(info, 5, b"abc")
+    block_client.write_block(info, 5, b"abc", security=NO_SECURITY)
     for off, n, field in [(4, 0, "offset"), (1, 3, "length")]:
         with pytest.raises(CurvineError) as e:
-            block_client.read_block(info, 5, off, n)
+            block_client.read_block(info, 5, off, n, security=NO_SECURITY)
         assert _kind(e) == ErrorKind.INVALID and field in str(e.value)
     for args, field in [((0, 0, 0), "block_id"), ((1 << 64, 0, 0), "block_id"),
                         ((5, -1, 0), "offset"), ((5, 0, -2), "length")]:
-        for call in (lambda: block_client.read_block(info, *args),
-                     lambda: block_client.BlockReader(info, *args)):
+        for call in (lambda: block_client.read_block(info, *args, security=NO_SECURITY),
+                     lambda: block_client.BlockReader(info, *args, security=NO_SECURITY)):
             with pytest.raises(CurvineError) as e:
                 call()
             assert _kind(e) == ErrorKind.INVALID and field in str(e.value)
     with pytest.raises(CurvineError) as e:
-        block_client.write_block(info, -5, b"x")
+        block_client.write_block(info, -5, b"x", security=NO_SECURITY)
     assert _kind(e) == ErrorKind.INVALID
-    stub = worker_pb2_grpc.WorkerStub(block_client.get_channel(info.address))
+    stub = worker_pb2_grpc.WorkerStub(block_client.get_channel(info.address, security=NO_SECURITY))
     for bad, field in [(worker_pb2.ReadBlockRequest(block_id=5, chunk_size=2 * MIB), "chunk_size"),
                        (worker_pb2.ReadBlockRequest(block_id=0), "block_id"),
                        (worker_pb2.ReadBlockRequest(block_id=1 << 63), "block_id")]:
@@ -309,7 +315,7 @@ def test_read_errors(worker):
 def test_generated_stub_interoperates(worker):
     """The hand-framed data messages are plain protobuf on the wire."""
     info, _, _ = worker
-    stub = worker_pb2_grpc.WorkerStub(block_client.get_channel(info.address))
+    stub = worker_pb2_grpc.WorkerStub(block_client.get_channel(info.address, security=NO_SECURITY))
     data = os.urandom(MIB + 5)
     reply = stub.WriteBlock(iter([
         worker_pb2.WriteBlockRequest(header=worker_pb2.WriteBlockHeader(block_id=3),
@@ -326,15 +332,15 @@ def test_generated_stub_interoperates(worker):
 def test_generated_registration_still_works(tmp_path):
     """WorkerServicer registered with the generated helper sends ReadBlockReply messages."""
     store = BlockStore([tmp_path])
-    server = make_server(4)
+    server = make_server(4, security=NO_SECURITY)
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(store, block_key=UNCHECKED), server)
-    port = bind(server, "127.0.0.1", 0)
+    port = bind(server, "127.0.0.1", 0, NO_SECURITY)
     server.start()
     try:
         info = common_pb2.WorkerInfo(address=f"127.0.0.1:{port}")
         data = os.urandom(2 * MIB + 1)
-        block_client.write_block(info, 4, data)
-        assert block_client.read_block(info, 4, 0, 0) == data
+        block_client.write_block(info, 4, data, security=NO_SECURITY)
+        assert block_client.read_block(info, 4, 0, 0, security=NO_SECURITY) == data
     finally:
         block_client.close_channels()
         server.stop(None)
@@ -371,22 +377,22 @@ def test_bad_writes_are_refused(worker):
     # The master's block size limits the total.
     servicer.block_size = 2 * MIB
     with pytest.raises(CurvineError) as e:
-        block_client.write_block(info, 1, b"b" * (2 * MIB + 1))
+        block_client.write_block(info, 1, b"b" * (2 * MIB + 1), security=NO_SECURITY)
     assert _kind(e) == ErrorKind.INVALID
     assert len(store) == 0 and store.used == 0 and _staging(store.data_dirs[0]) == []
 
 
 def test_no_space_reaches_the_client(tmp_path):
     store = BlockStore([tmp_path], capacity=2 * MIB)
-    server = make_server(4)
+    server = make_server(4, security=NO_SECURITY)
     add_to_server(WorkerServicer(store, block_key=UNCHECKED), server)
-    port = bind(server, "127.0.0.1", 0)
+    port = bind(server, "127.0.0.1", 0, NO_SECURITY)
     server.start()
     try:
         info = common_pb2.WorkerInfo(address=f"127.0.0.1:{port}")
-        block_client.write_block(info, 1, b"a" * MIB)
+        block_client.write_block(info, 1, b"a" * MIB, security=NO_SECURITY)
         with pytest.raises(CurvineError) as e:
-            block_client.write_block(info, 2, b"a" * (MIB + 1))
+            block_client.write_block(info, 2, b"a" * (MIB + 1), security=NO_SECURITY)
         assert _kind(e) == ErrorKind.NO_SPACE and e.value.errno == 28
         assert store.used == MIB and _staging(tmp_path) == []
     finally:
@@ -396,8 +402,8 @@ def test_no_space_reaches_the_client(tmp_path):
 
 def test_block_info_delete_and_short_circuit(worker):
     info, store, _ = worker
-    block_client.write_block(info, 0x1FF, b"local")
-    stub = worker_pb2_grpc.WorkerStub(block_client.get_channel(info.address))
+    block_client.write_block(info, 0x1FF, b"local", security=NO_SECURITY)
+    stub = worker_pb2_grpc.WorkerStub(block_client.get_channel(info.address, security=NO_SECURITY))
     reply = stub.GetBlockInfo(worker_pb2.GetBlockInfoRequest(block_id=0x1FF), timeout=5)
     path = block_client.local_block_path(info, 0x1FF)
     assert reply.length == 5 and reply.path == path and path.endswith("/blocks/ff/" + _blk(0x1FF))
@@ -417,24 +423,24 @@ def test_block_info_delete_and_short_circuit(worker):
 def test_write_stream_fed_piece_by_piece(worker):
     info, store, _ = worker
     data = os.urandom(5 * MIB + 123)
-    st = block_client.BlockWriteStream(info, 0x33)
+    st = block_client.BlockWriteStream(info, 0x33, security=NO_SECURITY)
     for pos in range(0, len(data), 700 * 1024):  # pieces of any size, sent as they come
         st.send(data[pos:pos + 700 * 1024])
     assert st.finish() == (len(data), zlib.crc32(data))
-    assert block_client.read_block(info, 0x33, 0, 0) == data
-    empty = block_client.BlockWriteStream(info, 0x34)
+    assert block_client.read_block(info, 0x33, 0, 0, security=NO_SECURITY) == data
+    empty = block_client.BlockWriteStream(info, 0x34, security=NO_SECURITY)
     assert empty.finish() == (0, 0) and 0x34 in store
 
 
 def test_write_stream_cancel_and_worker_error_leave_nothing(worker):
     info, store, servicer = worker
-    st = block_client.BlockWriteStream(info, 0x35)
+    st = block_client.BlockWriteStream(info, 0x35, security=NO_SECURITY)
     st.send(b"x" * MIB)
     st.cancel()
     wait_until(lambda: not _staging(info.data_dirs[0]), what="staging file removed")
     assert 0x35 not in store
     servicer.block_size = 2 * MIB  # the worker refuses the block when it grows too big
-    st = block_client.BlockWriteStream(info, 0x36)
+    st = block_client.BlockWriteStream(info, 0x36, security=NO_SECURITY)
     with pytest.raises(CurvineError) as e:
         for _ in range(50):  # the error reaches send() once the call has failed
             st.send(b"y" * MIB)
@@ -459,12 +465,12 @@ def test_adopt_block_finalises_a_client_staging_file(worker):
     fd, path = _stage(info, 0x2A, data)
     try:
         assert os.path.dirname(path) == os.path.join(info.data_dirs[0], "staging")
-        assert block_client.adopt_block(info, 0x2A, path, len(data), zlib.crc32(data)) == (
-            len(data), zlib.crc32(data))
+        assert block_client.adopt_block(info, 0x2A, path, len(data), zlib.crc32(data),
+                                        security=NO_SECURITY) == (len(data), zlib.crc32(data))
     finally:
         os.close(fd)
     assert not os.path.exists(path) and _staging(info.data_dirs[0]) == []
-    assert block_client.read_block(info, 0x2A, 0, 0) == data
+    assert block_client.read_block(info, 0x2A, 0, 0, security=NO_SECURITY) == data
     assert 0x2A in store and store.used == len(data)
     assert block_client.local_block_path(info, 0x2A).endswith(_blk(0x2A))
 
@@ -478,7 +484,7 @@ def test_adopt_block_refuses_foreign_paths(worker, tmp_path):
 
     def refused(path, block_id=7, length=9, kind=ErrorKind.INVALID):
         with pytest.raises(CurvineError) as e:
-            block_client.adopt_block(info, block_id, str(path), length, 0)
+            block_client.adopt_block(info, block_id, str(path), length, 0, security=NO_SECURITY)
         assert _kind(e) == kind, e.value
         return e.value.message
 
@@ -538,15 +544,15 @@ def test_sweep_removes_client_staging_files_whose_writer_is_gone(tmp_path):
 
 def test_reader_close_cancels(worker):
     info, _, _ = worker
-    block_client.write_block(info, 8, os.urandom(16 * MIB))
-    reader = block_client.BlockReader(info, 8, readahead=2)
+    block_client.write_block(info, 8, os.urandom(16 * MIB), security=NO_SECURITY)
+    reader = block_client.BlockReader(info, 8, readahead=2, security=NO_SECURITY)
     it = iter(reader)
     assert len(next(it)) == MIB
     reader.close()
     assert list(it) == []
     # Many abandoned readers do not pile up threads.
     for _ in range(5):
-        r = block_client.BlockReader(info, 8, readahead=1)
+        r = block_client.BlockReader(info, 8, readahead=1, security=NO_SECURITY)
         next(iter(r))
         del r
     wait_until(lambda: sum(t.name == "block-readahead" for t in threading.enumerate()) == 0,
@@ -559,55 +565,15 @@ def test_unreachable_worker_is_unavailable():
         port = s.getsockname()[1]
     info = common_pb2.WorkerInfo(address=f"127.0.0.1:{port}")
     with pytest.raises(CurvineError) as e:
-        block_client.write_block(info, 1, b"x", timeout=5)
+        block_client.write_block(info, 1, b"x", timeout=5, security=NO_SECURITY)
     assert _kind(e) == ErrorKind.UNAVAILABLE
     with pytest.raises(CurvineError) as e:
-        block_client.read_block(info, 1, 0, 0, timeout=5)
+        block_client.read_block(info, 1, 0, 0, timeout=5, security=NO_SECURITY)
     assert _kind(e) == ErrorKind.UNAVAILABLE
     block_client.close_channels()
 
 
-# -- curvine-worker against a fake master --------------------------------------------------
-
-
-FAKE_BLOCK_KEY = b"k" * 32  # FakeMaster hands it to the worker; tests sign tokens with it
-
-
-def _wtoken(block_id: int) -> bytes:
-    return block_tokens.mint(FAKE_BLOCK_KEY, block_id, block_tokens.WRITE)
-
-
-class FakeMaster(master_pb2_grpc.MasterServicer):
-    """RegisterWorker, BlockReport and WorkerHeartbeat only; records every call."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.registrations: list = []
-        self.reports: list = []
-        self.heartbeats: list = []
-        self.delete_on_report: list[int] = []
-        self.delete_on_heartbeat: list[int] = []
-        self.reregister = False
-
-    def RegisterWorker(self, request, context):
-        with self.lock:
-            self.registrations.append(request.worker)
-        return master_pb2.RegisterWorkerReply(worker_id=7, block_size=64 * MIB,
-                                              block_key=FAKE_BLOCK_KEY)
-
-    def BlockReport(self, request, context):
-        with self.lock:
-            self.reports.append((request.worker_id, dict(zip(request.block_ids,
-                                                             request.block_mtimes_ns))))
-            ids, self.delete_on_report = self.delete_on_report, []
-        return master_pb2.BlockReportReply(delete_block_ids=ids)
-
-    def WorkerHeartbeat(self, request, context):
-        with self.lock:
-            self.heartbeats.append(request)
-            ids, self.delete_on_heartbeat = self.delete_on_heartbeat, []
-            again, self.reregister = self.reregister, False
-        return master_pb2.HeartbeatReply(delete_block_ids=ids, reregister=again)
+# -- curvine-worker against a real master ---------------------------------------------------
 
 
 def _free_port() -> int:
@@ -616,13 +582,70 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_master(port: int):
-    fake = FakeMaster()
-    server = make_server(4)
-    master_pb2_grpc.add_MasterServicer_to_server(fake, server)
-    bind(server, "127.0.0.1", port)
-    server.start()
-    return fake, server
+class Heard:
+    """What the worker told a (real, in-process) master: its registrations
+    (WorkerInfo), block reports and the heartbeats of its live registration."""
+
+    def __init__(self, master: Master):
+        self.registrations = tap(master, "register_worker")
+        self.reports = tap(master, "block_report")
+        self.heartbeats = tap(master, "heartbeat")
+
+
+def _master_config(tmp_path):
+    """The master's state in tmp_path/master; unknown blocks on a worker are deleted at
+    its block report (no grace for writes in flight)."""
+    cfg = master_config(tmp_path / "master")
+    cfg.master.orphan_block_grace = 0.0
+    return cfg
+
+
+def _serve_master(cfg, port: int, heard: list) -> InprocMaster:
+    """A master serving its worker port on ``port`` (the one the worker calls); the
+    ``Heard`` of each master run (a restart is a new one) is appended to ``heard``
+    before its port opens."""
+    return InprocMaster(cfg, client_port=None, worker_port=port,
+                        on_open=lambda m: heard.append(Heard(m)))
+
+
+def _allocate(m: Master, name: bytes, size: int):
+    """A new file and a block for it, as a client's AddBlock gets them (the block id,
+    its workers and its write token)."""
+    node = m.create(master_pb2.CreateRequest(request_id=new_request_id(), parent=ROOT_INO,
+                                             name=name, mode=0o644)).inode
+    return node, m.add_block(master_pb2.AddBlockRequest(ino=node.ino,
+                                                        client_host_id="test-host",
+                                                        size_hint=size))
+
+
+def _publish(m: Master, node, alloc, data: bytes) -> None:
+    block = common_pb2.Block(block_id=alloc.block_id, length=len(data),
+                             checksum=zlib.crc32(data),
+                             worker_ids=[w.worker_id for w in alloc.workers])
+    m.complete(master_pb2.CompleteFileRequest(request_id=new_request_id(), ino=node.ino,
+                                              blocks=[block], size=len(data)))
+
+
+def _earlier_run(cfg, data_dir) -> tuple[int, int, int]:
+    """The master's state after an earlier run of the worker of ``data_dir`` (its own
+    uuid and secret): files "kept" and "doomed" with a block each on that worker
+    (content ``b"planted <id>"``), and a block allocated to a file that never published
+    it.  Returns the block ids (kept, unpublished, doomed); the caller plants them."""
+    m = Master(cfg, security=NO_SECURITY)
+    try:
+        d = str(data_dir)
+        m.register_worker(common_pb2.WorkerInfo(uuid=worker_uuid(d), host_id="test-host",
+                                                address="127.0.0.1:1", data_dirs=[d],
+                                                capacity=1 << 30), worker_secret(d))
+        ids = []
+        for name in (b"kept", b"unpublished", b"doomed"):
+            node, alloc = _allocate(m, name, 100)
+            if name != b"unpublished":
+                _publish(m, node, alloc, b"planted %d" % alloc.block_id)
+            ids.append(alloc.block_id)
+        return tuple(ids)
+    finally:
+        m.close()
 
 
 class WorkerProcess:
@@ -671,9 +694,12 @@ def _plant(data_dir, block_id: int, data: bytes) -> None:
     path.write_bytes(data)
 
 
-def test_worker_daemon_against_fake_master(tmp_path):
+def test_worker_daemon_against_a_real_master(tmp_path):
     data_dir = tmp_path / "data"
-    for b in (0x101, 0x102, 0x103):
+    data_dir.mkdir()
+    cfg = _master_config(tmp_path)
+    kept, unpublished, doomed = _earlier_run(cfg, data_dir)
+    for b in (kept, unpublished, doomed):
         _plant(data_dir, b, b"planted %d" % b)
     (data_dir / "staging").mkdir(parents=True)
     (data_dir / "staging" / f"{0x104:016x}.dead.tmp").write_bytes(b"torn")
@@ -683,52 +709,67 @@ def test_worker_daemon_against_fake_master(tmp_path):
     # The worker starts before its master is up and waits for it quietly.
     master_port = _free_port()
     worker = WorkerProcess(tmp_path, data_dir, master_port, "w1")
-    master = None
+    service = None
+    heard: list[Heard] = []
     try:
         wait_until(lambda: "unavailable" in worker.log(), 10, "the worker to miss its master")
         assert worker.proc.poll() is None
-        fake, master = _start_master(master_port)
-        fake.delete_on_report = [0x102]
+        service = _serve_master(cfg, master_port, heard)
+        master = service.master
         worker.wait_ready()
 
-        reg = fake.registrations[0]
+        reg = heard[-1].registrations[0]
+        wid = master.registry.by_uuid(reg.uuid).worker_id  # its id from the earlier run
         assert reg.worker_id == 0 and reg.host_id == "test-host"
         assert reg.data_dirs == [str(data_dir)] and reg.capacity == 1 << 30
-        assert reg.used == sum(len(b"planted %d" % b) for b in (0x101, 0x102, 0x103))
+        assert reg.used == sum(len(b"planted %d" % b) for b in (kept, unpublished, doomed))
         assert reg.uuid == (data_dir / "worker.uuid").read_text().strip()
         assert reg.address.startswith("127.0.0.1:")
-        worker_id, reported = fake.reports[0]
-        assert worker_id == 7 and set(reported) == {0x101, 0x102, 0x103}
+        report = heard[-1].reports[0]
+        reported = dict(zip(report.block_ids, report.block_mtimes_ns))
+        assert report.worker_id == wid and set(reported) == {kept, unpublished, doomed}
         assert all(m > 0 for m in reported.values())
         assert os.listdir(data_dir / "staging") == []
-        assert not (data_dir / "blocks" / "02" / _blk(0x102)).exists()
+        # no file holds it: the master had the worker delete it at the report
+        assert not os.path.exists(block_path(str(data_dir), unpublished))
 
         # Serving: a block written now shows up in the heartbeats.
         info = common_pb2.WorkerInfo(address=reg.address, data_dirs=list(reg.data_dirs))
-        with pytest.raises(CurvineError) as denied:  # no token: the master never gave it
-            block_client.write_block(info, 0x200, b"fresh")
+        node, fresh = _allocate(master, b"fresh", 5)
+        with pytest.raises(CurvineError) as denied:  # no token: the master gives it
+            block_client.write_block(info, fresh.block_id, b"fresh", security=NO_SECURITY)
         assert denied.value.kind == ErrorKind.PERMISSION and "token" in denied.value.message
-        block_client.write_block(info, 0x200, b"fresh", token=_wtoken(0x200))
-        wait_until(lambda: any(h.num_blocks == 3 and h.worker_id == 7 for h in fake.heartbeats),
-                   5, "a heartbeat with 3 blocks")
+        block_client.write_block(info, fresh.block_id, b"fresh", token=fresh.block_token,
+                                 security=NO_SECURITY)
+        _publish(master, node, fresh, b"fresh")
+        wait_until(lambda: any(h.num_blocks == 3 and h.worker_id == wid
+                               for h in heard[-1].heartbeats), 5, "a heartbeat with 3 blocks")
 
-        fake.delete_on_heartbeat = [0x103]
-        wait_until(lambda: not (data_dir / "blocks" / "03" / _blk(0x103)).exists(), 5,
-                   "block 0x103 to be deleted")
-        fake.reregister = True
-        wait_until(lambda: len(fake.reports) >= 2, 5, "a second block report")
-        assert len(fake.registrations) == 2
-        assert fake.registrations[1].uuid == reg.uuid and fake.registrations[1].worker_id == 7
-        assert set(fake.reports[1][1]) == {0x101, 0x200}
+        # the file that holds it goes: the master has the worker delete the block
+        master.unlink(master_pb2.UnlinkRequest(request_id=new_request_id(), parent=ROOT_INO,
+                                               name=b"doomed"), rmdir=False)
+        wait_until(lambda: not os.path.exists(block_path(str(data_dir), doomed)), 5,
+                   "the doomed block to be deleted")
+        # This worker's identity registers again (its uuid and secret): the running
+        # worker's heartbeats no longer name the live registration, and the master asks
+        # it to register again.
+        Master.register_worker(master, master.registry.info(wid),  # (not tapped)
+                               worker_secret(str(data_dir)))
+        wait_until(lambda: len(heard[-1].reports) >= 2, 5, "a second block report")
+        registrations = heard[-1].registrations
+        assert len(registrations) == 2
+        assert registrations[1].uuid == reg.uuid and registrations[1].worker_id == wid
+        assert set(heard[-1].reports[1].block_ids) == {kept, fresh.block_id}
 
-        # The master goes away and comes back (a fresh one, on the same port): the
-        # worker keeps serving, says so once each way, and carries on heartbeating.
-        master.stop(None).wait()
+        # The master goes away and comes back (restarted on the same port and state):
+        # the worker keeps serving, says so once each way, and carries on heartbeating.
+        service.stop()
         wait_until(lambda: worker.log().count("WARNING") == 2, 10, "a second WARNING")
-        assert block_client.read_block(info, 0x200, 0, 0, token=_wtoken(0x200)) == b"fresh"
+        assert block_client.read_block(info, fresh.block_id, 0, 0,
+                                       token=fresh.block_token, security=NO_SECURITY) == b"fresh"
         time.sleep(0.5)
-        fake, master = _start_master(master_port)
-        wait_until(lambda: fake.heartbeats, 10, "heartbeats to a restarted master")
+        service.start()
+        wait_until(lambda: heard[-1].heartbeats, 10, "heartbeats to a restarted master")
         assert worker.proc.poll() is None
 
         worker.proc.send_signal(signal.SIGTERM)
@@ -741,29 +782,35 @@ def test_worker_daemon_against_fake_master(tmp_path):
     finally:
         worker.close()
         block_client.close_channels()
-        if master is not None:
-            master.stop(None)
+        if service is not None:
+            service.stop()
 
 
 def test_worker_killed_mid_write_recovers(tmp_path):
     data_dir = tmp_path / "data"
     master_port = _free_port()
-    fake, master = _start_master(master_port)
+    heard: list[Heard] = []
+    service = _serve_master(_master_config(tmp_path), master_port, heard)
+    master = service.master
     worker = WorkerProcess(tmp_path, data_dir, master_port, "w1")
     try:
         worker.wait_ready()
-        info = common_pb2.WorkerInfo(address=fake.registrations[0].address)
-        block_client.write_block(info, 0x11, b"kept" * 1000, token=_wtoken(0x11))
+        info = common_pb2.WorkerInfo(address=heard[-1].registrations[0].address)
+        _, kept = _allocate(master, b"kept", 4000)
+        block_client.write_block(info, kept.block_id, b"kept" * 1000, token=kept.block_token,
+                                 security=NO_SECURITY)
 
         # A write that stalls after its first message: the staging file exists.
+        _, torn = _allocate(master, b"torn", 4 * MIB)
         release = threading.Event()
 
         def stalled():
-            yield wire.encode_write_request(b"p" * MIB, block_id=0x12, expected_length=4 * MIB,
-                                            token=_wtoken(0x12))
+            yield wire.encode_write_request(b"p" * MIB, block_id=torn.block_id,
+                                            expected_length=4 * MIB, token=torn.block_token)
             release.wait(20)
 
-        call = block_client._calls(info.address).write.future(stalled(), timeout=20)
+        calls = block_client._calls(info.address, NO_SECURITY)
+        call = calls.write.future(stalled(), timeout=20)
         wait_until(lambda: os.listdir(data_dir / "staging"), 10, "a staging file")
         worker.proc.kill()
         worker.proc.wait(10)
@@ -776,15 +823,16 @@ def test_worker_killed_mid_write_recovers(tmp_path):
         worker = WorkerProcess(tmp_path, data_dir, master_port, "w2")
         worker.wait_ready()
         assert os.listdir(data_dir / "staging") == []
-        assert set(fake.reports[-1][1]) == {0x11}
-        assert fake.registrations[-1].uuid == fake.registrations[0].uuid
+        assert set(heard[-1].reports[-1].block_ids) == {kept.block_id}
+        registrations = heard[-1].registrations
+        assert registrations[-1].uuid == registrations[0].uuid
         worker.proc.send_signal(signal.SIGTERM)
         assert worker.proc.wait(10) == 0
         assert "Traceback" not in worker.log()
     finally:
         worker.close()
         block_client.close_channels()
-        master.stop(None)
+        service.stop()
 
 
 def test_bad_flags_and_config_exit_2(tmp_path):

@@ -48,7 +48,7 @@ def _uint64_field(number: int, value: int) -> bytes:
 def worker(make_cluster, tmp_path):
     c = make_cluster(workers=1, mounts=0)
     data_dir = os.path.join(c.base, "worker", "0", "data")
-    channel = make_channel(c._proc("worker", 0).address)
+    channel = make_channel(c._proc("worker", 0).address, c.security)
     yield c, data_dir, channel
     channel.close()
 
@@ -234,7 +234,7 @@ def test_malformed_and_oversized_messages_are_refused(worker):
     assert not os.path.exists(os.path.join(data_dir, "blocks", "63", f"{99:016x}.blk"))
     _assert_alive(c, stub)
     # the master refuses unparsable requests the same way (unary and in a Calls stream)
-    with make_channel(c.master_addr) as master:
+    with make_channel(c.master_addr, c.security) as master:
         for method in ("Create", "GetAttr", "RegisterWorker"):
             call = master.unary_unary(f"/curvine.Master/{method}",
                                       request_serializer=lambda b: b,

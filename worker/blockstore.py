@@ -14,7 +14,8 @@ files are scanned into an in-memory index that feeds the full block report.
 
 Short-circuit writes: a client on this host writes a block's staging file itself
 (flock'ed while it writes) and asks the worker to ``adopt`` it, which checks the name,
-type, link count and length and renames it into place like a finished write.  Client
+type, link count and length and puts it into place like a finished write (one
+finalisation for both: ``BlockStore._put_in_place``).  Client
 staging files whose writer is gone (the flock is free) are swept periodically.
 
 Private: every directory of a data dir is 0700 and every file the worker creates is
@@ -317,17 +318,51 @@ class BlockStore:
                 self._used -= writer.length
         writer._reserved_left = 0
 
-    def _publish(self, writer: "BlockWriter", mtime_ns: int) -> None:
-        """Index a block that was just renamed into place (replacing an older copy)."""
+    # -- finalisation: a staging file becomes a block ------------------------------------
+
+    def _put_in_place(self, block_id: int, di: int, staging: str, fd: int, length: int,
+                      checked: os.stat_result | None = None) -> None:
+        """The one finalisation, of the worker's own writes (``BlockWriter.finish``) and
+        of a client's (``adopt``): fsync the staging file (if configured), rename it to
+        its block path in data dir ``di``, fsync that dir, index the block (replacing
+        an older copy).  ``used`` counts ``length`` already; on failure nothing is
+        indexed and the caller gives it back.  ``checked``: the identity adopt checked
+        through ``fd``, which the file renamed must still have (else INVALID, and what
+        was swapped in is removed).  Disk errors are raised as OSError."""
+        final = block_path(self.data_dirs[di], block_id)
+        if self.fsync:
+            os.fsync(fd)
+        mtime_ns = os.fstat(fd).st_mtime_ns
+        try:
+            os.replace(staging, final)
+        except FileNotFoundError:
+            if not os.path.exists(staging):
+                raise
+            # The block subdir vanished (someone cleaned up by hand): recreate it.
+            private_files.make_dir(os.path.dirname(final))
+            os.replace(staging, final)
+        if self.fsync:
+            private_files.fsync_dir(os.path.dirname(final))
+        if checked is not None:
+            try:
+                _check_same_file(final, checked, staging)
+            except CurvineError:
+                # the rename replaced an older copy in this dir: that one is gone too
+                with self._lock:
+                    old = self._blocks.get(block_id)
+                    if old is not None and old.dir_index == di:
+                        del self._blocks[block_id]
+                        self._used -= old.size
+                raise
         stale = None
         with self._lock:
-            old = self._blocks.get(writer.block_id)
+            old = self._blocks.get(block_id)
             if old is not None:
                 self._used -= old.size
-                if old.dir_index != writer.dir_index:
-                    stale = block_path(self.data_dirs[old.dir_index], writer.block_id)
-            self._blocks[writer.block_id] = BlockEntry(writer.dir_index, writer.length, mtime_ns)
-            self._note_added(writer.block_id)
+                if old.dir_index != di:
+                    stale = block_path(self.data_dirs[old.dir_index], block_id)
+            self._blocks[block_id] = BlockEntry(di, length, mtime_ns)
+            self._note_added(block_id)
         if stale:
             _unlink(stale)
 
@@ -342,20 +377,7 @@ class BlockStore:
         file is NOT_FOUND.  The client's ``checksum`` is recorded, not recomputed.
         Returns (length, checksum)."""
         block_id = check_block_id(block_id)
-        if not isinstance(path, str) or not os.path.isabs(path):
-            raise invalid("path", f"{path!r} is not an absolute path")
-        parent, name = os.path.split(path)
-        m = CLIENT_STAGING_NAME.fullmatch(name)
-        if m is None or int(m.group(1), 16) != block_id:
-            raise invalid("path", f"{path} is not a client staging file of block "
-                                  f"{block_id:016x}")
-        parent = os.path.normpath(parent)
-        for di, d in enumerate(self.data_dirs):
-            if parent == os.path.join(d, "staging"):
-                break
-        else:
-            raise invalid("path", f"{path} is not in the staging area of this worker's "
-                                  f"data dirs")
+        di = self._client_staging_dir(block_id, path)
         if length < 0:
             raise invalid("length", "must not be negative")
         try:
@@ -368,46 +390,21 @@ class BlockStore:
                 raise invalid("path", f"{path} is a symbolic link") from None
             raise _disk_error(e, path) from None
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise invalid("path", f"{path} is not a regular file")
-            if st.st_nlink != 1:
-                raise invalid("path", f"{path} has {st.st_nlink} links")
-            if st.st_size != length:
-                raise invalid("length", f"{path} holds {st.st_size} bytes, not {length}")
-            self._make_private(fd, st, path)
+            st = self._check_client_file(fd, path, length)
             with self._lock:
-                if self._used + self._reserved + length > self.capacity:
-                    full = True
-                else:
-                    full = False
+                full = self._used + self._reserved + length > self.capacity
+                if not full:
                     self._used += length
             if full:
                 _unlink(path)
                 raise CurvineError(ErrorKind.NO_SPACE,
                                    f"worker full: {self._used} of {self.capacity} bytes "
                                    f"used, {length} more requested")
-            final = block_path(self.data_dirs[di], block_id)
             try:
-                if self.fsync:
-                    os.fsync(fd)
-                try:
-                    os.replace(path, final)
-                except FileNotFoundError:
-                    if not os.path.exists(path):
-                        raise
-                    private_files.make_dir(os.path.dirname(final))
-                    os.replace(path, final)
-                if self.fsync:
-                    private_files.fsync_dir(os.path.dirname(final))
-                _check_same_file(final, st, path)
+                self._put_in_place(block_id, di, path, fd, length, checked=st)
             except CurvineError:  # the staging file was swapped: final is gone
                 with self._lock:
                     self._used -= length
-                    old = self._blocks.get(block_id)
-                    if old is not None and old.dir_index == di:
-                        del self._blocks[block_id]
-                        self._used -= old.size
                 raise
             except OSError as e:
                 with self._lock:
@@ -415,21 +412,40 @@ class BlockStore:
                 if e.errno == errno.ENOENT:
                     raise CurvineError(ErrorKind.NOT_FOUND,
                                        f"staging file {path} vanished") from None
-                raise _disk_error(e, final) from None
+                raise _disk_error(e, block_path(self.data_dirs[di], block_id)) from None
         finally:
             os.close(fd)
-        stale = None
-        with self._lock:
-            old = self._blocks.get(block_id)
-            if old is not None:
-                self._used -= old.size
-                if old.dir_index != di:
-                    stale = block_path(self.data_dirs[old.dir_index], block_id)
-            self._blocks[block_id] = BlockEntry(di, length, st.st_mtime_ns)
-            self._note_added(block_id)
-        if stale:
-            _unlink(stale)
         return length, checksum
+
+    def _client_staging_dir(self, block_id: int, path) -> int:
+        """The data dir whose staging area holds ``path``, a client staging file of
+        ``block_id`` by its name (INVALID otherwise)."""
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise invalid("path", f"{path!r} is not an absolute path")
+        parent, name = os.path.split(path)
+        m = CLIENT_STAGING_NAME.fullmatch(name)
+        if m is None or int(m.group(1), 16) != block_id:
+            raise invalid("path", f"{path} is not a client staging file of block "
+                                  f"{block_id:016x}")
+        parent = os.path.normpath(parent)
+        for di, d in enumerate(self.data_dirs):
+            if parent == os.path.join(d, "staging"):
+                return di
+        raise invalid("path", f"{path} is not in the staging area of this worker's "
+                              f"data dirs")
+
+    def _check_client_file(self, fd: int, path: str, length: int) -> os.stat_result:
+        """What adopt checks of the file it opened (INVALID if it fails): a regular
+        file with one link and ``length`` bytes; it is made private like a block."""
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise invalid("path", f"{path} is not a regular file")
+        if st.st_nlink != 1:
+            raise invalid("path", f"{path} has {st.st_nlink} links")
+        if st.st_size != length:
+            raise invalid("length", f"{path} holds {st.st_size} bytes, not {length}")
+        self._make_private(fd, st, path)
+        return st
 
     def _make_private(self, fd: int, st: os.stat_result, path: str) -> None:
         """An adopted file becomes 0600 like the worker's own blocks, whatever mode
@@ -601,27 +617,16 @@ class BlockWriter:
                 f"checksum: block {self.block_id:016x} arrived with crc32 {self.crc:08x}, "
                 f"the client sent {checksum:08x}")
         store = self.store
-        final = block_path(store.data_dirs[self.dir_index], self.block_id)
         try:
-            if store.fsync:
-                os.fsync(self._fd)
-            mtime_ns = os.fstat(self._fd).st_mtime_ns
-            os.close(self._fd)
-            self._fd = None
-            try:
-                os.replace(self.staging_path, final)
-            except FileNotFoundError:
-                # The block subdir vanished (someone cleaned up by hand): recreate it.
-                private_files.make_dir(os.path.dirname(final))
-                os.replace(self.staging_path, final)
-            if store.fsync:
-                private_files.fsync_dir(os.path.dirname(final))
+            store._put_in_place(self.block_id, self.dir_index, self.staging_path, self._fd,
+                                self.length)
         except OSError as e:
             self.abort()
-            raise _disk_error(e, final) from None
+            raise _disk_error(e, block_path(store.data_dirs[self.dir_index],
+                                            self.block_id)) from None
         self._done = True
+        self._close_fd()
         store._release(self, drop_written=False)
-        store._publish(self, mtime_ns)
         return self.length, self.crc
 
     def abort(self) -> None:
@@ -629,14 +634,17 @@ class BlockWriter:
         if self._done:
             return
         self._done = True
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
+        self._close_fd()
         _unlink(self.staging_path)
         self.store._release(self, drop_written=True)
+
+    def _close_fd(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def __enter__(self) -> "BlockWriter":
         return self

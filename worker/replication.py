@@ -2,11 +2,11 @@
 
 The master hands ``ReplicateCommand``s in heartbeat replies ("copy block B, L bytes,
 crc32 C, from one of these workers"); a small pool copies each over the ordinary
-worker RPCs (a streamed ReadBlock from a source, written into this worker's store
-like any block: staging file, crc32, rename), checks length and checksum, and the
-outcome goes back in the next heartbeat (``take_outcomes``).  A source that fails is
-replaced by the next one; a copy that fails on every source is reported failed and
-the master plans it again later.
+worker RPCs (a streamed ReadBlock from a source, sending this worker's client token,
+written into this worker's store like any block: staging file, crc32, rename), checks
+length and checksum, and the outcome goes back in the next heartbeat
+(``take_outcomes``).  A source that fails is replaced by the next one; a copy that
+fails on every source is reported failed and the master plans it again later.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from curvine.client import block_client
 from curvine.common import block_tokens
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.blocks import check_block_id
+from curvine.common.security import Security
 from curvine.proto import master_pb2
 
 from .blockstore import BlockStore
@@ -33,9 +34,10 @@ class BlockCopier:
     """``block_key()`` is this worker's block token key (from its registration): the
     copier signs its own read token for the source worker."""
 
-    def __init__(self, store: BlockStore, timeout: float = 60.0,
+    def __init__(self, store: BlockStore, security: Security, timeout: float = 60.0,
                  block_key: Callable[[], bytes | None] = lambda: b""):
         self.store = store
+        self.security = security
         self.timeout = timeout
         self.block_key = block_key
         self._lock = threading.Lock()
@@ -106,7 +108,7 @@ class BlockCopier:
         key = self.block_key()
         token = block_tokens.mint(key, block_id, block_tokens.READ) if key else b""
         with block_client.BlockReader(src, block_id, 0, length, timeout=self.timeout,
-                                      token=token) as reader:
+                                      token=token, security=self.security) as reader:
             with self.store.begin_write(block_id, length) as writer:
                 for chunk in reader:
                     writer.append(chunk)

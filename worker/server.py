@@ -26,14 +26,15 @@ import uuid
 
 from prometheus_client.core import GaugeMetricFamily
 
-from curvine.common import auth, block_tokens, tls
+from curvine.common import auth, block_tokens
 from curvine.common import config as config_mod
 from curvine.common import daemon, private_files
 from curvine.common import log as log_mod
 from curvine.common import metrics
-from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.errors import ConfigError, CurvineError, ErrorKind
 from curvine.common.ids import host_id
 from curvine.common.rpc import RpcClient, bind, make_server
+from curvine.common.security import CLIENT, WORKER, Security
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
 from curvine.common.blocks import MAX_BLOCK_ID
@@ -174,8 +175,9 @@ class MasterLink:
     """
 
     def __init__(self, cfg: config_mod.Config, store: BlockStore, servicer: WorkerServicer,
-                 address: str, stop: threading.Event):
+                 address: str, stop: threading.Event, security: Security):
         self.cfg = cfg
+        self.security = security  # this worker's; its calls to the master go as_worker()
         self.store = store
         self.servicer = servicer
         self.address = address
@@ -189,7 +191,7 @@ class MasterLink:
         self.interval = max(float(cfg.worker.heartbeat_interval), 0.01)
         self.rpc = self._make_rpc()
         # copies of other workers' blocks the master asks for (re-replication)
-        self.copier = BlockCopier(store, timeout=float(cfg.cluster.rpc_timeout),
+        self.copier = BlockCopier(store, security, timeout=float(cfg.cluster.rpc_timeout),
                                   block_key=lambda: servicer.block_key)
         self._registered = False
         self._master_down = False
@@ -217,7 +219,8 @@ class MasterLink:
 
     def _make_rpc(self) -> RpcClient:
         return RpcClient(self.master_addr, master_pb2_grpc.MasterStub,
-                         timeout=float(self.cfg.cluster.rpc_timeout), token=auth.worker_token)
+                         security=self.security.as_worker(),
+                         timeout=float(self.cfg.cluster.rpc_timeout))
 
     def _call(self, method: str, request):
         # wait=0: no retries inside RpcClient; this loop retries at its own pace.
@@ -377,7 +380,7 @@ def tune_malloc() -> None:
         pass  # not glibc: nothing to tune
 
 
-def run(cfg: config_mod.Config, stop: threading.Event) -> int:
+def run(cfg: config_mod.Config, stop: threading.Event, security: Security) -> int:
     wc = cfg.worker
     try:
         store = BlockStore(wc.data_dirs, capacity=int(wc.capacity))
@@ -393,10 +396,10 @@ def run(cfg: config_mod.Config, stop: threading.Event) -> int:
                               max_streams=stream_limit(wc.rpc_threads))
     # clients (mounts, the client library) and the other daemons (the master's deletes,
     # other workers' re-replication copies) call the worker
-    server = make_server(wc.rpc_threads, tokens=(auth.client_token(), auth.worker_token()))
+    server = make_server(wc.rpc_threads, security=security, accept=(CLIENT, WORKER))
     add_to_server(servicer, server)
     try:
-        port = bind(server, wc.host, wc.port)
+        port = bind(server, wc.host, wc.port, security)
     except CurvineError as e:
         log.error("%s", e)
         return 1
@@ -405,7 +408,7 @@ def run(cfg: config_mod.Config, stop: threading.Event) -> int:
     log.info("worker listening on %s:%d, registering with master %s", wc.host, port,
              config_mod.master_worker_addr(cfg))
     try:
-        link = MasterLink(cfg, store, servicer, address, stop)
+        link = MasterLink(cfg, store, servicer, address, stop, security)
     except (CurvineError, OSError) as e:
         log.error("cannot start: %s", e)
         server.stop(None)
@@ -437,16 +440,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = load_config(args)
-        auth.configure(cfg, role="worker")  # the tokens are never logged
-        tls.check_can_serve()  # before the data dirs are touched
-    except (config_mod.ConfigError, auth.TokenError) as e:
+        security = Security.load(cfg, role="worker")  # the tokens are never logged
+        security.check_can_serve()  # before the data dirs are touched
+    except (ConfigError, auth.TokenError) as e:
         log_mod.setup("INFO", "curvine-worker")
         log.error("%s", e)
         return 2
     log_mod.setup(cfg.log.level, "curvine-worker")
     tune_malloc()
     stop = daemon.stop_event()
-    return run(cfg, stop)
+    return run(cfg, stop, security)
 
 
 if __name__ == "__main__":

@@ -421,7 +421,8 @@ class FillBench:
             t0 = time.perf_counter()
             mount_a, mount_b = cluster.up()
             out["cluster_up_s"] = round(time.perf_counter() - t0, 1)
-            mc = MasterClient(cluster.master_addr, timeout=10.0, wait=10.0)
+            mc = MasterClient(cluster.master_addr, timeout=10.0, wait=10.0,
+                              security=cluster.security)
             st = mc.capacity_status()
             high, low = st.high, st.low
             out.update(pool=st.capacity, high=high, low=low,

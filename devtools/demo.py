@@ -21,8 +21,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from curvine.cli import argtypes
 
-from . import argtypes
 from .local import LocalCluster, mounted_paths
 
 MODEL = "Qwen2.5-7B"

@@ -6,6 +6,8 @@ integration tests use.  Everything lives under one base directory::
     BASE/cluster.json          state: ports, pids, argv and env extras of every process
     BASE/conf.toml             copy of the user's --conf (if given)
     BASE/conf/<role>-<i>.toml  config handed to each daemon (user conf + its own HTTP port)
+    BASE/conf/client.toml      config for the other curvine commands (`--base BASE`, or
+                               CURVINE_CONF): master address, token, TLS keys
     BASE/token                 the cluster token every RPC carries (mode 0600; see --no-token)
     BASE/tls/                  with --tls: ca.pem and node.pem/node.key (made by openssl)
     BASE/master/meta           master LMDB
@@ -31,6 +33,7 @@ import json
 import os
 import secrets
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -40,13 +43,15 @@ import threading
 import time
 from typing import Any
 
-from curvine.common import auth, tls
+from curvine.cli import argtypes
+from curvine.common import auth
 from curvine.common import config as _config
+from curvine.common.errors import ConfigError
+from curvine.common.security import NO_SECURITY, Security
 from curvine.common.mounts import mount_table
 
-from . import argtypes
-
 STATE_FILE = "cluster.json"
+CLIENT_CONF = os.path.join("conf", "client.toml")
 STATE_VERSION = 1
 ROLES = ("master", "worker", "fuse")
 LOG_TAIL_LINES = 30
@@ -112,15 +117,21 @@ def free_ports(n: int, host: str = HOST) -> list[int]:
             s.close()
 
 
-def proc_start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot, or None if it is gone or a zombie."""
+def proc_stat(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name (the state first), or None
+    if ``pid`` is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
     # comm (field 2) may contain spaces and parentheses: split after the last ')'.
-    fields = data[data.rfind(b")") + 2:].split()
+    return data[data.rfind(b")") + 2:].split()
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot, or None if it is gone or a zombie."""
+    fields = proc_stat(pid)
     if not fields or fields[0] in (b"Z", b"X"):
         return None
     return int(fields[19])  # field 22 overall
@@ -262,6 +273,11 @@ class _Proc:
     def name(self) -> str:
         return f"{self.role} {self.index}"
 
+    @property
+    def metrics_url(self) -> str | None:
+        # every daemon serves /metrics on HOST at its http_port (common/metrics.py)
+        return f"http://{HOST}:{self.http_port}/metrics" if self.http_port else None
+
     def alive(self) -> bool:
         return pid_alive(self.pid, self.start_time)
 
@@ -299,6 +315,7 @@ class LocalCluster:
         # (unless the config sets security.tls_ca); the TLS keys every daemon got
         self.tls = tls
         self.tls_keys: dict[str, Any] = {}
+        self.security: Security = NO_SECURITY  # what clients of this cluster pass (_load_security)
         if short_circuit is not None and len(short_circuit) != mounts:
             raise ClusterError(f"short_circuit has {len(short_circuit)} entries for {mounts} mounts")
         self.base = os.path.realpath(base)
@@ -324,6 +341,12 @@ class LocalCluster:
     @property
     def state_path(self) -> str:
         return self._path(STATE_FILE)
+
+    @property
+    def client_conf(self) -> str:
+        """The config of a client of this cluster: its master, the cluster token and
+        the TLS keys (what `curvine local up` prints as CURVINE_CONF)."""
+        return self._path(CLIENT_CONF)
 
     def log_path(self, role: str, index: int = 0) -> str:
         self._check_role(role)
@@ -381,12 +404,26 @@ class LocalCluster:
         return state
 
     @classmethod
-    def attach(cls, base: str) -> "LocalCluster":
-        """The cluster recorded in ``base/cluster.json`` (for `curvine local down/status`)."""
-        base = os.path.realpath(base)
+    def _recorded_state(cls, base: str) -> dict:
+        """The state file of ``base``; ClusterError when no cluster was started there."""
         state = cls._read_state(base)
         if state is None:
             raise ClusterError(f"no cluster in {base} ({STATE_FILE} not found)")
+        return state
+
+    @classmethod
+    def client_conf_of(cls, base: str) -> str:
+        """The client config of the cluster started in ``base`` (``--base`` of the
+        other curvine commands)."""
+        base = os.path.realpath(base)
+        cls._recorded_state(base)
+        return os.path.join(base, CLIENT_CONF)
+
+    @classmethod
+    def attach(cls, base: str) -> "LocalCluster":
+        """The cluster recorded in ``base/cluster.json`` (for `curvine local down/status`)."""
+        base = os.path.realpath(base)
+        state = cls._recorded_state(base)
         try:
             c = cls(base, workers=int(state["workers"]), mounts=int(state["mounts"]),
                     conf=state.get("conf"), short_circuit=state.get("short_circuit"),
@@ -398,8 +435,7 @@ class LocalCluster:
             c.tls_keys = dict(state.get("tls") or {})
             c.tls = bool(c.tls_keys.get("tls_ca"))
             with contextlib.suppress(ClusterError):  # `down` works without them
-                c._use_token()
-                c._use_tls()
+                c._load_security()
             for rec in state["procs"]:
                 p = _Proc(**rec)
                 c._procs[(p.role, p.index)] = p
@@ -425,16 +461,15 @@ class LocalCluster:
 
     # ----------------------------------------------------------------- queries
     def status(self) -> list[dict]:
-        """One dict per process: role, index, pid, alive, address, mount, log."""
+        """One dict per process: role, index, pid, alive, address, mount, metrics (the
+        URL of its /metrics), log."""
         if not self._procs:
-            state = self._read_state(self.base)
-            if state is None:
-                raise ClusterError(f"no cluster in {self.base} ({STATE_FILE} not found)")
-            procs = [_Proc(**rec) for rec in state["procs"]]
+            procs = [_Proc(**rec) for rec in self._recorded_state(self.base)["procs"]]
         else:
             procs = list(self._procs.values())
         return [{"role": p.role, "index": p.index, "pid": p.pid, "alive": p.alive(),
-                 "address": p.address, "mount": p.mount, "log": p.log} for p in procs]
+                 "address": p.address, "mount": p.mount, "metrics": p.metrics_url,
+                 "log": p.log} for p in procs]
 
     def pids(self) -> list[int]:
         """Pids of the processes of this cluster that are alive now."""
@@ -514,7 +549,7 @@ class LocalCluster:
         """Pick ports and build every daemon's argv and config file."""
         try:
             cfg = _config.load(self.conf) if self.conf else _config.Config()
-        except _config.ConfigError as e:
+        except ConfigError as e:
             raise ClusterError(f"bad config: {e}") from None
         if self.replicas:
             cfg.cluster = dataclasses.replace(cfg.cluster, replicas=self.replicas)
@@ -534,13 +569,12 @@ class LocalCluster:
             wtoken = self._path(auth.WORKER_TOKEN_FILE_NAME)
             auth.write_token_file(wtoken)
             cfg.security = dataclasses.replace(cfg.security, worker_token_file=wtoken)
-        self._use_token()
         if self.tls and not cfg.security.tls_ca:
             cfg.security = dataclasses.replace(cfg.security, tls_client_auth=True,
                                                **make_tls_files(self._path("tls")))
         self.tls_keys = {f.name: getattr(cfg.security, f.name)
                          for f in dataclasses.fields(cfg.security) if f.name.startswith("tls_")}
-        self._use_tls()
+        self._load_security()
         n = 1 + self.n_workers
         ports = free_ports(2 * n + self.n_mounts + 1)
         grpc_ports, http_ports, worker_port = ports[:n], ports[n:-1], ports[-1]
@@ -549,13 +583,17 @@ class LocalCluster:
         cfg.master = dataclasses.replace(cfg.master, worker_port=worker_port)
         self._procs.clear()
 
-        def conf_file(role: str, index: int, **section_values) -> str:
-            # The flags below win anyway; the file repeats them so that it reads as the
-            # daemon's whole effective configuration.
+        def seen_by(role: str) -> _config.Config:
             c = dataclasses.replace(cfg, cluster=dataclasses.replace(
                 cfg.cluster, master_addr=self.master_addr))
             if role not in ("master", "worker"):  # clients never hold the worker token
                 c.security = dataclasses.replace(cfg.security, worker_token_file="")
+            return c
+
+        def conf_file(role: str, index: int, **section_values) -> str:
+            # The flags below win anyway; the file repeats them so that it reads as the
+            # daemon's whole effective configuration.
+            c = seen_by(role)
             short_circuit = section_values.pop("short_circuit", None)
             if short_circuit is not None:
                 c.client = dataclasses.replace(cfg.client, short_circuit=short_circuit)
@@ -586,6 +624,8 @@ class LocalCluster:
         cfg.client = dataclasses.replace(cfg.client, short_circuit_dirs=list(
             cfg.client.short_circuit_dirs) or [self._path("worker", str(j), "data")
                                                for j in range(self.n_workers)])
+        # The other curvine commands (fs, report) reach this cluster with it.
+        _write_atomic(self.client_conf, _config.to_toml(seen_by("client")).encode())
         for i, mnt in enumerate(self.mounts):
             http = http_ports[n + i]
             fconf = conf_file("fuse", i, mountpoint=mnt, http_port=http,
@@ -595,23 +635,17 @@ class LocalCluster:
                 argv.append("--no-short-circuit")
             self._add("fuse", i, argv, mount=mnt, http_port=http)
 
-    def _use_token(self) -> None:
-        """Clients of this process (tests, `curvine local`) send the cluster's token."""
-        if self.token_file:
-            try:
-                auth.set_client_token(auth.read_token_file(self.token_file))
-            except auth.TokenError as e:
-                raise ClusterError(str(e)) from None
-
-    def _use_tls(self) -> None:
-        """Channels of this process (tests, the demo) use the cluster's TLS keys (the
-        daemons' certificate); plaintext for a cluster without TLS."""
+    def _load_security(self) -> None:
+        """``self.security``: what clients of this cluster (tests, `curvine local`, the
+        demo) pass to their channels: its client token and TLS keys (the daemons'
+        certificate); NO_SECURITY for an open cluster over plaintext."""
         cfg = _config.Config()
         try:
-            cfg.security = dataclasses.replace(cfg.security, **self.tls_keys)
-            tls.configure(cfg)
-        except (TypeError, _config.ConfigError) as e:
-            raise ClusterError(f"TLS of {self.base}: {e}") from None
+            cfg.security = dataclasses.replace(cfg.security, token_file=self.token_file,
+                                               **self.tls_keys)
+            self.security = Security.load(cfg)
+        except (TypeError, ConfigError, auth.TokenError) as e:
+            raise ClusterError(f"credentials of {self.base}: {e}") from None
 
     def _add(self, role: str, index: int, args: list[str], **kw) -> None:
         self._procs[(role, index)] = _Proc(role=role, index=index,
@@ -800,11 +834,12 @@ class LocalCluster:
             try:
                 with open(f"/proc/{name}/cmdline", "rb") as f:
                     args = f.read().split(b"\0")
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    zombie = f.read().rsplit(b")", 1)[-1].split()[0] == b"Z"
             except OSError:
                 continue
-            if zombie:
+            fields = proc_stat(int(name))
+            if not fields:
+                continue
+            if fields[0] == b"Z":
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(int(name), os.WNOHANG)  # ours: reap it
                 continue
@@ -846,7 +881,8 @@ def register(subparsers) -> None:
                                           "in the background, all under one directory.")
     sub = p.add_subparsers(dest="local_cmd", metavar="{up,down,status}", required=True)
 
-    up = sub.add_parser("up", help="start a cluster and print its mount paths")
+    up = sub.add_parser("up", help="start a cluster and print its mount paths (and, on "
+                                   "stderr, the CURVINE_CONF to use with the other commands)")
     up.add_argument("--base", required=True, help="directory for state, data, logs and mounts")
     up.add_argument("--workers", type=argtypes.non_negative, default=2, metavar="N",
                     help="number of workers (default 2)")
@@ -878,7 +914,8 @@ def register(subparsers) -> None:
                       help="SIGKILL what is still running after this long (default 30)")
     down.set_defaults(func=_cmd_down, _parser=down)
 
-    st = sub.add_parser("status", help="list the processes of a cluster")
+    st = sub.add_parser("status", help="list the processes of a cluster, their "
+                                      "addresses, mounts and metrics URLs")
     st.add_argument("--base", required=True)
     st.add_argument("--json", action="store_true", help="print JSON instead of a table")
     st.set_defaults(func=_cmd_status, _parser=st)
@@ -899,6 +936,10 @@ def _cmd_up(args, parser) -> int:
                            token=args.token, tls=args.tls)
     for m in cluster.up(timeout=args.timeout):
         print(m)
+    # stdout is the mount paths alone; how to reach the cluster goes to stderr
+    print(f"curvine local: the other curvine commands reach this cluster with "
+          f"--base {shlex.quote(cluster.base)}, or after:\n"
+          f"export CURVINE_CONF={shlex.quote(cluster.client_conf)}", file=sys.stderr)
     return 0
 
 
@@ -924,11 +965,11 @@ def _cmd_status(args, parser) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = [("ROLE", "INDEX", "PID", "STATE", "ADDRESS", "MOUNT")]
+    table = [("ROLE", "INDEX", "PID", "STATE", "ADDRESS", "MOUNT", "METRICS")]
     for r in rows:
         table.append((r["role"], str(r["index"]), str(r["pid"] or "-"),
                       "running" if r["alive"] else "dead", r["address"] or "-",
-                      r["mount"] or "-"))
+                      r["mount"] or "-", r["metrics"] or "-"))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

@@ -42,11 +42,11 @@ import threading
 import time
 from typing import Callable
 
+from curvine.cli import argtypes
 from curvine.common.mounts import mount_table
 
-from . import argtypes
 from .demo import SEED, chunk_data, chunk_keys, format_table, get_chunk, put_chunk
-from .local import ClusterError, LocalCluster, mounted_paths
+from .local import ClusterError, LocalCluster, mounted_paths, proc_stat
 
 MiB = 1 << 20
 WORKLOADS = ("kv", "prompt", "meta", "memory", "fill")
@@ -369,12 +369,9 @@ class RssSampler:
 
 def _cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of ``pid`` so far (None if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
+    fields = proc_stat(pid)
+    if fields is None:
         return None
-    fields = data[data.rfind(b")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 

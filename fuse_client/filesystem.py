@@ -1,0 +1,599 @@
+"""The file system rules of a mount: names and attributes, open handles and their
+versions, publish on close.
+
+Master inode numbers are the FUSE inode numbers (root = 1).  Every master call made
+here, and the CompleteFile of every writer, goes through :class:`~.calls.Calls`;
+other blocking work (workers, disks) runs in a thread through the mount's ``run``
+(one capacity limiter), so the trio loop never blocks.  Errors leave as
+``CurvineError`` (or plain values: a lookup miss is None); the adapter
+(operations.py) turns them into errnos.
+
+Publication follows DESIGN consistency rule 1: each open-for-write is its own
+version (direct_io, so the kernel page cache never merges two handles), published
+by CompleteFile at flush (close), fsync and release.  What a handle still owes is
+its writer's unpublished changes plus its :class:`State`, which only
+:class:`Handle`'s methods change.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import itertools
+import logging
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, NamedTuple
+
+from curvine.client.file_reader import FileReader
+from curvine.client.file_writer import FileWriter, LocalWorker
+from curvine.client.master_client import LISTDIR_PAGE, AccessReporter, MasterClient
+from curvine.common.config import Config
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.ids import MIB, check_name, host_id
+from curvine.common.metrics import FUSE_LOOKUP_ERROR, FUSE_LOOKUP_HIT, FUSE_LOOKUP_MISS
+from curvine.proto import common_pb2, master_pb2
+
+from .calls import Calls
+from .kernel_cache import KernelCache
+
+log = logging.getLogger(__name__)
+
+Inode = common_pb2.Inode
+DIRECTORY = common_pb2.DIRECTORY
+COMPLETE = common_pb2.COMPLETE
+
+VERSION_CACHE = 100_000  # inodes whose last opened version this mount remembers
+
+
+class Attributes(NamedTuple):
+    """What the kernel is told about an inode, and for how long it may keep it."""
+
+    inode: Inode
+    size: int
+    entry_timeout: float
+    attr_timeout: float
+    nlink: int | None = None  # None: the inode's own (0: gone, but still open here)
+
+
+class Opened(NamedTuple):
+    """A new file handle and how the kernel may cache its pages."""
+
+    fh: int
+    direct_io: bool
+    keep_cache: bool
+
+
+class State(enum.Enum):
+    """Where a handle stands in the publish rules (see :class:`Handle`)."""
+
+    READING = "reading"
+    NEW = "new"
+    CLOSED_EMPTY = "closed empty"
+    WRITING = "writing"
+    GONE = "gone"
+
+
+@dataclass(eq=False)
+class Handle:
+    """One open file: its version (a reader of a published one, or a writer of its
+    own), the inode as of open (or its last publish), and its publish state:
+
+    - READING: a reader; nothing to publish.
+    - NEW: a file this handle created that nobody has published: it reads as empty
+      on every mount already, so a close without writes publishes nothing.
+    - CLOSED_EMPTY: NEW and closed (flushed) without data: release publishes the
+      empty version afterwards (if_unpublished: unless some writer published first);
+      until then anyone may rename it (the rename guard), so `touch a; mv a b` works.
+    - WRITING: any other writer (of a file this handle did not create, or one it
+      has published): published at flush, fsync and release whenever it has changes.
+    - GONE: the inode left the namespace while written: its version was discarded.
+
+    A publish moves NEW, CLOSED_EMPTY and WRITING to WRITING, a flush without data
+    moves NEW to CLOSED_EMPTY, and a publish that finds no inode moves any writing
+    state to GONE.
+    """
+
+    fh: int
+    ino: int
+    state: State
+    reader: FileReader | None = None
+    writer: FileWriter | None = None
+    inode: Inode | None = None
+    tgid: int = 0  # the process that opened it (writers)
+    # (lease session, open id) this reader's open was recorded with at the master: the
+    # file is not evicted until release reports it closed
+    recorded_open: tuple[int, int] = (0, 0)
+
+    @property
+    def size(self) -> int:
+        return self.reader.size if self.reader is not None else self.writer.size
+
+    @property
+    def publish_due(self) -> bool:
+        """The writer has changes to publish."""
+        return self.writer is not None and self.writer.dirty
+
+    @property
+    def empty_publish_due(self) -> bool:
+        """At release: the empty version is still to publish (closed without data)."""
+        return self.state in (State.NEW, State.CLOSED_EMPTY) and not self.writer.dirty
+
+    def published(self, inode: Inode) -> None:
+        self.inode = inode
+        self.state = State.WRITING
+
+    def flushed(self) -> None:
+        """close(2) returned: a new file closed without data waits for release."""
+        if self.state is State.NEW and not self.writer.dirty:
+            self.state = State.CLOSED_EMPTY
+
+    def gone(self) -> None:
+        """The inode is gone: forget the unpublished version."""
+        self.writer.discard()
+        self.state = State.GONE
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.reader is not None:
+            self.reader.close()
+
+
+@dataclass
+class Listing:
+    """An open directory: the entries loaded from the master so far."""
+
+    ino: int
+    entries: list = field(default_factory=list)  # (name, Inode), in listing order
+    after: bytes = b""  # the last name loaded from the master
+    done: bool = False
+
+
+def _tgid(pid: int) -> int:
+    """The process (thread group) of a request's thread id."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return pid
+
+
+class FileSystem:
+    """The file system of one mount, called from the trio loop.
+
+    ``run(fn, *args)`` runs a blocking callable in a thread; ``access`` reports opens
+    for reading to the master (LRU eviction)."""
+
+    def __init__(self, cfg: Config, master: MasterClient, calls: Calls, kernel: KernelCache,
+                 access: AccessReporter, run: Callable[..., Awaitable]):
+        self.cfg = cfg
+        self.master = master
+        self.calls = calls
+        self.kernel = kernel
+        self._access = access
+        self._run = run
+        self.host = host_id()
+        self._fh = itertools.count(1)  # file and directory handles
+        self._handles: dict[int, Handle] = {}  # fh -> handle, until its release starts
+        # fh -> write handle, until its release is over (the rename guard reads them)
+        self._write_handles: dict[int, Handle] = {}
+        self._writers: dict[int, list[int]] = {}  # ino -> write handles, last used last
+        self._of_inode: dict[int, dict[int, Handle]] = {}  # ino -> its handles (fh -> handle)
+        self._dirs: dict[int, Listing] = {}
+        self._versions: OrderedDict[int, int] = OrderedDict()  # ino -> version last opened
+        self._block_size: int | None = None  # the master's, asked for at the first write
+        self._local_worker = LocalWorker(self.host)  # shared by this mount's writers
+        self._read_buf = bytearray(MIB)  # reads answered in the loop (read_cached)
+        # a writer's publish, from its thread: on the Calls route like every master call
+        self._complete = functools.partial(calls.from_thread, "complete")
+
+    # -- attributes -------------------------------------------------------------------
+
+    def attributes(self, inode: Inode, size: int | None = None,
+                   lease: float = 0.0) -> Attributes:
+        """``lease``: seconds the master leased the name (and a file's attributes) to
+        this mount, else the configured timeouts apply."""
+        if size is None:
+            size = inode.size
+            if inode.type != DIRECTORY and inode.state != COMPLETE:
+                # Nothing is published yet (readers see an empty file): show the size
+                # this mount is writing, as a local file system would.  Once a version
+                # is published its size is reported, never a writer's partial one, or
+                # a reader here would be cut short (consistency rule 1).
+                w = self.writer_of(inode.ino)
+                if w is not None:
+                    size = w.size
+        entry_timeout, attr_timeout = self.kernel.timeouts(
+            inode, lease, writing=bool(self._writers.get(inode.ino)))
+        return Attributes(inode, size, entry_timeout, attr_timeout)
+
+    def _open_snapshot(self, ino: int) -> Attributes | None:
+        """Attributes of an inode that is gone from the namespace but still open here:
+        its readers keep going (DESIGN consistency rule 4), and the kernel asks for
+        attributes before it reads past what it has cached."""
+        for h in self._of_inode.get(ino, {}).values():
+            if h.inode is not None:
+                return self.attributes(h.inode, h.size)._replace(nlink=0)
+        return None
+
+    # -- names ------------------------------------------------------------------------
+
+    async def lookup(self, parent: int, name: bytes) -> Attributes | None:
+        """The entry ``name`` of ``parent``; None when there is none."""
+        if name == b".":
+            inode = await self.calls.run("getattr_unleased", parent)
+            self.kernel.note_dirs(inode)
+        elif name == b"..":
+            inode = await self.calls.run("getattr_unleased", parent)
+            inode = await self.calls.run("getattr_unleased", inode.parent or parent)
+            self.kernel.note_dirs(inode)
+        else:
+            check_name(name)
+            # One RPC; a miss is a plain reply, not an error status (LMCache's miss path).
+            sent = time.monotonic()
+            try:
+                inode, lease_ms = await self.calls.run("lookup", parent, name)
+            except Exception:
+                FUSE_LOOKUP_ERROR.inc()
+                raise
+            if inode is None:
+                FUSE_LOOKUP_MISS.inc()
+                return None
+            FUSE_LOOKUP_HIT.inc()
+            self.kernel.note_dirs(inode)
+            return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
+        return self.attributes(inode)
+
+    async def getattr(self, ino: int) -> Attributes:
+        cached = self.kernel.cached_dir(ino)
+        if cached is not None:
+            node, left = cached
+            return self.attributes(node)._replace(attr_timeout=left)
+        try:
+            sent = time.monotonic()
+            node, lease_ms = await self.calls.run("getattr", ino)
+            self.kernel.note_dirs(node)
+            return self.attributes(node, lease=self.kernel.lease_ttl(lease_ms, sent))
+        except CurvineError as e:
+            attrs = self._open_snapshot(ino) if e.kind == ErrorKind.NOT_FOUND else None
+            if attrs is None:
+                raise
+            return attrs
+
+    async def setattr(self, ino: int, fh: int | None, *, size: int | None = None,
+                      mode: int | None = None, uid: int | None = None,
+                      gid: int | None = None, atime_ns: int | None = None,
+                      mtime_ns: int | None = None) -> Attributes:
+        """Change what is given (None: unchanged).  A size goes to the writer of the
+        handle ``fh`` (else the last-used one of ``ino`` here), if any."""
+        w = self.writer_of(ino, fh)
+        shown = None
+        changes = {}
+        if size is not None:
+            if w is not None:
+                await self._run(w.truncate, size)
+                shown = w.size
+            else:
+                changes["size"] = size
+        if mode is not None:
+            changes["mode"] = mode & 0o7777
+        if uid is not None:
+            changes["uid"] = uid
+        if gid is not None:
+            changes["gid"] = gid
+        if atime_ns is not None:
+            changes["atime_ns"] = atime_ns
+        if mtime_ns is not None:
+            changes["mtime_ns"] = mtime_ns
+            if w is not None:
+                w.mtime_ns = mtime_ns  # kept when the handle publishes
+        if changes:
+            node = await self.calls.run("setattr", ino, **changes)
+        else:
+            node = await self.calls.run("getattr_unleased", ino)
+        self.kernel.note_dirs(node)
+        return self.attributes(node, shown)
+
+    async def mkdir(self, parent: int, name: bytes, mode: int, uid: int,
+                    gid: int) -> Attributes:
+        check_name(name)
+        sent = time.monotonic()
+        inode, lease_ms, parent_node = await self.calls.run("mkdir", parent, name,
+                                                            mode & 0o7777, uid, gid)
+        self.kernel.note_dirs(inode, parent_node)
+        return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
+
+    async def rmdir(self, parent: int, name: bytes) -> None:
+        check_name(name)
+        self.kernel.note_dirs(await self.calls.run("rmdir", parent, name))
+
+    async def unlink(self, parent: int, name: bytes) -> None:
+        check_name(name)
+        self.kernel.note_dirs(await self.calls.run("unlink", parent, name))
+
+    async def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes,
+                     no_replace: bool, pid: int) -> None:
+        check_name(name)
+        check_name(new_name)
+        # Only the process writing a never-published file may move it (see
+        # RenameRequest.require_published, checked by the master with the rename): the
+        # files the caller writes here, and files closed here without data whose empty
+        # version release has yet to publish (so `touch a; mv a b` works at once).
+        mine = [h.ino for h in self._write_handles.values() if h.state is State.CLOSED_EMPTY]
+        if self._writers:
+            caller = await self._run(_tgid, pid)
+            mine += [h.ino for h in self._write_handles.values()
+                     if h.tgid == caller and h.fh in self._handles]
+        changed = await self.calls.run(
+            "rename", parent, name, new_parent, new_name, no_replace=no_replace,
+            require_published=True, writer_inos=mine)
+        self.kernel.note_dirs(*changed)
+
+    async def statfs(self) -> master_pb2.StatFsReply:
+        return await self.calls.run("statfs")
+
+    async def mknod(self, parent: int, name: bytes, mode: int, uid: int,
+                    gid: int) -> Attributes:
+        """An empty regular file, published at once."""
+        check_name(name)
+        inode, _, _ = await self.calls.run("create", parent, name, mode & 0o7777, uid, gid,
+                                           True)
+        inode = await self.calls.run("complete", inode.ino, [], 0)
+        return self.attributes(inode)
+
+    # -- files ------------------------------------------------------------------------
+
+    def handle(self, fh: int) -> Handle | None:
+        return self._handles.get(fh)
+
+    def writer_of(self, ino: int, fh: int | None = None) -> FileWriter | None:
+        """The write handle ``fh`` if given, else the last-used one of ``ino`` here."""
+        if fh is not None:
+            h = self._handles.get(fh)
+            if h is not None and h.writer is not None:
+                return h.writer
+        fhs = self._writers.get(ino)
+        # a handle being released is out of _handles while it publishes
+        h = self._handles.get(fhs[-1]) if fhs else None
+        return h.writer if h is not None else None
+
+    async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int,
+                     gid: int, pid: int) -> tuple[Opened, Attributes]:
+        check_name(name)
+        sent = time.monotonic()
+        inode, lease_ms, parent_node = await self.calls.run(
+            "create", parent, name, mode & 0o7777, uid, gid, bool(flags & os.O_EXCL))
+        self.kernel.note_dirs(parent_node)
+        # Normally a new, empty file.  If another client created the name meanwhile,
+        # O_CREAT without O_TRUNC opens its content.
+        empty = bool(flags & os.O_TRUNC) or inode.size == 0
+        # A never-published file (the usual case: we just created it) reads as empty
+        # on every mount already, so a close without writes needs no publish before it
+        # returns (release publishes the empty version for the rename guard).  A
+        # published one is replaced at close (rule 1: this handle's version).
+        unpublished = inode.state != COMPLETE
+        writer, tgid = await self._run(self._writer_and_tgid, inode.ino, empty,
+                                       not unpublished, pid)
+        h = self._add(inode.ino, State.NEW if unpublished else State.WRITING, writer=writer,
+                      inode=inode, tgid=tgid)
+        ttl = self.kernel.lease_ttl(lease_ms, sent)
+        attrs = self.attributes(inode, lease=ttl)
+        if ttl and unpublished:
+            # A new, empty file: the kernel may keep these attributes for the lease too.
+            # Its own writes here invalidate them as they go, the publish at close
+            # forgets them (KernelCache.forget_published), and an empty close changes
+            # none of them.
+            attrs = attrs._replace(attr_timeout=ttl)
+            self.kernel.lease_inode(inode.ino, ttl)
+        return Opened(h.fh, direct_io=True, keep_cache=False), attrs
+
+    async def open(self, ino: int, flags: int, pid: int) -> Opened:
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            node, reader, recorded = await self._run(self._new_reader, ino)
+            self._access.note(ino)
+            keep = node.state == COMPLETE and self._remember_version(ino, node.version)
+            h = self._add(ino, State.READING, reader=reader, inode=node, recorded_open=recorded)
+            if self._writers.get(ino):
+                # This mount also writes the inode: its O_TRUNC opens and direct
+                # writes set the kernel's file size, which would cut this reader's
+                # version short.  Without the page cache the size does not matter.
+                return Opened(h.fh, direct_io=True, keep_cache=False)
+            return Opened(h.fh, direct_io=False, keep_cache=keep)
+        truncate = bool(flags & os.O_TRUNC)
+        # an emptied file is published at close even without writes
+        writer = await self._run(self._new_writer, ino, truncate, truncate)
+        tgid = await self._run(_tgid, pid)
+        h = self._add(ino, State.WRITING, writer=writer, tgid=tgid)
+        return Opened(h.fh, direct_io=True, keep_cache=False)
+
+    async def read(self, h: Handle, off: int, size: int):
+        if h.writer is not None:
+            return await self._run(h.writer.read, off, size)
+        # Bytes of a local block already in the page cache: read here without blocking
+        # (RWF_NOWAIT) and without a thread hop.  pyfuse3 sends the reply before this
+        # loop runs anything else, so one buffer serves every such read.
+        data = h.reader.read_cached(off, size, self._read_buf)
+        if data is not None:
+            return data
+        return await self._run(h.reader.read, off, size)
+
+    async def write(self, h: Handle, off: int, buf: bytes) -> int:
+        # Queued for the writer's own thread (write-behind): answered at once, without
+        # a thread hop; an error surfaces at a later write or at close.
+        if h.writer.write_behind(off, buf):
+            n = len(buf)
+        else:
+            n = await self._run(h.writer.write, off, buf)
+        self._touch_writer(h)
+        return n
+
+    async def flush(self, h: Handle) -> None:
+        """close(2): publish before it returns (close-to-open)."""
+        await self._publish(h)
+        h.flushed()
+
+    async def fsync(self, h: Handle) -> None:
+        await self._publish(h)
+
+    async def release(self, fh: int) -> None:
+        h = self._handles.pop(fh, None)
+        if h is None:
+            return
+        try:
+            await self._publish(h)
+        finally:
+            handles = self._of_inode.get(h.ino)
+            if handles is not None:
+                handles.pop(fh, None)
+                if not handles:
+                    del self._of_inode[h.ino]
+            if h.writer is not None:
+                fhs = self._writers.get(h.ino, [])
+                if fh in fhs:
+                    fhs.remove(fh)
+                if not fhs:
+                    self._writers.pop(h.ino, None)
+            try:
+                if h.empty_publish_due:
+                    # with the creation's mtime: a close without writes changes no
+                    # attribute, so nobody's cached copy goes stale
+                    await self._publish_empty(h.ino, h.writer.mtime_ns or h.inode.mtime_ns)
+            finally:
+                self._write_handles.pop(fh, None)
+                await self._run(h.close)
+                self._access.closed(*h.recorded_open)
+
+    def _add(self, ino: int, state: State, **kwargs) -> Handle:
+        h = Handle(next(self._fh), ino, state, **kwargs)
+        self._handles[h.fh] = h
+        self._of_inode.setdefault(ino, {})[h.fh] = h
+        if h.writer is not None:
+            self._write_handles[h.fh] = h
+            self._touch_writer(h)
+        return h
+
+    def _touch_writer(self, h: Handle) -> None:
+        fhs = self._writers.setdefault(h.ino, [])
+        if not fhs or fhs[-1] != h.fh:
+            if h.fh in fhs:
+                fhs.remove(h.fh)
+            fhs.append(h.fh)
+
+    def _remember_version(self, ino: int, version: int) -> bool:
+        """Record the version opened; True if it equals the one opened before."""
+        same = self._versions.get(ino) == version
+        self._versions[ino] = version
+        self._versions.move_to_end(ino)
+        while len(self._versions) > VERSION_CACHE:
+            self._versions.popitem(last=False)
+        return same
+
+    def _writer_and_tgid(self, ino: int, truncate: bool, changed: bool, pid: int):
+        """The handle's writer and the caller's process, in one thread hop."""
+        return self._new_writer(ino, truncate, changed), _tgid(pid)
+
+    def _new_writer(self, ino: int, truncate: bool, changed: bool) -> FileWriter:
+        """A private version of ``ino``: empty, or starting from its current blocks;
+        ``changed``: published at close even without writes.  Runs in a thread."""
+        blocks, workers = [], {}
+        if not truncate:
+            inode, blocks, workers = self.calls.from_thread("get_blocks", ino)
+            if inode.type == DIRECTORY:
+                raise CurvineError(ErrorKind.IS_DIR, f"inode {ino} is a directory")
+        if self._block_size is None:
+            # Block lengths must not exceed the master's block size.
+            fs = self.calls.from_thread("statfs")
+            self._block_size = fs.block_size or self.cfg.cluster.block_size
+            self._local_worker.note(fs.workers)  # where first blocks go
+        return FileWriter(self.master, ino, self._block_size, blocks, self.host,
+                          workers=workers, short_circuit=self.cfg.client.short_circuit,
+                          timeout=self.cfg.cluster.rpc_timeout,
+                          local_worker=self._local_worker, changed=changed,
+                          complete=self._complete)
+
+    def _new_reader(self, ino: int) -> tuple[Inode, FileReader, tuple[int, int]]:
+        session, open_id = self.master.session, self._access.new_open_id()
+        inode, blocks, workers = self.calls.from_thread("get_blocks", ino, session, open_id)
+        if inode.type == DIRECTORY:
+            self._access.closed(session, open_id)
+            raise CurvineError(ErrorKind.IS_DIR, f"inode {ino} is a directory")
+        reader = FileReader(blocks, workers, short_circuit=self.cfg.client.short_circuit,
+                            timeout=self.cfg.cluster.rpc_timeout,
+                            readahead=self.cfg.client.readahead_blocks,
+                            security=self.master.security)
+        return inode, reader, (session, open_id)
+
+    async def _publish(self, h: Handle) -> None:
+        if not h.publish_due:
+            return
+        try:
+            inode = await self._run(self._flush_writer, h)
+            if inode is not None:
+                h.published(inode)
+        except CurvineError as e:
+            if e.kind != ErrorKind.NOT_FOUND:
+                raise
+            # The file was unlinked (or replaced by a rename) while being written:
+            # like writes to an unlinked local file, the data just goes away.
+            log.debug("inode %d is gone, dropping its unpublished version: %s", h.ino, e)
+            h.gone()
+
+    def _flush_writer(self, h: Handle) -> Inode | None:
+        """Publish (in a thread), then forget the kernel's leased attributes of the
+        old version."""
+        inode = h.writer.flush()
+        if inode is not None:
+            self.kernel.forget_published(h.ino)
+        return inode
+
+    async def _publish_empty(self, ino: int, mtime_ns: int = 0) -> None:
+        """Publish the empty version of a file created here, unless some writer has
+        published one meanwhile (theirs is newer than our create)."""
+        try:
+            await self.calls.run("complete", ino, [], 0, mtime_ns, True)
+        except CurvineError as e:
+            if e.kind != ErrorKind.NOT_FOUND:
+                raise
+            log.debug("inode %d is gone, nothing to publish: %s", ino, e)
+
+    # -- directories ------------------------------------------------------------------
+
+    def opendir(self, ino: int) -> int:
+        fh = next(self._fh)
+        self._dirs[fh] = Listing(ino)
+        return fh
+
+    def listing(self, fh: int) -> Listing | None:
+        return self._dirs.get(fh)
+
+    async def dir_entry(self, d: Listing, i: int) -> tuple[bytes, Attributes] | None:
+        """Entry ``i`` of the listing (loaded from the master page by page); None past
+        the last."""
+        while i >= len(d.entries):
+            if d.done:
+                return None
+            page, more = await self.calls.run("listdir", d.ino, d.after, LISTDIR_PAGE)
+            d.entries.extend((e.name, e.inode) for e in page)
+            self.kernel.note_dirs(*(e.inode for e in page))
+            if page:
+                d.after = page[-1].name
+            d.done = not more or not page
+        name, inode = d.entries[i]
+        return name, self.attributes(inode)
+
+    def releasedir(self, fh: int) -> None:
+        self._dirs.pop(fh, None)
+
+    def close(self) -> None:
+        """Drop every handle (unpublished versions are lost)."""
+        for h in self._handles.values():
+            h.close()
+        self._handles.clear()
+        self._dirs.clear()
+

@@ -1,0 +1,198 @@
+"""What this mount's kernel may cache, for how long, and when it must forget it.
+
+Leases (master/leases.py): names and file attributes the kernel may keep for the
+lease time; the master revokes them, through the mount's :class:`LeaseSession`,
+before another client changes them.  A revocation expires every cached name at once
+(the dentry :class:`~.kernel.Epoch`) and drops the attributes of the inodes named.
+Notifications go to the kernel only while the mount is up: the kernel lock and the
+unmounting flag keep them from racing ``pyfuse3.close``.
+
+Directory attributes are kept here too (see :class:`KernelCache`), and the leased
+attributes of a file this mount publishes are forgotten after the publish, which the
+master does not revoke from the writer itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+from collections import OrderedDict
+
+import pyfuse3
+
+from curvine.client.master_client import LeaseSession, MasterClient
+from curvine.common.config import Config
+from curvine.common.errors import CurvineError
+from curvine.proto import common_pb2
+
+from .kernel import Epoch, fuse_device_fd
+
+log = logging.getLogger(__name__)
+
+Inode = common_pb2.Inode
+DIRECTORY = common_pb2.DIRECTORY
+
+LEASE_SAFETY = 0.2  # seconds the kernel's copy expires before the master's lease
+DIR_CACHE = 100_000  # directories whose attributes this mount keeps (fuse.attr_timeout)
+
+
+class KernelCache:
+    """The kernel's cached names and attributes of one mount, and their leases."""
+
+    def __init__(self, cfg: Config, master: MasterClient):
+        self.cfg = cfg
+        self.master = master
+        self._leases: LeaseSession | None = None
+        self._epoch: Epoch | None = None
+        self._leased_inodes: dict[int, float] = {}  # ino -> when the kernel's copy expires
+        self._kernel_lock = threading.Lock()  # notifications vs unmount (pyfuse3.close)
+        self._unmounting = False
+        self._prune_leased_at = 4096
+        # Directory attributes as last seen from the master (a GETATTR, or the parent
+        # attributes a create/unlink/rename here returned): the kernel drops its copy
+        # after every change in the directory and needs it for each permission check
+        # (default_permissions), so without this every create, stat and unlink in a
+        # flat directory cost one more round trip.  Answered for at most
+        # fuse.attr_timeout after they were fetched: the staleness the kernel's own
+        # cache always had.
+        self._dir_attrs: OrderedDict[int, tuple[Inode, float]] = OrderedDict()
+
+    # -- the lease session ----------------------------------------------------------
+
+    def start(self) -> bool:
+        """Open the lease session if leases are configured and the kernel can expire
+        every cached name at once (fuse_client/kernel.py); True when leases are on.
+        After pyfuse3.init (the epoch goes through its /dev/fuse descriptor)."""
+        if not self.cfg.fuse.leases or self._leases is not None:
+            return False
+        self._epoch = Epoch(fuse_device_fd())
+        if not self._epoch.supported:
+            return False
+        self._leases = LeaseSession(self.master, self._invalidate, self._drop_all)
+        self._leases.start()
+        return True
+
+    def stop(self) -> None:
+        """Before unmounting: no kernel notification may follow (pyfuse3.close frees
+        the session they go through)."""
+        with self._kernel_lock:
+            self._unmounting = True
+        if self._leases is not None:
+            self._leases.stop()
+
+    def close(self) -> None:
+        """Unmounted: close the lease session and end every session this mount had."""
+        if self._leases is not None:
+            self._leases.close()
+            self._end_sessions(self._leases.opened)
+
+    def _end_sessions(self, sessions: list[int]) -> None:
+        """Unmounted: this mount's kernel caches nothing now, so nobody need wait for
+        its leases (nor a restarted master).  On a link of its own: the mount's own may
+        be closed already (SIGTERM), and a master that is down must not hold the exit."""
+        if not sessions:
+            return
+        link = MasterClient(self.master.address, timeout=1.0, wait=0,
+                            security=self.master.security)
+        try:
+            link.end_sessions(sessions)
+        except CurvineError as e:
+            log.info("could not end lease sessions (the master waits for them to run out): %s", e)
+        finally:
+            link.close()
+
+    def _invalidate(self, names, inodes) -> None:
+        """The master revokes leases (session thread): drop the kernel's copies before
+        the ack.  Every cached name goes (one lock-free epoch bump; a lookup in flight
+        is stale on arrival), plus the attributes of the inodes named."""
+        with self._kernel_lock:
+            if self._unmounting:
+                return
+            self._epoch.bump()
+            for ino in inodes:
+                self._leased_inodes.pop(ino, None)
+                self._forget_attrs(ino)
+
+    def _drop_all(self) -> None:
+        """The session is lost (session thread): drop every leased copy."""
+        self._invalidate((), list(self._leased_inodes))
+
+    @staticmethod
+    def _forget_attrs(ino: int) -> None:
+        try:
+            pyfuse3.invalidate_inode(ino, attr_only=True)
+        except OSError as e:
+            if e.errno != errno.ENOENT:  # ENOENT: the kernel has no such inode cached
+                raise
+
+    # -- leased answers ---------------------------------------------------------------
+
+    @staticmethod
+    def lease_ttl(lease_ms: int, sent: float) -> float:
+        """Seconds the kernel may keep a leased answer: the lease counts from when the
+        master granted it, which is after ``sent``."""
+        if not lease_ms:
+            return 0.0
+        return max(0.0, lease_ms / 1000 - (time.monotonic() - sent) - LEASE_SAFETY)
+
+    def timeouts(self, inode: Inode, lease: float, writing: bool) -> tuple[float, float]:
+        """(entry_timeout, attr_timeout) of an answer about ``inode``; ``lease``: seconds
+        the master leased the name (and a file's attributes) to this mount, else the
+        configured timeouts apply; ``writing``: this mount writes the file."""
+        entry_timeout = self.cfg.fuse.entry_timeout
+        attr_timeout = self.cfg.fuse.attr_timeout
+        if lease > 0:
+            entry_timeout = max(lease, entry_timeout)
+            # a directory's attributes change with every entry: never leased; nor the
+            # size of a file this mount writes (the file system layer computes it)
+            if inode.type != DIRECTORY and not writing:
+                attr_timeout = max(lease, attr_timeout)
+                self.lease_inode(inode.ino, lease)
+        return entry_timeout, attr_timeout
+
+    def lease_inode(self, ino: int, lease: float) -> None:
+        """The kernel keeps the attributes of ``ino`` for ``lease`` seconds."""
+        now = time.monotonic()
+        leased = self._leased_inodes
+        leased[ino] = now + lease
+        if len(leased) > self._prune_leased_at:  # forget expired ones now and then
+            for i, t in list(leased.items()):  # only this thread adds entries
+                if t < now:
+                    leased.pop(i, None)
+            self._prune_leased_at = 2 * len(leased) + 4096
+
+    def forget_published(self, ino: int) -> None:
+        """A handle here published ``ino`` (in its thread): this mount's kernel may hold
+        leased attributes of the old version, which the master does not revoke from the
+        writer itself."""
+        if ino in self._leased_inodes:
+            with self._kernel_lock:
+                if not self._unmounting:
+                    self._leased_inodes.pop(ino, None)
+                    self._forget_attrs(ino)
+
+    # -- directory attributes ---------------------------------------------------------
+
+    def note_dirs(self, *nodes: Inode | None) -> None:
+        """Keep the attributes of the directories among ``nodes``."""
+        now = time.monotonic()
+        cache = self._dir_attrs
+        for n in nodes:
+            if n is not None and n.type == DIRECTORY:
+                cache[n.ino] = (n, now)
+                cache.move_to_end(n.ino)
+        while len(cache) > DIR_CACHE:
+            cache.popitem(last=False)
+
+    def cached_dir(self, ino: int) -> tuple[Inode, float] | None:
+        """The kept attributes of directory ``ino`` and the seconds they stay good."""
+        entry = self._dir_attrs.get(ino)
+        if entry is None:
+            return None
+        left = self.cfg.fuse.attr_timeout - (time.monotonic() - entry[1])
+        if left <= 0:
+            self._dir_attrs.pop(ino, None)
+            return None
+        return entry[0], left

@@ -1,0 +1,151 @@
+"""Opening the master's metadata: the journal, the LMDB store brought in line with it,
+and the replay of the durable records LMDB does not hold yet.
+
+The one way in, for the master (``Master.__init__``) and for the checkpoint of a
+stopped master (``curvine journal checkpoint --offline``), so that both recover the
+same way: a store behind the journal's oldest record is restored from a checkpoint,
+one ahead of the journal's end is rebuilt, and a crc-valid record that cannot be
+replayed is reported as damage naming its segment and offset, not as a traceback.
+
+Layout under the meta dir: ``lmdb/`` (the store), ``checkpoints/`` (copies of it,
+journal/checkpoint.py); the journal has its own directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from curvine.common.config import Config
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.journal import Journal
+from curvine.journal.checkpoint import latest_checkpoint
+
+from .committer import Committer
+from .namespace import Effects, Namespace, RetryCache
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+def lmdb_dir(meta_dir: str) -> str:
+    return os.path.join(meta_dir, "lmdb")
+
+
+def checkpoint_root(meta_dir: str) -> str:
+    return os.path.join(meta_dir, "checkpoints")
+
+
+def _no_effects(fx: Effects) -> None:
+    pass
+
+
+@dataclass
+class Metadata:
+    """The journal (its directory locked: one process at a time), the store and the
+    namespace and committer over them, with every durable record applied; the
+    committer is not started."""
+
+    journal: Journal
+    store: Store
+    ns: Namespace
+    committer: Committer
+    replayed: int  # records applied at open
+
+    @classmethod
+    def open(cls, cfg: Config, meta_dir: str, journal_dir: str,
+             on_effects: Callable[[Effects], None] = _no_effects) -> "Metadata":
+        """Open and recover.  ``on_effects`` (the master's registry and pending blocks)
+        hears of the workers the store knows first, then of what the replay did, so
+        that the blocks the replay frees find their workers."""
+        journal = Journal(journal_dir, segment_size=int(cfg.journal.segment_size),
+                          fsync=cfg.journal.fsync)
+        try:
+            store = _store_in_line(journal, journal_dir, meta_dir)
+        except BaseException:
+            journal.close()
+            raise
+        try:
+            ns = Namespace(store, RetryCache(cfg.master.retry_cache_entries),
+                           int(cfg.cluster.block_size))
+            committer = Committer(store, journal, ns, on_effects, checkpoint_root(meta_dir),
+                                  cfg.journal.checkpoint_every)
+            with store.read() as txn:
+                on_effects(Effects(workers=list(store.workers(txn))))
+            replayed = _replay(committer, journal)
+        except BaseException:
+            store.close()
+            journal.close()
+            raise
+        return cls(journal, store, ns, committer, replayed)
+
+    def close(self) -> None:
+        """Stop the committer, sync and close LMDB, then release the journal's lock."""
+        self.committer.stop()
+        try:
+            self.store.close()
+        finally:
+            self.journal.close()
+
+
+def _replay(committer: Committer, journal: Journal) -> int:
+    try:
+        return committer.replay()
+    except Exception as e:
+        # A crc-valid record that does not decode or cannot be applied is damage: name
+        # its segment and offset (the master exits 2, the CLI 4).
+        damage = journal.unreplayable(e)
+        if damage is None:
+            raise
+        raise damage from e
+
+
+def _store_in_line(journal: Journal, journal_dir: str, meta_dir: str) -> Store:
+    """Open LMDB and make sure the journal can bring it up to date.
+
+    LMDB is synced lazily, so an OS crash can take it back behind the oldest journal
+    record: then the newest checkpoint is restored first.  If LMDB is *ahead* of the
+    journal (the journal lost records it had made durable, e.g. a damaged tail), the
+    journal is the truth: LMDB is rebuilt from a checkpoint at or below the journal's
+    end, or from nothing when the journal still starts at seq 1.
+    """
+    path = lmdb_dir(meta_dir)
+    store = Store(path)
+    with store.read() as txn:
+        applied = store.get_u64(txn, b"applied_seq")
+    end = journal.durable_seq
+    behind = end >= journal.first_seq and applied + 1 < journal.first_seq
+    ahead = applied > end
+    if not (behind or ahead):
+        return store
+    store.env.close()
+    if end == 0:
+        raise CurvineError(ErrorKind.IO,
+                           f"the journal in {journal_dir} is empty but the metadata in "
+                           f"{path} is at seq {applied}: is --journal-dir right?")
+    ckpt = latest_checkpoint(checkpoint_root(meta_dir), at_most=end)
+    if ckpt is not None and ckpt[0] + 1 < journal.first_seq:
+        ckpt = None  # the journal no longer holds the records after it
+    if ckpt is None and journal.first_seq > 1:
+        raise CurvineError(ErrorKind.IO,
+                           f"metadata in {path} is at seq {applied}, the journal holds "
+                           f"seqs {journal.first_seq}..{end}, and no checkpoint bridges "
+                           f"the two")
+    if ahead:
+        log.error("metadata in %s is at seq %d but the journal ends at seq %d: records "
+                  "%d..%d are lost; rebuilding the metadata from the journal",
+                  path, applied, end, end + 1, applied)
+    else:
+        log.warning("metadata at seq %d is older than the journal (first seq %d): "
+                    "restoring it", applied, journal.first_seq)
+    aside = f"{path}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+    os.replace(path, aside)  # kept for forensics; the operator may delete it
+    log.warning("previous metadata moved to %s", aside)
+    if ckpt is not None:
+        log.warning("restoring checkpoint %s (seq %d)", ckpt[1], ckpt[0])
+        shutil.copytree(ckpt[1], path)
+    return Store(path)
