@@ -10,17 +10,19 @@ when the daemons start, not here).  The sample with every key is conf/curvine.to
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 
 from curvine.common import config as config_mod
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "config", help="check a config file, show the effective configuration",
-        description="Validate a curvine.toml the way the daemons do, or print the "
-                    "configuration that would be in effect.")
+HELP = "check a config file, show the effective configuration"
+DESCRIPTION = ("Validate a curvine.toml the way the daemons do, or print the "
+               "configuration that would be in effect.")
+
+
+def register(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
 
     c = sub.add_parser("check", help="validate FILE: 'ok' and a summary, or the error",

@@ -61,12 +61,13 @@ PROGRESS_EVERY = 0.2  # seconds between progress bar redraws
 Inode = common_pb2.Inode
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "fs", help="files and directories in the cluster, TTL, replicas, capacity",
-        description="Work with the cluster's namespace through the master (no mount "
-                    "needed): list, inspect, copy in and out, remove, move, sizes; set the "
-                    "TTL or replica count of a directory; show pool usage.")
+HELP = "files and directories in the cluster, TTL, replicas, capacity"
+DESCRIPTION = ("Work with the cluster's namespace through the master (no mount "
+               "needed): list, inspect, copy in and out, remove, move, sizes; set the "
+               "TTL or replica count of a directory; show pool usage.")
+
+
+def register(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="fs_command", metavar="SUBCOMMAND", required=True)
 
     def add(name, func, help, description=None, human=False):
@@ -447,8 +448,7 @@ def _cmd_stat(args, parser) -> int:
 
 def _cmd_mkdir(args, parser) -> int:
     with connect.curvine_fs(args) as fs:
-        for arg in args.paths:
-            path = namespace_path(arg)
+        for path in map(namespace_path, args.paths):
             if path == "/":
                 if args.parents:
                     continue
@@ -460,8 +460,7 @@ def _cmd_mkdir(args, parser) -> int:
 
 def _cmd_rm(args, parser) -> int:
     with connect.curvine_fs(args) as fs:
-        for arg in args.paths:
-            path = namespace_path(arg)
+        for path in map(namespace_path, args.paths):
             if path == "/":
                 raise CurvineError(ErrorKind.INVALID, "/: refusing to remove the root")
             node = stat_or_none(fs, path)

@@ -17,6 +17,7 @@ symlink) and reads in bounded memory whatever a segment's size.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -39,11 +40,12 @@ _TYPE_NAMES = {f.number: f.name
                for f in journal_pb2.JournalEntry.DESCRIPTOR.oneofs_by_name["op"].fields}
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "journal", help="dump, verify or checkpoint the master's journal",
-        description="Read the master's write-ahead journal record by record, check every "
-                    "segment's checksums, or have the master checkpoint its metadata now.")
+HELP = "dump, verify or checkpoint the master's journal"
+DESCRIPTION = ("Read the master's write-ahead journal record by record, check every "
+               "segment's checksums, or have the master checkpoint its metadata now.")
+
+
+def register(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="journal_command", metavar="SUBCOMMAND", required=True)
 
     def dirs(sp, meta: bool = False, conf: bool = True):

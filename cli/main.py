@@ -38,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="curvine", description="curvine-py: a distributed cache file system for KV caches.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for _name, module in COMMAND_GROUPS:
-        importlib.import_module(module).register(sub)
+    for name, module in COMMAND_GROUPS:
+        group = importlib.import_module(module)
+        group.register(sub.add_parser(name, help=group.HELP, description=group.DESCRIPTION))
     return parser
 
 

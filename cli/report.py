@@ -11,6 +11,7 @@ numbers, fields as in docs/cli.md).
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from curvine.proto import master_pb2
@@ -19,12 +20,13 @@ from . import connect
 from .show import human_size
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "report", help="workers, capacity, files, replication, evictions, lookups",
-        description="Show the cluster as the master sees it: every worker with its state "
-                    "and usage, the namespace, under-replicated blocks, evictions, lookup "
-                    "hits and misses, lease sessions and the journal position.")
+HELP = "workers, capacity, files, replication, evictions, lookups"
+DESCRIPTION = ("Show the cluster as the master sees it: every worker with its state "
+               "and usage, the namespace, under-replicated blocks, evictions, lookup "
+               "hits and misses, lease sessions and the journal position.")
+
+
+def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object")
     connect.add_options(p)
     p.set_defaults(func=_cmd_report, _parser=p)

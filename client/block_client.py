@@ -590,6 +590,29 @@ def _claim(fd: int, sfd: int) -> bool:
     except OSError:
         return False
 
+
+def _in_first_staging_dir(worker: WorkerInfo, dirs: "LocalDirs | None", create):
+    """``create(staging dir fd, data dir, worker's name of it)`` in each trusted staging
+    dir of the (local) worker, most free space first, until one answers; None if none
+    does.  The staging dir is opened O_NOFOLLOW|O_DIRECTORY; an OSError of ``create``
+    (a file system without O_TMPFILE, permissions) moves on to the next dir."""
+    follow = local_dirs(dirs).trust_reported
+    for local, name in _staging_dirs(worker, dirs):
+        try:
+            sfd = _open_staging(local, follow)
+        except OSError:
+            continue
+        try:
+            made = create(sfd, local, name)
+        except OSError:
+            continue
+        finally:
+            os.close(sfd)
+        if made is not None:
+            return made
+    return None
+
+
 def create_local_staging(worker: WorkerInfo, block_id: int,
                          dirs: "LocalDirs | None" = None) -> tuple[int, str] | None:
     """Create a client staging file for ``block_id`` in one of the (local) worker's
@@ -602,29 +625,20 @@ def create_local_staging(worker: WorkerInfo, block_id: int,
     process is root), read-write and flock'ed: the worker sweeps client staging files
     only once their lock is free (the writer closed them or died)."""
     check_block_id(block_id)
-    follow = local_dirs(dirs).trust_reported
-    for local, name in _staging_dirs(worker, dirs):
+
+    def create(sfd: int, _local: str, name: str) -> tuple[int, str] | None:
         path = client_staging_path(name, block_id)
         fname = os.path.basename(path)
-        try:
-            sfd = _open_staging(local, follow)
-        except OSError:
-            continue
-        try:
-            try:
-                fd = os.open(fname, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, _STAGING_MODE, dir_fd=sfd)
-            except OSError:
-                continue
-            if not _claim(fd, sfd):
-                os.close(fd)
-                with contextlib.suppress(OSError):
-                    os.unlink(fname, dir_fd=sfd)
-                continue
+        fd = os.open(fname, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     _STAGING_MODE, dir_fd=sfd)
+        if _claim(fd, sfd):
             return fd, path
-        finally:
-            os.close(sfd)
-    return None
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(fname, dir_fd=sfd)
+        return None
+
+    return _in_first_staging_dir(worker, dirs, create)
 
 
 def create_local_tmpfile(worker: WorkerInfo,
@@ -634,25 +648,14 @@ def create_local_tmpfile(worker: WorkerInfo,
     the master placed it.  ``name_local_tmpfile`` gives it its staging name once it is
     placed there; otherwise it vanishes with its descriptor (also when the writer
     dies).  Returns (fd, the configured data dir), or None if no data dir can take one."""
-    follow = local_dirs(dirs).trust_reported
-    for local, _ in _staging_dirs(worker, dirs):
-        try:
-            sfd = _open_staging(local, follow)
-        except OSError:
-            continue
-        try:
-            try:
-                fd = os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, _STAGING_MODE,
-                             dir_fd=sfd)
-            except OSError:
-                continue  # a file system without O_TMPFILE
-            if not _claim(fd, sfd):
-                os.close(fd)
-                continue
+    def create(sfd: int, local: str, _name: str) -> tuple[int, str] | None:
+        fd = os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, _STAGING_MODE, dir_fd=sfd)
+        if _claim(fd, sfd):
             return fd, local
-        finally:
-            os.close(sfd)
-    return None
+        os.close(fd)
+        return None
+
+    return _in_first_staging_dir(worker, dirs, create)
 
 
 def name_local_tmpfile(fd: int, worker: WorkerInfo, block_id: int,

@@ -338,7 +338,30 @@ class MasterClient:
         self._rpc.close()
 
 
-class LeaseSession:
+class StreamThread:
+    """One daemon thread that keeps a stream to the master open (``_run``, which
+    stores the stream's call in ``_call``) until ``stop()``."""
+
+    def __init__(self, name: str):
+        self._stop = threading.Event()
+        self._call = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the thread to end (without waiting for it)."""
+        self._stop.set()
+        call = self._call
+        if call is not None:
+            call.cancel()
+
+
+class LeaseSession(StreamThread):
     """A mount's lease session with the master, kept up by one thread.
 
     While the stream is up ``client.session`` is set.  Each invalidation calls
@@ -352,27 +375,15 @@ class LeaseSession:
 
     def __init__(self, client: MasterClient, invalidate: Callable[[list, list], None],
                  drop_all: Callable[[], None], retry_idle: float = 30.0):
+        super().__init__("lease-session")
         self.client = client
         self.invalidate = invalidate
         self.drop_all = drop_all
         self.retry_idle = retry_idle
         self.lease_time = 0.0
         self.up = threading.Event()  # set while a session with leases is open
-        self._stop = threading.Event()
-        self._call = None
         self._dropped: list[int] = []
         self.opened: list[int] = []  # every session id this mount had
-        self._thread = threading.Thread(target=self._run, name="lease-session", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Ask the thread to end (without waiting for it)."""
-        self._stop.set()
-        call = self._call
-        if call is not None:
-            call.cancel()
 
     def close(self) -> None:
         self.stop()

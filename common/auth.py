@@ -21,6 +21,7 @@ No token configured = no checks: the default for a trusted single-tenant network
 
 from __future__ import annotations
 
+import collections
 import hmac
 import os
 
@@ -95,8 +96,8 @@ class _TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor,
     def _details(self, details):
         metadata = [m for m in (details.metadata or ()) if m[0] != METADATA_KEY]
         metadata.append((METADATA_KEY, self._value))
-        return _CallDetails(details.method, details.timeout, metadata,
-                            details.credentials, getattr(details, "wait_for_ready", None),
+        return _CallDetails(details.method, details.timeout, metadata, details.credentials,
+                            getattr(details, "wait_for_ready", None),
                             getattr(details, "compression", None))
 
     def intercept_unary_unary(self, continuation, details, request):
@@ -112,14 +113,11 @@ class _TokenClientInterceptor(grpc.UnaryUnaryClientInterceptor,
         return continuation(self._details(details), request_iterator)
 
 
-class _CallDetails(grpc.ClientCallDetails):
-    def __init__(self, method, timeout, metadata, credentials, wait_for_ready, compression):
-        self.method = method
-        self.timeout = timeout
-        self.metadata = metadata
-        self.credentials = credentials
-        self.wait_for_ready = wait_for_ready
-        self.compression = compression
+class _CallDetails(collections.namedtuple("_CallDetails", ("method", "timeout", "metadata",
+                                                          "credentials", "wait_for_ready",
+                                                          "compression")),
+                   grpc.ClientCallDetails):
+    """A call's details with other metadata (grpc's own type cannot be built)."""
 
 
 def with_token(channel: grpc.Channel, token: str) -> grpc.Channel:

@@ -1013,12 +1013,13 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
 
 # --------------------------------------------------------------------------- `curvine bench`
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "bench", help="benchmark curvine against a plain directory on the same disk",
-        description="Run the workloads of issue 3 on curvine (write through mount A, read "
-                    "through mount B) and on a plain local directory in the same run; print "
-                    "medians, ratios and the targets, and write every figure to a JSON file.")
+HELP = "benchmark curvine against a plain directory on the same disk"
+DESCRIPTION = ("Run the workloads of issue 3 on curvine (write through mount A, read "
+               "through mount B) and on a plain local directory in the same run; print "
+               "medians, ratios and the targets, and write every figure to a JSON file.")
+
+
+def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mounts", nargs=2, metavar=("A", "B"),
                    help="two existing mounts of one cluster (default: start a local cluster "
                         "with 2 workers and 2 mounts)")

@@ -9,6 +9,7 @@ workload on a plain local directory is printed next to it for comparison.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import hashlib
@@ -218,12 +219,13 @@ def run_demo(base: str | None = None, chunks: int = 16, chunk_size: int = 14 << 
 
 # --------------------------------------------------------------------------- `curvine demo`
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "demo", help="write KV chunks on one mount and read them on another",
-        description="Start a local cluster (2 workers, 2 mounts), store KV-cache chunks "
-                    "through mount 0 the way LMCache does, read them back through mount 1, "
-                    "print hit rate and timings next to a plain local directory, tear down.")
+HELP = "write KV chunks on one mount and read them on another"
+DESCRIPTION = ("Start a local cluster (2 workers, 2 mounts), store KV-cache chunks "
+               "through mount 0 the way LMCache does, read them back through mount 1, "
+               "print hit rate and timings next to a plain local directory, tear down.")
+
+
+def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base", help="cluster directory (default: a new temporary directory)")
     p.add_argument("--chunks", type=argtypes.positive, default=16, metavar="N",
                    help="number of chunks (default 16)")

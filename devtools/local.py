@@ -26,6 +26,7 @@ matches, so a recycled pid is never mistaken for (or killed as) one of ours.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import fcntl
@@ -874,11 +875,13 @@ class LocalCluster:
 
 # --------------------------------------------------------------------------- `curvine local`
 
-def register(subparsers) -> None:
+HELP = "run a whole cluster on this machine"
+DESCRIPTION = ("Run master, workers and FUSE mounts on 127.0.0.1, "
+               "in the background, all under one directory.")
+
+
+def register(p: argparse.ArgumentParser) -> None:
     """Add the `curvine local` command group."""
-    p = subparsers.add_parser("local", help="run a whole cluster on this machine",
-                              description="Run master, workers and FUSE mounts on 127.0.0.1, "
-                                          "in the background, all under one directory.")
     sub = p.add_subparsers(dest="local_cmd", metavar="{up,down,status}", required=True)
 
     up = sub.add_parser("up", help="start a cluster and print its mount paths (and, on "

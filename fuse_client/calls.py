@@ -27,7 +27,7 @@ import grpc
 import outcome
 import trio
 
-from curvine.client.master_client import MasterClient, Prepared
+from curvine.client.master_client import MasterClient, Prepared, StreamThread
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO
 from curvine.common.rpc import RETRY_MAX
@@ -44,28 +44,17 @@ class _StreamDown(Exception):
     pass
 
 
-class CallStream:
+class CallStream(StreamThread):
     """The mount's Calls stream (started from a thread; ``call`` from trio)."""
 
     def __init__(self, master: MasterClient, timeout: float):
+        super().__init__("calls")
         self.master = master
         self.timeout = timeout
         self._lock = threading.Lock()
         self._out: queue.SimpleQueue | None = None  # set while a stream is open
         self._pending: dict[int, tuple] = {}  # id -> (trio token, task)
         self._ids = itertools.count(1)
-        self._stop = threading.Event()
-        self._call = None
-        self._thread = threading.Thread(target=self._run, name="calls", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        call = self._call
-        if call is not None:
-            call.cancel()
 
     async def call(self, prepared: Prepared):
         """The call's reply message; CurvineError as the master raised it;

@@ -140,6 +140,13 @@ def writer(master, ino, base=(), short_circuit=True, size_hint=0, local_dirs=Non
                       local_dirs=local_dirs)
 
 
+def new_writer(cluster):
+    """The cluster's master client, a new empty file and a writer of it."""
+    master = cluster.client
+    ino = new_file(master)
+    return master, ino, writer(master, ino)
+
+
 def published(master, ino, short_circuit=True) -> bytes:
     inode, blocks, workers = master.get_blocks(ino)
     r = FileReader(blocks, workers, short_circuit=short_circuit, security=NO_SECURITY)
@@ -159,9 +166,7 @@ def rand_bytes(rng, n):
 
 
 def test_sequential_write_publish_blocks(cluster):
-    master = cluster.client
-    ino = new_file(master)
-    w = writer(master, ino)
+    master, ino, w = new_writer(cluster)
     data = rand_bytes(random.Random(1), 3 * BS + 1234)
     for i in range(0, len(data), 10_000):
         assert w.write(i, data[i:i + 10_000]) == len(data[i:i + 10_000])
@@ -177,9 +182,7 @@ def test_sequential_write_publish_blocks(cluster):
 
 
 def test_nothing_visible_before_publish(cluster, completes):
-    master = cluster.client
-    ino = new_file(master)
-    w = writer(master, ino)
+    master, ino, w = new_writer(cluster)
     w.write(0, b"x" * (2 * BS + 5))  # two blocks already went to the workers
     assert master.getattr(ino).size == 0 and completes == []
     assert w.read(0, 10) == b"x" * 10  # the handle reads its own version
@@ -188,9 +191,7 @@ def test_nothing_visible_before_publish(cluster, completes):
 
 
 def test_holes_between_written_ranges(cluster):
-    master = cluster.client
-    ino = new_file(master)
-    w = writer(master, ino)
+    master, ino, w = new_writer(cluster)
     w.write(0, b"a" * 100)
     w.write(5 * BS + 7, b"b" * 10)
     w.publish()
@@ -241,9 +242,7 @@ def test_random_offset_writes_truncates_and_publishes_match_a_model(cluster):
 
 
 def test_truncate_into_an_uploaded_block_makes_a_new_block(cluster):
-    master = cluster.client
-    ino = new_file(master)
-    w = writer(master, ino)
+    master, ino, w = new_writer(cluster)
     w.write(0, b"z" * (2 * BS))
     w.publish()
     first = [b.block_id for b in blocks_of(master, ino)]
@@ -260,9 +259,7 @@ def test_truncate_into_an_uploaded_block_makes_a_new_block(cluster):
 
 
 def test_writes_after_publish_start_from_the_published_version(cluster):
-    master = cluster.client
-    ino = new_file(master)
-    w = writer(master, ino)
+    master, ino, w = new_writer(cluster)
     w.write(0, b"1" * (BS + 100))
     v1 = w.publish().version
     w.write(10, b"2" * 5)
@@ -275,9 +272,7 @@ def test_writes_after_publish_start_from_the_published_version(cluster):
 
 
 def test_open_without_truncate_modifies_the_base(cluster):
-    master = cluster.client
-    ino = new_file(master)
-    w = writer(master, ino)
+    master, ino, w = new_writer(cluster)
     w.write(0, b"a" * (2 * BS))
     w.publish()
     w.close()
@@ -318,9 +313,7 @@ def test_upload_fails_over_to_another_worker(cluster):
 
 
 def test_unpublished_writer_close_frees_memory(cluster):
-    master = cluster.client
-    ino = new_file(master)
-    w = writer(master, ino)
+    master, ino, w = new_writer(cluster)
     w.write(0, b"x" * (3 * BS))
     w.close()
     assert not w._extents and w._cur is None
@@ -557,9 +550,7 @@ def test_rewriting_streamed_bytes_ends_the_stream(cluster, block_calls):
 
 
 def test_write_behind_applies_in_order_and_publishes_everything(cluster):
-    master = cluster.client
-    ino = new_file(master)
-    w = writer(master, ino)
+    master, ino, w = new_writer(cluster)
     rng = random.Random(7)
     model = bytearray()
     for i in range(60):
