@@ -200,16 +200,14 @@ class MasterClient:
         return self.call(self._prep_lookup(parent, name))
 
     def getattr(self, ino: int) -> Inode:
-        return self._call("GetAttr", master_pb2.GetAttrRequest(ino=ino)).inode
+        return self.call(self._prep_getattr_unleased(ino))
 
     def getattr_leased(self, ino: int) -> tuple[Inode, int]:
         return self.call(self._prep_getattr(ino))
 
     def setattr(self, ino: int, **fields) -> Inode:
         """Change mode, uid, gid, size (truncate/extend), atime_ns, mtime_ns."""
-        req = master_pb2.SetAttrRequest(request_id=new_request_id(), ino=ino,
-                                        session=self.session, **fields)
-        return self._call("SetAttr", req).inode
+        return self.call(self._prep_setattr(ino, **fields))
 
     def mkdir(self, parent: int, name: bytes, mode: int = 0o755, uid: int = 0, gid: int = 0) -> Inode:
         return self.mkdir_leased(parent, name, mode, uid, gid)[0]
@@ -247,9 +245,7 @@ class MasterClient:
     def listdir(self, ino: int, start_after: bytes = b"", limit: int = LISTDIR_PAGE
                 ) -> tuple[list[master_pb2.DirEntry], bool]:
         """One page of entries in name order after ``start_after``; (entries, has_more)."""
-        reply = self._call("ListDir", master_pb2.ListDirRequest(
-            ino=ino, start_after=start_after, limit=limit))
-        return list(reply.entries), reply.has_more
+        return self.call(self._prep_listdir(ino, start_after, limit))
 
     def iterdir(self, ino: int, page: int = LISTDIR_PAGE) -> Iterable[master_pb2.DirEntry]:
         """All entries of a directory, page by page."""
@@ -267,7 +263,7 @@ class MasterClient:
                        idempotent=True)
 
     def statfs(self) -> master_pb2.StatFsReply:
-        return self._call("StatFs", master_pb2.StatFsRequest())
+        return self.call(self._prep_statfs())
 
     # -- data ----------------------------------------------------------------
 
@@ -276,9 +272,7 @@ class MasterClient:
         """The file's blocks and their workers; with ``session`` and ``open_id`` this is an
         open for reading, which the master does not evict until ReportAccess reports
         it closed (AccessReporter.closed)."""
-        reply = self._call("GetBlocks", master_pb2.GetBlocksRequest(
-            ino=ino, session=session if open_id else 0, open_id=open_id if session else 0))
-        return reply.inode, list(reply.blocks), {w.worker_id: w for w in reply.workers}
+        return self.call(self._prep_get_blocks(ino, session, open_id))
 
     def add_block(self, ino: int, client_host_id: str, size_hint: int = 0,
                   exclude: Sequence[int] = ()) -> tuple[int, list[WorkerInfo], bytes]:
