@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 
 import pytest
 
@@ -346,6 +347,32 @@ def test_block_report_reconciles(master):
     with pytest.raises(CurvineError) as e:
         master.block_report(master_pb2.BlockReportRequest(worker_id=99, block_ids=[1]))
     assert e.value.kind == ErrorKind.NOT_FOUND
+
+
+def test_block_report_keeps_young_unknown_blocks_at_the_default_grace(tmp_path):
+    """At the default master.orphan_block_grace (300 s) an unknown block on a worker is
+    deleted only once its file is older than the grace (a write may still be on its
+    way to a CompleteFile); an id this master never handed out goes at once."""
+    default = Config().master.orphan_block_grace
+    assert float(default) == 300.0
+    m = make_master(tmp_path, master={"orphan_block_grace": default})
+    try:
+        wid = add_worker(m)
+        f = create(m, ROOT_INO, b"f")
+        _, (block,) = publish(m, f.ino, [MiB])
+        unlink(m, ROOT_INO, b"f")  # the block is no file's now
+        never_issued = block + 1_000_000
+        now = time.time_ns()
+
+        def report(mtime_ns):
+            return list(m.block_report(master_pb2.BlockReportRequest(
+                worker_id=wid, block_ids=[block, never_issued],
+                block_mtimes_ns=[mtime_ns, mtime_ns])).delete_block_ids)
+
+        assert report(now - 10 * 10**9) == [never_issued]  # 10 s old: within the grace
+        assert report(now - 301 * 10**9) == [block, never_issued]  # past it
+    finally:
+        m.close()
 
 
 # ---------------------------------------------------------------------- durability
