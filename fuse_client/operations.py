@@ -24,7 +24,6 @@ from curvine.client.master_client import AccessReporter, MasterClient
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, to_errno
 from curvine.common.ids import MIB
-from curvine.common.security import Security
 from curvine.proto import common_pb2
 
 from .calls import Calls, CallStream
@@ -105,14 +104,13 @@ class Operations(pyfuse3.Operations):
 
     supports_dot_lookup = True
 
-    def __init__(self, cfg: Config, master: MasterClient | None = None):
+    def __init__(self, cfg: Config, master: MasterClient):
+        """``master``: the mount's client of the master (made with its security by
+        fuse_client/main.py); closed by :meth:`close`."""
         super().__init__()
         self.cfg = cfg
         self.enable_writeback_cache = cfg.fuse.writeback_cache
-        self.master = master or MasterClient(cfg.cluster.master_addr,
-                                             timeout=cfg.cluster.rpc_timeout,
-                                             wait=cfg.cluster.master_wait,
-                                             security=Security.load(cfg))
+        self.master = master
         self.limiter = trio.CapacityLimiter(max(1, cfg.client.rpc_threads))
 
         async def run(fn, *args, **kwargs):  # self._run at each call: a test may wrap it
