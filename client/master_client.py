@@ -292,6 +292,41 @@ class MasterClient:
         return self.call(self._prep_complete(ino, blocks, size, mtime_ns, if_unpublished,
                                              abandoned))
 
+    # -- the connector's calls (connector/store.py) ------------------------------
+
+    def lookup_many(self, parent: int, names: Sequence[bytes], with_blocks: bool = True,
+                    timeout: float | None = None, wait: float | None = None,
+                    ) -> master_pb2.LookupManyReply:
+        """Every name of ``names`` in ``parent`` in one round trip (results parallel to
+        names; a miss has no inode); with ``with_blocks`` complete files' blocks with read
+        tokens and their workers."""
+        return self._rpc.call("LookupMany", master_pb2.LookupManyRequest(
+            parent=parent, names=list(names), with_blocks=with_blocks),
+            timeout=timeout, wait=wait)
+
+    def add_block_for_put(self, parent: int, name: bytes, client_host_id: str,
+                          size_hint: int = 0, exclude: Sequence[int] = (),
+                          timeout: float | None = None, wait: float | None = None,
+                          ) -> master_pb2.AddBlockReply:
+        """A block for PutFile of ``name`` into ``parent``; ``reply.existing`` set (and
+        no block) if the name exists already."""
+        return self._rpc.call("AddBlock", master_pb2.AddBlockRequest(
+            put_parent=parent, put_name=name, client_host_id=client_host_id,
+            size_hint=size_hint, exclude_workers=list(exclude)), timeout=timeout, wait=wait)
+
+    def put_file(self, parent: int, name: bytes, blocks: Sequence[Block], size: int,
+                 mode: int = 0o644, uid: int = 0, gid: int = 0, mtime_ns: int = 0,
+                 timeout: float | None = None, wait: float | None = None,
+                 ) -> tuple[Inode, bool]:
+        """Publish a whole new file (blocks with their write tokens) under ``name`` in
+        one journaled step: (inode, existed); existed means another writer's file was
+        there and nothing changed."""
+        reply = self._rpc.call("PutFile", master_pb2.PutFileRequest(
+            request_id=new_request_id(), parent=parent, name=name, mode=mode & 0o7777,
+            uid=uid, gid=gid, blocks=list(blocks), size=size, mtime_ns=mtime_ns,
+            session=self.session), timeout=timeout, wait=wait)
+        return reply.inode, reply.existed
+
     # -- capacity (master/capacity.py) ------------------------------------------
 
     def report_access(self, inos: Sequence[int], timeout: float | None = None,

@@ -58,6 +58,11 @@ import time
 from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
+# A put's blocks (AddBlock's put form) not claimed by PutFile within this many seconds
+# are freed (Capacity); PutFile refuses them afterwards.  Blocks not pending at all are
+# accepted (with their write token) only this soon after the master started: from
+# before a restart, which forgot what was pending.
+PUT_BLOCK_TTL = 600.0
 log = logging.getLogger(__name__)
 
 FILE = common_pb2.FILE
@@ -554,6 +559,14 @@ class Capacity:
         m = self.m
         with m._pending_lock:
             inos = {p[0] for p in m._pending.values()}
+            # a put's blocks (owner 0) are unclaimed once PutFile is overdue
+            overdue = time.time() - PUT_BLOCK_TTL
+            stale_puts = [b for b, p in m._pending.items() if p[0] == 0 and p[1] < overdue]
+        if stale_puts:
+            m._free_pending(stale_puts)
+            log.info("freed %d blocks allocated for puts that were never published",
+                     len(stale_puts))
+        inos.discard(0)
         if not inos:
             return
         with m.store.read() as txn:

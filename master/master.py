@@ -22,7 +22,7 @@ from curvine.common.ids import check_ino, check_name
 from curvine.common.security import Security
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
-from .capacity import Capacity
+from .capacity import PUT_BLOCK_TTL, Capacity
 from .committer import RetryHit
 from .deleter import DeletePusher
 from .lag import LagMonitor
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 BLOCK_ID_CHUNK = 10_000  # ids reserved per journal record
 MAX_LIST = 10_000
+MAX_LOOKUP_MANY = 4096  # names per LookupMany (a 1M-token prompt is 4096 chunks)
 DEFAULT_LIST = 1000
 
 
@@ -252,6 +253,37 @@ class Master:
                 reply.workers.append(info)
         return reply
 
+    def lookup_many(self, req: master_pb2.LookupManyRequest) -> master_pb2.LookupManyReply:
+        """Every name of ``req.names`` in directory ``req.parent`` from one read
+        transaction; with ``with_blocks`` a complete file's blocks with read tokens."""
+        if len(req.names) > MAX_LOOKUP_MANY:
+            raise invalid("names", f"{len(req.names)} names, at most {MAX_LOOKUP_MANY}")
+        names = [check_name(n, f"names[{i}]") for i, n in enumerate(req.names)]
+        reply = master_pb2.LookupManyReply()
+        wids: set[int] = set()
+        with self.store.read() as txn:
+            self.ns.directory(txn, check_ino(req.parent, "parent"))
+            for name in names:
+                result = reply.results.add()
+                ino = self.store.lookup(txn, req.parent, name)
+                node = self.store.get_inode(txn, ino) if ino is not None else None
+                if node is None:
+                    continue
+                result.inode.CopyFrom(node)
+                if req.with_blocks and node.type == FILE and node.state == common_pb2.COMPLETE:
+                    blocks = self.store.get_blocks(txn, node.ino)
+                    for b in blocks:
+                        if b.block_id:
+                            b.token = block_tokens.mint(self.block_key, b.block_id,
+                                                        block_tokens.READ)
+                            wids.update(b.worker_ids)
+                    result.blocks.extend(blocks)
+        for wid in sorted(wids):
+            info = self.registry.info(wid)
+            if info is not None:
+                reply.workers.append(info)
+        return reply
+
     # ------------------------------------------------------------------ namespace writes
     def mkdir(self, req) -> master_pb2.InodeReply:
         since = self.leases.snapshot()
@@ -318,11 +350,54 @@ class Master:
         self.capacity.on_complete(node)
         return master_pb2.InodeReply(inode=node)
 
+    def put_file(self, req: master_pb2.PutFileRequest) -> master_pb2.PutFileReply:
+        """A whole file under its final name in one journaled step (PutFileRequest)."""
+        check_ino(req.parent, "parent")
+        # Each new block must come with the write token AddBlock handed out for it, and
+        # must not be pending for a file being written: proof that the caller allocated
+        # it (block ids are sequential; an id alone proves nothing).
+        with self._pending_lock:
+            owners = {b.block_id: self._pending[b.block_id][0] for b in req.blocks
+                      if b.block_id in self._pending}
+        just_started = time.monotonic() - self.started < PUT_BLOCK_TTL
+        granted = {b.block_id for b in req.blocks
+                   if b.block_id and owners.get(b.block_id, 0 if just_started else None) == 0
+                   and b.token and block_tokens.allows(self.block_key, b.block_id, b.token,
+                                                       block_tokens.WRITE)}
+        for b in req.blocks:
+            b.ClearField("token")
+        try:
+            value = self.submit(lambda t: self.ns.plan_put(t, req, self._reserved,
+                                                           granted.__contains__),
+                                req.request_id, session=req.session)
+        except CurvineError:
+            self._free_pending(granted)
+            raise
+        if isinstance(value, RetryHit):  # this request was applied before: its file
+            return master_pb2.PutFileReply(inode=self.getattr(value.ino))
+        existed, node = value
+        if existed:
+            self._free_pending(granted)  # another writer stored this name first
+            return master_pb2.PutFileReply(inode=node, existed=True)
+        self.replication.hint_completed(req.blocks, node)
+        self.capacity.on_complete(node)
+        return master_pb2.PutFileReply(inode=node)
+
     # ------------------------------------------------------------------ blocks
     def add_block(self, req: master_pb2.AddBlockRequest) -> master_pb2.AddBlockReply:
-        node = self.getattr(req.ino)
-        if node.type != FILE:
-            raise CurvineError(ErrorKind.IS_DIR, "ino: not a regular file")
+        if req.ino == 0 and req.put_parent:  # for PutFile: no inode yet
+            with self.store.read() as txn:
+                node = self.ns.directory(txn, check_ino(req.put_parent, "put_parent"))
+                ino = self.store.lookup(txn, node.ino, check_name(req.put_name, "put_name"))
+                existing = self.store.get_inode(txn, ino) if ino is not None else None
+            if existing is not None:
+                return master_pb2.AddBlockReply(existing=existing)
+            owner = 0
+        else:
+            node = self.getattr(req.ino)
+            if node.type != FILE:
+                raise CurvineError(ErrorKind.IS_DIR, "ino: not a regular file")
+            owner = node.ino
         if req.size_hint > self.block_size:
             raise invalid("size_hint", f"larger than the block size {self.block_size}")
         replicas = node.replicas or self.cfg.cluster.replicas
@@ -342,8 +417,9 @@ class Master:
             workers = self.capacity.make_room(place, size, exclude, deadline)
         wids = [w.worker_id for w in workers]
         with self._pending_lock:
-            self._pending[block_id] = (node.ino, time.time(), wids, size)
-        self.capacity.on_add_block(node.ino)
+            # owner 0: a put's block (freed by Capacity if no PutFile claims it in time)
+            self._pending[block_id] = (owner, time.time(), wids, size)
+        self.capacity.on_add_block(owner)
         token = block_tokens.mint(self.block_key, block_id, block_tokens.WRITE)
         return master_pb2.AddBlockReply(block_id=block_id, workers=workers, block_token=token)
 

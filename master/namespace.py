@@ -241,11 +241,43 @@ class Namespace:
             raise CurvineError(ErrorKind.IS_DIR, "ino: not a regular file")
         if req.if_unpublished and node.state == common_pb2.COMPLETE:
             return None, None  # another writer published a version already: keep it
-        if len(req.blocks) > MAX_BLOCKS_PER_FILE:
+        self._check_blocks(txn, req.blocks, req.size, node.ino, block_ids_reserved,
+                           allocated_here)
+        rec = journal_pb2.CompleteRecord(request_id=req.request_id, ino=node.ino,
+                                         blocks=req.blocks, size=req.size,
+                                         mtime_ns=req.mtime_ns or now_ns())
+        return journal_pb2.JournalEntry(complete=rec), None
+
+    def plan_put(self, txn, req: master_pb2.PutFileRequest, block_ids_reserved: int,
+                 allocated_here=lambda block_id: True):
+        """A new complete file in one record.  Value: (existed, inode); an existing name
+        changes nothing (the caller frees the request's blocks)."""
+        parent = self.directory(txn, req.parent)
+        name = check_name(req.name)
+        existing = self.store.lookup(txn, parent.ino, name)
+        if existing is not None:
+            return None, (True, self.inode(txn, existing))
+        self._check_blocks(txn, req.blocks, req.size, 0, block_ids_reserved, allocated_here)
+        node = self._new_inode(txn, parent, name, FILE, req.mode, req.uid, req.gid)
+        node.state = common_pb2.COMPLETE
+        node.size = req.size
+        node.version = 1
+        if req.mtime_ns:
+            node.mtime_ns = req.mtime_ns
+        rec = journal_pb2.PutRecord(request_id=req.request_id, parent=parent.ino, name=name,
+                                    inode=node, blocks=req.blocks)
+        return journal_pb2.JournalEntry(put=rec), (False, node)
+
+    def _check_blocks(self, txn, blocks, size: int, ino: int, block_ids_reserved: int,
+                      allocated_here) -> None:
+        """The blocks of a version to publish for inode ``ino`` (0: a new file): each
+        allocated to it and held by no other file, known workers, lengths summing to
+        ``size``."""
+        if len(blocks) > MAX_BLOCKS_PER_FILE:
             raise invalid("blocks", "too many blocks")
         total = 0
         seen = set()
-        for i, b in enumerate(req.blocks):
+        for i, b in enumerate(blocks):
             if b.length == 0 or b.length > self.block_size:
                 raise invalid(f"blocks[{i}].length", f"{b.length} not in 1..{self.block_size}")
             total += b.length
@@ -259,7 +291,7 @@ class Namespace:
             if b.block_id >= block_ids_reserved:
                 raise invalid(f"blocks[{i}].block_id", f"{b.block_id} was never allocated")
             owner = self.store.block_owner(txn, b.block_id)
-            if owner is not None and owner != node.ino:
+            if owner is not None and (not ino or owner != ino):
                 raise invalid(f"blocks[{i}].block_id", f"{b.block_id} belongs to another file")
             if owner is None and not allocated_here(b.block_id):
                 raise invalid(f"blocks[{i}].block_id",
@@ -269,12 +301,8 @@ class Namespace:
             for wid in b.worker_ids:
                 if not self.store.has_worker(txn, wid):
                     raise invalid(f"blocks[{i}].worker_ids", f"unknown worker {wid}")
-        if total != req.size:
-            raise invalid("size", f"{req.size} differs from the sum of block lengths {total}")
-        rec = journal_pb2.CompleteRecord(request_id=req.request_id, ino=node.ino,
-                                         blocks=req.blocks, size=req.size,
-                                         mtime_ns=req.mtime_ns or now_ns())
-        return journal_pb2.JournalEntry(complete=rec), None
+        if total != size:
+            raise invalid("size", f"{size} differs from the sum of block lengths {total}")
 
     # ------------------------------------------------------------------ apply
     def remember(self, entry: journal_pb2.JournalEntry) -> None:
@@ -450,6 +478,15 @@ class Namespace:
         s.put_inode(txn, node)
         s.del_writer(txn, node.ino)
         fx.completed.extend(new_ids)
+
+    def _apply_put(self, txn, rec, fx: Effects) -> None:
+        s = self.store
+        self._link_new(txn, rec, fx)
+        for b in rec.blocks:
+            if b.block_id:
+                s.index_block(txn, b, rec.inode.ino)
+        s.put_blocks(txn, rec.inode.ino, list(rec.blocks))
+        fx.completed.extend(b.block_id for b in rec.blocks if b.block_id)
 
     # ------------------------------------------------------------------ capacity
     # (master/capacity.py decides what to remove; these plan and apply it)

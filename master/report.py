@@ -29,11 +29,12 @@ class LookupCounts:
         self.misses = 0
 
     def count(self, found: bool) -> None:
+        self.count_many(int(found), int(not found))
+
+    def count_many(self, found: int, missed: int) -> None:
         with self._lock:
-            if found:
-                self.hits += 1
-            else:
-                self.misses += 1
+            self.hits += found
+            self.misses += missed
 
 
 def _workers(master, lost: set[int]) -> list[master_pb2.WorkerReport]:

@@ -111,6 +111,17 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return self.m.complete(req)
 
     @handler
+    def LookupMany(self, req, ctx):
+        reply = self.m.lookup_many(req)
+        hits = sum(1 for r in reply.results if r.HasField("inode"))
+        self.lookups.count_many(found=hits, missed=len(reply.results) - hits)
+        return reply
+
+    @handler
+    def PutFile(self, req, ctx):
+        return self.m.put_file(req)
+
+    @handler
     def RegisterWorker(self, req, ctx):
         return self.m.register_worker(req.worker, req.secret)
 

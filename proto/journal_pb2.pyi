@@ -109,6 +109,20 @@ class CompleteRecord(_message.Message):
     mtime_ns: int
     def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ...) -> None: ...
 
+class PutRecord(_message.Message):
+    __slots__ = ("request_id", "parent", "name", "inode", "blocks")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    parent: int
+    name: bytes
+    inode: _common_pb2.Inode
+    blocks: _containers.RepeatedCompositeFieldContainer[_common_pb2.Block]
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ...) -> None: ...
+
 class ReserveBlockIdsRecord(_message.Message):
     __slots__ = ("upto",)
     UPTO_FIELD_NUMBER: _ClassVar[int]
@@ -140,7 +154,7 @@ class AddLocationsRecord(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class JournalEntry(_message.Message):
-    __slots__ = ("mkdir", "create", "unlink", "rename", "set_attr", "complete", "reserve_block_ids", "register_worker", "drop_locations", "add_locations", "evict", "set_policy")
+    __slots__ = ("mkdir", "create", "unlink", "rename", "set_attr", "complete", "reserve_block_ids", "register_worker", "drop_locations", "add_locations", "put", "evict", "set_policy")
     MKDIR_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
     UNLINK_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +165,7 @@ class JournalEntry(_message.Message):
     REGISTER_WORKER_FIELD_NUMBER: _ClassVar[int]
     DROP_LOCATIONS_FIELD_NUMBER: _ClassVar[int]
     ADD_LOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    PUT_FIELD_NUMBER: _ClassVar[int]
     EVICT_FIELD_NUMBER: _ClassVar[int]
     SET_POLICY_FIELD_NUMBER: _ClassVar[int]
     mkdir: MkdirRecord
@@ -163,9 +178,10 @@ class JournalEntry(_message.Message):
     register_worker: RegisterWorkerRecord
     drop_locations: DropLocationsRecord
     add_locations: AddLocationsRecord
+    put: PutRecord
     evict: EvictRecord
     set_policy: SetPolicyRecord
-    def __init__(self, mkdir: _Optional[_Union[MkdirRecord, _Mapping]] = ..., create: _Optional[_Union[CreateRecord, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRecord, _Mapping]] = ..., rename: _Optional[_Union[RenameRecord, _Mapping]] = ..., set_attr: _Optional[_Union[SetAttrRecord, _Mapping]] = ..., complete: _Optional[_Union[CompleteRecord, _Mapping]] = ..., reserve_block_ids: _Optional[_Union[ReserveBlockIdsRecord, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerRecord, _Mapping]] = ..., drop_locations: _Optional[_Union[DropLocationsRecord, _Mapping]] = ..., add_locations: _Optional[_Union[AddLocationsRecord, _Mapping]] = ..., evict: _Optional[_Union[EvictRecord, _Mapping]] = ..., set_policy: _Optional[_Union[SetPolicyRecord, _Mapping]] = ...) -> None: ...
+    def __init__(self, mkdir: _Optional[_Union[MkdirRecord, _Mapping]] = ..., create: _Optional[_Union[CreateRecord, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRecord, _Mapping]] = ..., rename: _Optional[_Union[RenameRecord, _Mapping]] = ..., set_attr: _Optional[_Union[SetAttrRecord, _Mapping]] = ..., complete: _Optional[_Union[CompleteRecord, _Mapping]] = ..., reserve_block_ids: _Optional[_Union[ReserveBlockIdsRecord, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerRecord, _Mapping]] = ..., drop_locations: _Optional[_Union[DropLocationsRecord, _Mapping]] = ..., add_locations: _Optional[_Union[AddLocationsRecord, _Mapping]] = ..., put: _Optional[_Union[PutRecord, _Mapping]] = ..., evict: _Optional[_Union[EvictRecord, _Mapping]] = ..., set_policy: _Optional[_Union[SetPolicyRecord, _Mapping]] = ...) -> None: ...
 
 class EvictRecord(_message.Message):
     __slots__ = ("reason", "inos", "time_ns")

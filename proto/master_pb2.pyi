@@ -222,26 +222,90 @@ class GetBlocksReply(_message.Message):
     def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class AddBlockRequest(_message.Message):
-    __slots__ = ("ino", "client_host_id", "size_hint", "exclude_workers")
+    __slots__ = ("ino", "client_host_id", "size_hint", "exclude_workers", "put_parent", "put_name")
     INO_FIELD_NUMBER: _ClassVar[int]
     CLIENT_HOST_ID_FIELD_NUMBER: _ClassVar[int]
     SIZE_HINT_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    PUT_PARENT_FIELD_NUMBER: _ClassVar[int]
+    PUT_NAME_FIELD_NUMBER: _ClassVar[int]
     ino: int
     client_host_id: str
     size_hint: int
     exclude_workers: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ino: _Optional[int] = ..., client_host_id: _Optional[str] = ..., size_hint: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[int]] = ...) -> None: ...
+    put_parent: int
+    put_name: bytes
+    def __init__(self, ino: _Optional[int] = ..., client_host_id: _Optional[str] = ..., size_hint: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[int]] = ..., put_parent: _Optional[int] = ..., put_name: _Optional[bytes] = ...) -> None: ...
 
 class AddBlockReply(_message.Message):
-    __slots__ = ("block_id", "workers", "block_token")
+    __slots__ = ("block_id", "workers", "block_token", "existing")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EXISTING_FIELD_NUMBER: _ClassVar[int]
     block_id: int
     workers: _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]
     block_token: bytes
-    def __init__(self, block_id: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ..., block_token: _Optional[bytes] = ...) -> None: ...
+    existing: _common_pb2.Inode
+    def __init__(self, block_id: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ..., block_token: _Optional[bytes] = ..., existing: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ...) -> None: ...
+
+class LookupManyRequest(_message.Message):
+    __slots__ = ("parent", "names", "with_blocks")
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    WITH_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    parent: int
+    names: _containers.RepeatedScalarFieldContainer[bytes]
+    with_blocks: bool
+    def __init__(self, parent: _Optional[int] = ..., names: _Optional[_Iterable[bytes]] = ..., with_blocks: _Optional[bool] = ...) -> None: ...
+
+class LookupResult(_message.Message):
+    __slots__ = ("inode", "blocks")
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    inode: _common_pb2.Inode
+    blocks: _containers.RepeatedCompositeFieldContainer[_common_pb2.Block]
+    def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ...) -> None: ...
+
+class LookupManyReply(_message.Message):
+    __slots__ = ("results", "workers")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[LookupResult]
+    workers: _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]
+    def __init__(self, results: _Optional[_Iterable[_Union[LookupResult, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ...) -> None: ...
+
+class PutFileRequest(_message.Message):
+    __slots__ = ("request_id", "parent", "name", "mode", "uid", "gid", "blocks", "size", "mtime_ns", "session")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    parent: int
+    name: bytes
+    mode: int
+    uid: int
+    gid: int
+    blocks: _containers.RepeatedCompositeFieldContainer[_common_pb2.Block]
+    size: int
+    mtime_ns: int
+    session: int
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
+
+class PutFileReply(_message.Message):
+    __slots__ = ("inode", "existed")
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    EXISTED_FIELD_NUMBER: _ClassVar[int]
+    inode: _common_pb2.Inode
+    existed: bool
+    def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., existed: _Optional[bool] = ...) -> None: ...
 
 class CompleteFileRequest(_message.Message):
     __slots__ = ("request_id", "ino", "blocks", "size", "mtime_ns", "if_unpublished", "session", "abandoned_block_ids")

@@ -100,6 +100,16 @@ class MasterStub:
                 request_serializer=curvine_dot_proto_dot_master__pb2.CompleteFileRequest.SerializeToString,
                 response_deserializer=curvine_dot_proto_dot_master__pb2.InodeReply.FromString,
                 _registered_method=True)
+        self.LookupMany = channel.unary_unary(
+                '/curvine.Master/LookupMany',
+                request_serializer=curvine_dot_proto_dot_master__pb2.LookupManyRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.LookupManyReply.FromString,
+                _registered_method=True)
+        self.PutFile = channel.unary_unary(
+                '/curvine.Master/PutFile',
+                request_serializer=curvine_dot_proto_dot_master__pb2.PutFileRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.PutFileReply.FromString,
+                _registered_method=True)
         self.RegisterWorker = channel.unary_unary(
                 '/curvine.Master/RegisterWorker',
                 request_serializer=curvine_dot_proto_dot_master__pb2.RegisterWorkerRequest.SerializeToString,
@@ -240,6 +250,20 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CompleteFile(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LookupMany(self, request, context):
+        """The connector's (connector/store.py): every key of a prompt in one call, and a
+        whole file stored under its final name in one journaled step
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutFile(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -395,6 +419,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.CompleteFile,
                     request_deserializer=curvine_dot_proto_dot_master__pb2.CompleteFileRequest.FromString,
                     response_serializer=curvine_dot_proto_dot_master__pb2.InodeReply.SerializeToString,
+            ),
+            'LookupMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupMany,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.LookupManyRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.LookupManyReply.SerializeToString,
+            ),
+            'PutFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutFile,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.PutFileRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.PutFileReply.SerializeToString,
             ),
             'RegisterWorker': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterWorker,
@@ -808,6 +842,60 @@ class Master:
             '/curvine.Master/CompleteFile',
             curvine_dot_proto_dot_master__pb2.CompleteFileRequest.SerializeToString,
             curvine_dot_proto_dot_master__pb2.InodeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/LookupMany',
+            curvine_dot_proto_dot_master__pb2.LookupManyRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.LookupManyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/PutFile',
+            curvine_dot_proto_dot_master__pb2.PutFileRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.PutFileReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -98,3 +98,73 @@ class BlockInfoReply(_message.Message):
     length: int
     path: str
     def __init__(self, block_id: _Optional[int] = ..., length: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
+
+class LocalRequest(_message.Message):
+    __slots__ = ("hello", "open_read", "open_write", "finish_write", "abort_write")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    OPEN_READ_FIELD_NUMBER: _ClassVar[int]
+    OPEN_WRITE_FIELD_NUMBER: _ClassVar[int]
+    FINISH_WRITE_FIELD_NUMBER: _ClassVar[int]
+    ABORT_WRITE_FIELD_NUMBER: _ClassVar[int]
+    hello: LocalHello
+    open_read: LocalOpenRead
+    open_write: LocalOpenWrite
+    finish_write: LocalFinishWrite
+    abort_write: LocalAbortWrite
+    def __init__(self, hello: _Optional[_Union[LocalHello, _Mapping]] = ..., open_read: _Optional[_Union[LocalOpenRead, _Mapping]] = ..., open_write: _Optional[_Union[LocalOpenWrite, _Mapping]] = ..., finish_write: _Optional[_Union[LocalFinishWrite, _Mapping]] = ..., abort_write: _Optional[_Union[LocalAbortWrite, _Mapping]] = ...) -> None: ...
+
+class LocalHello(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LocalOpenRead(_message.Message):
+    __slots__ = ("block_id", "token")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    token: bytes
+    def __init__(self, block_id: _Optional[int] = ..., token: _Optional[bytes] = ...) -> None: ...
+
+class LocalOpenWrite(_message.Message):
+    __slots__ = ("block_id", "token", "expected_length")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    token: bytes
+    expected_length: int
+    def __init__(self, block_id: _Optional[int] = ..., token: _Optional[bytes] = ..., expected_length: _Optional[int] = ...) -> None: ...
+
+class LocalFinishWrite(_message.Message):
+    __slots__ = ("block_id", "token", "length", "checksum")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    token: bytes
+    length: int
+    checksum: int
+    def __init__(self, block_id: _Optional[int] = ..., token: _Optional[bytes] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
+
+class LocalAbortWrite(_message.Message):
+    __slots__ = ("block_id",)
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    def __init__(self, block_id: _Optional[int] = ...) -> None: ...
+
+class LocalReply(_message.Message):
+    __slots__ = ("error_kind", "error", "uuid", "worker_id", "length", "checksum")
+    ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    error_kind: int
+    error: str
+    uuid: str
+    worker_id: int
+    length: int
+    checksum: int
+    def __init__(self, error_kind: _Optional[int] = ..., error: _Optional[str] = ..., uuid: _Optional[str] = ..., worker_id: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...

@@ -25,7 +25,7 @@ from curvine.devtools.local import ClusterError, LocalCluster
 LAYERS = {
     "unit": {"test_journal", "test_mounts", "test_proto"},
     "services": {"test_calls", "test_fuse_ops", "test_fuzz", "test_keepalive", "test_master",
-                 "test_security"},
+                 "test_master_put", "test_security"},
     "daemons": {
         "test_auth", "test_bench", "test_bigdir", "test_block_garbage", "test_block_tokens",
         "test_capacity", "test_capacity_defaults", "test_cli_admin", "test_client_trust",

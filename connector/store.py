@@ -1,0 +1,506 @@
+"""The KV store every LMCache adapter of curvine uses: whole chunk files by name in one
+namespace directory, without the FUSE hop.
+
+- ``lookup(names)``: every key of a prompt in ONE master round trip (LookupMany), with
+  the blocks, their workers and read tokens, so a hit needs no second call.
+- ``get_into(entry, buffers)``: the file's bytes straight into the caller's buffers
+  (LMCache's tensor memory): from a block file of a worker on this host through a file
+  descriptor that worker passes over its Unix socket (os.preadv, no copy in Python),
+  else streamed from a worker over gRPC (one copy, out of the received messages);
+  replicas are tried in turn; every block's crc32 is checked.
+- ``put(name, buffers)``: blocks written to their workers (the local one through a
+  staging fd it hands out, os.pwritev), then PutFile publishes the whole file under its
+  final name in one journaled step: there is no temporary name, a key that exists is
+  not written again, a failed put leaves no name (its blocks are deleted, or freed by
+  the master after PUT_BLOCK_TTL).
+
+Failures of the master or of a worker never raise out of the get/lookup/put helpers
+the adapters use (``*_quietly``): they are misses, logged once per outage.  Every call
+has a deadline.  Thread-safe; blocking: adapters call it from threads (``pool``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import os
+import threading
+import zlib
+from collections.abc import Iterable, Sequence
+
+import grpc
+
+from curvine.client import block_client
+from curvine.client.domain_socket import LocalSockets
+from curvine.client.fs import CurvineFS
+from curvine.client.master_client import AccessReporter
+from curvine.common import config as config_mod
+from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error
+from curvine.common.ids import MIB, host_id
+from curvine.proto import common_pb2, worker_pb2
+
+log = logging.getLogger("curvine.connector")
+
+DEFAULT_NAMESPACE = "/l2cache"
+# A lookup is on the prompt's critical path: a master that does not answer soon is a
+# miss (the prefill recomputes), not a stall of the inference server.
+LOOKUP_TIMEOUT = 5.0
+# Blocks read or written at once by one store (several chunks of a prompt in flight).
+DEFAULT_THREADS = 16
+READ_CHUNK = MIB  # ReadBlock message size
+# A block whose first bytes the caller does not want (e.g. LMCache's metadata header,
+# read separately) is still verified when this much more is read to a scratch buffer.
+VERIFY_PREFIX_MAX = 64 * 1024
+
+Buffer = memoryview | bytearray | bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """A chunk file as LookupMany found it: what get_into needs, no further lookup."""
+
+    name: str
+    ino: int
+    size: int
+    blocks: tuple[common_pb2.Block, ...]
+    workers: dict  # worker id -> WorkerInfo
+
+
+class _Outage:
+    """Logs a failure once per outage (the first after a success) and the recovery."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self._down = False
+        self._lock = threading.Lock()
+
+    def failed(self, err: Exception) -> None:
+        with self._lock:
+            first, self._down = not self._down, True
+        if first:
+            log.warning("%s failing (treated as misses until it recovers; logged once): %s",
+                        self.what, err)
+
+    def ok(self) -> None:
+        if self._down:
+            with self._lock:
+                was, self._down = self._down, False
+            if was:
+                log.info("%s works again", self.what)
+
+
+def _views(buffers: Sequence[Buffer]) -> list[memoryview]:
+    out = []
+    for b in buffers:
+        v = b if isinstance(b, memoryview) else memoryview(b)
+        if v.ndim != 1 or v.itemsize != 1:
+            v = v.cast("B")
+        out.append(v)
+    return out
+
+
+def _slice(views: Sequence[memoryview], start: int, end: int) -> list[memoryview]:
+    """The views covering bytes [start, end) of the concatenation of ``views``."""
+    out, pos = [], 0
+    for v in views:
+        n = len(v)
+        lo, hi = max(start - pos, 0), min(end - pos, n)
+        if lo < hi:
+            out.append(v[lo:hi])
+        pos += n
+        if pos >= end:
+            break
+    return out
+
+
+def _crc(views: Iterable[memoryview], crc: int = 0) -> int:
+    for v in views:
+        crc = zlib.crc32(v, crc)
+    return crc
+
+
+def preadv_full(fd: int, views: list[memoryview], offset: int) -> int:
+    """Read until ``views`` are full or the file ends; bytes read."""
+    total, views = 0, [v for v in views if len(v)]
+    while views:
+        n = os.preadv(fd, views, offset + total)
+        if n == 0:
+            break
+        total += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
+    return total
+
+
+class KVStore:
+    """Chunk files in one namespace directory of a curvine cluster (see module doc)."""
+
+    def __init__(self, cfg: config_mod.Config, namespace: str = DEFAULT_NAMESPACE,
+                 short_circuit: bool | None = None, threads: int = DEFAULT_THREADS,
+                 fs: CurvineFS | None = None):
+        self.cfg = cfg
+        self.namespace = namespace
+        self.timeout = float(cfg.cluster.rpc_timeout)
+        self.fs = fs or CurvineFS(cfg=cfg)
+        self.master = self.fs.master
+        self.security = self.fs.security
+        self.host = host_id()
+        if short_circuit is None:
+            short_circuit = bool(cfg.client.short_circuit)
+        self.short_circuit = short_circuit
+        self.sockets = (LocalSockets(cfg.client.domain_socket_dir, timeout=self.timeout)
+                        if short_circuit and cfg.client.domain_socket_dir else None)
+        self.pool = concurrent.futures.ThreadPoolExecutor(threads,
+                                                          thread_name_prefix="curvine-kv")
+        self.access = AccessReporter(self.master)
+        self.access.start()
+        self.master_outage = _Outage(f"curvine master {self.master.address}")
+        self.worker_outage = _Outage("curvine workers")
+        self._dir: int | None = None
+        self._dir_lock = threading.Lock()
+        self._closed = False
+        self.stats = {"lookups": 0, "hits": 0, "gets": 0, "short_circuit_blocks": 0,
+                      "remote_blocks": 0, "puts": 0, "put_existed": 0, "bytes_read": 0,
+                      "bytes_written": 0}
+
+    @classmethod
+    def open(cls, conf_path: str | None = None, namespace: str = DEFAULT_NAMESPACE,
+             short_circuit: bool | None = None, **kw) -> "KVStore":
+        """The store of the cluster that ``conf_path`` names, else $CURVINE_CONF, else
+        /etc/curvine/curvine.toml (as every curvine process finds its config)."""
+        if not namespace.startswith("/"):
+            raise CurvineError(ErrorKind.INVALID, f"namespace: {namespace!r} is not an "
+                                                  "absolute path")
+        return cls(config_mod.load(conf_path), namespace, short_circuit, **kw)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.access.close()
+        if self.sockets is not None:
+            self.sockets.close()
+        self.fs.close()
+
+    def __enter__(self) -> "KVStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the namespace directory ------------------------------------------------------
+
+    def directory(self) -> int:
+        """The inode of the namespace directory (made, mode 0777 like a shared /tmp
+        without its sticky bit, on first use)."""
+        with self._dir_lock:
+            if self._dir is None:
+                self._dir = self.fs.mkdir(self.namespace, mode=0o777, parents=True).ino
+            return self._dir
+
+    def _forget_directory(self) -> None:
+        with self._dir_lock:
+            self._dir = None
+
+    # -- lookups --------------------------------------------------------------------
+
+    def lookup(self, names: Sequence[str]) -> list[Entry | None]:
+        """Every name's entry (None: not there, or still being written by a FUSE
+        writer), in one LookupMany.  Raises CurvineError on a master failure."""
+        if not names:
+            return []
+        for attempt in (0, 1):
+            parent = self.directory()
+            try:
+                reply = self.master.lookup_many(parent, [n.encode() for n in names],
+                                                timeout=min(LOOKUP_TIMEOUT, self.timeout),
+                                                wait=0)
+                break
+            except CurvineError as e:
+                if e.kind == ErrorKind.NOT_FOUND and attempt == 0:  # the dir was removed
+                    self._forget_directory()
+                    continue
+                raise
+        workers = {w.worker_id: w for w in reply.workers}
+        out: list[Entry | None] = []
+        for name, r in zip(names, reply.results):
+            node = r.inode if r.HasField("inode") else None
+            if node is None or node.type != common_pb2.FILE or node.state != common_pb2.COMPLETE:
+                out.append(None)
+                continue
+            out.append(Entry(name, node.ino, node.size, tuple(r.blocks),
+                             {w: workers[w] for b in r.blocks for w in b.worker_ids
+                              if w in workers}))
+        self.stats["lookups"] += len(names)
+        self.stats["hits"] += sum(1 for e in out if e is not None)
+        return out
+
+    def lookup_quietly(self, names: Sequence[str]) -> list[Entry | None]:
+        """lookup, with a master failure as misses (logged once per outage)."""
+        try:
+            out = self.lookup(names)
+        except CurvineError as e:
+            self.master_outage.failed(e)
+            return [None] * len(names)
+        self.master_outage.ok()
+        return out
+
+    def exists_many(self, names: Sequence[str]) -> list[bool]:
+        return [e is not None for e in self.lookup_quietly(names)]
+
+    def prefix_hits(self, names: Sequence[str]) -> int:
+        """How many names from the first are all present (LMCache's prefix match)."""
+        hits = self.exists_many(names)
+        return hits.index(False) if False in hits else len(hits)
+
+    # -- reads ---------------------------------------------------------------------
+
+    def get_into(self, entry: Entry, buffers: Sequence[Buffer], offset: int = 0) -> int:
+        """Read the file from ``offset`` into ``buffers`` (filled in order) until they
+        are full or the file ends; bytes read.  Raises CurvineError if no replica of a
+        block can be read."""
+        views = _views(buffers)
+        want = min(sum(len(v) for v in views), max(entry.size - offset, 0))
+        start, end = offset, offset + want
+        pos = 0
+        for block in entry.blocks:
+            b_start, b_end = pos, pos + block.length
+            pos = b_end
+            lo, hi = max(start, b_start), min(end, b_end)
+            if lo >= hi:
+                continue
+            targets = _slice(views, lo - start, hi - start)
+            self._read_block(entry, block, lo - b_start, targets, verify=hi == b_end)
+        self.stats["gets"] += 1
+        self.stats["bytes_read"] += want
+        self.access.note(entry.ino)
+        return want
+
+    def get_quietly(self, entry: Entry, buffers: Sequence[Buffer], offset: int = 0
+                    ) -> int | None:
+        """get_into, with failures as a miss (None), logged once per outage."""
+        try:
+            n = self.get_into(entry, buffers, offset)
+        except CurvineError as e:
+            self.worker_outage.failed(e)
+            return None
+        self.worker_outage.ok()
+        return n
+
+    def _replicas(self, entry: Entry, block) -> list:
+        """The block's workers, this host's first (short-circuit)."""
+        ws = [entry.workers[w] for w in block.worker_ids if w in entry.workers]
+        ws.sort(key=lambda w: (w.lost, not self._local(w)))
+        return ws
+
+    def _local(self, worker) -> bool:
+        return (self.sockets is not None and worker.host_id == self.host
+                and self.sockets.has(worker))
+
+    def _read_block(self, entry: Entry, block, skip: int, targets: list[memoryview],
+                    verify: bool) -> None:
+        """Bytes [skip, skip + len(targets)) of ``block`` into ``targets``."""
+        n = sum(len(t) for t in targets)
+        if block.block_id == 0:  # a hole
+            for t in targets:
+                t[:] = bytes(len(t))
+            return
+        # the prefix nobody wants is read too when small, so the crc covers the block
+        prefix = bytearray(skip) if verify and 0 < skip <= VERIFY_PREFIX_MAX else None
+        if prefix is not None:
+            targets = [memoryview(prefix)] + targets
+            skip, n = 0, n + len(prefix)
+        verify = verify and skip == 0 and block.checksum != 0
+        errors = []
+        for w in self._replicas(entry, block):
+            try:
+                if self._local(w):
+                    got = self._read_local(w, block, skip, targets)
+                    self.stats["short_circuit_blocks"] += 1
+                else:
+                    got = self._read_remote(w, block, skip, n, targets)
+                    self.stats["remote_blocks"] += 1
+                if got != n:
+                    raise CurvineError(ErrorKind.IO, f"got {got} of {n} bytes")
+                if verify and _crc(targets) != block.checksum:
+                    raise CurvineError(ErrorKind.CHECKSUM, "crc32 differs from the "
+                                                           "master's record")
+                return
+            except CurvineError as e:
+                errors.append(f"worker {w.worker_id} ({w.address}): {e}")
+        raise CurvineError(ErrorKind.UNAVAILABLE,
+                           f"{entry.name}: block {block.block_id:016x}: no replica could be "
+                           f"read ({'; '.join(errors) or 'no live location'})")
+
+    def _read_local(self, worker, block, skip: int, targets: list[memoryview]) -> int:
+        fd, _length = self.sockets.open_read(worker, block.block_id, block.token)
+        try:
+            return preadv_full(fd, list(targets), skip)
+        except OSError as e:
+            raise CurvineError(ErrorKind.IO, f"reading block fd: {e.strerror}") from None
+        finally:
+            os.close(fd)
+
+    def _read_remote(self, worker, block, skip: int, n: int, targets: list[memoryview]) -> int:
+        stream = block_client._calls(worker.address, self.security).read(
+            worker_pb2.ReadBlockRequest(block_id=block.block_id, offset=skip, length=n,
+                                        token=block.token),
+            timeout=self.timeout)
+        ti, tpos, got = 0, 0, 0
+        try:
+            for data in stream:  # a view into the received message
+                dpos, dn = 0, len(data)
+                while dpos < dn:
+                    if ti >= len(targets):
+                        raise CurvineError(ErrorKind.IO, "the worker sent more than asked")
+                    t = targets[ti]
+                    k = min(len(t) - tpos, dn - dpos)
+                    t[tpos:tpos + k] = data[dpos:dpos + k]
+                    tpos += k
+                    dpos += k
+                    if tpos == len(t):
+                        ti, tpos = ti + 1, 0
+                got += dn
+        except grpc.RpcError as e:
+            err = from_rpc_error(e)
+            raise CurvineError(err.kind, err.message) from None
+        finally:
+            stream.cancel()
+        return got
+
+    # -- writes --------------------------------------------------------------------
+
+    def put(self, name: str, buffers: Sequence[Buffer], mode: int = 0o644) -> bool:
+        """Store the concatenation of ``buffers`` as ``name``: True if stored, False if
+        the name existed (nothing written).  Raises CurvineError on failure; then no
+        name was made and the blocks written are deleted (best effort; the master frees
+        what is left after PUT_BLOCK_TTL)."""
+        views = _views(buffers)
+        size = sum(len(v) for v in views)
+        bname = name.encode()
+        parent = self.directory()
+        block_size = self.fs.block_size()
+        blocks: list[common_pb2.Block] = []
+        written: list[tuple] = []  # (worker, block id, token): undone on failure
+        try:
+            for start in range(0, size, block_size):
+                piece = _slice(views, start, min(start + block_size, size))
+                block = self._put_block(parent, bname, piece, written)
+                if block is None:  # another writer stored the name meanwhile
+                    break
+                blocks.append(block)
+            else:
+                node, existed = self.master.put_file(
+                    parent, bname, blocks, size, mode=mode, uid=os.getuid(), gid=os.getgid(),
+                    timeout=self.timeout, wait=0)
+                written.clear()  # published, or (existed) freed by the master
+                if not existed:
+                    self.stats["puts"] += 1
+                    self.stats["bytes_written"] += size
+                    return True
+                self.stats["put_existed"] += 1
+                return False
+            # existed before all blocks were written: hand the written ones back
+            if blocks:
+                self.master.put_file(parent, bname, blocks, sum(b.length for b in blocks),
+                                     timeout=self.timeout, wait=0)
+                written.clear()
+            self.stats["put_existed"] += 1
+            return False
+        finally:
+            if written:
+                self._delete_blocks(written)
+
+    def put_quietly(self, name: str, buffers: Sequence[Buffer]) -> bool | None:
+        """put, with failures as None (logged once per outage)."""
+        try:
+            stored = self.put(name, buffers)
+        except CurvineError as e:
+            (self.master_outage if e.kind in (ErrorKind.UNAVAILABLE, ErrorKind.TIMEOUT)
+             else self.worker_outage).failed(e)
+            return None
+        self.master_outage.ok()
+        return stored
+
+    def _put_block(self, parent: int, bname: bytes, piece: list[memoryview],
+                   written: list) -> common_pb2.Block | None:
+        """One block of a put on its workers (every target; the failed ones excluded on
+        one retry).  None if the name exists."""
+        n = sum(len(v) for v in piece)
+        crc = _crc(piece)
+        exclude: list[int] = []
+        errors: list[str] = []
+        for _attempt in range(2):
+            r = self.master.add_block_for_put(parent, bname, self.host, size_hint=n,
+                                              exclude=exclude, timeout=self.timeout, wait=0)
+            if r.HasField("existing"):
+                return None
+            futs = {w.worker_id: self.pool.submit(self._write_to, w, r.block_id,
+                                                  r.block_token, piece, crc)
+                    if len(r.workers) > 1 else None for w in r.workers}
+            ok = []
+            for w in r.workers:
+                try:
+                    fut = futs[w.worker_id]
+                    fut.result() if fut is not None else self._write_to(
+                        w, r.block_id, r.block_token, piece, crc)
+                    ok.append(w.worker_id)
+                    written.append((w, r.block_id, r.block_token))
+                except CurvineError as e:
+                    errors.append(f"worker {w.worker_id} ({w.address}): {e}")
+                    exclude.append(w.worker_id)
+            if ok:
+                return common_pb2.Block(block_id=r.block_id, length=n, checksum=crc,
+                                        worker_ids=ok, token=r.block_token)
+        raise CurvineError(ErrorKind.UNAVAILABLE, "no worker stored the block: "
+                                                  + "; ".join(errors))
+
+    def _write_to(self, worker, block_id: int, token: bytes, piece: list[memoryview],
+                  crc: int) -> None:
+        if self._local(worker):
+            length, got = self.sockets.write(worker, block_id, token, piece, crc)
+        else:
+            data = piece[0] if len(piece) == 1 else b"".join(piece)
+            length, got = block_client.write_block(worker, block_id, data,
+                                                   timeout=self.timeout, token=token,
+                                                   security=self.security)
+        if got != crc:
+            raise CurvineError(ErrorKind.CHECKSUM, f"block {block_id:016x} stored with crc32 "
+                                                   f"{got:08x}, sent {crc:08x}")
+
+    def _delete_blocks(self, written: list) -> None:
+        by_worker: dict[str, tuple] = {}
+        for w, block_id, token in written:
+            _, ids, tokens = by_worker.setdefault(w.address, (w, [], []))
+            ids.append(block_id)
+            tokens.append(token)
+        for w, ids, tokens in by_worker.values():
+            try:
+                block_client._calls(w.address, self.security).stub.DeleteBlocks(
+                    worker_pb2.DeleteBlocksRequest(block_ids=ids, tokens=tokens),
+                    timeout=self.timeout)
+            except grpc.RpcError as e:
+                log.debug("deleting the blocks of a failed put on %s: %s", w.address,
+                          from_rpc_error(e).message)
+
+    # -- the rest of the interface -----------------------------------------------------
+
+    def list(self, suffix: str = "") -> list[str]:
+        """The names in the namespace directory (ending in ``suffix``)."""
+        return [e.name.decode(errors="surrogateescape")
+                for e in self.master.iterdir(self.directory())
+                if e.name.endswith(suffix.encode())]
+
+    def remove(self, name: str) -> bool:
+        try:
+            self.master.unlink(self.directory(), name.encode())
+            return True
+        except CurvineError as e:
+            if e.kind != ErrorKind.NOT_FOUND:
+                log.warning("removing %s: %s", name, e)
+            return False
