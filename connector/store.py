@@ -154,8 +154,13 @@ class KVStore:
         self.short_circuit = short_circuit
         self.sockets = (LocalSockets(cfg.client.domain_socket_dir, timeout=self.timeout)
                         if short_circuit and cfg.client.domain_socket_dir else None)
+        # for callers that move several chunks at once (the adapters' batches)
         self.pool = concurrent.futures.ThreadPoolExecutor(threads,
                                                           thread_name_prefix="curvine-kv")
+        # a block's replicas written at once: its own threads, so a put running in
+        # ``pool`` never waits for a thread of ``pool`` (no deadlock when it is full)
+        self._fanout = concurrent.futures.ThreadPoolExecutor(threads,
+                                                             thread_name_prefix="curvine-rep")
         self.access = AccessReporter(self.master)
         self.access.start()
         self.master_outage = _Outage(f"curvine master {self.master.address}")
@@ -182,6 +187,7 @@ class KVStore:
             return
         self._closed = True
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self._fanout.shutdown(wait=True, cancel_futures=True)
         self.access.close()
         if self.sockets is not None:
             self.sockets.close()
@@ -440,7 +446,7 @@ class KVStore:
                                               exclude=exclude, timeout=self.timeout, wait=0)
             if r.HasField("existing"):
                 return None
-            futs = {w.worker_id: self.pool.submit(self._write_to, w, r.block_id,
+            futs = {w.worker_id: self._fanout.submit(self._write_to, w, r.block_id,
                                                   r.block_token, piece, crc)
                     if len(r.workers) > 1 else None for w in r.workers}
             ok = []
