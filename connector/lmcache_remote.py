@@ -151,40 +151,50 @@ class CurvineRemoteConnector(RemoteConnector):
         entry = entry or self._entry(key)
         if entry is None:
             return None
-        obj = None
         try:
-            obj = self._read(entry)
-            return obj
+            return self._read(entry)
         except Exception as e:  # noqa: BLE001 - a miss, never an exception into LMCache
             log.warning("curvine: reading %s failed (a miss): %s", entry.name, e)
-            if obj is not None:
-                obj.ref_count_down()
             return None
 
+    def _read_into(self, entry: Entry, shapes, dtypes, fmt, header: bytearray | None,
+                   offset: int = 0) -> tuple[Optional[MemoryObj], int]:
+        """A memory object of this layout filled from the file (after ``header``, if
+        given): (object, bytes read), or (None, 0) with the object released."""
+        obj = self.local_cpu_backend.allocate(shapes, dtypes, fmt)
+        if obj is None:
+            return None, 0
+        try:
+            buffers = [obj.byte_array] if header is None else [header, obj.byte_array]
+            n = self.store.get_quietly(entry, buffers, offset)
+        except BaseException:
+            obj.ref_count_down()
+            raise
+        if n is None:
+            obj.ref_count_down()
+            return None, 0
+        return obj, n
+
     def _read(self, entry: Entry) -> Optional[MemoryObj]:
-        store = self.store
         if not self.save_chunk_meta:
-            obj = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes,
-                                                  self.meta_fmt)
+            obj, n = self._read_into(entry, self.meta_shapes, self.meta_dtypes,
+                                     self.meta_fmt, None)
             if obj is None:
                 return None
-            n = store.get_quietly(entry, [obj.byte_array])
-            if n is None:
+            try:
+                return self.reshape_partial_chunk(obj, n)
+            except ValueError as e:
                 obj.ref_count_down()
+                log.warning("curvine: %s: %s", entry.name, e)
                 return None
-            return self.reshape_partial_chunk(obj, n)
         hdr_len = self.remote_metadata_bytes
         if entry.size == hdr_len + self.full_chunk_size_bytes:
             # a full chunk (all but a prompt's last): allocate as the engine's chunk
             # shape and read header and data in one pass, then check the header agrees
-            obj = self.local_cpu_backend.allocate(self.meta_shapes, self.meta_dtypes,
-                                                  self.meta_fmt)
-            if obj is None:
-                return None
             header = bytearray(hdr_len)
-            n = store.get_quietly(entry, [header, obj.byte_array])
-            if n is None:
-                obj.ref_count_down()
+            obj, n = self._read_into(entry, self.meta_shapes, self.meta_dtypes,
+                                     self.meta_fmt, header)
+            if obj is None:
                 return None
             meta = RemoteMetadata.deserialize(header)
             if (n == entry.size and meta.length == len(obj.byte_array)
@@ -194,18 +204,15 @@ class CurvineRemoteConnector(RemoteConnector):
                 return obj
             obj.ref_count_down()  # another layout: read it as the header says
         header = bytearray(hdr_len)
-        if store.get_quietly(entry, [header]) != hdr_len:
+        if self.store.get_quietly(entry, [header]) != hdr_len:
             return None
         meta = RemoteMetadata.deserialize(header)
         if meta.length != entry.size - hdr_len:
             log.warning("curvine: %s: header says %d bytes, the file holds %d", entry.name,
                         meta.length, entry.size - hdr_len)
             return None
-        obj = self.local_cpu_backend.allocate(meta.shapes, meta.dtypes, meta.fmt)
-        if obj is None:
-            return None
-        n = store.get_quietly(entry, [obj.byte_array], offset=hdr_len)
-        if n != len(obj.byte_array):
+        obj, n = self._read_into(entry, meta.shapes, meta.dtypes, meta.fmt, None, hdr_len)
+        if obj is not None and n != len(obj.byte_array):
             obj.ref_count_down()
             return None
         return obj

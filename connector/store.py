@@ -94,7 +94,7 @@ def _views(buffers: Sequence[Buffer]) -> list[memoryview]:
     out = []
     for b in buffers:
         v = b if isinstance(b, memoryview) else memoryview(b)
-        if v.ndim != 1 or v.itemsize != 1:
+        if v.format != "B" or v.ndim != 1:  # e.g. ctypes arrays ("<B"): plain bytes
             v = v.cast("B")
         out.append(v)
     return out
