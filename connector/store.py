@@ -26,12 +26,14 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 import zlib
 from collections.abc import Iterable, Sequence
 
 import grpc
 
 from curvine.client import block_client
+from curvine.client.data_port import DataPorts
 from curvine.client.domain_socket import LocalSockets
 from curvine.client.fs import CurvineFS
 from curvine.client.master_client import AccessReporter
@@ -49,6 +51,7 @@ LOOKUP_TIMEOUT = 5.0
 # Blocks read or written at once by one store (several chunks of a prompt in flight).
 DEFAULT_THREADS = 16
 READ_CHUNK = MIB  # ReadBlock message size
+DATA_PORT_RETRY = 60.0  # seconds a worker whose data port failed is read over gRPC
 # A block whose first bytes the caller does not want (e.g. LMCache's metadata header,
 # read separately) is still verified when this much more is read to a scratch buffer.
 VERIFY_PREFIX_MAX = 64 * 1024
@@ -155,6 +158,10 @@ class KVStore:
         self.sockets = (LocalSockets(cfg.client.domain_socket_dir, timeout=self.timeout)
                         if short_circuit and cfg.client.domain_socket_dir else None)
         # for callers that move several chunks at once (the adapters' batches)
+        # remote reads: the workers' bulk read ports (plain TCP + sendfile, straight
+        # into the caller's buffer) when the cluster runs without TLS, else gRPC
+        self.data_ports = DataPorts(self.timeout) if self.security.material is None else None
+        self._no_data_port: dict[str, float] = {}  # address -> until when gRPC is used
         self.pool = concurrent.futures.ThreadPoolExecutor(threads,
                                                           thread_name_prefix="curvine-kv")
         # a block's replicas written at once: its own threads, so a put running in
@@ -189,6 +196,8 @@ class KVStore:
         self.pool.shutdown(wait=True, cancel_futures=True)
         self._fanout.shutdown(wait=True, cancel_futures=True)
         self.access.close()
+        if self.data_ports is not None:
+            self.data_ports.close()
         if self.sockets is not None:
             self.sockets.close()
         self.fs.close()
@@ -353,6 +362,22 @@ class KVStore:
             os.close(fd)
 
     def _read_remote(self, worker, block, skip: int, n: int, targets: list[memoryview]) -> int:
+        address = worker.data_address
+        if (self.data_ports is not None and address
+                and self._no_data_port.get(address, 0) < time.monotonic()):
+            try:
+                return self.data_ports.read_into(address, block.block_id, block.token, skip,
+                                                 targets)
+            except CurvineError as e:
+                if e.kind != ErrorKind.UNAVAILABLE:
+                    raise
+                # unreachable (a firewall?): gRPC to this worker for a while
+                log.info("worker %d: data port %s unreachable, reading over gRPC for %gs: "
+                         "%s", worker.worker_id, address, DATA_PORT_RETRY, e)
+                self._no_data_port[address] = time.monotonic() + DATA_PORT_RETRY
+        return self._read_grpc(worker, block, skip, n, targets)
+
+    def _read_grpc(self, worker, block, skip: int, n: int, targets: list[memoryview]) -> int:
         stream = block_client._calls(worker.address, self.security).read(
             worker_pb2.ReadBlockRequest(block_id=block.block_id, offset=skip, length=n,
                                         token=block.token),

@@ -475,6 +475,8 @@ class Master:
             raise invalid("worker.uuid", "required, at most 64 characters")
         if not info.address or len(info.address) > 255 or ":" not in info.address:
             raise invalid("worker.address", "must be host:port")
+        if info.data_address and (len(info.data_address) > 255 or ":" not in info.data_address):
+            raise invalid("worker.data_address", "must be host:port (or empty)")
         if len(secret) > 64:
             raise invalid("secret", "at most 64 bytes")
         digest = hashlib.sha256(secret).digest() if secret else b""
@@ -490,9 +492,12 @@ class Master:
                                "new uuid")
         record = common_pb2.WorkerInfo(worker_id=wid, uuid=info.uuid, host_id=info.host_id,
                                        address=info.address, data_dirs=info.data_dirs,
-                                       secret_digest=bound or digest)
-        if known is None or (known.address, known.host_id, list(known.data_dirs)) != (
-                info.address, info.host_id, list(info.data_dirs)) or (digest and not bound):
+                                       secret_digest=bound or digest,
+                                       data_address=info.data_address)
+        if known is None or (known.address, known.host_id, list(known.data_dirs),
+                             known.data_address) != (
+                info.address, info.host_id, list(info.data_dirs), info.data_address) or (
+                digest and not bound):
             def plan(txn):
                 if not record.worker_id:
                     # From the store inside this transaction, not the registry: workers

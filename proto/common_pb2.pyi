@@ -82,7 +82,7 @@ class BlockList(_message.Message):
     def __init__(self, blocks: _Optional[_Iterable[_Union[Block, _Mapping]]] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "uuid", "host_id", "address", "data_dirs", "capacity", "used", "lost", "secret_digest")
+    __slots__ = ("worker_id", "uuid", "host_id", "address", "data_dirs", "capacity", "used", "lost", "secret_digest", "data_address")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class WorkerInfo(_message.Message):
     USED_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
     SECRET_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     uuid: str
     host_id: str
@@ -101,7 +102,8 @@ class WorkerInfo(_message.Message):
     used: int
     lost: bool
     secret_digest: bytes
-    def __init__(self, worker_id: _Optional[int] = ..., uuid: _Optional[str] = ..., host_id: _Optional[str] = ..., address: _Optional[str] = ..., data_dirs: _Optional[_Iterable[str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., lost: _Optional[bool] = ..., secret_digest: _Optional[bytes] = ...) -> None: ...
+    data_address: str
+    def __init__(self, worker_id: _Optional[int] = ..., uuid: _Optional[str] = ..., host_id: _Optional[str] = ..., address: _Optional[str] = ..., data_dirs: _Optional[_Iterable[str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., lost: _Optional[bool] = ..., secret_digest: _Optional[bytes] = ..., data_address: _Optional[str] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()

@@ -1,0 +1,189 @@
+"""The worker's bulk read port: a block range over plain TCP, sent with sendfile(2).
+
+gRPC streaming costs several copies of every byte on each side and about 0.6-0.9 GB/s
+per stream on loopback (MEASURED.md).  A reader on another node (the cross-pod hit the
+L2 exists for) needs more, so a worker also serves block reads on this port: the
+kernel copies the block from the page cache to the socket (no copy in Python here) and
+the client receives straight into its buffer (client/data_port.py, ``recv_into``).
+
+Wire (big-endian), many requests per connection, one at a time:
+  request  b"CVR1" block_id:u64 offset:u64 length:u64 token_len:u16 token
+  reply    status:u32 length:u64, then (status 0) length bytes of the block,
+           or (status = an ErrorKind) message_len:u16 message (utf-8)
+``length`` 0 = to the end of the block.  Authorization is the block's read token,
+checked exactly as the gRPC service checks it (``WorkerServicer._authorize``).
+
+Used only when the cluster runs without TLS (the port would bypass it; with TLS the
+client reads over gRPC).  Bounded like the domain socket: ``max_connections``
+(one thread each; one more is refused BUSY and closed), an idle connection is dropped
+after ``idle_timeout``, a malformed request ends its connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import threading
+
+from curvine.common import block_tokens
+from curvine.common.blocks import check_block_id
+from curvine.common.errors import CurvineError, ErrorKind, invalid
+from curvine.common.metrics import WORKER_READ_REMOTE
+
+from .service import WorkerServicer
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"CVR1"
+REQUEST = struct.Struct(">4sQQQH")
+REPLY = struct.Struct(">IQ")
+MAX_TOKEN = 256
+MAX_CONNECTIONS = 64
+IDLE_TIMEOUT = 60.0
+SEND_TIMEOUT = 30.0  # a reader that takes nothing for this long is dropped
+SOCKET_BUFFER = 4 << 20
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
+    """n bytes, or None if the peer closed before the first byte."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = conn.recv_into(view[got:])
+        if k == 0:
+            if got == 0:
+                return None
+            raise ConnectionError("the peer closed mid-request")
+        got += k
+    return bytes(buf)
+
+
+def error_reply(e: CurvineError) -> bytes:
+    msg = str(e).encode()[:4000]
+    return REPLY.pack(int(e.kind), 0) + struct.pack(">H", len(msg)) + msg
+
+
+class DataPortServer:
+    """Serves block reads of ``servicer.store`` on ``host:port`` (0 = any free port)."""
+
+    def __init__(self, servicer: WorkerServicer, host: str, port: int,
+                 max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT):
+        self.servicer = servicer
+        self.store = servicer.store
+        self.max_connections = max_connections
+        self.idle_timeout = idle_timeout
+        self._listener = socket.create_server((host, port), backlog=128)
+        self._listener.settimeout(0.5)
+        self.port = self._listener.getsockname()[1]
+        self.host = host
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._conns: dict[socket.socket, threading.Thread] = {}
+        self._thread = threading.Thread(target=self._accept_loop, name="data-port",
+                                        daemon=True)
+        self.served_bytes = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._closing.set()
+        self._thread.join(timeout)
+        self._listener.close()
+        with self._lock:
+            conns = list(self._conns.items())
+        for conn, _ in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for _, thread in conns:
+            thread.join(timeout)
+
+    def _accept_loop(self) -> None:
+        while not self._closing.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError as e:
+                if self._closing.is_set():
+                    break
+                log.warning("data port: accept failed: %s", e)
+                self._closing.wait(0.1)
+                continue
+            with self._lock:
+                full = len(self._conns) >= self.max_connections
+                if not full:
+                    thread = threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                                              name="data-port-conn")
+                    self._conns[conn] = thread
+            if full:
+                try:
+                    conn.setblocking(False)
+                    conn.send(error_reply(CurvineError(
+                        ErrorKind.BUSY, f"worker data port: {self.max_connections} "
+                                        "connections open; try again")))
+                except OSError:
+                    pass
+                conn.close()
+            else:
+                thread.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+            while not self._closing.is_set():
+                conn.settimeout(self.idle_timeout)
+                head = _recv_exact(conn, REQUEST.size)
+                if head is None:
+                    break
+                magic, block_id, offset, length, token_len = REQUEST.unpack(head)
+                if magic != MAGIC or token_len > MAX_TOKEN:
+                    conn.sendall(error_reply(invalid("request", "not a curvine data port "
+                                                                "request")))
+                    break
+                token = _recv_exact(conn, token_len) if token_len else b""
+                conn.settimeout(SEND_TIMEOUT)
+                self._send_block(conn, block_id, offset, length, token or b"")
+        except (OSError, ConnectionError):
+            pass  # the peer went away, or went silent
+        except Exception:  # noqa: BLE001 - a bug must not take the worker down
+            log.exception("data port: connection failed")
+        finally:
+            with self._lock:
+                self._conns.pop(conn, None)
+            conn.close()
+
+    def _send_block(self, conn: socket.socket, block_id: int, offset: int, length: int,
+                    token: bytes) -> None:
+        try:
+            check_block_id(block_id)
+            self.servicer._authorize(block_id, token, block_tokens.READ, "token")
+            size, path = self.store.info(block_id)
+            if offset > size:
+                raise invalid("offset", f"{offset} is beyond the block's {size} bytes")
+            n = min(length or size - offset, size - offset)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except CurvineError as e:
+            conn.sendall(error_reply(e))
+            return
+        except OSError as e:  # deleted between info and open: as if it were not here
+            conn.sendall(error_reply(CurvineError(ErrorKind.NOT_FOUND,
+                                                  f"block {block_id:016x}: {e.strerror}")))
+            return
+        sent = 0
+        try:
+            conn.sendall(REPLY.pack(0, n))
+            while sent < n:
+                k = os.sendfile(conn.fileno(), fd, offset + sent, n - sent)
+                if k == 0:  # the file shrank under us: the client sees a short read
+                    raise ConnectionError("block file ended early")
+                sent += k
+        finally:
+            os.close(fd)
+            WORKER_READ_REMOTE.inc(sent)
+            self.served_bytes += sent
