@@ -133,6 +133,14 @@ class WorkerConfig:
     rpc_threads: int = 32
     # a block stream that neither sends nor takes a message this long is cancelled
     stream_idle_timeout: Duration = Duration(60.0)
+    # Unix domain socket passing block file descriptors to local clients that may not
+    # open the data dirs (worker/domain_socket.py); "" = off.  Must end in .sock
+    # (clients find it by listing client.domain_socket_dir).
+    domain_socket: str = "/run/curvine/worker.sock"
+    # TCP port of the bulk read port (worker/data_port.py: block ranges with sendfile,
+    # for remote readers such as the LMCache connector); 0 = off.  Not served when TLS
+    # is on (it would bypass it): readers then use gRPC.
+    data_port: int = 8998
 
 
 @dataclass
@@ -144,6 +152,9 @@ class ClientConfig:
     rpc_threads: int = 16
     readahead_blocks: int = 4  # MiB in flight per remote read stream
     access_report_interval: Duration = Duration(1.0)  # opens reported for LRU eviction
+    # where the local workers' domain sockets are (every *.sock: worker.domain_socket);
+    # "" = no descriptor passing
+    domain_socket_dir: str = "/run/curvine"
 
 
 @dataclass
@@ -375,6 +386,15 @@ def _problems(cfg: Config):
         yield ("master.stream_idle_timeout",), "must not be negative (0 = never)"
     if w.stream_idle_timeout < 0:
         yield ("worker.stream_idle_timeout",), "must not be negative (0 = never)"
+    if not 0 <= w.data_port <= 65535:
+        yield ("worker.data_port",), f"must be a TCP port (0 = off), got {w.data_port}"
+    if w.domain_socket:
+        if not os.path.isabs(w.domain_socket) or not w.domain_socket.endswith(".sock"):
+            yield (("worker.domain_socket",), f"must be an absolute path ending in .sock "
+                   f"(or \"\" for none), got {w.domain_socket!r}")
+    if cfg.client.domain_socket_dir and not os.path.isabs(cfg.client.domain_socket_dir):
+        yield (("client.domain_socket_dir",), f"must be an absolute path (or \"\" for none), "
+               f"got {cfg.client.domain_socket_dir!r}")
     if cfg.client.readahead_blocks < 1:
         yield ("client.readahead_blocks",), "must be at least 1"
     if cfg.log.level.upper() not in _LOG_LEVELS:

@@ -176,7 +176,7 @@ class KVStore:
         self._dir_lock = threading.Lock()
         self._closed = False
         self.stats = {"lookups": 0, "hits": 0, "gets": 0, "short_circuit_blocks": 0,
-                      "remote_blocks": 0, "puts": 0, "put_existed": 0, "bytes_read": 0,
+                      "remote_blocks": 0, "data_port_blocks": 0, "puts": 0, "put_existed": 0, "bytes_read": 0,
                       "bytes_written": 0}
 
     @classmethod
@@ -366,8 +366,10 @@ class KVStore:
         if (self.data_ports is not None and address
                 and self._no_data_port.get(address, 0) < time.monotonic()):
             try:
-                return self.data_ports.read_into(address, block.block_id, block.token, skip,
-                                                 targets)
+                got = self.data_ports.read_into(address, block.block_id, block.token, skip,
+                                                targets)
+                self.stats["data_port_blocks"] += 1
+                return got
             except CurvineError as e:
                 if e.kind != ErrorKind.UNAVAILABLE:
                     raise

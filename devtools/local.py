@@ -349,6 +349,16 @@ class LocalCluster:
         the TLS keys (what `curvine local up` prints as CURVINE_CONF)."""
         return self._path(CLIENT_CONF)
 
+    @property
+    def socket_dir(self) -> str:
+        """BASE/run: the workers' domain sockets (client.domain_socket_dir of every
+        client config this cluster writes)."""
+        return self._path("run")
+
+    def socket_path(self, index: int) -> str:
+        """Worker ``index``'s domain socket (worker.domain_socket)."""
+        return os.path.join(self.socket_dir, f"worker-{index}.sock")
+
     def log_path(self, role: str, index: int = 0) -> str:
         self._check_role(role)
         return self._path("logs", f"{role}-{index}.log")
@@ -577,7 +587,8 @@ class LocalCluster:
                          for f in dataclasses.fields(cfg.security) if f.name.startswith("tls_")}
         self._load_security()
         n = 1 + self.n_workers
-        ports = free_ports(2 * n + self.n_mounts + 1)
+        ports = free_ports(2 * n + self.n_mounts + 1 + self.n_workers)
+        data_ports, ports = ports[:self.n_workers], ports[self.n_workers:]
         grpc_ports, http_ports, worker_port = ports[:n], ports[n:-1], ports[-1]
         self.master_addr = f"{HOST}:{grpc_ports[0]}"
         self.master_worker_port = worker_port
@@ -615,8 +626,11 @@ class LocalCluster:
         for i in range(self.n_workers):
             port, http = grpc_ports[1 + i], http_ports[1 + i]
             data = self._path("worker", str(i), "data")
+            # its own socket in BASE/run, where this cluster's clients look for them
+            sock = self.socket_path(i) if cfg.worker.domain_socket else ""
             wconf = conf_file("worker", i, host=HOST, port=port, http_port=http,
-                              data_dirs=[data])
+                              data_dirs=[data], domain_socket=sock,
+                              data_port=data_ports[i] if cfg.worker.data_port else 0)
             self._add("worker", i, ["--conf", wconf, "--master", self.master_addr,
                                     "--host", HOST, "--port", str(port), "--data-dir", data],
                       address=f"{HOST}:{port}", http_port=http)
@@ -624,7 +638,8 @@ class LocalCluster:
         # data dirs, and nowhere else (unless the given config names its own).
         cfg.client = dataclasses.replace(cfg.client, short_circuit_dirs=list(
             cfg.client.short_circuit_dirs) or [self._path("worker", str(j), "data")
-                                               for j in range(self.n_workers)])
+                                               for j in range(self.n_workers)],
+            domain_socket_dir=self.socket_dir if cfg.client.domain_socket_dir else "")
         # The other curvine commands (fs, report) reach this cluster with it.
         _write_atomic(self.client_conf, _config.to_toml(seen_by("client")).encode())
         for i, mnt in enumerate(self.mounts):

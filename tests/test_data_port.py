@@ -55,7 +55,7 @@ def port(cluster):
 
 
 def test_ranges_arrive_byte_exact_in_the_callers_buffers(cluster, port):
-    data = os.urandom(5 * MiB + 123)
+    data = os.urandom(14 * MiB + 123)  # more than the socket buffers hold
     block = stored_block(cluster, data)
     ports = DataPorts(timeout=10)
     address = f"127.0.0.1:{port.port}"
@@ -145,3 +145,29 @@ def test_close_ends_connections_and_the_client_reports_unavailable(cluster, port
         assert e.value.kind == ErrorKind.UNAVAILABLE
     finally:
         ports.close()
+
+
+def test_the_daemon_serves_no_data_port_with_tls_on_or_port_0(cluster):
+    """With TLS the port would bypass it: the worker daemon does not open it (readers
+    use gRPC); worker.data_port 0 turns it off."""
+    from types import SimpleNamespace
+    from curvine.common.config import WorkerConfig
+    from curvine.worker.server import start_data_port
+    servicer = cluster.worker(1).servicer
+    tls_on = SimpleNamespace(material=object())
+    assert start_data_port(WorkerConfig(host="127.0.0.1", data_port=0), servicer,
+                           NO_SECURITY) is None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert start_data_port(WorkerConfig(host="127.0.0.1", data_port=port), servicer,
+                           tls_on) is None
+    server = start_data_port(WorkerConfig(host="127.0.0.1", data_port=port), servicer,
+                             NO_SECURITY)
+    try:
+        assert server is not None and server.port == port
+        # a port in use: one error line, no port, the worker serves on
+        assert start_data_port(WorkerConfig(host="127.0.0.1", data_port=port), servicer,
+                               NO_SECURITY) is None
+    finally:
+        server.close()

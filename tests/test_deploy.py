@@ -513,7 +513,8 @@ def test_configmap_is_a_valid_config_and_agrees_with_the_manifests(tmp_path):
     assert pod["nodeSelector"] and pod["tolerations"]
     assert pod["hostNetwork"] and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
     worker, fuse = _container(pod, "worker"), _container(pod, "fuse")
-    assert {p["containerPort"] for p in worker["ports"]} == {cfg.worker.port, cfg.worker.http_port}
+    assert {p["containerPort"] for p in worker["ports"]} == {cfg.worker.port, cfg.worker.data_port,
+                                                             cfg.worker.http_port}
     assert _http_probe_ports(worker) == {cfg.worker.http_port}
     assert _http_probe_ports(fuse) == {cfg.fuse.http_port}
     assert worker["args"] == ["--host", "$(NODE_IP)"]
@@ -545,6 +546,34 @@ def test_configmap_is_a_valid_config_and_agrees_with_the_manifests(tmp_path):
     env = {e["name"]: e.get("value") for e in vllm["env"]}
     assert env["LMCACHE_REMOTE_URL"].startswith(f"fs://localhost:0{cfg.fuse.mountpoint}/")
     assert env["PYTHONHASHSEED"] == "0"
+
+
+def test_the_domain_socket_reaches_pods_without_the_data_dirs(tmp_path):
+    """Issue 14: the worker's socket dir is a hostPath of the worker container, the
+    inference pod mounts the same host dir at client.domain_socket_dir and nothing of
+    the worker's data; the systemd worker unit creates that dir (RuntimeDirectory)."""
+    docs = _manifests()
+    cfg = _config_of(docs, tmp_path)
+    sock_dir = os.path.dirname(cfg.worker.domain_socket)
+    assert cfg.worker.domain_socket.endswith(".sock") and cfg.client.domain_socket_dir == sock_dir
+    pod = _one(docs, "DaemonSet", "curvine-node")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    worker = _container(pod, "worker")
+    mount = next(m for m in worker["volumeMounts"] if m["mountPath"] == sock_dir)
+    host_dir = volumes[mount["name"]]["hostPath"]["path"]
+    nvme = {volumes[m["name"]]["hostPath"]["path"] for m in worker["volumeMounts"]
+            if m["mountPath"] in cfg.worker.data_dirs}
+    vllm_pod = _one(docs, "Pod")["spec"]
+    vllm_volumes = {v["name"]: v for v in vllm_pod["volumes"]}
+    mounted = {m["mountPath"]: vllm_volumes[m["name"]].get("hostPath", {}).get("path")
+               for m in vllm_pod["containers"][0]["volumeMounts"]}
+    assert mounted.get(cfg.client.domain_socket_dir) == host_dir
+    assert not nvme & set(mounted.values()), "the inference pod mounts the worker's data dir"
+    assert not any(p in cfg.worker.data_dirs for p in mounted)
+    unit = _unit("curvine-worker.service")
+    assert config.Config().worker.domain_socket == "/run/curvine/worker.sock"
+    assert _values(unit, "Service", "RuntimeDirectory") == ["curvine"]
+    assert _values(unit, "Service", "RuntimeDirectoryMode") == ["0755"]
 
 
 def test_a_bad_configmap_is_caught(tmp_path):

@@ -17,6 +17,10 @@ Short-circuit writes: a client on this host writes a block's staging file itself
 type, link count and length and puts it into place like a finished write (one
 finalisation for both: ``BlockStore._put_in_place``).  Client
 staging files whose writer is gone (the flock is free) are swept periodically.
+A client without access to the data dirs writes through a descriptor instead: the
+worker's own staging file (``begin_write``), passed over its domain socket
+(worker/domain_socket.py) and finalised with ``BlockWriter.finish_external``; the
+worker's read-only descriptor of a block (``open_block``) is passed the same way.
 
 Private: every directory of a data dir is 0700 and every file the worker creates is
 0600 (an adopted file is made 0600 too); at start the data dir and its staging and
@@ -521,6 +525,25 @@ class BlockStore:
             raise invalid("offset", "must not be negative")
         if length < 0:
             raise invalid("length", "must not be negative")
+        fd, size = self.open_block(block_id)
+        try:
+            if offset > size:
+                raise invalid("offset", f"{offset} is beyond the end of the block ({size} bytes)")
+            if length == 0:
+                length = size - offset
+            elif offset + length > size:
+                raise invalid("length", f"{offset}+{length} is beyond the end of the block "
+                                        f"({size} bytes)")
+        except BaseException:
+            os.close(fd)
+            raise
+        return BlockChunks(fd, block_id, offset, length, chunk)
+
+    def open_block(self, block_id: int) -> tuple[int, int]:
+        """(read-only descriptor, size) of a finalised block; the caller closes it.
+        NOT_FOUND if absent.  The open file keeps the data readable even if the block
+        is deleted meanwhile (reads here, and descriptors passed to local clients)."""
+        block_id = check_block_id(block_id)
         with self._lock:
             entry = self._blocks.get(block_id)
         if entry is None:
@@ -535,18 +558,10 @@ class BlockStore:
         except OSError as e:
             raise _disk_error(e, path) from None
         try:
-            size = os.fstat(fd).st_size
-            if offset > size:
-                raise invalid("offset", f"{offset} is beyond the end of the block ({size} bytes)")
-            if length == 0:
-                length = size - offset
-            elif offset + length > size:
-                raise invalid("length", f"{offset}+{length} is beyond the end of the block "
-                                        f"({size} bytes)")
-        except BaseException:
+            return fd, os.fstat(fd).st_size
+        except OSError as e:
             os.close(fd)
-            raise
-        return BlockChunks(fd, block_id, offset, length, chunk)
+            raise _disk_error(e, path) from None
 
     def delete(self, block_ids: Iterable[int]) -> int:
         """Unlink blocks; ids that are not here are fine.  Returns how many were removed."""
@@ -616,6 +631,42 @@ class BlockWriter:
                 ErrorKind.CHECKSUM,
                 f"checksum: block {self.block_id:016x} arrived with crc32 {self.crc:08x}, "
                 f"the client sent {checksum:08x}")
+        return self._finalise()
+
+    def fileno(self) -> int:
+        """The staging file's descriptor (write-only), e.g. to pass to a local client."""
+        if self._fd is None:
+            raise CurvineError(ErrorKind.INVALID, "block already finished")
+        return self._fd
+
+    def finish_external(self, length: int, checksum: int) -> tuple[int, int]:
+        """Finalise a staging file that a client on this host wrote through its
+        descriptor (worker/domain_socket.py) instead of ``append``: its size must be
+        ``length``; the bytes are accounted like adopt's (the reservation covers what it
+        can, the rest must fit the capacity: else NO_SPACE), and the client's
+        ``checksum`` is recorded, not recomputed.  Any failure aborts."""
+        if self._done:
+            raise CurvineError(ErrorKind.INVALID, "finish: block already finished")
+        try:
+            if self.length:
+                raise invalid("length", "the block was written through append")
+            try:
+                size = os.fstat(self._fd).st_size
+            except OSError as e:
+                raise _disk_error(e, self.staging_path) from None
+            if size != length:
+                raise invalid("length", f"the staging file of block {self.block_id:016x} "
+                                        f"holds {size} bytes, not {length}")
+            self.store._grow(self, length)
+        except CurvineError:
+            self.abort()
+            raise
+        self.length = length  # counted in used from here on, released by abort
+        self.crc = checksum
+        return self._finalise()
+
+    def _finalise(self) -> tuple[int, int]:
+        """The staging file becomes the block (``BlockStore._put_in_place``)."""
         store = self.store
         try:
             store._put_in_place(self.block_id, self.dir_index, self.staging_path, self._fd,

@@ -176,14 +176,15 @@ class DataPortServer:
                                                   f"block {block_id:016x}: {e.strerror}")))
             return
         sent = 0
-        try:
-            conn.sendall(REPLY.pack(0, n))
-            while sent < n:
-                k = os.sendfile(conn.fileno(), fd, offset + sent, n - sent)
-                if k == 0:  # the file shrank under us: the client sees a short read
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            try:
+                conn.sendall(REPLY.pack(0, n))
+                # socket.sendfile: sendfile(2), waiting for the socket within its timeout
+                # (the socket is non-blocking underneath, so os.sendfile alone would
+                # stop at EAGAIN)
+                sent = conn.sendfile(f, offset, n)
+                if sent < n:  # the file shrank under us: the client sees a short read
                     raise ConnectionError("block file ended early")
-                sent += k
-        finally:
-            os.close(fd)
-            WORKER_READ_REMOTE.inc(sent)
-            self.served_bytes += sent
+            finally:
+                WORKER_READ_REMOTE.inc(sent)
+                self.served_bytes += sent

@@ -6,7 +6,10 @@ the master is down), send the full block report, and only then tell systemd
 READY=1.  Reads are served from the moment the gRPC server is up.  A heartbeat every
 ``worker.heartbeat_interval`` carries capacity and usage (and the outcome of block
 copies); the master answers with blocks to delete, blocks to copy from other workers
-(re-replication, worker/replication.py), or asks the worker to register again.  SIGTERM stops cleanly.
+(re-replication, worker/replication.py), or asks the worker to register again.  With
+``worker.domain_socket`` set, local clients also get block descriptors over that Unix
+socket (worker/domain_socket.py; one that cannot be served is an ERROR line, and the
+worker serves gRPC alone).  SIGTERM stops cleanly and removes the socket file.
 
 Exit codes: 0 clean shutdown, 1 cannot start (data dir, port), 2 bad config or flags,
 or a data dir owned by another user (common/private_files.py).
@@ -24,7 +27,7 @@ import threading
 import time
 import uuid
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from curvine.common import auth, block_tokens
 from curvine.common import config as config_mod
@@ -40,6 +43,8 @@ from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 from curvine.common.blocks import MAX_BLOCK_ID
 
 from .blockstore import BlockStore
+from .domain_socket import IDLE_TIMEOUT, DomainSocketServer
+from .data_port import DataPortServer
 from .replication import BlockCopier
 from .service import WorkerServicer, add_to_server
 
@@ -175,8 +180,10 @@ class MasterLink:
     """
 
     def __init__(self, cfg: config_mod.Config, store: BlockStore, servicer: WorkerServicer,
-                 address: str, stop: threading.Event, security: Security):
+                 address: str, stop: threading.Event, security: Security,
+                 data_address: str = ""):
         self.cfg = cfg
+        self.data_address = data_address  # the bulk read port, "" = none
         self.security = security  # this worker's; its calls to the master go as_worker()
         self.store = store
         self.servicer = servicer
@@ -267,7 +274,7 @@ class MasterLink:
         # the master starts its account of this worker afresh from this usage
         capacity, used, _, _, _, _ = self.store.take_changes()
         info = common_pb2.WorkerInfo(
-            worker_id=self.worker_id, uuid=self.uuid, host_id=host_id(), address=self.address,
+            worker_id=self.worker_id, uuid=self.uuid, host_id=host_id(), address=self.address, data_address=self.data_address,
             data_dirs=self.store.data_dirs, capacity=capacity, used=used)
         reply = self._call("RegisterWorker", master_pb2.RegisterWorkerRequest(
             worker=info, secret=self.secret))
@@ -333,9 +340,12 @@ class MasterLink:
         daemon.notify("READY=1")
 
 
-def health(link: MasterLink) -> str | None:
+def health(link: MasterLink, sockets: DomainSocketServer | None = None) -> str | None:
     """Healthy while the master has accepted this worker's registration or heartbeat
-    within master.worker_lost_after (after that the master counts it lost)."""
+    within master.worker_lost_after (after that the master counts it lost), and the
+    domain socket, if it was started, still serves (its file was not removed)."""
+    if sockets is not None and sockets.serving is not None:
+        return sockets.serving
     master = link.master_addr
     if not link.ready.is_set():
         return f"not registered with master {master} yet" + (
@@ -349,7 +359,36 @@ def health(link: MasterLink) -> str | None:
     return None
 
 
-def metrics_registry(store: BlockStore, link: MasterLink):
+def metrics_registry(store: BlockStore, link: MasterLink,
+                     sockets: DomainSocketServer | None = None):
+    def fd_state():
+        yield GaugeMetricFamily("curvine_worker_domain_socket_up", "1 while the domain "
+                                "socket (worker.domain_socket) serves descriptors",
+                                value=int(sockets is not None and sockets.serving is None))
+        if sockets is None:
+            return
+        yield GaugeMetricFamily("curvine_worker_domain_socket_connections",
+                                "Open connections of local clients to the domain socket",
+                                value=sockets.connections)
+        blocks = CounterMetricFamily("curvine_worker_fd_blocks", "Blocks whose descriptor "
+                                     "the domain socket passed to a local client (read: "
+                                     "the block file; write: a staging file finalised)",
+                                     labels=["op"])
+        nbytes = CounterMetricFamily("curvine_worker_fd_bytes", "Bytes of those blocks "
+                                     "(read: their sizes; write: the lengths finalised)",
+                                     labels=["op"])
+        for op, (n, size) in sockets.served.items():
+            blocks.add_metric([op], n)
+            nbytes.add_metric([op], size)
+        refused = CounterMetricFamily("curvine_worker_fd_refused", "Domain socket requests "
+                                      "and connections refused, by reason (busy: too many "
+                                      "connections or writes; idle: dropped for silence; "
+                                      "permission: a missing or wrong block token)",
+                                      labels=["reason"])
+        for reason, n in sockets.refused.items():
+            refused.add_metric([reason], n)
+        yield from (blocks, nbytes, refused)
+
     def state():
         capacity, used, blocks = store.stats()
         yield GaugeMetricFamily("curvine_worker_capacity_bytes",
@@ -364,7 +403,8 @@ def metrics_registry(store: BlockStore, link: MasterLink):
         yield GaugeMetricFamily("curvine_worker_master_contact_age_seconds", "Seconds since "
                                 "the master last accepted a heartbeat or registration", value=age)
     return metrics.registry(groups=(metrics.RPC_METRICS, metrics.WORKER_IO_METRICS),
-                            collectors=[metrics.Collector("worker", state)])
+                            collectors=[metrics.Collector("worker", state),
+                                        metrics.Collector("domain socket", fd_state)])
 
 
 def tune_malloc() -> None:
@@ -378,6 +418,43 @@ def tune_malloc() -> None:
         libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):
         pass  # not glibc: nothing to tune
+
+
+def start_domain_socket(cfg: config_mod.Config, servicer: WorkerServicer,
+                        link: MasterLink) -> DomainSocketServer | None:
+    """The short-circuit socket (worker.domain_socket), serving; None when off or when
+    it cannot be served (one ERROR: local clients then use the gRPC data path, which
+    is slower but complete, so the worker still starts)."""
+    path = cfg.worker.domain_socket
+    if not path:
+        return None
+    sockets = DomainSocketServer(
+        path, servicer, identity=lambda: (link.uuid, link.worker_id),
+        idle_timeout=float(cfg.worker.stream_idle_timeout) or IDLE_TIMEOUT)
+    try:
+        sockets.start()
+    except CurvineError as e:
+        log.error("%s; serving without it (local clients read and write over gRPC)", e)
+        return None
+    return sockets
+
+
+def start_data_port(wc, servicer: WorkerServicer, security: Security):
+    """The bulk read port (worker/data_port.py), None when off (worker.data_port 0, or
+    TLS on: it would bypass TLS), False when it cannot be bound (an error logged)."""
+    if not wc.data_port:
+        return None
+    if security.material is not None:
+        log.info("bulk read port off: TLS is on (remote readers use gRPC)")
+        return None
+    try:
+        server = DataPortServer(servicer, wc.host, wc.data_port)
+    except OSError as e:
+        log.error("worker.data_port: cannot listen on %s:%d: %s; remote readers use gRPC",
+                  wc.host, wc.data_port, e.strerror)
+        return None
+    server.start()
+    return server
 
 
 def run(cfg: config_mod.Config, stop: threading.Event, security: Security) -> int:
@@ -405,17 +482,23 @@ def run(cfg: config_mod.Config, stop: threading.Event, security: Security) -> in
         return 1
     server.start()
     address = advertised_address(wc.host, port)
-    log.info("worker listening on %s:%d, registering with master %s", wc.host, port,
+    data_port = start_data_port(wc, servicer, security)
+    data_address = advertised_address(wc.host, data_port.port) if data_port else ""
+    log.info("worker listening on %s:%d%s, registering with master %s", wc.host, port,
+             f" (bulk reads on {data_port.port})" if data_port else "",
              config_mod.master_worker_addr(cfg))
     try:
-        link = MasterLink(cfg, store, servicer, address, stop, security)
+        link = MasterLink(cfg, store, servicer, address, stop, security, data_address)
     except (CurvineError, OSError) as e:
         log.error("cannot start: %s", e)
         server.stop(None)
+        if data_port:
+            data_port.close()
         return 1
     link.start()
+    sockets = start_domain_socket(cfg, servicer, link)
     http = metrics.serve("worker", wc.host, wc.http_port, "worker.http_port",
-                         metrics_registry(store, link), lambda: health(link))
+                         metrics_registry(store, link, sockets), lambda: health(link, sockets))
     try:
         next_sweep = time.monotonic() + STAGING_SWEEP_INTERVAL
         while not stop.wait(1.0):
@@ -429,6 +512,10 @@ def run(cfg: config_mod.Config, stop: threading.Event, security: Security) -> in
         daemon.notify("STOPPING=1")
         if http is not None:
             http.close()
+        if sockets is not None:
+            sockets.close()  # removes the socket file; open writes are aborted
+        if data_port:
+            data_port.close()
         link.close()
         server.stop(grace=5).wait()
         servicer.close()
