@@ -39,9 +39,9 @@ import mmap
 import os
 import queue
 import threading
-import zlib
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
+from curvine.common.checksum import crc32
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.proto import common_pb2
 
@@ -110,7 +110,7 @@ class _RunningCrc:
     def _run(q: queue.Queue) -> None:
         while True:
             crc, piece = q.get()
-            value = zlib.crc32(piece, crc._value)  # only this thread changes _value
+            value = crc32(piece, crc._value)  # only this thread changes _value
             with crc._cond:
                 crc._value = value
                 crc._done += 1
@@ -120,7 +120,7 @@ class _RunningCrc:
         if not isinstance(piece.obj, bytes):  # the caller may reuse its buffer
             with self._cond:
                 self._cond.wait_for(lambda: self._done == self._queued)
-                self._value = zlib.crc32(piece, self._value)
+                self._value = crc32(piece, self._value)
             return
         with self._cond:
             self._queued += 1
@@ -479,7 +479,7 @@ class StagingFileBuffer(BlockBuffer):
         crc, pos = 0, 0
         while pos < self._len:
             piece = self.read(pos, min(MAX_PIECE, self._len - pos))
-            crc = zlib.crc32(piece, crc)
+            crc = crc32(piece, crc)
             pos += len(piece)
         return crc
 

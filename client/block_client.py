@@ -17,11 +17,11 @@ import os
 import queue
 import stat
 import threading
-import zlib
 from typing import Iterable
 
 import grpc
 
+from curvine.common.checksum import crc32
 from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error, invalid
 from curvine.common.ids import MIB
 from curvine.common.rpc import make_channel
@@ -94,7 +94,7 @@ def _write_requests(block_id: int, data: memoryview, result: dict, token: bytes)
     while True:
         end = min(pos + CHUNK, n)
         piece = data[pos:end]
-        crc = zlib.crc32(piece, crc)
+        crc = crc32(piece, crc)
         last = end >= n
         if last:
             result["crc"] = crc
@@ -205,7 +205,7 @@ class BlockWriteStream:
             msg = wire.encode_write_request(piece, block_id=self.block_id if self._first else 0,
                                             token=self.token)
             self._first = False
-            self.crc = zlib.crc32(piece, self.crc)
+            self.crc = crc32(piece, self.crc)
             self.length += len(piece)
             self._put(msg)
 

@@ -45,9 +45,9 @@ import logging
 import os
 import threading
 import time
-import zlib
 from typing import Iterable, Mapping
 
+from curvine.common.checksum import crc32
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, host_id
 from curvine.common.metrics import CLIENT_READ_REMOTE, CLIENT_READ_SHORT_CIRCUIT
@@ -235,7 +235,7 @@ class _Fetch:
         self.starts.append(self.pos)
         self.chunks.append(data)
         if self.verify:
-            self.crc = zlib.crc32(data, self.crc)
+            self.crc = crc32(data, self.crc)
         self.pos += n
         self.used = time.monotonic()
 
@@ -470,7 +470,7 @@ class BlockFetcher:
                 got = os.preadv(fd, [view[:min(CHECK_PIECE, n - pos)]], pos)
                 if got <= 0:
                     break
-                crc = zlib.crc32(view[:got], crc)
+                crc = crc32(view[:got], crc)
                 pos += got
         except OSError as e:
             return f"reading it failed: {e.strerror}"

@@ -15,10 +15,10 @@ import errno
 import functools
 import logging
 import os
-import zlib
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from curvine.common.checksum import crc32
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.metrics import CLIENT_WRITTEN_REMOTE, CLIENT_WRITTEN_SHORT_CIRCUIT
 from curvine.proto import common_pb2
@@ -247,7 +247,7 @@ class Uploader:
             while done < len(data):
                 done += os.pwrite(fd, data[done:], done)
             if crc is None:
-                crc = zlib.crc32(data)
+                crc = crc32(data)
             self.adopt(w, block_id, path, len(data), crc)
             adopted = True
             self.local.note([w])

@@ -15,8 +15,8 @@ The files are those of LMCache's ``fs://`` connector on a mount of the same clus
 (same names, same metadata header when ``save_chunk_meta`` is on, LMCache's default),
 so pods using either way hit each other's chunks.  Every method that LMCache awaits on
 its event loop runs the blocking work in this connector's threads; failures are misses
-(``None``/``False``), never exceptions, except ``put``, whose failure LMCache counts
-and logs (nothing is left behind).  docs/lmcache.md.
+(``None``/``False``; a failed put leaves nothing behind), logged once per outage,
+never exceptions.  docs/lmcache.md.
 """
 
 from __future__ import annotations
@@ -266,11 +266,9 @@ class CurvineRemoteConnector(RemoteConnector):
             meta = RemoteMetadata(len(buf), memory_obj.get_shapes(), memory_obj.get_dtypes(),
                                   memory_obj.get_memory_format())
             buffers.insert(0, meta.serialize())
-        try:
-            self.store.put(naming.engine_key_name(key), buffers)
-        except CurvineError as e:
-            # LMCache counts a put that raises (RemoteBackend.put_failed_count)
-            raise RuntimeError(f"curvine: storing {naming.engine_key_name(key)}: {e}") from None
+        # a failure is logged once per outage and the chunk is simply not in L2 (nothing
+        # is left behind); no exception goes back into LMCache's event loop
+        self.store.put_quietly(naming.engine_key_name(key), buffers)
 
     async def put(self, key: CacheEngineKey, memory_obj: MemoryObj):
         await self._run(self._put, key, memory_obj)
@@ -281,11 +279,7 @@ class CurvineRemoteConnector(RemoteConnector):
     async def batched_put(self, keys: List[CacheEngineKey], memory_objs: List[MemoryObj]):
         futs = [self.loop.run_in_executor(self._threads, self._put, k, o)
                 for k, o in zip(keys, memory_objs)]
-        results = await asyncio.gather(*futs, return_exceptions=True)
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            raise RuntimeError(f"curvine: {len(failed)} of {len(keys)} chunks not stored: "
-                               f"{failed[0]}")
+        await asyncio.gather(*futs)
 
     # -- the rest --------------------------------------------------------------------
 

@@ -27,7 +27,6 @@ import logging
 import os
 import threading
 import time
-import zlib
 from collections.abc import Iterable, Sequence
 
 import grpc
@@ -37,6 +36,7 @@ from curvine.client.data_port import DataPorts
 from curvine.client.domain_socket import LocalSockets
 from curvine.client.fs import CurvineFS
 from curvine.client.master_client import AccessReporter
+from curvine.common.checksum import crc32
 from curvine.common import config as config_mod
 from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error
 from curvine.common.ids import MIB, host_id
@@ -52,6 +52,9 @@ LOOKUP_TIMEOUT = 5.0
 DEFAULT_THREADS = 16
 READ_CHUNK = MIB  # ReadBlock message size
 DATA_PORT_RETRY = 60.0  # seconds a worker whose data port failed is read over gRPC
+# a block read over a data port that makes no progress this long fails over to the
+# next replica (a chunk takes well under a second)
+DATA_PORT_TIMEOUT = 10.0
 # A block whose first bytes the caller does not want (e.g. LMCache's metadata header,
 # read separately) is still verified when this much more is read to a scratch buffer.
 VERIFY_PREFIX_MAX = 64 * 1024
@@ -119,7 +122,7 @@ def _slice(views: Sequence[memoryview], start: int, end: int) -> list[memoryview
 
 def _crc(views: Iterable[memoryview], crc: int = 0) -> int:
     for v in views:
-        crc = zlib.crc32(v, crc)
+        crc = crc32(v, crc)
     return crc
 
 
@@ -160,7 +163,8 @@ class KVStore:
         # for callers that move several chunks at once (the adapters' batches)
         # remote reads: the workers' bulk read ports (plain TCP + sendfile, straight
         # into the caller's buffer) when the cluster runs without TLS, else gRPC
-        self.data_ports = DataPorts(self.timeout) if self.security.material is None else None
+        self.data_ports = (DataPorts(min(DATA_PORT_TIMEOUT, self.timeout))
+                           if self.security.material is None else None)
         self._no_data_port: dict[str, float] = {}  # address -> until when gRPC is used
         self.pool = concurrent.futures.ThreadPoolExecutor(threads,
                                                           thread_name_prefix="curvine-kv")
@@ -373,10 +377,13 @@ class KVStore:
             except CurvineError as e:
                 if e.kind != ErrorKind.UNAVAILABLE:
                     raise
-                # unreachable (a firewall?): gRPC to this worker for a while
-                log.info("worker %d: data port %s unreachable, reading over gRPC for %gs: "
-                         "%s", worker.worker_id, address, DATA_PORT_RETRY, e)
-                self._no_data_port[address] = time.monotonic() + DATA_PORT_RETRY
+                failed = e
+            got = self._read_grpc(worker, block, skip, n, targets)
+            # the worker answers gRPC but not its data port (a firewall?): gRPC for a while
+            log.info("worker %d: data port %s unreachable, reading over gRPC for %gs: %s",
+                     worker.worker_id, address, DATA_PORT_RETRY, failed)
+            self._no_data_port[address] = time.monotonic() + DATA_PORT_RETRY
+            return got
         return self._read_grpc(worker, block, skip, n, targets)
 
     def _read_grpc(self, worker, block, skip: int, n: int, targets: list[memoryview]) -> int:

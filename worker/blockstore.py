@@ -44,10 +44,10 @@ import secrets
 import stat
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Iterable
 
+from curvine.common.checksum import crc32
 from curvine.common import private_files
 from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.common.blocks import (CLIENT_STAGING_NAME, MAX_BLOCK_ID, block_path,
@@ -619,7 +619,7 @@ class BlockWriter:
         except OSError as e:
             self.abort()
             raise _disk_error(e, self.staging_path) from None
-        self.crc = zlib.crc32(view, self.crc)
+        self.crc = crc32(view, self.crc)
 
     def finish(self, checksum: int) -> tuple[int, int]:
         """Compare the client's crc32, rename into place; returns (length, crc32)."""
