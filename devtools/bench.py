@@ -17,6 +17,10 @@ table gives medians and the ratio curvine / plain, next to the targets of issue 
    cluster (2 workers of ``--fill-pool-mib``) that 4 writers fill to five times its
    pool: stores/s, failed stores by errno, evictions/s and how long the pool stays
    between the high and the low watermark; beside a tmpfs of the pool's size.
+6. ``lmcache`` (only when named; needs torch and lmcache, else reported as skipped; see
+   bench_lmcache.py): LMCache's own engine storing and retrieving the seed prompt, cold
+   and warm, with ``fs://`` on the plain directory, ``fs://`` on mounts A -> B, the
+   curvine connector (short-circuit and remote) and MooseFS; lookups and master RPCs.
 
 Cold reads come after ``sync; echo 3 > /proc/sys/vm/drop_caches`` when running as
 root; otherwise the files of both sides are evicted with ``posix_fadvise(DONTNEED)``
@@ -49,8 +53,9 @@ from .demo import SEED, chunk_data, chunk_keys, format_table, get_chunk, put_chu
 from .local import ClusterError, LocalCluster, mounted_paths, proc_stat
 
 MiB = 1 << 20
-WORKLOADS = ("kv", "prompt", "meta", "memory", "fill")
-# run without --workloads; "fill" needs a small cluster of its own, so only when named
+WORKLOADS = ("kv", "prompt", "meta", "memory", "fill", "lmcache")
+# run without --workloads; "fill" needs a small cluster of its own and "lmcache" torch
+# and lmcache, so only when named
 DEFAULT_WORKLOADS = ("kv", "prompt", "meta", "memory")
 CHUNK_TOKENS = 256  # LMCache's default chunk size in tokens
 SCHEMA = 1
@@ -74,6 +79,7 @@ class Params:
     missing: int = 1000
     rss_file_size: int = 1 << 30
     fill_pool_mib: int = 256  # capacity of each of the fill cluster's 2 workers
+    lmcache_tokens: int = 1925  # the lmcache workload's seed prompt
     workloads: tuple[str, ...] = DEFAULT_WORKLOADS
 
     def prompt_sizes(self) -> list[int]:
@@ -86,7 +92,7 @@ class Params:
 
 
 QUICK = dict(runs=1, kv_files=4, kv_size=1 * MiB, prompt_chunk_size=1 * MiB, meta_files=200,
-             meta_procs=2, missing=100, rss_file_size=32 * MiB)
+             meta_procs=2, missing=100, rss_file_size=32 * MiB, lmcache_tokens=300)
 
 
 # --------------------------------------------------------------------------- results
@@ -116,6 +122,20 @@ TARGETS = {
     ("meta", "stat_1p"): Target(">=", 0.1, peers="0.015x, 0.05x, 0.035x"),
     ("meta", "unlink_1p"): Target(">=", 0.05, peers="0.007x, 0.003x, 0.035x"),
     ("memory", "fuse_read_peak"): Target("<=", 300, on="value"),
+    # issue 14: ratios to fs:// on the plain directory, except where noted
+    ("lmcache", "connector_sc_retrieve_cold"): Target("<=", 1.2),
+    ("lmcache", "connector_sc_retrieve_warm"): Target("<=", 1.2),
+    ("lmcache", "connector_sc_store"): Target("<=", 1.5),
+    ("lmcache", "connector_sc_rpcs_lookup_hit"): Target("<=", 1, on="value"),
+    ("lmcache", "connector_sc_rpcs_lookup_miss"): Target("<=", 1, on="value"),
+    ("lmcache", "connector_remote_rpcs_lookup_hit"): Target("<=", 1, on="value"),
+    ("lmcache", "connector_remote_rpcs_lookup_miss"): Target("<=", 1, on="value"),
+    # 3x faster than the remote mount read of issue 14 (385 ms cold, 260 ms warm)
+    ("lmcache", "connector_remote_retrieve_cold"): Target("<=", 128, on="value"),
+    ("lmcache", "connector_remote_retrieve_warm"): Target("<=", 87, on="value"),
+    # ratio to MooseFS's remote read of the same prompt in the same run
+    ("lmcache", "connector_remote_vs_moosefs_retrieve_cold"): Target("<=", 1.0),
+    ("lmcache", "connector_remote_vs_moosefs_retrieve_warm"): Target("<=", 1.0),
 }
 
 
@@ -782,7 +802,7 @@ def _fmt(x: float | None, unit: str) -> str:
 
 
 WORKLOAD_TITLES = {"kv": "1 KV chunks", "prompt": "2 prompt", "meta": "3 metadata",
-                   "memory": "4 memory", "fill": "5 fill"}
+                   "memory": "4 memory", "fill": "5 fill", "lmcache": "6 lmcache"}
 
 
 def format_report(metrics: dict[str, list[Metric]]) -> str:
@@ -807,8 +827,11 @@ def _fmt_ratio(r: float | None) -> str:
 
 def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None = None,
               workdir: str | None = None, json_path: str | None = "bench-results.json",
-              drop_caches: bool = True, out=sys.stdout) -> dict:
-    """Run the benchmark; return the results (also written to ``json_path``)."""
+              drop_caches: bool = True, out=sys.stdout,
+              moosefs_mounts: list[str] | None = None, moosefs_up: str | None = None) -> dict:
+    """Run the benchmark; return the results (also written to ``json_path``).
+
+    ``moosefs_mounts`` / ``moosefs_up``: MooseFS for the lmcache workload's path 5."""
     def say(msg: str = "") -> None:
         print(msg, file=out, flush=True)
 
@@ -838,6 +861,8 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
     bench = None
     fill = None
     cache = None
+    lm = None  # the lmcache workload (bench_lmcache.LmcacheBench)
+    lm_note = None  # ... or why it was skipped
     results["workload_seconds"], results["cpu_seconds"] = {}, {}
     try:
         if plain is None or mounts is None or "fill" in params.workloads:
@@ -905,6 +930,28 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
                         cpu.start()
                         getattr(bench, wl)()
                         done(wl, t0)
+                if "lmcache" in params.workloads:
+                    from .bench_lmcache import LmcacheBench, MooseFs  # imports this module
+                    say(f"[{WORKLOAD_TITLES['lmcache']}]")
+                    t0 = time.perf_counter()
+                    cpu.start()
+                    lm = LmcacheBench(
+                        params.runs, params.lmcache_tokens, plain_root, (mount_a, mount_b),
+                        cache, procs, top or workdir or tempfile.gettempdir(), say,
+                        MooseFs(tuple(moosefs_mounts) if moosefs_mounts else None,
+                                os.path.abspath(moosefs_up) if moosefs_up else None),
+                        cluster_base=cluster.base if cluster is not None else None)
+                    try:
+                        lm_note = lm.setup()
+                        if lm_note:
+                            say(f"  skipped: {lm_note}")
+                        else:
+                            lm.run()
+                    finally:
+                        bench.metrics["lmcache"] = lm.metrics
+                        bench.raw["lmcache"] = ({"skipped": lm_note} if lm_note else lm.raw)
+                        lm.cleanup()
+                    done("lmcache", t0)
             if "memory" in params.workloads:
                 say(f"[{WORKLOAD_TITLES['memory']}]")
                 t0 = time.perf_counter()
@@ -988,6 +1035,11 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
     say()
     say(format_report(all_metrics))
     say()
+    if lm is not None:
+        say("lmcache: " + (f"skipped: {lm_note}" if lm_note else "LMCache engine, per path"))
+        if not lm_note:
+            say(lm.report())
+        say()
     say("ratio = curvine / plain (medians); 'better' says which way is good: MB/s and ops/s "
         "higher, ms and MiB lower; targets from issue 3")
     if fill is not None:
@@ -1038,7 +1090,8 @@ def register(p: argparse.ArgumentParser) -> None:
                         + ",".join(DEFAULT_WORKLOADS) + "; fill only when named: it starts "
                         "its own small cluster, 2 workers of --fill-pool-mib, fills it to 5x "
                         "its pool from 4 writers and ignores --mounts/--plain; as root its "
-                        "plain side is a tmpfs of the pool's size, else it is skipped)")
+                        "plain side is a tmpfs of the pool's size, else it is skipped; "
+                        "lmcache only when named: it needs torch and lmcache)")
     p.add_argument("--no-drop-caches", dest="drop_caches", action="store_false",
                    help="do not evict the page cache before cold reads")
     g = p.add_argument_group("sizes")
@@ -1059,6 +1112,15 @@ def register(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fill-pool-mib", type=argtypes.positive, metavar="MIB",
                    help="capacity of each of the 2 workers of the fill cluster, in MiB "
                         "(default 256: a 512 MiB pool)")
+    g = p.add_argument_group("lmcache workload")
+    g.add_argument("--lmcache-tokens", type=argtypes.positive, metavar="N",
+                   help="tokens of its seed prompt (1925: 8 chunk files of Qwen2-7B's KV)")
+    g.add_argument("--moosefs-mounts", nargs=2, metavar=("M1", "M2"),
+                   help="two mounts of one MooseFS for path 5 (default: moosefs-up.sh's "
+                        "/tmp/peers/mnt_mfs_a and _b when mounted)")
+    g.add_argument("--moosefs-up", metavar="SCRIPT",
+                   help="start MooseFS with this script (shared/peers/moosefs-up.sh) and "
+                        "stop it afterwards with the moosefs-down.sh beside it")
     p.set_defaults(func=_cmd_bench, _parser=p)
 
 
@@ -1074,7 +1136,8 @@ def _workloads(text: str) -> tuple[str, ...]:
 def params_from_args(args) -> Params:
     p = Params(**QUICK) if args.quick else Params()
     for name in ("runs", "kv_files", "kv_size", "prompt_tokens", "prompt_chunk_size",
-                 "meta_files", "meta_procs", "missing", "rss_file_size", "fill_pool_mib"):
+                 "meta_files", "meta_procs", "missing", "rss_file_size", "fill_pool_mib",
+                 "lmcache_tokens"):
         value = getattr(args, name)
         if value is not None:
             setattr(p, name, value)
@@ -1094,7 +1157,8 @@ def _cmd_bench(args, parser) -> int:
               file=sys.stderr)
     try:
         run_bench(params, mounts=args.mounts, plain=args.plain, workdir=args.workdir,
-                  json_path=args.json, drop_caches=args.drop_caches)
+                  json_path=args.json, drop_caches=args.drop_caches,
+                  moosefs_mounts=args.moosefs_mounts, moosefs_up=args.moosefs_up)
     except BenchError as e:
         print(f"curvine: error: {e}", file=sys.stderr)
         return 1

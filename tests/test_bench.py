@@ -126,3 +126,95 @@ def test_quick_bench_end_to_end(tmp_path):
     # Nothing left behind: no mount, no temporary cluster or plain directory.
     assert [m for m in mounted_paths() if m.startswith(str(work))] == []
     assert os.listdir(work) == []
+
+
+# --------------------------------------------------------------------------- lmcache workload
+
+def test_lmcache_workload_report_and_targets(tmp_path):
+    """The lmcache workload's arithmetic on made-up figures: ratios to the plain dir,
+    the issue's targets as pass/miss, and the reason a path has no figures."""
+    from curvine.devtools import bench_lmcache as bl
+    lm = bl.LmcacheBench(3, 1925, str(tmp_path / "plain"), (str(tmp_path / "a"),
+                         str(tmp_path / "b")), bench.PageCache(False, []), {}, str(tmp_path),
+                         lambda *a: None)
+    lm.available = {"plain": None, "curvine_fs": None, "connector_sc": None,
+                    "connector_remote": None, "moosefs": "skipped: MooseFS not set up"}
+    lm.figures["plain"] = {"store": [100.0, 110.0, 90.0], "retrieve_cold": [50.0] * 3,
+                           "retrieve_warm": [20.0] * 3, "lookup_hit": [1.0], "lookup_miss": [1.0]}
+    lm.figures["connector_sc"] = {"store": [140.0] * 3, "retrieve_cold": [55.0] * 3,
+                                  "retrieve_warm": [30.0] * 3, "rpcs_lookup_hit": [1.0],
+                                  "rpcs_lookup_miss": [2.0]}
+    lm.figures["connector_remote"] = {"retrieve_cold": [100.0] * 3}
+    lm._build_metrics()
+    by_id = {m.id: m for m in lm.metrics}
+    assert by_id["connector_sc_store"].ratio == pytest.approx(1.4)
+    assert by_id["connector_sc_store"].status == "pass"  # <= 1.5x
+    assert by_id["connector_sc_retrieve_cold"].status == "pass"  # 1.1x <= 1.2x
+    assert by_id["connector_sc_retrieve_warm"].status == "miss"  # 1.5x
+    assert by_id["connector_sc_rpcs_lookup_hit"].status == "pass"
+    assert by_id["connector_sc_rpcs_lookup_miss"].status == "miss"  # 2 round trips
+    assert by_id["connector_remote_retrieve_cold"].status == "pass"  # <= 128 ms
+    vs = by_id["connector_remote_vs_moosefs_retrieve_cold"]
+    assert vs.status is None and vs.plain == []
+    text = lm.report()
+    assert "(1.40x)" in text and "targets:" in text
+    assert "miss  connector short-circuit: retrieve warm ms: 1.50x (target <= 1.2x)" in text
+    assert "skipped: MooseFS not set up" in text
+    assert bench.format_report({"lmcache": lm.metrics}).count("6 lmcache") == 1
+    assert [len(s) for s in (bl.chunk_sizes(1925), bl.chunk_sizes(512))] == [8, 2]
+    assert bl.chunk_sizes(1925)[-1] == 133 * 2 * 28 * 4 * 128 * 2
+
+
+def test_lmcache_pod_counts_client_rpcs_only():
+    from curvine.devtools import lmcache_pod
+    before = {"LookupMany": 3.0, "WorkerHeartbeat": 10.0}
+    after = {"LookupMany": 4.0, "WorkerHeartbeat": 12.0, "GetBlocks": 2.0}
+    assert lmcache_pod.rpc_delta(before, after) == {
+        "total": 3, "by_method": {"LookupMany": 1, "GetBlocks": 2}}
+    assert lmcache_pod.rpc_delta(None, after) is None
+
+
+@needs_fuse
+@pytest.mark.fuse
+@pytest.mark.lmcache
+def test_lmcache_workload_end_to_end(tmp_path):
+    """`--workloads lmcache --quick`: a 300-token prompt (2 chunk files), 1 run, every
+    path that can run here; the report's shape, not its speed."""
+    from curvine.devtools import bench_lmcache
+    missing = bench_lmcache.lmcache_missing()
+    if missing:
+        pytest.skip(missing)
+    out = tmp_path / "results.json"
+    work = tmp_path / "work"
+    work.mkdir()
+    r = subprocess.run([sys.executable, "-m", "curvine.cli.main", "bench", "--quick",
+                        "--workloads", "lmcache", "--no-drop-caches", "--json", str(out),
+                        "--workdir", str(work)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "lmcache: LMCache engine, per path" in r.stdout and "targets:" in r.stdout
+    res = json.loads(out.read_text())
+    assert "error" not in res
+    wl = res["workloads"]["lmcache"]
+    raw = wl["raw"]
+    assert raw["tokens"] == 300 and len(raw["chunk_bytes"]) == 2
+    for path, why in raw["available"].items():
+        # a path ran (figures), or says why not
+        assert why is None or why.startswith(("not available", "failed", "skipped")), why
+        if why is None:
+            assert raw["figures"][path]["retrieve_cold"] and raw["figures"][path]["store"]
+    assert raw["available"]["plain"] is None and raw["available"]["curvine_fs"] is None
+    metrics = {m["id"]: m for m in wl["metrics"]}
+    for id in ("store", "retrieve_cold", "retrieve_warm", "lookup_hit", "lookup_miss"):
+        m = metrics[f"curvine_fs_{id}"]
+        n = 2 if id == "store" else 1  # a store before the cold and the warm read
+        assert len(m["curvine"]["runs"]) == n and len(m["plain"]["runs"]) == n
+        assert math.isfinite(m["ratio"]) and m["ratio"] > 0
+    # the mount's lookups reach the master: counted from its /metrics
+    assert metrics["curvine_fs_rpcs_lookup_hit"]["curvine"]["median"] >= 1
+    assert metrics["curvine_fs_rpcs_store"]["curvine"]["median"] >= 2
+    for m in metrics.values():
+        if m["target"] and m["curvine"]["runs"]:
+            assert m["status"] in ("pass", "miss") or not m["plain"]["runs"]
+    assert [m for m in mounted_paths() if m.startswith(str(work))] == []
+    assert os.listdir(work) == []
