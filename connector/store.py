@@ -48,6 +48,7 @@ DEFAULT_NAMESPACE = "/l2cache"
 # A lookup is on the prompt's critical path: a master that does not answer soon is a
 # miss (the prefill recomputes), not a stall of the inference server.
 LOOKUP_TIMEOUT = 5.0
+MAX_LOOKUP_MANY = 4096  # names per LookupMany, as the master allows (master/master.py)
 # Blocks read or written at once by one store (several chunks of a prompt in flight).
 DEFAULT_THREADS = 16
 READ_CHUNK = MIB  # ReadBlock message size
@@ -71,6 +72,10 @@ class Entry:
     size: int
     blocks: tuple[common_pb2.Block, ...]
     workers: dict  # worker id -> WorkerInfo
+
+
+class _WorkersFailed(CurvineError):
+    """Every target worker of a block refused it (each logged by its own _Outage)."""
 
 
 class _Outage:
@@ -175,7 +180,8 @@ class KVStore:
         self.access = AccessReporter(self.master)
         self.access.start()
         self.master_outage = _Outage(f"curvine master {self.master.address}")
-        self.worker_outage = _Outage("curvine workers")
+        self._worker_outages: dict[str, _Outage] = {}  # by worker address
+        self._outages_lock = threading.Lock()
         self._dir: int | None = None
         self._dir_lock = threading.Lock()
         self._closed = False
@@ -228,9 +234,26 @@ class KVStore:
 
     # -- lookups --------------------------------------------------------------------
 
+    def worker_outage(self, worker) -> _Outage:
+        """The outage log of one worker: a dead worker among live ones is logged once,
+        however many reads of other workers succeed in between."""
+        with self._outages_lock:
+            o = self._worker_outages.get(worker.address)
+            if o is None:
+                o = self._worker_outages[worker.address] = _Outage(
+                    f"curvine worker {worker.worker_id} ({worker.address})")
+            return o
+
     def lookup(self, names: Sequence[str]) -> list[Entry | None]:
         """Every name's entry (None: not there, or still being written by a FUSE
-        writer), in one LookupMany.  Raises CurvineError on a master failure."""
+        writer): one LookupMany per MAX_LOOKUP_MANY names (one for any real prompt).
+        Raises CurvineError on a master failure."""
+        out: list[Entry | None] = []
+        for start in range(0, len(names), MAX_LOOKUP_MANY):
+            out.extend(self._lookup_page(names[start:start + MAX_LOOKUP_MANY]))
+        return out
+
+    def _lookup_page(self, names: Sequence[str]) -> list[Entry | None]:
         if not names:
             return []
         for attempt in (0, 1):
@@ -304,12 +327,10 @@ class KVStore:
                     ) -> int | None:
         """get_into, with failures as a miss (None), logged once per outage."""
         try:
-            n = self.get_into(entry, buffers, offset)
-        except CurvineError as e:
-            self.worker_outage.failed(e)
+            return self.get_into(entry, buffers, offset)
+        except CurvineError as e:  # each failed worker was logged (once per outage)
+            log.debug("%s: a miss: %s", entry.name, e)
             return None
-        self.worker_outage.ok()
-        return n
 
     def _replicas(self, entry: Entry, block) -> list:
         """The block's workers, this host's first (short-circuit)."""
@@ -349,8 +370,10 @@ class KVStore:
                 if verify and _crc(targets) != block.checksum:
                     raise CurvineError(ErrorKind.CHECKSUM, "crc32 differs from the "
                                                            "master's record")
+                self.worker_outage(w).ok()
                 return
             except CurvineError as e:
+                self.worker_outage(w).failed(e)
                 errors.append(f"worker {w.worker_id} ({w.address}): {e}")
         raise CurvineError(ErrorKind.UNAVAILABLE,
                            f"{entry.name}: block {block.block_id:016x}: no replica could be "
@@ -460,9 +483,11 @@ class KVStore:
         """put, with failures as None (logged once per outage)."""
         try:
             stored = self.put(name, buffers)
-        except CurvineError as e:
-            (self.master_outage if e.kind in (ErrorKind.UNAVAILABLE, ErrorKind.TIMEOUT)
-             else self.worker_outage).failed(e)
+        except _WorkersFailed as e:  # each worker's failure was logged already
+            log.debug("%s: not stored: %s", name, e)
+            return None
+        except CurvineError as e:  # the master's
+            self.master_outage.failed(e)
             return None
         self.master_outage.ok()
         return stored
@@ -491,14 +516,16 @@ class KVStore:
                         w, r.block_id, r.block_token, piece, crc)
                     ok.append(w.worker_id)
                     written.append((w, r.block_id, r.block_token))
+                    self.worker_outage(w).ok()
                 except CurvineError as e:
+                    self.worker_outage(w).failed(e)
                     errors.append(f"worker {w.worker_id} ({w.address}): {e}")
                     exclude.append(w.worker_id)
             if ok:
                 return common_pb2.Block(block_id=r.block_id, length=n, checksum=crc,
                                         worker_ids=ok, token=r.block_token)
-        raise CurvineError(ErrorKind.UNAVAILABLE, "no worker stored the block: "
-                                                  + "; ".join(errors))
+        raise _WorkersFailed(ErrorKind.UNAVAILABLE, "no worker stored the block: "
+                                                    + "; ".join(errors))
 
     def _write_to(self, worker, block_id: int, token: bytes, piece: list[memoryview],
                   crc: int) -> None:

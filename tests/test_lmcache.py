@@ -64,33 +64,8 @@ def _pod(role: str, model: str, n_chunks: int, out_path: str) -> None:
     import torch
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
     from lmcache.v1.config import LMCacheEngineConfig
-    from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
-    from lmcache.v1.metadata import LMCacheMetadata
 
-    class CPUKVConnector(GPUConnectorInterface):
-        """vLLM's connector copies between paged GPU memory and LMCache's memory
-        objects; this one copies between a [2, layers, tokens, heads*head_dim] CPU
-        tensor (``kvcaches=``) and them, in the same layout (KV_2LTD)."""
-
-        def __init__(self, layers: int, hidden: int):
-            self.layers, self.hidden = layers, hidden
-
-        def get_shape(self, num_tokens: int) -> torch.Size:
-            return torch.Size([2, self.layers, num_tokens, self.hidden])
-
-        def from_gpu(self, memory_obj, start, end, **kwargs):
-            memory_obj.tensor.copy_(kwargs["kvcaches"][:, :, start:end, :])
-
-        def to_gpu(self, memory_obj, start, end, **kwargs):
-            kwargs["kvcaches"][:, :, start:end, :].copy_(memory_obj.tensor)
-
-        def batched_from_gpu(self, memory_objs, starts, ends, **kwargs):
-            for obj, start, end in zip(memory_objs, starts, ends):
-                self.from_gpu(obj, start, end, **kwargs)
-
-        def batched_to_gpu(self, memory_objs, starts, ends, **kwargs):
-            for obj, start, end in zip(memory_objs, starts, ends):
-                self.to_gpu(obj, start, end, **kwargs)
+    from lmcache_pods import build_engine, remote_backend
 
     # The way LMCache's vLLM integration loads its config (lmcache_get_or_create_config).
     if "LMCACHE_CONFIG_FILE" in os.environ:
@@ -101,18 +76,10 @@ def _pod(role: str, model: str, n_chunks: int, out_path: str) -> None:
         config.validate()
 
     model_name, layers, heads, head_dim = MODELS[model]
-    metadata = LMCacheMetadata(
-        model_name=model_name, world_size=1, local_world_size=1, worker_id=0,
-        local_worker_id=0, kv_dtype=torch.bfloat16,
-        kv_shape=(layers, 2, CHUNK_TOKENS, heads, head_dim), chunk_size=CHUNK_TOKENS)
-    engine = LMCacheEngineBuilder.get_or_create(
-        role, config, metadata, CPUKVConnector(layers, heads * head_dim),
-        broadcast_fn=lambda tensor, rank: None, broadcast_object_fn=lambda obj, rank: obj)
-    engine.post_init()
-    remotes = [b for name, b in engine.storage_manager.storage_backends.items()
-               if name.startswith("RemoteBackend")]
-    assert len(remotes) == 1, f"expected one remote (L2) backend, have {list(engine.storage_manager.storage_backends)}"
-    remote = remotes[0]
+    # LMCache's engine with a CPU tensor where vLLM has paged GPU memory
+    # (tests/lmcache_pods.py: CPUKVConnector)
+    engine = build_engine(role, config, model_name, layers, heads, head_dim)
+    remote = remote_backend(engine)
 
     n_tokens = n_chunks * CHUNK_TOKENS
     # A prompt's token ids (any ids work: the keys hash them, the model never sees them).
