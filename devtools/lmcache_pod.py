@@ -145,18 +145,15 @@ def _count_puts(conn) -> _PutCounter:
     return counter
 
 
-def run(spec: dict) -> dict:
+def cpu_kv_connector(layers: int, hidden: int):
+    """vLLM's GPU connector copies between paged GPU memory and LMCache's memory
+    objects; this one copies between a [2, layers, tokens, hidden] CPU tensor
+    (``kvcaches=``) and them, in the same layout (KV_2LTD).  Also the tests' pods."""
     import torch
-    from lmcache.v1.cache_engine import LMCacheEngineBuilder
-    from lmcache.v1.config import LMCacheEngineConfig
     from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
-    from lmcache.v1.metadata import LMCacheMetadata
 
     class CPUKVConnector(GPUConnectorInterface):
-        """Copies between a [2, layers, tokens, heads*head_dim] CPU tensor
-        (``kvcaches=``) and LMCache's memory objects, in vLLM's layout (KV_2LTD)."""
-
-        def __init__(self, layers: int, hidden: int):
+        def __init__(self):
             self.layers, self.hidden = layers, hidden
 
         def get_shape(self, num_tokens: int) -> torch.Size:
@@ -176,6 +173,15 @@ def run(spec: dict) -> dict:
             for obj, start, end in zip(memory_objs, starts, ends):
                 self.to_gpu(obj, start, end, **kwargs)
 
+    return CPUKVConnector()
+
+
+def run(spec: dict) -> dict:
+    import torch
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.metadata import LMCacheMetadata
+
     role = spec["role"]
     layers, heads, head_dim = spec["layers"], spec["kv_heads"], spec["head_dim"]
     n_tokens = spec["tokens"]
@@ -187,7 +193,7 @@ def run(spec: dict) -> dict:
         local_worker_id=0, kv_dtype=torch.bfloat16,
         kv_shape=(layers, 2, CHUNK_TOKENS, heads, head_dim), chunk_size=CHUNK_TOKENS)
     engine = LMCacheEngineBuilder.get_or_create(
-        role, config, metadata, CPUKVConnector(layers, heads * head_dim),
+        role, config, metadata, cpu_kv_connector(layers, heads * head_dim),
         broadcast_fn=lambda tensor, rank: None, broadcast_object_fn=lambda obj, rank: obj)
     try:
         engine.post_init()

@@ -59,35 +59,8 @@ NOT_CLIENT_RPCS = frozenset({"RegisterWorker", "BlockReport", "WorkerHeartbeat",
 
 # --------------------------------------------------------------------------- the engine
 
-def cpu_kv_connector(layers: int, hidden: int):
-    """vLLM's GPU connector copies between paged GPU memory and LMCache's memory
-    objects; this one copies between a [2, layers, tokens, hidden] CPU tensor
-    (``kvcaches=``) and them, in the same layout (KV_2LTD)."""
-    import torch
-    from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
-
-    class CPUKVConnector(GPUConnectorInterface):
-        def __init__(self):
-            self.layers, self.hidden = layers, hidden
-
-        def get_shape(self, num_tokens: int) -> torch.Size:
-            return torch.Size([2, self.layers, num_tokens, self.hidden])
-
-        def from_gpu(self, memory_obj, start, end, **kwargs):
-            memory_obj.tensor.copy_(kwargs["kvcaches"][:, :, start:end, :])
-
-        def to_gpu(self, memory_obj, start, end, **kwargs):
-            kwargs["kvcaches"][:, :, start:end, :].copy_(memory_obj.tensor)
-
-        def batched_from_gpu(self, memory_objs, starts, ends, **kwargs):
-            for obj, start, end in zip(memory_objs, starts, ends):
-                self.from_gpu(obj, start, end, **kwargs)
-
-        def batched_to_gpu(self, memory_objs, starts, ends, **kwargs):
-            for obj, start, end in zip(memory_objs, starts, ends):
-                self.to_gpu(obj, start, end, **kwargs)
-
-    return CPUKVConnector()
+# (the same CPU stand-in for vLLM's GPU connector as the benchmark's pods)
+from curvine.devtools.lmcache_pod import cpu_kv_connector  # noqa: E402
 
 
 def build_engine(instance: str, config, model_name: str, layers: int, heads: int,
