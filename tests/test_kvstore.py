@@ -275,7 +275,12 @@ def test_a_dead_worker_among_live_ones_is_logged_once(kv_cluster, caplog):
         for _ in range(3):
             assert kv.get_quietly(bad, [bytearray(1000)]) is None
             assert kv.get_quietly(good, [bytearray(1000)]) == 1000
-        warned = [r for r in caplog.records if "failing" in r.getMessage()]
+        dead = {w.address for w in bad.workers.values()}.pop()
+        # the dead worker's outage: one line, however many good reads of the other
+        # come in between (a pooled connection of the restarted one may also fail once;
+        # that is its own outage, not counted here)
+        warned = [r for r in caplog.records
+                  if "failing" in r.getMessage() and dead in r.getMessage()]
         assert len(warned) == 1, [r.getMessage()[:80] for r in warned]
 
 
