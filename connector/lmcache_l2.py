@@ -32,7 +32,7 @@ from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
 from lmcache.v1.platform import create_event_notifier
 
 from . import naming
-from .lmcache_remote import _Entries
+from .entries import EntryCache
 from .store import DEFAULT_NAMESPACE, KVStore
 
 log = logging.getLogger("curvine.connector")
@@ -100,7 +100,7 @@ class CurvineL2Adapter(L2AdapterInterface):
         self._stored: dict[L2TaskId, L2StoreResult] = {}
         self._looked_up: dict[L2TaskId, Bitmap] = {}
         self._loaded: dict[L2TaskId, Bitmap] = {}
-        self._entries = _Entries()  # what lookup-and-lock found, for the load after it
+        self._entries = EntryCache()  # what lookup-and-lock found, for the load after it
         self._closed = False
 
     # -- event fds ---------------------------------------------------------------------

@@ -24,9 +24,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import threading
-import time
-from collections import OrderedDict
 from typing import List, Optional
 
 from lmcache.utils import CacheEngineKey
@@ -38,16 +35,12 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from curvine.common.errors import CurvineError
 
 from . import naming
+from .entries import EntryCache
 from .store import DEFAULT_NAMESPACE, Entry, KVStore
 
 log = logging.getLogger("curvine.connector")
 
 PLUGIN = "curvine"
-# What a lookup found, kept this long for the get that follows it (a prompt's
-# contains-then-retrieve): the hit costs no second master round trip.  Chunk files are
-# never rewritten in place; a stale entry whose blocks are gone reads as a miss.
-ENTRY_TTL = 10.0
-ENTRY_CACHE = 65536
 
 
 def _bool(value) -> bool:
@@ -66,31 +59,6 @@ def store_from_extra_config(extra: dict | None, plugin: str = PLUGIN) -> KVStore
                         short_circuit=None if sc is None else _bool(sc))
 
 
-class _Entries:
-    """Recently looked-up entries by name (bounded, expiring)."""
-
-    def __init__(self):
-        self._d: OrderedDict[str, tuple[float, Entry]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def put(self, entries) -> None:
-        now = time.monotonic()
-        with self._lock:
-            for e in entries:
-                if e is not None:
-                    self._d[e.name] = (now, e)
-                    self._d.move_to_end(e.name)
-            while len(self._d) > ENTRY_CACHE:
-                self._d.popitem(last=False)
-
-    def pop(self, name: str) -> Entry | None:
-        with self._lock:
-            item = self._d.pop(name, None)
-        if item is None or time.monotonic() - item[0] > ENTRY_TTL:
-            return None
-        return item[1]
-
-
 class CurvineRemoteConnector(RemoteConnector):
     """A RemoteConnector over curvine.connector.store.KVStore."""
 
@@ -105,7 +73,7 @@ class CurvineRemoteConnector(RemoteConnector):
         # LMCache's calls wait here, never on its event loop
         self._threads = concurrent.futures.ThreadPoolExecutor(
             16, thread_name_prefix="curvine-lmcache")
-        self._entries = _Entries()
+        self._entries = EntryCache()
         log.info("curvine connector on %s%s (short-circuit %s)", self.store.master.address,
                  self.store.namespace, "on" if self.store.sockets is not None else "off")
 

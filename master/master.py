@@ -246,12 +246,12 @@ class Master:
         for b in blocks:
             b.token = block_tokens.mint(self.block_key, b.block_id, block_tokens.READ)
         reply.blocks.extend(blocks)
-        wids = {w for b in blocks for w in b.worker_ids}
-        for wid in sorted(wids):
-            info = self.registry.info(wid)
-            if info is not None:
-                reply.workers.append(info)
+        reply.workers.extend(self._known_workers({w for b in blocks for w in b.worker_ids}))
         return reply
+
+    def _known_workers(self, wids) -> list[common_pb2.WorkerInfo]:
+        """The registered workers among ``wids``, by id: a read reply's locations."""
+        return [info for info in map(self.registry.info, sorted(wids)) if info is not None]
 
     def lookup_many(self, req: master_pb2.LookupManyRequest) -> master_pb2.LookupManyReply:
         """Every name of ``req.names`` in directory ``req.parent`` from one read
@@ -278,10 +278,7 @@ class Master:
                                                         block_tokens.READ)
                             wids.update(b.worker_ids)
                     result.blocks.extend(blocks)
-        for wid in sorted(wids):
-            info = self.registry.info(wid)
-            if info is not None:
-                reply.workers.append(info)
+        reply.workers.extend(self._known_workers(wids))
         return reply
 
     # ------------------------------------------------------------------ namespace writes
