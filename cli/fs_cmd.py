@@ -268,6 +268,20 @@ def _is_dir(node: Inode) -> bool:
     return node.type == common_pb2.DIRECTORY
 
 
+# each inode type: its S_IF* bits and its name in `stat` (and `--json`)
+_TYPES = {common_pb2.FILE: (stat_mod.S_IFREG, "regular file"),
+          common_pb2.DIRECTORY: (stat_mod.S_IFDIR, "directory"),
+          common_pb2.SYMLINK: (stat_mod.S_IFLNK, "symbolic link"),
+          common_pb2.FIFO: (stat_mod.S_IFIFO, "fifo"),
+          common_pb2.SOCKET: (stat_mod.S_IFSOCK, "socket"),
+          common_pb2.CHAR_DEVICE: (stat_mod.S_IFCHR, "character special file"),
+          common_pb2.BLOCK_DEVICE: (stat_mod.S_IFBLK, "block special file")}
+
+
+def _kind(node: Inode) -> str:
+    return _TYPES.get(node.type, (0, "unknown"))[1]
+
+
 # ---------------------------------------------------------------- formatting
 
 def _size(n: int, human: bool) -> str:
@@ -296,8 +310,7 @@ def _group(gid: int) -> str:
 
 
 def _filemode(node: Inode) -> str:
-    kind = stat_mod.S_IFDIR if _is_dir(node) else stat_mod.S_IFREG
-    return stat_mod.filemode(kind | node.mode)
+    return stat_mod.filemode(_TYPES.get(node.type, (stat_mod.S_IFREG,))[0] | node.mode)
 
 
 def _time(ns: int) -> str:
@@ -314,13 +327,17 @@ def _inode_dict(node: Inode, path: str | None = None, name: bytes | None = None)
         d["path"] = path
     if name is not None:
         d["name"] = _display(name)
-    d.update(ino=node.ino, type="directory" if _is_dir(node) else "file",
+    d.update(ino=node.ino, type={common_pb2.FILE: "file"}.get(node.type, _kind(node)),
              mode=f"{node.mode:04o}", uid=node.uid, gid=node.gid, size=node.size,
              nlink=node.nlink, mtime_ns=node.mtime_ns, atime_ns=node.atime_ns,
              ctime_ns=node.ctime_ns, ttl_ms=node.ttl_ms, replicas=node.replicas,
              version=node.version)
-    if not _is_dir(node):
+    if node.type == common_pb2.FILE:
         d["state"] = "complete" if node.state == common_pb2.COMPLETE else "writing"
+    if node.type == common_pb2.SYMLINK:
+        d["target"] = _display(node.symlink_target)
+    if node.type in (common_pb2.CHAR_DEVICE, common_pb2.BLOCK_DEVICE):
+        d["rdev"] = node.rdev
     return d
 
 
@@ -397,7 +414,10 @@ def _ls_line(args, name: bytes | str, node: Inode, path: str) -> None:
         print(json.dumps(_inode_dict(node, path=path)))
     elif args.long:
         suffix = "/" if _is_dir(node) else ""
-        state = "  (writing)" if not _is_dir(node) and node.state == common_pb2.WRITING else ""
+        if node.type == common_pb2.SYMLINK:
+            suffix = " -> " + _display(node.symlink_target)
+        state = "  (writing)" if (node.type == common_pb2.FILE
+                                  and node.state == common_pb2.WRITING) else ""
         print(f"{_filemode(node)} {node.nlink:>3} {_user(node.uid):<8} {_group(node.gid):<8} "
               f"{_size(node.size, args.human):>12} {_time(node.mtime_ns)} "
               f"{shown(name)}{suffix}{state}")
@@ -411,7 +431,7 @@ def _cmd_stat(args, parser) -> int:
             path = namespace_path(arg)
             node = fs.resolve(path)
             blocks, workers = [], {}
-            if not _is_dir(node):
+            if node.type == common_pb2.FILE:
                 with _about(path):
                     _, blocks, workers = fs.master.get_blocks(node.ino)
             if args.json:
@@ -422,8 +442,10 @@ def _cmd_stat(args, parser) -> int:
                                             for w in b.worker_ids]} for b in blocks]
                 print(json.dumps(d))
                 continue
-            kind = "directory" if _is_dir(node) else "regular file"
-            state = "" if _is_dir(node) else (
+            kind = _kind(node)
+            if node.type == common_pb2.SYMLINK:
+                kind += " -> " + _display(node.symlink_target)
+            state = "" if node.type != common_pb2.FILE else (
                 "  State: complete" if node.state == common_pb2.COMPLETE else
                 "  State: writing (no version published yet)")
             print(f"  File: {shown(path)}")
@@ -551,7 +573,7 @@ def _du(client: MasterClient, node: Inode, path: str, args) -> int:
         elif _is_dir(e.inode):
             stack.append([posixpath.join(frame[0], _text(e.name)),
                           iter(client.iterdir(e.inode.ino)), 0])
-        else:
+        elif e.inode.type == common_pb2.FILE:
             frame[2] += e.inode.size
 
 

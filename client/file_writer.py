@@ -37,6 +37,8 @@ Block = common_pb2.Block
 Inode = common_pb2.Inode
 WorkerInfo = common_pb2.WorkerInfo
 
+_ZEROS = memoryview(bytes(1 << 20))  # written by allocate(zero=True), 1 MiB at a time
+
 
 class FileWriter:
     """One version of file ``ino`` being written; thread-safe.
@@ -165,6 +167,32 @@ class FileWriter:
                     self._make_current(ext)
                     exts.truncate(ext, size)
             self._changed()
+
+    def allocate(self, offset: int, length: int, *, zero: bool = False,
+                 keep_size: bool = False) -> None:
+        """fallocate(2) on this version: ``zero`` makes [offset, offset+length) read as
+        zeros (PUNCH_HOLE, ZERO_RANGE: written as zeros); unless ``keep_size`` the file
+        grows to cover the range (with holes).  Space is not reserved ahead."""
+        if offset < 0 or length <= 0:
+            raise CurvineError(ErrorKind.INVALID, "offset or length out of range")
+        end = offset + length
+        with self._lock:
+            self._settle()
+            size = self._extents.size
+            changed = False
+            if zero:
+                zend = min(end, size) if keep_size else end
+                pos = offset
+                while pos < zend:
+                    n = min(zend - pos, len(_ZEROS))
+                    self._write(pos, _ZEROS[:n])
+                    pos += n
+                    changed = True
+            if not keep_size and end > self._extents.size:
+                self._grow(end, for_write=False)
+                changed = True
+            if changed:
+                self._changed()
 
     def read(self, offset: int, size: int) -> bytes | memoryview:
         """Read this version (what this handle wrote, over its base)."""

@@ -68,8 +68,16 @@ def _parent(reply: master_pb2.ParentReply) -> Inode | None:
     return _field(reply, "parent")
 
 
-def _parents(reply: master_pb2.ParentReply) -> tuple[Inode | None, Inode | None, Inode | None]:
-    return _field(reply, "parent"), _field(reply, "new_parent"), _field(reply, "moved")
+def _parent_held(reply: master_pb2.ParentReply) -> tuple[Inode | None, int]:
+    """(the parent after the change, the inode kept unlinked for this mount or 0)"""
+    return _field(reply, "parent"), reply.held
+
+
+def _parents_held(reply: master_pb2.ParentReply
+                  ) -> tuple[Inode | None, Inode | None, Inode | None, int]:
+    """(parent, new parent or None, the moved inode, the replaced inode kept or 0)"""
+    return (_field(reply, "parent"), _field(reply, "new_parent"), _field(reply, "moved"),
+            reply.held)
 
 
 class MasterClient:
@@ -126,10 +134,13 @@ class MasterClient:
             request_id=new_request_id(), parent=parent, name=name, mode=mode & 0o7777,
             uid=uid, gid=gid, exclusive=exclusive, session=self.session), _inode_lease_parent)
 
-    def _prep_unlink(self, parent: int, name: bytes) -> Prepared:
+    def _prep_unlink(self, parent: int, name: bytes, open_inos: Sequence[int] = ()
+                     ) -> Prepared:
+        """``open_inos``: inodes this mount has open; if the name was the last of one of
+        them, the master keeps it (the result's held ino) until ``release_inode``."""
         return Prepared("Unlink", "unlink", master_pb2.UnlinkRequest(
-            request_id=new_request_id(), parent=parent, name=name, session=self.session),
-            _parent)
+            request_id=new_request_id(), parent=parent, name=name, session=self.session,
+            open_inos=list(open_inos)), _parent_held)
 
     def _prep_rmdir(self, parent: int, name: bytes) -> Prepared:
         return Prepared("Rmdir", "rmdir", master_pb2.RmdirRequest(
@@ -138,13 +149,16 @@ class MasterClient:
 
     def _prep_rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes,
                      no_replace: bool = False, source_ino: int = 0,
-                     require_published: bool = False, writer_inos: Sequence[int] = ()
-                     ) -> Prepared:
+                     require_published: bool = False, writer_inos: Sequence[int] = (),
+                     open_inos: Sequence[int] = (), exchange: bool = False) -> Prepared:
+        """``open_inos``: as for unlink, for a replaced target; ``exchange``:
+        RENAME_EXCHANGE (both names exist and swap)."""
         return Prepared("Rename", "rename", master_pb2.RenameRequest(
             request_id=new_request_id(), parent=parent, name=name, new_parent=new_parent,
             new_name=new_name, no_replace=no_replace, source_ino=source_ino,
             require_published=require_published, session=self.session,
-            writer_inos=list(writer_inos)), _parents)
+            writer_inos=list(writer_inos), open_inos=list(open_inos), exchange=exchange),
+            _parents_held)
 
     def _prep_complete(self, ino: int, blocks: Sequence[Block], size: int, mtime_ns: int = 0,
                        if_unpublished: bool = False,
@@ -179,6 +193,51 @@ class MasterClient:
             ino=ino, session=session if open_id else 0, open_id=open_id if session else 0),
             lambda reply: (reply.inode, list(reply.blocks),
                            {w.worker_id: w for w in reply.workers}))
+
+    # POSIX beyond files and directories (issue 15)
+
+    def _prep_symlink(self, parent: int, name: bytes, target: bytes, uid: int = 0,
+                      gid: int = 0) -> Prepared:
+        return Prepared("Symlink", "", master_pb2.SymlinkRequest(
+            request_id=new_request_id(), parent=parent, name=name, target=target, uid=uid,
+            gid=gid, session=self.session), _inode_lease_parent)
+
+    def _prep_make_node(self, parent: int, name: bytes, type: int, mode: int, rdev: int = 0,
+                        uid: int = 0, gid: int = 0) -> Prepared:
+        """A FIFO, socket or device (``type``: common_pb2.FIFO, ...)."""
+        return Prepared("MakeNode", "", master_pb2.MakeNodeRequest(
+            request_id=new_request_id(), parent=parent, name=name, type=type,
+            mode=mode & 0o7777, rdev=rdev, uid=uid, gid=gid, session=self.session),
+            _inode_lease_parent)
+
+    def _prep_link(self, ino: int, new_parent: int, new_name: bytes) -> Prepared:
+        """A hard link: (the inode with its new nlink, lease ms, new parent)."""
+        return Prepared("Link", "", master_pb2.LinkRequest(
+            request_id=new_request_id(), ino=ino, new_parent=new_parent, new_name=new_name,
+            session=self.session), _inode_lease_parent)
+
+    def _prep_release_inode(self, ino: int) -> Prepared:
+        return Prepared("ReleaseInode", "", master_pb2.ReleaseInodeRequest(
+            request_id=new_request_id(), ino=ino, session=self.session), lambda reply: None)
+
+    def _prep_set_xattr(self, ino: int, name: bytes, value: bytes, flags: int = 0
+                        ) -> Prepared:
+        """``flags``: 1 create only (EXISTS if set), 2 replace only (NO_DATA if not)."""
+        return Prepared("SetXattr", "", master_pb2.SetXattrRequest(
+            request_id=new_request_id(), ino=ino, name=name, value=value, flags=flags,
+            session=self.session), _inode)
+
+    def _prep_get_xattr(self, ino: int, name: bytes) -> Prepared:
+        return Prepared("GetXattr", "", master_pb2.GetXattrRequest(ino=ino, name=name),
+                        lambda reply: reply.value)
+
+    def _prep_list_xattr(self, ino: int) -> Prepared:
+        return Prepared("ListXattr", "", master_pb2.ListXattrRequest(ino=ino),
+                        lambda reply: list(reply.names))
+
+    def _prep_remove_xattr(self, ino: int, name: bytes) -> Prepared:
+        return Prepared("RemoveXattr", "", master_pb2.RemoveXattrRequest(
+            request_id=new_request_id(), ino=ino, name=name, session=self.session), _inode)
 
     # -- namespace -------------------------------------------------------------
 
@@ -228,7 +287,7 @@ class MasterClient:
 
     def unlink(self, parent: int, name: bytes) -> Inode | None:
         """Returns the parent's attributes after the change."""
-        return self.call(self._prep_unlink(parent, name))
+        return self.call(self._prep_unlink(parent, name))[0]
 
     def rmdir(self, parent: int, name: bytes) -> Inode | None:
         return self.call(self._prep_rmdir(parent, name))
@@ -240,7 +299,38 @@ class MasterClient:
         """Returns both directories' attributes after the change (the second None when
         they are the same directory) and the moved inode's."""
         return self.call(self._prep_rename(parent, name, new_parent, new_name, no_replace,
-                                           source_ino, require_published, writer_inos))
+                                           source_ino, require_published, writer_inos))[:3]
+
+    def symlink(self, parent: int, name: bytes, target: bytes, uid: int = 0, gid: int = 0
+                ) -> tuple[Inode, int, Inode | None]:
+        """(the symlink, lease ms, the parent after the change)"""
+        return self.call(self._prep_symlink(parent, name, target, uid, gid))
+
+    def make_node(self, parent: int, name: bytes, type: int, mode: int, rdev: int = 0,
+                  uid: int = 0, gid: int = 0) -> tuple[Inode, int, Inode | None]:
+        """(the special file, lease ms, the parent after the change)"""
+        return self.call(self._prep_make_node(parent, name, type, mode, rdev, uid, gid))
+
+    def link(self, ino: int, new_parent: int, new_name: bytes
+             ) -> tuple[Inode, int, Inode | None]:
+        """(the inode with its new nlink, lease ms, the new parent after the change)"""
+        return self.call(self._prep_link(ino, new_parent, new_name))
+
+    def release_inode(self, ino: int) -> None:
+        """This mount's last descriptor of ``ino`` (kept unlinked: a held ino) closed."""
+        return self.call(self._prep_release_inode(ino))
+
+    def set_xattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> Inode:
+        return self.call(self._prep_set_xattr(ino, name, value, flags))
+
+    def get_xattr(self, ino: int, name: bytes) -> bytes:
+        return self.call(self._prep_get_xattr(ino, name))
+
+    def list_xattr(self, ino: int) -> list[bytes]:
+        return self.call(self._prep_list_xattr(ino))
+
+    def remove_xattr(self, ino: int, name: bytes) -> Inode:
+        return self.call(self._prep_remove_xattr(ino, name))
 
     def listdir(self, ino: int, start_after: bytes = b"", limit: int = LISTDIR_PAGE
                 ) -> tuple[list[master_pb2.DirEntry], bool]:

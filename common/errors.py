@@ -37,6 +37,10 @@ class ErrorKind(enum.IntEnum):
     CHECKSUM = 15  # data did not match its checksum
     TIMEOUT = 16
     BUSY = 17
+    NO_DATA = 18  # no such extended attribute (ENODATA)
+    TOO_BIG = 19  # an extended attribute value or list beyond the limits (E2BIG)
+    NOT_PERMITTED = 20  # EPERM: e.g. a hard link to a directory
+    TOO_MANY_LINKS = 21  # EMLINK
 
 
 _ERRNO = {
@@ -57,6 +61,10 @@ _ERRNO = {
     ErrorKind.CHECKSUM: errno.EIO,
     ErrorKind.TIMEOUT: errno.ETIMEDOUT,
     ErrorKind.BUSY: errno.EBUSY,
+    ErrorKind.NO_DATA: errno.ENODATA,
+    ErrorKind.TOO_BIG: errno.E2BIG,
+    ErrorKind.NOT_PERMITTED: errno.EPERM,
+    ErrorKind.TOO_MANY_LINKS: errno.EMLINK,
 }
 
 _STATUS = {
@@ -77,6 +85,10 @@ _STATUS = {
     ErrorKind.CHECKSUM: grpc.StatusCode.DATA_LOSS,
     ErrorKind.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
     ErrorKind.BUSY: grpc.StatusCode.ABORTED,
+    ErrorKind.NO_DATA: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.TOO_BIG: grpc.StatusCode.OUT_OF_RANGE,
+    ErrorKind.NOT_PERMITTED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorKind.TOO_MANY_LINKS: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 # gRPC statuses that arrive without our trailer (raised by the transport itself).

@@ -46,6 +46,15 @@ DIRECTORY = common_pb2.DIRECTORY
 COMPLETE = common_pb2.COMPLETE
 
 VERSION_CACHE = 100_000  # inodes whose last opened version this mount remembers
+SYMLINK_CACHE = 10_000  # symlink targets kept (a symlink's target never changes)
+OPEN_INOS_SENT = 1024  # open inodes listed in an unlink/rename; more: the target's only
+XATTR_PREFIX = b"user."  # the only namespace stored (others: ENODATA / EOPNOTSUPP)
+XATTR_VALUE_MAX = 65536
+
+# fallocate(2) modes (linux/falloc.h)
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+FALLOC_FL_ZERO_RANGE = 0x10
 
 
 class Attributes(NamedTuple):
@@ -106,6 +115,9 @@ class Handle:
     # (lease session, open id) this reader's open was recorded with at the master: the
     # file is not evicted until release reports it closed
     recorded_open: tuple[int, int] = (0, 0)
+    # a writer opened O_RDWR: it goes through the kernel's page cache (not direct_io),
+    # so that mmap works; the kernel then takes the file's size from this handle
+    page_cache: bool = False
 
     @property
     def size(self) -> int:
@@ -190,6 +202,10 @@ class FileSystem:
         self._block_size: int | None = None  # the master's, asked for at the first write
         self._local_worker = LocalWorker(self.host)  # shared by this mount's writers
         self._read_buf = bytearray(MIB)  # reads answered in the loop (read_cached)
+        # inodes unlinked (or replaced) while open here, kept by the master until this
+        # mount's last handle of them closes (ReleaseInode)
+        self._held: set[int] = set()
+        self._symlinks: OrderedDict[int, bytes] = OrderedDict()  # ino -> target
         # a writer's publish, from its thread: on the Calls route like every master call
         self._complete = functools.partial(calls.from_thread, "complete")
 
@@ -201,7 +217,12 @@ class FileSystem:
         this mount, else the configured timeouts apply."""
         if size is None:
             size = inode.size
-            if inode.type != DIRECTORY and inode.state != COMPLETE:
+            pc = self._page_cache_writer(inode.ino)
+            if pc is not None:
+                # The kernel reads this mount's O_RDWR handles through its page cache,
+                # up to the size it is told: theirs, as a local file system would.
+                size = pc.size
+            elif inode.type != DIRECTORY and inode.state != COMPLETE:
                 # Nothing is published yet (readers see an empty file): show the size
                 # this mount is writing, as a local file system would.  Once a version
                 # is published its size is reported, never a writer's partial one, or
@@ -315,10 +336,37 @@ class FileSystem:
 
     async def unlink(self, parent: int, name: bytes) -> None:
         check_name(name)
-        self.kernel.note_dirs(await self.calls.run("unlink", parent, name))
+        parent_node, held = await self.calls.run(
+            "unlink", parent, name, open_inos=await self._open_inos(parent, name))
+        await self._note_held(held)
+        self.kernel.note_dirs(parent_node)
+
+    async def _open_inos(self, parent: int, name: bytes) -> list[int]:
+        """The inodes open here that an unlink or rename of ``name`` may take the last
+        name of: all of them, or (when many are open) the one ``name`` names."""
+        if len(self._of_inode) <= OPEN_INOS_SENT:
+            return list(self._of_inode)
+        inode, _ = await self.calls.run("lookup", parent, name)
+        return [inode.ino] if inode is not None and inode.ino in self._of_inode else []
+
+    async def _note_held(self, ino: int) -> None:
+        if not ino:
+            return
+        if ino in self._of_inode:
+            self._held.add(ino)
+        else:  # its last handle closed while the call was on its way
+            await self._release_inode(ino)
+
+    async def _release_inode(self, ino: int) -> None:
+        try:
+            await self.calls.run("release_inode", ino)
+        except CurvineError as e:
+            # the master removes it when this mount's session ends
+            log.warning("inode %d: unlinked and closed, but the master was not told "
+                        "(%s); it is removed when this mount's session ends", ino, e)
 
     async def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes,
-                     no_replace: bool, pid: int) -> None:
+                     no_replace: bool, pid: int, exchange: bool = False) -> None:
         check_name(name)
         check_name(new_name)
         # Only the process writing a never-published file may move it (see
@@ -330,10 +378,78 @@ class FileSystem:
             caller = await self._run(_tgid, pid)
             mine += [h.ino for h in self._write_handles.values()
                      if h.tgid == caller and h.fh in self._handles]
-        changed = await self.calls.run(
+        opened = [] if exchange else await self._open_inos(new_parent, new_name)
+        *changed, held = await self.calls.run(
             "rename", parent, name, new_parent, new_name, no_replace=no_replace,
-            require_published=True, writer_inos=mine)
+            require_published=True, writer_inos=mine, open_inos=opened, exchange=exchange)
+        await self._note_held(held)
         self.kernel.note_dirs(*changed)
+
+    async def link(self, ino: int, new_parent: int, new_name: bytes) -> Attributes:
+        check_name(new_name)
+        sent = time.monotonic()
+        inode, lease_ms, parent_node = await self.calls.run("link", ino, new_parent,
+                                                            new_name)
+        self.kernel.note_dirs(parent_node)
+        return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
+
+    async def symlink(self, parent: int, name: bytes, target: bytes, uid: int,
+                      gid: int) -> Attributes:
+        check_name(name)
+        sent = time.monotonic()
+        inode, lease_ms, parent_node = await self.calls.run("symlink", parent, name,
+                                                            target, uid, gid)
+        self.kernel.note_dirs(parent_node)
+        self._remember_symlink(inode)
+        return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
+
+    async def readlink(self, ino: int) -> bytes:
+        target = self._symlinks.get(ino)
+        if target is None:
+            inode = await self.calls.run("getattr_unleased", ino)
+            if inode.type != common_pb2.SYMLINK:
+                raise CurvineError(ErrorKind.INVALID, f"inode {ino} is not a symlink")
+            target = self._remember_symlink(inode)
+        return target
+
+    def _remember_symlink(self, inode: Inode) -> bytes:
+        self._symlinks[inode.ino] = inode.symlink_target
+        while len(self._symlinks) > SYMLINK_CACHE:
+            self._symlinks.popitem(last=False)
+        return inode.symlink_target
+
+    async def make_node(self, parent: int, name: bytes, kind: int, mode: int, rdev: int,
+                        uid: int, gid: int) -> Attributes:
+        """A FIFO, socket or device: metadata only (its I/O is the kernel's)."""
+        check_name(name)
+        sent = time.monotonic()
+        inode, lease_ms, parent_node = await self.calls.run(
+            "make_node", parent, name, kind, mode & 0o7777, rdev, uid, gid)
+        self.kernel.note_dirs(parent_node)
+        return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
+
+    # -- extended attributes: user.* stored by the master; the kernel's probes of
+    # -- other namespaces (security.capability at every write) answered here
+
+    async def getxattr(self, ino: int, name: bytes) -> bytes:
+        if not name.startswith(XATTR_PREFIX):
+            raise CurvineError(ErrorKind.NO_DATA, "no such attribute")
+        return await self.calls.run("get_xattr", ino, name)
+
+    async def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
+        if not name.startswith(XATTR_PREFIX):
+            raise CurvineError(ErrorKind.NOT_SUPPORTED, "only user.* attributes are stored")
+        if len(value) > XATTR_VALUE_MAX:
+            raise CurvineError(ErrorKind.TOO_BIG, "attribute value too large")
+        await self.calls.run("set_xattr", ino, name, value)
+
+    async def listxattr(self, ino: int) -> list[bytes]:
+        return await self.calls.run("list_xattr", ino)
+
+    async def removexattr(self, ino: int, name: bytes) -> None:
+        if not name.startswith(XATTR_PREFIX):
+            raise CurvineError(ErrorKind.NO_DATA, "no such attribute")
+        await self.calls.run("remove_xattr", ino, name)
 
     async def statfs(self) -> master_pb2.StatFsReply:
         return await self.calls.run("statfs")
@@ -351,6 +467,14 @@ class FileSystem:
 
     def handle(self, fh: int) -> Handle | None:
         return self._handles.get(fh)
+
+    def _page_cache_writer(self, ino: int) -> FileWriter | None:
+        """The last-used O_RDWR (page cache) writer of ``ino`` here, if any."""
+        for fh in reversed(self._writers.get(ino, ())):
+            h = self._write_handles.get(fh)
+            if h is not None and h.page_cache:
+                return h.writer
+        return None
 
     def writer_of(self, ino: int, fh: int | None = None) -> FileWriter | None:
         """The write handle ``fh`` if given, else the last-used one of ``ino`` here."""
@@ -380,8 +504,9 @@ class FileSystem:
         unpublished = inode.state != COMPLETE
         writer, tgid = await self._run(self._writer_and_tgid, inode.ino, empty,
                                        not unpublished, pid)
+        page_cache = flags & os.O_ACCMODE == os.O_RDWR
         h = self._add(inode.ino, State.NEW if unpublished else State.WRITING, writer=writer,
-                      inode=inode, tgid=tgid)
+                      inode=inode, tgid=tgid, page_cache=page_cache)
         ttl = self.kernel.lease_ttl(lease_ms, sent)
         attrs = self.attributes(inode, lease=ttl)
         if ttl and unpublished:
@@ -391,7 +516,7 @@ class FileSystem:
             # none of them.
             attrs = attrs._replace(attr_timeout=ttl)
             self.kernel.lease_inode(inode.ino, ttl)
-        return Opened(h.fh, direct_io=True, keep_cache=False), attrs
+        return Opened(h.fh, direct_io=not page_cache, keep_cache=False), attrs
 
     async def open(self, ino: int, flags: int, pid: int) -> Opened:
         if flags & os.O_ACCMODE == os.O_RDONLY:
@@ -409,8 +534,11 @@ class FileSystem:
         # an emptied file is published at close even without writes
         writer = await self._run(self._new_writer, ino, truncate, truncate)
         tgid = await self._run(_tgid, pid)
-        h = self._add(ino, State.WRITING, writer=writer, tgid=tgid)
-        return Opened(h.fh, direct_io=True, keep_cache=False)
+        # O_RDWR: through the page cache, so that mmap works (O_WRONLY cannot map);
+        # O_WRONLY (LMCache's writers) keeps direct_io: one request per buffer, no copy
+        page_cache = flags & os.O_ACCMODE == os.O_RDWR
+        h = self._add(ino, State.WRITING, writer=writer, tgid=tgid, page_cache=page_cache)
+        return Opened(h.fh, direct_io=not page_cache, keep_cache=False)
 
     async def read(self, h: Handle, off: int, size: int):
         if h.writer is not None:
@@ -433,6 +561,20 @@ class FileSystem:
         self._touch_writer(h)
         return n
 
+    async def fallocate(self, h: Handle, mode: int, offset: int, length: int) -> None:
+        """Mode 0 and KEEP_SIZE: the range reads as before, or as zeros past the end
+        (space is not reserved ahead: blocks are written at publish); PUNCH_HOLE and
+        ZERO_RANGE: the range reads as zeros (written as zeros)."""
+        known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE
+        if mode & ~known or (mode & FALLOC_FL_PUNCH_HOLE and mode & FALLOC_FL_ZERO_RANGE):
+            raise CurvineError(ErrorKind.NOT_SUPPORTED, f"fallocate mode {mode:#x}")
+        if offset < 0 or length <= 0:
+            raise CurvineError(ErrorKind.INVALID, "fallocate: bad offset or length")
+        await self._run(h.writer.allocate, offset, length,
+                        zero=bool(mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE)),
+                        keep_size=bool(mode & FALLOC_FL_KEEP_SIZE))
+        self._touch_writer(h)
+
     async def flush(self, h: Handle) -> None:
         """close(2): publish before it returns (close-to-open)."""
         await self._publish(h)
@@ -453,6 +595,9 @@ class FileSystem:
                 handles.pop(fh, None)
                 if not handles:
                     del self._of_inode[h.ino]
+                    if h.ino in self._held:
+                        self._held.discard(h.ino)
+                        await self._release_inode(h.ino)
             if h.writer is not None:
                 fhs = self._writers.get(h.ino, [])
                 if fh in fhs:

@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 
 DIRECTORY = common_pb2.DIRECTORY
 
+# st_mode's file type of each inode type (regular files are the default)
+_S_IFMT = {common_pb2.DIRECTORY: stat.S_IFDIR, common_pb2.SYMLINK: stat.S_IFLNK,
+           common_pb2.FIFO: stat.S_IFIFO, common_pb2.SOCKET: stat.S_IFSOCK,
+           common_pb2.CHAR_DEVICE: stat.S_IFCHR, common_pb2.BLOCK_DEVICE: stat.S_IFBLK}
+_TYPE_OF_S_IFMT = {v: k for k, v in _S_IFMT.items() if k != common_pb2.DIRECTORY}
+
 STATFS_BLOCK = 4096
 _LOUD_KINDS = {ErrorKind.IO, ErrorKind.UNAVAILABLE, ErrorKind.CHECKSUM, ErrorKind.TIMEOUT,
                ErrorKind.UNAUTHENTICATED}
@@ -81,11 +87,16 @@ def _entry_attributes(a: Attributes) -> pyfuse3.EntryAttributes:
     e.generation = 0
     e.entry_timeout = a.entry_timeout
     e.attr_timeout = a.attr_timeout
-    e.st_mode = (stat.S_IFDIR if is_dir else stat.S_IFREG) | (inode.mode & 0o7777)
-    e.st_nlink = a.nlink if a.nlink is not None else inode.nlink or (2 if is_dir else 1)
+    e.st_mode = _S_IFMT.get(inode.type, stat.S_IFREG) | (inode.mode & 0o7777)
+    if a.nlink is not None:
+        e.st_nlink = a.nlink
+    elif is_dir:
+        e.st_nlink = inode.nlink or 2
+    else:  # 0: unlinked, still open (an inode from before hard links has 0 too: 1)
+        e.st_nlink = inode.nlink if inode.nlink or inode.parent == 0 else 1
     e.st_uid = inode.uid
     e.st_gid = inode.gid
-    e.st_rdev = 0
+    e.st_rdev = inode.rdev
     e.st_size = a.size
     e.st_blksize = MIB
     e.st_blocks = (a.size + 511) // 512
@@ -192,10 +203,25 @@ class Operations(pyfuse3.Operations):
 
     @_fuse_op
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
-        if flags & pyfuse3.RENAME_EXCHANGE or flags & ~pyfuse3.RENAME_NOREPLACE:
-            raise pyfuse3.FUSEError(errno.EINVAL)
+        known = pyfuse3.RENAME_EXCHANGE | pyfuse3.RENAME_NOREPLACE
+        if flags & ~known or flags == known:
+            raise pyfuse3.FUSEError(errno.EINVAL)  # as the kernel says for both at once
         await self.fs.rename(parent_inode_old, name_old, parent_inode_new, name_new,
-                             no_replace=bool(flags & pyfuse3.RENAME_NOREPLACE), pid=ctx.pid)
+                             no_replace=bool(flags & pyfuse3.RENAME_NOREPLACE),
+                             exchange=bool(flags & pyfuse3.RENAME_EXCHANGE), pid=ctx.pid)
+
+    @_fuse_op
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        return _entry_attributes(await self.fs.link(inode, new_parent_inode, new_name))
+
+    @_fuse_op
+    async def symlink(self, parent_inode, name, target, ctx):
+        return _entry_attributes(await self.fs.symlink(parent_inode, name, target,
+                                                       ctx.uid, ctx.gid))
+
+    @_fuse_op
+    async def readlink(self, inode, ctx):
+        return await self.fs.readlink(inode)
 
     @_fuse_op
     async def statfs(self, ctx):
@@ -227,9 +253,14 @@ class Operations(pyfuse3.Operations):
 
     @_fuse_op
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
-        if not stat.S_ISREG(mode):
-            raise pyfuse3.FUSEError(errno.EPERM)  # no devices, FIFOs or sockets
-        attrs = await self.fs.mknod(parent_inode, name, mode, ctx.uid, ctx.gid)
+        if stat.S_ISREG(mode):
+            attrs = await self.fs.mknod(parent_inode, name, mode, ctx.uid, ctx.gid)
+        else:
+            kind = _TYPE_OF_S_IFMT.get(stat.S_IFMT(mode))
+            if kind is None:
+                raise pyfuse3.FUSEError(errno.EINVAL)
+            attrs = await self.fs.make_node(parent_inode, name, kind, mode, rdev,
+                                            ctx.uid, ctx.gid)
         return _entry_attributes(attrs)
 
     @_fuse_op
@@ -246,6 +277,15 @@ class Operations(pyfuse3.Operations):
         if h.writer is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         return await self.fs.write(h, off, buf)
+
+    @_fuse_op
+    async def fallocate(self, fh, mode, offset, length):
+        # called by pyfuse3 with scripts/pyfuse3/fallocate.patch; stock pyfuse3 answers
+        # ENOSYS itself and the kernel then says EOPNOTSUPP to every caller
+        h = self._handle(fh)
+        if h.writer is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        await self.fs.fallocate(h, mode, offset, length)
 
     @_fuse_op
     async def flush(self, fh):
@@ -285,19 +325,24 @@ class Operations(pyfuse3.Operations):
     async def fsyncdir(self, fh, datasync):
         pass  # namespace changes are durable when the master acknowledges them
 
-    # -- not supported ----------------------------------------------------------------
+    # -- extended attributes (the user. namespace; filesystem.py has the rules) ----------
 
-    async def link(self, inode, new_parent_inode, new_name, ctx):
-        raise pyfuse3.FUSEError(errno.EPERM)  # no hard links (one parent per inode)
+    @_fuse_op
+    async def getxattr(self, inode, name, ctx):
+        return await self.fs.getxattr(inode, name)
 
-    async def symlink(self, parent_inode, name, target, ctx):
-        raise pyfuse3.FUSEError(errno.EPERM)  # symlink(2): fs does not support them
+    @_fuse_op
+    async def setxattr(self, inode, name, value, ctx):
+        # pyfuse3 3.5 passes no flags: XATTR_CREATE / XATTR_REPLACE are not known here
+        await self.fs.setxattr(inode, name, value)
 
-    async def readlink(self, inode, ctx):
-        raise pyfuse3.FUSEError(errno.EINVAL)  # nothing here is a symlink
+    @_fuse_op
+    async def listxattr(self, inode, ctx):
+        return await self.fs.listxattr(inode)
 
-    # xattrs keep pyfuse3's ENOSYS: the kernel then stops asking and answers
-    # EOPNOTSUPP itself (notably the security.capability probe on every write).
+    @_fuse_op
+    async def removexattr(self, inode, name, ctx):
+        await self.fs.removexattr(inode, name)
 
     def close(self) -> None:
         """Drop every handle (unpublished versions are lost) and the master link."""

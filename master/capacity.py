@@ -22,6 +22,12 @@ mounts' leases by ``Master.submit``:
   session listing its old ones (``SessionRequest.dropped``): those count as alive
   again, so a live but slow writer is never removed.  Files created without a
   session (mounts without leases, the CLI) are never treated as orphans.
+- **Unlinked files kept open.**  A file whose last name went while a mount had it
+  open stays, without a name (nlink 0), held by that mount's session (LMDB's
+  ``held`` table, namespace.py ``_keeps``) until the mount's ReleaseInode; if that
+  session is gone for ``master.orphan_timeout`` (the same liveness as orphans'), it is
+  removed here (``EVICT_UNLINKED``).  LRU eviction and TTL never take such a file:
+  it has no name to miss, and its reader still reads it.
 
 Usage is the master's one account of each worker (master/workers.py): the workers'
 heartbeats, plus the blocks placed since, minus the blocks the workers confirmed
@@ -145,7 +151,7 @@ class Capacity:
                       "expired_files": 0, "expired_bytes": 0, "orphans_removed": 0,
                       "orphan_bytes": 0, "access_reports": 0, "accesses": 0,
                       "evict_failures": 0, "room_made": 0, "room_evicted_files": 0,
-                      "no_room": 0}
+                      "no_room": 0, "unlinked_removed": 0, "unlinked_bytes": 0}
         self.ready = threading.Event()  # the start-up scan is done
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -205,7 +211,7 @@ class Capacity:
                     node.ParseFromString(val)
                     after = ino
                     n += 1
-                    if node.type == FILE:
+                    if node.type == FILE and node.nlink:  # (nlink 0: held, see above)
                         if node.state == COMPLETE:
                             entries.append((ino, max(node.atime_ns, node.mtime_ns)))
                             if node.ttl_ms:
@@ -262,6 +268,12 @@ class Capacity:
             with self._lock:
                 self._set_due(node.ino, node.mtime_ns + node.ttl_ms * 1_000_000)
             self._wake.set()
+
+    def on_released(self, ino: int) -> None:
+        """An unlinked file kept open was removed by its mount's ReleaseInode."""
+        self.lru.forget([ino])
+        with self._lock:
+            self._ttl_due.pop(ino, None)
 
     def report_access(self, inos, session: int = 0, closed_opens=()) -> None:
         if len(inos) > MAX_REPORT:
@@ -388,6 +400,7 @@ class Capacity:
         self._free_abandoned_blocks()
         more = self._expire_ttl()
         more = self._remove_orphans() or more
+        more = self._remove_unlinked() or more
         with self._room_lock:
             more = self._evict_lru() or more
         return more
@@ -425,8 +438,8 @@ class Capacity:
         with store.read() as txn:
             for ino, t in self.lru.oldest(SCAN_PER_ROUND):
                 node = store.get_inode(txn, ino)
-                if node is None or node.type != FILE:
-                    gone.append(ino)
+                if node is None or node.type != FILE or node.nlink == 0:
+                    gone.append(ino)  # (nlink 0: unlinked, kept open: never evicted)
                     continue
                 if node.state != COMPLETE:
                     continue  # being written: never evicted (orphans are handled apart)
@@ -622,6 +635,34 @@ class Capacity:
                      "(orphans, %d bytes)", len(removed), self.orphan_timeout,
                      sum(freed.values()))
         return len(orphans) >= self.batch
+
+    def _remove_unlinked(self) -> bool:
+        """Unlinked files kept open by a mount whose session is gone for the orphan
+        timeout: nobody can release them any more."""
+        now = time.monotonic()
+        with self.m.store.read() as txn:
+            held = list(self.m.store.held(txn))
+        if not held:
+            return False
+        gone = []
+        with self._lock:
+            for ino, sid in held:
+                since = self._writer_gone_since({sid})
+                if since is not None and now - since >= self.orphan_timeout:
+                    gone.append(ino)
+                    if len(gone) >= self.batch:
+                        break
+        if not gone:
+            return False
+        removed, freed, _ = self._remove(journal_pb2.EVICT_UNLINKED, gone,
+                                         lambda node: node.nlink == 0)
+        self.stats["unlinked_removed"] += len(removed)
+        self.stats["unlinked_bytes"] += sum(freed.values())
+        if removed:
+            log.info("removed %d unlinked files kept open by a mount that is gone for over "
+                     "%.0fs (%d bytes)", len(removed), self.orphan_timeout,
+                     sum(freed.values()))
+        return len(gone) >= self.batch
 
     def _remove(self, reason: int, inos: list[int], still_wanted, keep_open: bool = False,
                 ) -> tuple[list[int], dict, list[int]]:

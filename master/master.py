@@ -28,7 +28,7 @@ from .deleter import DeletePusher
 from .lag import LagMonitor
 from .leases import LeaseTable
 from .metadata import Metadata, checkpoint_root
-from .namespace import FILE, Effects, now_ns
+from .namespace import FILE, Effects, not_a_file, now_ns
 from .replication import ReplicationMonitor
 from .workers import WorkerRegistry
 
@@ -38,6 +38,12 @@ BLOCK_ID_CHUNK = 10_000  # ids reserved per journal record
 MAX_LIST = 10_000
 MAX_LOOKUP_MANY = 4096  # names per LookupMany (a 1M-token prompt is 4096 chunks)
 DEFAULT_LIST = 1000
+
+
+def _held(value) -> int:
+    """ParentReply.held from the value of plan_unlink/plan_rename (or of the retry cache:
+    the record's held inode)."""
+    return value.ino if isinstance(value, RetryHit) else int(value or 0)
 
 
 class Master:
@@ -297,15 +303,71 @@ class Master:
         return reply
 
     def unlink(self, req, rmdir: bool) -> master_pb2.ParentReply:
-        self.submit(lambda t: self.ns.plan_unlink(t, req, rmdir), req.request_id,
-                    session=req.session)
-        return self._parents_reply(req.parent)
+        value = self.submit(lambda t: self.ns.plan_unlink(t, req, rmdir), req.request_id,
+                            session=req.session)
+        reply = self._parents_reply(req.parent)
+        reply.held = _held(value)
+        return reply
 
     def rename(self, req) -> master_pb2.ParentReply:
-        self.submit(lambda t: self.ns.plan_rename(t, req), req.request_id, session=req.session)
-        return self._parents_reply(req.parent,
-                                   req.new_parent if req.new_parent != req.parent else 0,
-                                   (req.new_parent, req.new_name))
+        value = self.submit(lambda t: self.ns.plan_rename(t, req), req.request_id,
+                            session=req.session)
+        reply = self._parents_reply(req.parent,
+                                    req.new_parent if req.new_parent != req.parent else 0,
+                                    (req.new_parent, req.new_name))
+        reply.held = _held(value)
+        return reply
+
+    def symlink(self, req: master_pb2.SymlinkRequest) -> master_pb2.InodeReply:
+        since = self.leases.snapshot()
+        value = self.submit(lambda t: self.ns.plan_symlink(t, req), req.request_id,
+                            session=req.session)
+        return self._inode_reply(value, req.session, since, (req.parent, req.name))
+
+    def make_node(self, req: master_pb2.MakeNodeRequest) -> master_pb2.InodeReply:
+        since = self.leases.snapshot()
+        value = self.submit(lambda t: self.ns.plan_make_node(t, req), req.request_id,
+                            session=req.session)
+        return self._inode_reply(value, req.session, since, (req.parent, req.name))
+
+    def link(self, req: master_pb2.LinkRequest) -> master_pb2.InodeReply:
+        check_ino(req.ino)
+        since = self.leases.snapshot()
+        value = self.submit(lambda t: self.ns.plan_link(t, req), req.request_id,
+                            session=req.session)
+        node = self.getattr(value.ino if isinstance(value, RetryHit) else req.ino)
+        return self._inode_reply(node, req.session, since, (req.new_parent, req.new_name))
+
+    def release_inode(self, req: master_pb2.ReleaseInodeRequest) -> None:
+        """The mount's last descriptor of an unlinked file it keeps closed: remove it
+        now (anything else: nothing).  Idempotent, so a retry needs no retry cache."""
+        check_ino(req.ino)
+        if self.submit(lambda t: self.ns.plan_release(t, req.ino), req.request_id,
+                       session=req.session) is True:
+            self.capacity.on_released(req.ino)
+
+    # -- extended attributes (reads like GetAttr: one read transaction)
+    def get_xattr(self, req: master_pb2.GetXattrRequest) -> master_pb2.GetXattrReply:
+        with self.store.read() as txn:
+            return master_pb2.GetXattrReply(value=self.ns.get_xattr(txn, req.ino, req.name))
+
+    def list_xattr(self, req: master_pb2.ListXattrRequest) -> master_pb2.ListXattrReply:
+        with self.store.read() as txn:
+            return master_pb2.ListXattrReply(names=self.ns.list_xattr(txn, req.ino))
+
+    def set_xattr(self, req: master_pb2.SetXattrRequest) -> master_pb2.InodeReply:
+        check_ino(req.ino)
+        value = self.submit(lambda t: self.ns.plan_set_xattr(t, req), req.request_id,
+                            session=req.session)
+        return master_pb2.InodeReply(
+            inode=self.getattr(value.ino if isinstance(value, RetryHit) else req.ino))
+
+    def remove_xattr(self, req: master_pb2.RemoveXattrRequest) -> master_pb2.InodeReply:
+        check_ino(req.ino)
+        value = self.submit(lambda t: self.ns.plan_remove_xattr(t, req), req.request_id,
+                            session=req.session)
+        return master_pb2.InodeReply(
+            inode=self.getattr(value.ino if isinstance(value, RetryHit) else req.ino))
 
     def setattr(self, req) -> master_pb2.InodeReply:
         check_ino(req.ino)
@@ -393,7 +455,7 @@ class Master:
         else:
             node = self.getattr(req.ino)
             if node.type != FILE:
-                raise CurvineError(ErrorKind.IS_DIR, "ino: not a regular file")
+                raise not_a_file(node)
             owner = node.ino
         if req.size_hint > self.block_size:
             raise invalid("size_hint", f"larger than the block size {self.block_size}")

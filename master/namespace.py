@@ -26,7 +26,18 @@ from .store import Store
 
 FILE = common_pb2.FILE
 DIRECTORY = common_pb2.DIRECTORY
+SYMLINK = common_pb2.SYMLINK
+SPECIAL = frozenset((common_pb2.FIFO, common_pb2.SOCKET, common_pb2.CHAR_DEVICE,
+                     common_pb2.BLOCK_DEVICE))  # MakeNode's types: metadata only
+DEVICES = frozenset((common_pb2.CHAR_DEVICE, common_pb2.BLOCK_DEVICE))
 MAX_BLOCKS_PER_FILE = 1 << 20
+MAX_LINKS = 65000  # names of one inode (ext4's limit)
+SYMLINK_MAX = 4095  # bytes of a symlink's target (PATH_MAX less its NUL)
+XATTR_PREFIX = b"user."  # the one namespace stored (the client refuses the others)
+XATTR_NAME_MAX = 255
+XATTR_VALUE_MAX = 65536
+XATTR_TOTAL_MAX = 65536  # all names and values of one inode
+XATTR_CREATE, XATTR_REPLACE = 1, 2  # SetXattrRequest.flags, as setxattr(2)
 MAX_TTL_MS = 100 * 365 * 86400 * 1000  # SetPolicy: 100 years
 MAX_REPLICAS = 8
 
@@ -67,6 +78,13 @@ class RetryCache:
 
 def now_ns() -> int:
     return time.time_ns()
+
+
+def not_a_file(node: common_pb2.Inode) -> CurvineError:
+    """The error of a data operation (blocks, size) on an inode without data."""
+    if node.type == DIRECTORY:
+        return CurvineError(ErrorKind.IS_DIR, "ino: is a directory")
+    return invalid("ino", f"inode {node.ino} is not a regular file")
 
 
 class Namespace:
@@ -173,7 +191,16 @@ class Namespace:
             raise CurvineError(ErrorKind.IS_DIR, "is a directory")
         rec = journal_pb2.UnlinkRecord(request_id=req.request_id, parent=parent.ino, name=name,
                                        time_ns=now_ns())
-        return journal_pb2.JournalEntry(unlink=rec), None
+        if not rmdir and self._keeps(txn, node, req):
+            rec.hold_session, rec.held = req.session, node.ino
+        return journal_pb2.JournalEntry(unlink=rec), rec.held
+
+    def _keeps(self, txn, node: common_pb2.Inode, req) -> bool:
+        """Whether removing a name of ``node`` keeps it, held by the caller's session: it
+        is its last name and the caller's mount has it open (``req.open_inos``).  Without
+        a session nothing could remove it once that mount is gone: not kept."""
+        return (bool(req.session) and node.type != DIRECTORY and node.ino in req.open_inos
+                and not self.store.links_of(txn, node.ino))
 
     def plan_rename(self, txn, req: master_pb2.RenameRequest):
         src_parent = self.directory(txn, req.parent, "parent")
@@ -187,21 +214,28 @@ class Namespace:
         if (req.require_published and node.type == FILE and node.state == common_pb2.WRITING
                 and node.ino not in req.writer_inos):
             raise CurvineError(ErrorKind.NOT_FOUND, "source not published by any writer yet")
+        if req.exchange and req.no_replace:
+            raise invalid("no_replace", "not with exchange (both names must exist)")
         if node.type == DIRECTORY:
-            # A directory may not move below itself.
-            walk = dst_parent
-            while True:
-                if walk.ino == node.ino:
-                    raise invalid("new_parent", "cannot move a directory into itself")
-                if walk.ino == ROOT_INO or not walk.parent:
-                    break
-                walk = self.inode(txn, walk.parent)
+            self._check_not_below(txn, node, dst_parent, "new_parent")
         target = self.store.lookup(txn, dst_parent.ino, new_name)
+        rec = journal_pb2.RenameRecord(request_id=req.request_id, parent=src_parent.ino, name=name,
+                                       new_parent=dst_parent.ino, new_name=new_name,
+                                       time_ns=now_ns(), exchange=req.exchange)
+        if req.exchange:
+            if target is None:
+                raise CurvineError(ErrorKind.NOT_FOUND, "new_name: no such file or directory")
+            if target == ino:
+                return None, 0  # two names of one inode: nothing to swap
+            tnode = self.inode(txn, target)
+            if tnode.type == DIRECTORY:  # it moves to parent
+                self._check_not_below(txn, tnode, src_parent, "parent")
+            return journal_pb2.JournalEntry(rename=rec), 0
         if target is not None:
             if req.no_replace:
                 raise CurvineError(ErrorKind.EXISTS, "file exists")
             if target == ino:
-                return None, None  # rename onto itself: nothing to do, like POSIX
+                return None, 0  # rename onto itself (or another name of it): POSIX does nothing
             tnode = self.inode(txn, target)
             if node.type == DIRECTORY and tnode.type != DIRECTORY:
                 raise CurvineError(ErrorKind.NOT_DIR, "not a directory")
@@ -209,10 +243,143 @@ class Namespace:
                 raise CurvineError(ErrorKind.IS_DIR, "is a directory")
             if tnode.type == DIRECTORY and not self.store.dir_is_empty(txn, target):
                 raise CurvineError(ErrorKind.NOT_EMPTY, "directory not empty")
-        rec = journal_pb2.RenameRecord(request_id=req.request_id, parent=src_parent.ino, name=name,
-                                       new_parent=dst_parent.ino, new_name=new_name,
-                                       time_ns=now_ns())
-        return journal_pb2.JournalEntry(rename=rec), None
+            if self._keeps(txn, tnode, req):
+                rec.hold_session, rec.held = req.session, tnode.ino
+        return journal_pb2.JournalEntry(rename=rec), rec.held
+
+    def _check_not_below(self, txn, directory: common_pb2.Inode, dest: common_pb2.Inode,
+                         field_name: str) -> None:
+        """A directory may not move into itself or below itself (into ``dest``)."""
+        walk = dest
+        while True:
+            if walk.ino == directory.ino:
+                raise invalid(field_name, "cannot move a directory into itself")
+            if walk.ino == ROOT_INO or not walk.parent:
+                return
+            walk = self.inode(txn, walk.parent)
+
+    def plan_symlink(self, txn, req: master_pb2.SymlinkRequest):
+        parent = self.directory(txn, req.parent)
+        name = check_name(req.name)
+        target = req.target
+        if not target:
+            raise invalid("target", "empty")
+        if len(target) > SYMLINK_MAX:
+            raise CurvineError(ErrorKind.NAME_TOO_LONG,
+                               f"target: longer than {SYMLINK_MAX} bytes")
+        if b"\0" in target:
+            raise invalid("target", "contains NUL")
+        if self.store.lookup(txn, parent.ino, name) is not None:
+            raise CurvineError(ErrorKind.EXISTS, "file exists")
+        node = self._new_inode(txn, parent, name, SYMLINK, 0o777, req.uid, req.gid)
+        node.state = common_pb2.COMPLETE
+        node.size = len(target)
+        node.symlink_target = target
+        rec = journal_pb2.MakeNodeRecord(request_id=req.request_id, parent=parent.ino,
+                                         name=name, inode=node)
+        return journal_pb2.JournalEntry(make_node=rec), node
+
+    def plan_make_node(self, txn, req: master_pb2.MakeNodeRequest):
+        parent = self.directory(txn, req.parent)
+        name = check_name(req.name)
+        if req.type not in SPECIAL:
+            raise invalid("type", f"{req.type} is not FIFO, SOCKET, CHAR_DEVICE or "
+                                  "BLOCK_DEVICE (regular files: Create)")
+        if self.store.lookup(txn, parent.ino, name) is not None:
+            raise CurvineError(ErrorKind.EXISTS, "file exists")
+        node = self._new_inode(txn, parent, name, req.type, req.mode, req.uid, req.gid)
+        node.state = common_pb2.COMPLETE
+        if req.type in DEVICES:
+            node.rdev = req.rdev
+        rec = journal_pb2.MakeNodeRecord(request_id=req.request_id, parent=parent.ino,
+                                         name=name, inode=node)
+        return journal_pb2.JournalEntry(make_node=rec), node
+
+    def plan_link(self, txn, req: master_pb2.LinkRequest):
+        node = self.inode(txn, req.ino)
+        if node.type == DIRECTORY:
+            raise CurvineError(ErrorKind.NOT_PERMITTED, "ino: a hard link to a directory")
+        if node.nlink == 0:  # unlinked, kept open: linkat(2) refuses it too
+            raise CurvineError(ErrorKind.NOT_FOUND, f"ino: inode {node.ino} has no name left")
+        parent = self.directory(txn, req.new_parent, "new_parent")
+        name = check_name(req.new_name, "new_name")
+        if self.store.lookup(txn, parent.ino, name) is not None:
+            raise CurvineError(ErrorKind.EXISTS, "file exists")
+        if node.nlink >= MAX_LINKS:
+            raise CurvineError(ErrorKind.TOO_MANY_LINKS, f"ino: {MAX_LINKS} names already")
+        rec = journal_pb2.LinkRecord(request_id=req.request_id, ino=node.ino,
+                                     new_parent=parent.ino, new_name=name, time_ns=now_ns())
+        return journal_pb2.JournalEntry(link=rec), None
+
+    def plan_release(self, txn, ino: int):
+        """The holder's last descriptor of ``ino`` closed (ReleaseInode): remove it if it
+        is unlinked and held (by any session: a mount that reconnected has a new one).
+        Value: whether it was removed."""
+        node = self.store.get_inode(txn, check_ino(ino))
+        if node is None or node.nlink != 0 or self.store.held_by(txn, node.ino) is None:
+            return None, False
+        rec = journal_pb2.EvictRecord(reason=journal_pb2.EVICT_UNLINKED, inos=[node.ino],
+                                      time_ns=now_ns())
+        return journal_pb2.JournalEntry(evict=rec), True
+
+    # -- extended attributes
+    def _xattr_name(self, name: bytes) -> bytes:
+        if not name:
+            raise invalid("name", "empty")
+        if len(name) > XATTR_NAME_MAX:
+            raise CurvineError(ErrorKind.NAME_TOO_LONG,
+                               f"name: longer than {XATTR_NAME_MAX} bytes")
+        if not name.startswith(XATTR_PREFIX):
+            raise CurvineError(ErrorKind.NOT_SUPPORTED, "name: only user.* attributes")
+        if name == XATTR_PREFIX or b"\0" in name:
+            raise invalid("name", "nothing after 'user.', or a NUL")
+        return bytes(name)
+
+    def get_xattr(self, txn, ino: int, name: bytes) -> bytes:
+        node = self.inode(txn, ino)
+        value = self.store.get_xattr(txn, node.ino, self._xattr_name(name))
+        if value is None:
+            raise CurvineError(ErrorKind.NO_DATA, "no such attribute")
+        return value
+
+    def list_xattr(self, txn, ino: int) -> list[bytes]:
+        node = self.inode(txn, ino)
+        return [name for name, _ in self.store.xattrs(txn, node.ino)]
+
+    def plan_set_xattr(self, txn, req: master_pb2.SetXattrRequest):
+        node = self.inode(txn, req.ino)
+        name = self._xattr_name(req.name)
+        if req.flags & ~(XATTR_CREATE | XATTR_REPLACE) or req.flags == (
+                XATTR_CREATE | XATTR_REPLACE):
+            raise invalid("flags", f"{req.flags}: 0, 1 (create) or 2 (replace)")
+        if len(req.value) > XATTR_VALUE_MAX:
+            raise CurvineError(ErrorKind.TOO_BIG, f"value: more than {XATTR_VALUE_MAX} bytes")
+        others = 0
+        exists = False
+        for n, v in self.store.xattrs(txn, node.ino):
+            if n == name:
+                exists = True
+            else:
+                others += len(n) + len(v)
+        if exists and req.flags == XATTR_CREATE:
+            raise CurvineError(ErrorKind.EXISTS, "attribute exists")
+        if not exists and req.flags == XATTR_REPLACE:
+            raise CurvineError(ErrorKind.NO_DATA, "no such attribute")
+        if others + len(name) + len(req.value) > XATTR_TOTAL_MAX:
+            raise CurvineError(ErrorKind.TOO_BIG, f"the inode's attributes would take more "
+                                                  f"than {XATTR_TOTAL_MAX} bytes")
+        rec = journal_pb2.XattrRecord(request_id=req.request_id, ino=node.ino, name=name,
+                                      value=req.value, time_ns=now_ns())
+        return journal_pb2.JournalEntry(xattr=rec), None
+
+    def plan_remove_xattr(self, txn, req: master_pb2.RemoveXattrRequest):
+        node = self.inode(txn, req.ino)
+        name = self._xattr_name(req.name)
+        if self.store.get_xattr(txn, node.ino, name) is None:
+            raise CurvineError(ErrorKind.NO_DATA, "no such attribute")
+        rec = journal_pb2.XattrRecord(request_id=req.request_id, ino=node.ino, name=name,
+                                      remove=True, time_ns=now_ns())
+        return journal_pb2.JournalEntry(xattr=rec), None
 
     def plan_setattr(self, txn, req: master_pb2.SetAttrRequest):
         node = self.inode(txn, req.ino)
@@ -225,8 +392,8 @@ class Namespace:
             if req.HasField(f):
                 setattr(rec, f, getattr(req, f))
         if req.HasField("size"):
-            if node.type == DIRECTORY:
-                raise CurvineError(ErrorKind.IS_DIR, "is a directory")
+            if node.type != FILE:
+                raise not_a_file(node)
             if req.size >= 1 << 62:
                 raise invalid("size", "too large")
             rec.size = req.size
@@ -238,7 +405,7 @@ class Namespace:
         to this file (so a writer cannot publish another file's pending block)."""
         node = self.inode(txn, req.ino)
         if node.type != FILE:
-            raise CurvineError(ErrorKind.IS_DIR, "ino: not a regular file")
+            raise not_a_file(node)
         if req.if_unpublished and node.state == common_pb2.COMPLETE:
             return None, None  # another writer published a version already: keep it
         self._check_blocks(txn, req.blocks, req.size, node.ino, block_ids_reserved,
@@ -312,7 +479,10 @@ class Namespace:
         request_id = getattr(rec, "request_id", b"")
         if request_id:
             fields = rec.DESCRIPTOR.fields_by_name
-            ino = rec.inode.ino if "inode" in fields else rec.ino if "ino" in fields else 0
+            # the result a retry gets: the new inode, the inode changed, or (unlink,
+            # rename) the inode kept by the caller
+            ino = (rec.inode.ino if "inode" in fields else rec.ino if "ino" in fields
+                   else rec.held if "held" in fields else 0)
             self.retry.put(request_id, ino)
 
     def apply(self, txn, entry: journal_pb2.JournalEntry, fx: Effects) -> None:
@@ -320,6 +490,9 @@ class Namespace:
         getattr(self, "_apply_" + op)(txn, getattr(entry, op), fx)
 
     def _apply_mkdir(self, txn, rec, fx: Effects) -> None:
+        self._link_new(txn, rec, fx)
+
+    def _apply_make_node(self, txn, rec, fx: Effects) -> None:
         self._link_new(txn, rec, fx)
 
     def _apply_create(self, txn, rec, fx: Effects) -> None:
@@ -341,17 +514,70 @@ class Namespace:
         s.put_u64(txn, b"next_ino", max(s.get_u64(txn, b"next_ino", ROOT_INO + 1), node.ino + 1))
         s.put_u64(txn, b"inode_count", s.get_u64(txn, b"inode_count") + 1)
 
-    def _remove(self, txn, node: common_pb2.Inode, fx: Effects) -> None:
-        """Forget an inode whose entry is already gone, freeing its blocks."""
+    def _names(self, txn, node: common_pb2.Inode) -> list[tuple[int, bytes]]:
+        """Every (parent, name) that names ``node`` now: its first name, if still
+        linked, and its hard links."""
         s = self.store
+        names = [(node.parent, node.name)] + s.links_of(txn, node.ino)
+        return [(p, n) for p, n in names if p and s.lookup(txn, p, n) == node.ino]
+
+    def _remove(self, txn, node: common_pb2.Inode, fx: Effects, t: int) -> None:
+        """Forget an inode: every name it still has (none when its last name was just
+        removed; all of them when it is evicted or lost), its blocks (freed), its hard
+        link, xattr, writer and held rows."""
+        s = self.store
+        for parent, name in self._names(txn, node):
+            s.del_dentry(txn, parent, name)
+            fx.names.append((parent, name))
+            self._touch_parent(txn, parent, t, -1 if node.type == DIRECTORY else 0)
+        for parent, name in s.links_of(txn, node.ino):
+            s.del_link(txn, node.ino, parent, name)
+        for name, _ in s.xattrs(txn, node.ino):
+            s.del_xattr(txn, node.ino, name)
         for b in s.get_blocks(txn, node.ino):
             if b.block_id:
                 s.unindex_block(txn, b)
                 fx.freed.extend((w, b.block_id, b.length) for w in b.worker_ids)
         s.put_blocks(txn, node.ino, [])
         s.del_writer(txn, node.ino)
+        s.del_held(txn, node.ino)
         s.del_inode(txn, node.ino)
         s.put_u64(txn, b"inode_count", max(s.get_u64(txn, b"inode_count") - 1, 0))
+
+    def _unname(self, txn, node: common_pb2.Inode, parent: int, name: bytes, t: int,
+                hold_session: int, fx: Effects) -> None:
+        """``(parent, name)`` no longer names ``node`` (its dentry is gone or names
+        another inode now): one name fewer.  Its last name gone, the inode is removed,
+        or kept with nlink 0 for ``hold_session`` (UnlinkRecord.hold_session)."""
+        s = self.store
+        if node.type == DIRECTORY:
+            self._remove(txn, node, fx, t)
+            return
+        if s.has_link(txn, node.ino, parent, name):  # not its first name
+            s.del_link(txn, node.ino, parent, name)
+        else:
+            others = s.links_of(txn, node.ino)
+            if others:  # another name becomes the first one
+                s.del_link(txn, node.ino, *others[0])
+                node.parent, node.name = others[0]
+            elif hold_session:
+                node.parent, node.name = 0, b""
+                s.put_held(txn, node.ino, hold_session)
+            else:
+                self._remove(txn, node, fx, t)
+                return
+        node.nlink = max(node.nlink - 1, 1) if node.parent else 0
+        node.ctime_ns = t
+        s.put_inode(txn, node)
+
+    def _rename_name(self, txn, node: common_pb2.Inode, old: tuple[int, bytes],
+                     new: tuple[int, bytes]) -> None:
+        """Name ``old`` of ``node`` is ``new`` now (the caller moved the dentry)."""
+        if self.store.has_link(txn, node.ino, *old):  # not its first name
+            self.store.del_link(txn, node.ino, *old)
+            self.store.put_link(txn, node.ino, *new)
+        else:
+            node.parent, node.name = new
 
     def _touch_parent(self, txn, parent_ino: int, t: int, nlink_delta: int = 0) -> None:
         parent = self.store.get_inode(txn, parent_ino)
@@ -373,35 +599,93 @@ class Namespace:
         self._touch_parent(txn, rec.parent, rec.time_ns,
                            -1 if node is not None and node.type == DIRECTORY else 0)
         if node is not None:
-            self._remove(txn, node, fx)
+            self._unname(txn, node, rec.parent, rec.name, rec.time_ns, rec.hold_session, fx)
 
     def _apply_rename(self, txn, rec, fx: Effects) -> None:
+        if rec.exchange:
+            self._apply_exchange(txn, rec, fx)
+            return
         s = self.store
         ino = s.lookup(txn, rec.parent, rec.name)
         if ino is None:
             return
         node = s.get_inode(txn, ino)
-        is_dir = node.type == DIRECTORY
         target = s.lookup(txn, rec.new_parent, rec.new_name)
+        if target == ino:
+            return  # two names of one inode (never planned: POSIX does nothing)
+        is_dir = node.type == DIRECTORY
         fx.names += [(rec.parent, rec.name), (rec.new_parent, rec.new_name)]
         fx.inodes.append(ino)
-        if target is not None and target != ino:
+        s.del_dentry(txn, rec.parent, rec.name)
+        s.put_dentry(txn, rec.new_parent, rec.new_name, ino)
+        self._rename_name(txn, node, (rec.parent, rec.name), (rec.new_parent, rec.new_name))
+        node.ctime_ns = rec.time_ns
+        s.put_inode(txn, node)
+        if target is not None:  # replaced: that inode lost this name
             fx.inodes.append(target)
             tnode = s.get_inode(txn, target)
             if tnode is not None:
-                self._remove(txn, tnode, fx)
                 if tnode.type == DIRECTORY:
                     self._touch_parent(txn, rec.new_parent, rec.time_ns, -1)
-        s.del_dentry(txn, rec.parent, rec.name)
-        s.put_dentry(txn, rec.new_parent, rec.new_name, ino)
-        node.parent = rec.new_parent
-        node.name = rec.new_name
-        node.ctime_ns = rec.time_ns
-        s.put_inode(txn, node)
+                self._unname(txn, tnode, rec.new_parent, rec.new_name, rec.time_ns,
+                             rec.hold_session, fx)
         moved = is_dir and rec.parent != rec.new_parent
         self._touch_parent(txn, rec.parent, rec.time_ns, -1 if moved else 0)
         if rec.new_parent != rec.parent:
             self._touch_parent(txn, rec.new_parent, rec.time_ns, 1 if moved else 0)
+
+    def _apply_exchange(self, txn, rec, fx: Effects) -> None:
+        """RENAME_EXCHANGE: the two names swap their inodes."""
+        s = self.store
+        old, new = (rec.parent, rec.name), (rec.new_parent, rec.new_name)
+        a, b = s.lookup(txn, *old), s.lookup(txn, *new)
+        if a is None or b is None or a == b:
+            return
+        na, nb = s.get_inode(txn, a), s.get_inode(txn, b)
+        s.put_dentry(txn, *old, b)
+        s.put_dentry(txn, *new, a)
+        for node, was, now in ((na, old, new), (nb, new, old)):
+            self._rename_name(txn, node, was, now)
+            node.ctime_ns = rec.time_ns
+            s.put_inode(txn, node)
+        fx.names += [old, new]
+        fx.inodes += [a, b]
+        # a directory moving to the other parent takes its ".." link along
+        delta = (nb.type == DIRECTORY) - (na.type == DIRECTORY)
+        if rec.parent == rec.new_parent:
+            delta = 0
+        self._touch_parent(txn, rec.parent, rec.time_ns, delta)
+        if rec.new_parent != rec.parent:
+            self._touch_parent(txn, rec.new_parent, rec.time_ns, -delta)
+
+    def _apply_link(self, txn, rec, fx: Effects) -> None:
+        s = self.store
+        node = s.get_inode(txn, rec.ino)
+        if node is None or s.lookup(txn, rec.new_parent, rec.new_name) is not None:
+            return
+        s.put_dentry(txn, rec.new_parent, rec.new_name, node.ino)
+        if node.parent:
+            s.put_link(txn, node.ino, rec.new_parent, rec.new_name)
+        else:  # no first name (never planned: a held inode cannot be linked)
+            node.parent, node.name = rec.new_parent, rec.new_name
+        node.nlink += 1
+        node.ctime_ns = rec.time_ns
+        s.put_inode(txn, node)
+        self._touch_parent(txn, rec.new_parent, rec.time_ns)
+        fx.inodes.append(node.ino)
+
+    def _apply_xattr(self, txn, rec, fx: Effects) -> None:
+        s = self.store
+        node = s.get_inode(txn, rec.ino)
+        if node is None:
+            return
+        if rec.remove:
+            s.del_xattr(txn, node.ino, rec.name)
+        else:
+            s.put_xattr(txn, node.ino, rec.name, rec.value)
+        node.ctime_ns = rec.time_ns
+        s.put_inode(txn, node)
+        fx.inodes.append(node.ino)
 
     def _apply_set_attr(self, txn, rec, fx: Effects) -> None:
         s = self.store
@@ -499,7 +783,12 @@ class Namespace:
         freed: dict[int, int] = {}
         for ino in inos:
             node = self.store.get_inode(txn, ino)
-            if node is None or node.type != FILE or not still_wanted(node):
+            if node is None or node.type == DIRECTORY or not still_wanted(node):
+                continue
+            # an unlinked file kept open goes only for that reason (EVICT_UNLINKED), and
+            # that only while it is held
+            held = node.nlink == 0 and self.store.held_by(txn, ino) is not None
+            if held != (reason == journal_pb2.EVICT_UNLINKED):
                 continue
             for b in self.store.get_blocks(txn, ino):
                 if b.block_id:
@@ -517,12 +806,8 @@ class Namespace:
             node = s.get_inode(txn, ino)
             if node is None:
                 continue
-            if s.lookup(txn, node.parent, node.name) == ino:
-                s.del_dentry(txn, node.parent, node.name)
-                fx.names.append((node.parent, node.name))
-                self._touch_parent(txn, node.parent, rec.time_ns)
             fx.inodes.append(ino)
-            self._remove(txn, node, fx)
+            self._remove(txn, node, fx, rec.time_ns)  # every name it has (none: held)
 
     def plan_set_policy(self, txn, req: master_pb2.SetPolicyRequest):
         node = self.inode(txn, req.ino)
@@ -577,12 +862,9 @@ class Namespace:
             s.put_blocks(txn, ino, blocks)
             node = s.get_inode(txn, ino)
             if lost and node is not None:
-                # The last replica is gone: remove the name, so readers get a clean miss.
-                s.del_dentry(txn, node.parent, node.name)
-                fx.names.append((node.parent, node.name))
+                # The last replica is gone: remove every name, so readers get a clean miss.
                 fx.inodes.append(node.ino)
-                self._touch_parent(txn, node.parent, rec.time_ns)
-                self._remove(txn, node, fx)
+                self._remove(txn, node, fx, rec.time_ns)
 
     # ------------------------------------------------------------------ replicas
     def wanted_replicas(self, node: common_pb2.Inode, default: int) -> int:
@@ -634,5 +916,11 @@ class Namespace:
             s.put_blocks(txn, ino, blocks)
 
 
+_S_IFMT = {FILE: stat.S_IFREG, DIRECTORY: stat.S_IFDIR, SYMLINK: stat.S_IFLNK,
+           common_pb2.FIFO: stat.S_IFIFO, common_pb2.SOCKET: stat.S_IFSOCK,
+           common_pb2.CHAR_DEVICE: stat.S_IFCHR, common_pb2.BLOCK_DEVICE: stat.S_IFBLK}
+
+
 def attr_mode(node: common_pb2.Inode) -> int:
-    return (stat.S_IFDIR if node.type == DIRECTORY else stat.S_IFREG) | node.mode
+    """st_mode of ``node``: its type's S_IF* bits and its permission bits."""
+    return _S_IFMT.get(node.type, stat.S_IFREG) | (node.mode & 0o7777)

@@ -121,6 +121,43 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def PutFile(self, req, ctx):
         return self.m.put_file(req)
 
+    # -- POSIX beyond files and directories (issue 15)
+    @handler
+    def Symlink(self, req, ctx):
+        check_ino(req.parent, "parent")
+        return self.m.symlink(req)
+
+    @handler
+    def MakeNode(self, req, ctx):
+        check_ino(req.parent, "parent")
+        return self.m.make_node(req)
+
+    @handler
+    def Link(self, req, ctx):
+        check_ino(req.new_parent, "new_parent")
+        return self.m.link(req)
+
+    @handler
+    def ReleaseInode(self, req, ctx):
+        self.m.release_inode(req)
+        return common_pb2.Empty()
+
+    @handler
+    def SetXattr(self, req, ctx):
+        return self.m.set_xattr(req)
+
+    @handler
+    def GetXattr(self, req, ctx):
+        return self.m.get_xattr(req)
+
+    @handler
+    def ListXattr(self, req, ctx):
+        return self.m.list_xattr(req)
+
+    @handler
+    def RemoveXattr(self, req, ctx):
+        return self.m.remove_xattr(req)
+
     @handler
     def RegisterWorker(self, req, ctx):
         return self.m.register_worker(req.worker, req.secret)

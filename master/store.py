@@ -18,9 +18,22 @@ Key schema (all integers fixed-width big-endian, so LMDB's byte order is numeric
     writer    ino u64                             u64: lease session of the mount that
                                                   created the file, while it is being
                                                   written (orphan detection, capacity.py)
+    links     ino u64 + parent u64 + name bytes   b"": the hard links of a non-directory
+                                                  other than its first name (Inode.parent
+                                                  and .name); a file with one name (every
+                                                  LMCache chunk) has no row here
+    held      ino u64                             u64: lease session of the mount that
+                                                  keeps the inode after its last name
+                                                  went (nlink 0, open there) until
+                                                  ReleaseInode, or until that session is
+                                                  gone for master.orphan_timeout
+    xattr     ino u64 + name bytes                value bytes: extended attributes
+                                                  (user.* only)
 
 A directory lists as one range scan of ``dentry`` over its 8-byte prefix, in name
-order, so one directory can hold millions of entries and pages resume by name.
+order, so one directory can hold millions of entries and pages resume by name.  Every
+name of an inode is a ``dentry`` row; ``links`` and ``xattr`` are range scans over the
+inode's 8-byte prefix, so removing an inode finds all of its rows.
 Every write transaction that applies journal records also stores ``applied_seq``.
 """
 
@@ -40,7 +53,8 @@ U64 = struct.Struct(">Q")
 WBLOCK = struct.Struct(">IQ")
 FORMAT = 1
 
-_DBS = ("meta", "inode", "dentry", "fblocks", "block", "wblock", "worker", "writer")
+_DBS = ("meta", "inode", "dentry", "fblocks", "block", "wblock", "worker", "writer", "links",
+        "held", "xattr")
 
 
 def k64(n: int) -> bytes:
@@ -125,6 +139,17 @@ class Store:
                 continue
             yield name, U64.unpack(val)[0]
 
+    def _prefixed(self, txn, db: str, prefix: bytes, values: bool = False) -> Iterator:
+        """Keys (without ``prefix``) of ``db`` that start with it, in order; with
+        ``values`` (key, value) pairs."""
+        cur = txn.cursor(db=self.db[db])
+        if not cur.set_range(prefix):
+            return
+        for key, val in cur:
+            if not key.startswith(prefix):
+                return
+            yield (key[len(prefix):], val) if values else key[len(prefix):]
+
     def dir_is_empty(self, txn, ino: int) -> bool:
         for _ in self.list_dir(txn, ino):
             return False
@@ -197,3 +222,49 @@ class Store:
         """(ino, session) of files whose creating mount's session is recorded."""
         for k, v in txn.cursor(db=self.db["writer"]):
             yield U64.unpack(k)[0], U64.unpack(v)[0]
+
+    # -- hard links: the names of an inode beyond its first ---------------------------
+    def put_link(self, txn, ino: int, parent: int, name: bytes) -> None:
+        txn.put(k64(ino) + k64(parent) + name, b"", db=self.db["links"])
+
+    def del_link(self, txn, ino: int, parent: int, name: bytes) -> None:
+        txn.delete(k64(ino) + k64(parent) + name, db=self.db["links"])
+
+    def has_link(self, txn, ino: int, parent: int, name: bytes) -> bool:
+        return txn.get(k64(ino) + k64(parent) + name, db=self.db["links"]) is not None
+
+    def links_of(self, txn, ino: int) -> list[tuple[int, bytes]]:
+        """(parent, name) of every name of ``ino`` but its first, in key order."""
+        return [(U64.unpack(k[:8])[0], k[8:])
+                for k in self._prefixed(txn, "links", k64(ino))]
+
+    # -- inodes kept after their last name went (nlink 0, open on a mount) -----------
+    def put_held(self, txn, ino: int, session: int) -> None:
+        txn.put(k64(ino), k64(session), db=self.db["held"])
+
+    def del_held(self, txn, ino: int) -> None:
+        txn.delete(k64(ino), db=self.db["held"])
+
+    def held_by(self, txn, ino: int) -> int | None:
+        """The session keeping ``ino``, or None if it is not held."""
+        v = txn.get(k64(ino), db=self.db["held"])
+        return U64.unpack(v)[0] if v is not None else None
+
+    def held(self, txn) -> Iterator[tuple[int, int]]:
+        """(ino, session) of every held inode."""
+        for k, v in txn.cursor(db=self.db["held"]):
+            yield U64.unpack(k)[0], U64.unpack(v)[0]
+
+    # -- extended attributes ---------------------------------------------------------
+    def get_xattr(self, txn, ino: int, name: bytes) -> bytes | None:
+        return txn.get(k64(ino) + name, db=self.db["xattr"])
+
+    def put_xattr(self, txn, ino: int, name: bytes, value: bytes) -> None:
+        txn.put(k64(ino) + name, value, db=self.db["xattr"])
+
+    def del_xattr(self, txn, ino: int, name: bytes) -> None:
+        txn.delete(k64(ino) + name, db=self.db["xattr"])
+
+    def xattrs(self, txn, ino: int) -> list[tuple[bytes, bytes]]:
+        """(name, value) of every attribute of ``ino``, in name order."""
+        return list(self._prefixed(txn, "xattr", k64(ino), values=True))

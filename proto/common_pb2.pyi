@@ -12,6 +12,11 @@ class FileType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FILE_TYPE_UNSPECIFIED: _ClassVar[FileType]
     FILE: _ClassVar[FileType]
     DIRECTORY: _ClassVar[FileType]
+    SYMLINK: _ClassVar[FileType]
+    FIFO: _ClassVar[FileType]
+    SOCKET: _ClassVar[FileType]
+    CHAR_DEVICE: _ClassVar[FileType]
+    BLOCK_DEVICE: _ClassVar[FileType]
 
 class FileState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -21,12 +26,17 @@ class FileState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 FILE_TYPE_UNSPECIFIED: FileType
 FILE: FileType
 DIRECTORY: FileType
+SYMLINK: FileType
+FIFO: FileType
+SOCKET: FileType
+CHAR_DEVICE: FileType
+BLOCK_DEVICE: FileType
 FILE_STATE_UNSPECIFIED: FileState
 WRITING: FileState
 COMPLETE: FileState
 
 class Inode(_message.Message):
-    __slots__ = ("ino", "type", "mode", "uid", "gid", "size", "atime_ns", "mtime_ns", "ctime_ns", "nlink", "state", "ttl_ms", "version", "parent", "replicas", "name")
+    __slots__ = ("ino", "type", "mode", "uid", "gid", "size", "atime_ns", "mtime_ns", "ctime_ns", "nlink", "state", "ttl_ms", "version", "parent", "replicas", "name", "symlink_target", "rdev")
     INO_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +53,8 @@ class Inode(_message.Message):
     PARENT_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    SYMLINK_TARGET_FIELD_NUMBER: _ClassVar[int]
+    RDEV_FIELD_NUMBER: _ClassVar[int]
     ino: int
     type: FileType
     mode: int
@@ -59,7 +71,9 @@ class Inode(_message.Message):
     parent: int
     replicas: int
     name: bytes
-    def __init__(self, ino: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., nlink: _Optional[int] = ..., state: _Optional[_Union[FileState, str]] = ..., ttl_ms: _Optional[int] = ..., version: _Optional[int] = ..., parent: _Optional[int] = ..., replicas: _Optional[int] = ..., name: _Optional[bytes] = ...) -> None: ...
+    symlink_target: bytes
+    rdev: int
+    def __init__(self, ino: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., nlink: _Optional[int] = ..., state: _Optional[_Union[FileState, str]] = ..., ttl_ms: _Optional[int] = ..., version: _Optional[int] = ..., parent: _Optional[int] = ..., replicas: _Optional[int] = ..., name: _Optional[bytes] = ..., symlink_target: _Optional[bytes] = ..., rdev: _Optional[int] = ...) -> None: ...
 
 class Block(_message.Message):
     __slots__ = ("block_id", "length", "checksum", "worker_ids", "token")

@@ -14,10 +14,12 @@ class EvictReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVICT_LRU: _ClassVar[EvictReason]
     EVICT_TTL: _ClassVar[EvictReason]
     EVICT_ORPHAN: _ClassVar[EvictReason]
+    EVICT_UNLINKED: _ClassVar[EvictReason]
 EVICT_REASON_UNSPECIFIED: EvictReason
 EVICT_LRU: EvictReason
 EVICT_TTL: EvictReason
 EVICT_ORPHAN: EvictReason
+EVICT_UNLINKED: EvictReason
 
 class MkdirRecord(_message.Message):
     __slots__ = ("request_id", "parent", "name", "inode")
@@ -46,32 +48,84 @@ class CreateRecord(_message.Message):
     def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., writer_session: _Optional[int] = ...) -> None: ...
 
 class UnlinkRecord(_message.Message):
-    __slots__ = ("request_id", "parent", "name", "time_ns")
+    __slots__ = ("request_id", "parent", "name", "time_ns", "hold_session", "held")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    HOLD_SESSION_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     parent: int
     name: bytes
     time_ns: int
-    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., time_ns: _Optional[int] = ...) -> None: ...
+    hold_session: int
+    held: int
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., time_ns: _Optional[int] = ..., hold_session: _Optional[int] = ..., held: _Optional[int] = ...) -> None: ...
 
 class RenameRecord(_message.Message):
-    __slots__ = ("request_id", "parent", "name", "new_parent", "new_name", "time_ns")
+    __slots__ = ("request_id", "parent", "name", "new_parent", "new_name", "time_ns", "hold_session", "exchange", "held")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NEW_PARENT_FIELD_NUMBER: _ClassVar[int]
     NEW_NAME_FIELD_NUMBER: _ClassVar[int]
     TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    HOLD_SESSION_FIELD_NUMBER: _ClassVar[int]
+    EXCHANGE_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     parent: int
     name: bytes
     new_parent: int
     new_name: bytes
     time_ns: int
-    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[bytes] = ..., time_ns: _Optional[int] = ...) -> None: ...
+    hold_session: int
+    exchange: bool
+    held: int
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[bytes] = ..., time_ns: _Optional[int] = ..., hold_session: _Optional[int] = ..., exchange: _Optional[bool] = ..., held: _Optional[int] = ...) -> None: ...
+
+class MakeNodeRecord(_message.Message):
+    __slots__ = ("request_id", "parent", "name", "inode")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    parent: int
+    name: bytes
+    inode: _common_pb2.Inode
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ...) -> None: ...
+
+class LinkRecord(_message.Message):
+    __slots__ = ("request_id", "ino", "new_parent", "new_name", "time_ns")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    NEW_PARENT_FIELD_NUMBER: _ClassVar[int]
+    NEW_NAME_FIELD_NUMBER: _ClassVar[int]
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    ino: int
+    new_parent: int
+    new_name: bytes
+    time_ns: int
+    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[bytes] = ..., time_ns: _Optional[int] = ...) -> None: ...
+
+class XattrRecord(_message.Message):
+    __slots__ = ("request_id", "ino", "name", "value", "remove", "time_ns")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    ino: int
+    name: bytes
+    value: bytes
+    remove: bool
+    time_ns: int
+    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., name: _Optional[bytes] = ..., value: _Optional[bytes] = ..., remove: _Optional[bool] = ..., time_ns: _Optional[int] = ...) -> None: ...
 
 class SetAttrRecord(_message.Message):
     __slots__ = ("request_id", "ino", "mode", "uid", "gid", "size", "atime_ns", "mtime_ns", "time_ns")
@@ -154,7 +208,7 @@ class AddLocationsRecord(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class JournalEntry(_message.Message):
-    __slots__ = ("mkdir", "create", "unlink", "rename", "set_attr", "complete", "reserve_block_ids", "register_worker", "drop_locations", "add_locations", "put", "evict", "set_policy")
+    __slots__ = ("mkdir", "create", "unlink", "rename", "set_attr", "complete", "reserve_block_ids", "register_worker", "drop_locations", "add_locations", "put", "make_node", "link", "xattr", "evict", "set_policy")
     MKDIR_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
     UNLINK_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +220,9 @@ class JournalEntry(_message.Message):
     DROP_LOCATIONS_FIELD_NUMBER: _ClassVar[int]
     ADD_LOCATIONS_FIELD_NUMBER: _ClassVar[int]
     PUT_FIELD_NUMBER: _ClassVar[int]
+    MAKE_NODE_FIELD_NUMBER: _ClassVar[int]
+    LINK_FIELD_NUMBER: _ClassVar[int]
+    XATTR_FIELD_NUMBER: _ClassVar[int]
     EVICT_FIELD_NUMBER: _ClassVar[int]
     SET_POLICY_FIELD_NUMBER: _ClassVar[int]
     mkdir: MkdirRecord
@@ -179,9 +236,12 @@ class JournalEntry(_message.Message):
     drop_locations: DropLocationsRecord
     add_locations: AddLocationsRecord
     put: PutRecord
+    make_node: MakeNodeRecord
+    link: LinkRecord
+    xattr: XattrRecord
     evict: EvictRecord
     set_policy: SetPolicyRecord
-    def __init__(self, mkdir: _Optional[_Union[MkdirRecord, _Mapping]] = ..., create: _Optional[_Union[CreateRecord, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRecord, _Mapping]] = ..., rename: _Optional[_Union[RenameRecord, _Mapping]] = ..., set_attr: _Optional[_Union[SetAttrRecord, _Mapping]] = ..., complete: _Optional[_Union[CompleteRecord, _Mapping]] = ..., reserve_block_ids: _Optional[_Union[ReserveBlockIdsRecord, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerRecord, _Mapping]] = ..., drop_locations: _Optional[_Union[DropLocationsRecord, _Mapping]] = ..., add_locations: _Optional[_Union[AddLocationsRecord, _Mapping]] = ..., put: _Optional[_Union[PutRecord, _Mapping]] = ..., evict: _Optional[_Union[EvictRecord, _Mapping]] = ..., set_policy: _Optional[_Union[SetPolicyRecord, _Mapping]] = ...) -> None: ...
+    def __init__(self, mkdir: _Optional[_Union[MkdirRecord, _Mapping]] = ..., create: _Optional[_Union[CreateRecord, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRecord, _Mapping]] = ..., rename: _Optional[_Union[RenameRecord, _Mapping]] = ..., set_attr: _Optional[_Union[SetAttrRecord, _Mapping]] = ..., complete: _Optional[_Union[CompleteRecord, _Mapping]] = ..., reserve_block_ids: _Optional[_Union[ReserveBlockIdsRecord, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerRecord, _Mapping]] = ..., drop_locations: _Optional[_Union[DropLocationsRecord, _Mapping]] = ..., add_locations: _Optional[_Union[AddLocationsRecord, _Mapping]] = ..., put: _Optional[_Union[PutRecord, _Mapping]] = ..., make_node: _Optional[_Union[MakeNodeRecord, _Mapping]] = ..., link: _Optional[_Union[LinkRecord, _Mapping]] = ..., xattr: _Optional[_Union[XattrRecord, _Mapping]] = ..., evict: _Optional[_Union[EvictRecord, _Mapping]] = ..., set_policy: _Optional[_Union[SetPolicyRecord, _Mapping]] = ...) -> None: ...
 
 class EvictRecord(_message.Message):
     __slots__ = ("reason", "inos", "time_ns")

@@ -18,14 +18,16 @@ class InodeReply(_message.Message):
     def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., lease_ms: _Optional[int] = ..., parent: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ...) -> None: ...
 
 class ParentReply(_message.Message):
-    __slots__ = ("parent", "new_parent", "moved")
+    __slots__ = ("parent", "new_parent", "moved", "held")
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NEW_PARENT_FIELD_NUMBER: _ClassVar[int]
     MOVED_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     parent: _common_pb2.Inode
     new_parent: _common_pb2.Inode
     moved: _common_pb2.Inode
-    def __init__(self, parent: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., new_parent: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., moved: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ...) -> None: ...
+    held: int
+    def __init__(self, parent: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., new_parent: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., moved: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., held: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
     __slots__ = ("parent", "name", "miss_ok", "session")
@@ -108,16 +110,18 @@ class CreateRequest(_message.Message):
     def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., exclusive: _Optional[bool] = ..., session: _Optional[int] = ...) -> None: ...
 
 class UnlinkRequest(_message.Message):
-    __slots__ = ("request_id", "parent", "name", "session")
+    __slots__ = ("request_id", "parent", "name", "session", "open_inos")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    OPEN_INOS_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     parent: int
     name: bytes
     session: int
-    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., session: _Optional[int] = ...) -> None: ...
+    open_inos: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., session: _Optional[int] = ..., open_inos: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RmdirRequest(_message.Message):
     __slots__ = ("request_id", "parent", "name", "session")
@@ -132,7 +136,7 @@ class RmdirRequest(_message.Message):
     def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., session: _Optional[int] = ...) -> None: ...
 
 class RenameRequest(_message.Message):
-    __slots__ = ("request_id", "parent", "name", "new_parent", "new_name", "no_replace", "source_ino", "require_published", "session", "writer_inos")
+    __slots__ = ("request_id", "parent", "name", "new_parent", "new_name", "no_replace", "source_ino", "require_published", "session", "writer_inos", "open_inos", "exchange")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +147,8 @@ class RenameRequest(_message.Message):
     REQUIRE_PUBLISHED_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     WRITER_INOS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_INOS_FIELD_NUMBER: _ClassVar[int]
+    EXCHANGE_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     parent: int
     name: bytes
@@ -153,7 +159,127 @@ class RenameRequest(_message.Message):
     require_published: bool
     session: int
     writer_inos: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[bytes] = ..., no_replace: _Optional[bool] = ..., source_ino: _Optional[int] = ..., require_published: _Optional[bool] = ..., session: _Optional[int] = ..., writer_inos: _Optional[_Iterable[int]] = ...) -> None: ...
+    open_inos: _containers.RepeatedScalarFieldContainer[int]
+    exchange: bool
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[bytes] = ..., no_replace: _Optional[bool] = ..., source_ino: _Optional[int] = ..., require_published: _Optional[bool] = ..., session: _Optional[int] = ..., writer_inos: _Optional[_Iterable[int]] = ..., open_inos: _Optional[_Iterable[int]] = ..., exchange: _Optional[bool] = ...) -> None: ...
+
+class SymlinkRequest(_message.Message):
+    __slots__ = ("request_id", "parent", "name", "target", "uid", "gid", "session")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    parent: int
+    name: bytes
+    target: bytes
+    uid: int
+    gid: int
+    session: int
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., target: _Optional[bytes] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
+
+class MakeNodeRequest(_message.Message):
+    __slots__ = ("request_id", "parent", "name", "type", "mode", "rdev", "uid", "gid", "session")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    RDEV_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    parent: int
+    name: bytes
+    type: _common_pb2.FileType
+    mode: int
+    rdev: int
+    uid: int
+    gid: int
+    session: int
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., type: _Optional[_Union[_common_pb2.FileType, str]] = ..., mode: _Optional[int] = ..., rdev: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
+
+class LinkRequest(_message.Message):
+    __slots__ = ("request_id", "ino", "new_parent", "new_name", "session")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    NEW_PARENT_FIELD_NUMBER: _ClassVar[int]
+    NEW_NAME_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    ino: int
+    new_parent: int
+    new_name: bytes
+    session: int
+    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., new_parent: _Optional[int] = ..., new_name: _Optional[bytes] = ..., session: _Optional[int] = ...) -> None: ...
+
+class ReleaseInodeRequest(_message.Message):
+    __slots__ = ("request_id", "ino", "session")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    ino: int
+    session: int
+    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
+
+class SetXattrRequest(_message.Message):
+    __slots__ = ("request_id", "ino", "name", "value", "flags", "session")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    ino: int
+    name: bytes
+    value: bytes
+    flags: int
+    session: int
+    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., name: _Optional[bytes] = ..., value: _Optional[bytes] = ..., flags: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
+
+class GetXattrRequest(_message.Message):
+    __slots__ = ("ino", "name")
+    INO_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ino: int
+    name: bytes
+    def __init__(self, ino: _Optional[int] = ..., name: _Optional[bytes] = ...) -> None: ...
+
+class GetXattrReply(_message.Message):
+    __slots__ = ("value",)
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    value: bytes
+    def __init__(self, value: _Optional[bytes] = ...) -> None: ...
+
+class ListXattrRequest(_message.Message):
+    __slots__ = ("ino",)
+    INO_FIELD_NUMBER: _ClassVar[int]
+    ino: int
+    def __init__(self, ino: _Optional[int] = ...) -> None: ...
+
+class ListXattrReply(_message.Message):
+    __slots__ = ("names",)
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    names: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, names: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class RemoveXattrRequest(_message.Message):
+    __slots__ = ("request_id", "ino", "name", "session")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INO_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    ino: int
+    name: bytes
+    session: int
+    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., name: _Optional[bytes] = ..., session: _Optional[int] = ...) -> None: ...
 
 class ListDirRequest(_message.Message):
     __slots__ = ("ino", "start_after", "limit")

@@ -110,6 +110,46 @@ class MasterStub:
                 request_serializer=curvine_dot_proto_dot_master__pb2.PutFileRequest.SerializeToString,
                 response_deserializer=curvine_dot_proto_dot_master__pb2.PutFileReply.FromString,
                 _registered_method=True)
+        self.Symlink = channel.unary_unary(
+                '/curvine.Master/Symlink',
+                request_serializer=curvine_dot_proto_dot_master__pb2.SymlinkRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.InodeReply.FromString,
+                _registered_method=True)
+        self.MakeNode = channel.unary_unary(
+                '/curvine.Master/MakeNode',
+                request_serializer=curvine_dot_proto_dot_master__pb2.MakeNodeRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.InodeReply.FromString,
+                _registered_method=True)
+        self.Link = channel.unary_unary(
+                '/curvine.Master/Link',
+                request_serializer=curvine_dot_proto_dot_master__pb2.LinkRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.InodeReply.FromString,
+                _registered_method=True)
+        self.ReleaseInode = channel.unary_unary(
+                '/curvine.Master/ReleaseInode',
+                request_serializer=curvine_dot_proto_dot_master__pb2.ReleaseInodeRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
+        self.SetXattr = channel.unary_unary(
+                '/curvine.Master/SetXattr',
+                request_serializer=curvine_dot_proto_dot_master__pb2.SetXattrRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.InodeReply.FromString,
+                _registered_method=True)
+        self.GetXattr = channel.unary_unary(
+                '/curvine.Master/GetXattr',
+                request_serializer=curvine_dot_proto_dot_master__pb2.GetXattrRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.GetXattrReply.FromString,
+                _registered_method=True)
+        self.ListXattr = channel.unary_unary(
+                '/curvine.Master/ListXattr',
+                request_serializer=curvine_dot_proto_dot_master__pb2.ListXattrRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.ListXattrReply.FromString,
+                _registered_method=True)
+        self.RemoveXattr = channel.unary_unary(
+                '/curvine.Master/RemoveXattr',
+                request_serializer=curvine_dot_proto_dot_master__pb2.RemoveXattrRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.InodeReply.FromString,
+                _registered_method=True)
         self.RegisterWorker = channel.unary_unary(
                 '/curvine.Master/RegisterWorker',
                 request_serializer=curvine_dot_proto_dot_master__pb2.RegisterWorkerRequest.SerializeToString,
@@ -264,6 +304,55 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PutFile(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Symlink(self, request, context):
+        """POSIX beyond files and directories (issue 15)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MakeNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Link(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseInode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetXattr(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetXattr(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListXattr(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveXattr(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -429,6 +518,46 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.PutFile,
                     request_deserializer=curvine_dot_proto_dot_master__pb2.PutFileRequest.FromString,
                     response_serializer=curvine_dot_proto_dot_master__pb2.PutFileReply.SerializeToString,
+            ),
+            'Symlink': grpc.unary_unary_rpc_method_handler(
+                    servicer.Symlink,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.SymlinkRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.InodeReply.SerializeToString,
+            ),
+            'MakeNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.MakeNode,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.MakeNodeRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.InodeReply.SerializeToString,
+            ),
+            'Link': grpc.unary_unary_rpc_method_handler(
+                    servicer.Link,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.LinkRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.InodeReply.SerializeToString,
+            ),
+            'ReleaseInode': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseInode,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.ReleaseInodeRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'SetXattr': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetXattr,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.SetXattrRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.InodeReply.SerializeToString,
+            ),
+            'GetXattr': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetXattr,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.GetXattrRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.GetXattrReply.SerializeToString,
+            ),
+            'ListXattr': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListXattr,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.ListXattrRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.ListXattrReply.SerializeToString,
+            ),
+            'RemoveXattr': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveXattr,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.RemoveXattrRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.InodeReply.SerializeToString,
             ),
             'RegisterWorker': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterWorker,
@@ -896,6 +1025,222 @@ class Master:
             '/curvine.Master/PutFile',
             curvine_dot_proto_dot_master__pb2.PutFileRequest.SerializeToString,
             curvine_dot_proto_dot_master__pb2.PutFileReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Symlink(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/Symlink',
+            curvine_dot_proto_dot_master__pb2.SymlinkRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.InodeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MakeNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/MakeNode',
+            curvine_dot_proto_dot_master__pb2.MakeNodeRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.InodeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Link(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/Link',
+            curvine_dot_proto_dot_master__pb2.LinkRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.InodeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseInode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/ReleaseInode',
+            curvine_dot_proto_dot_master__pb2.ReleaseInodeRequest.SerializeToString,
+            curvine_dot_proto_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetXattr(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/SetXattr',
+            curvine_dot_proto_dot_master__pb2.SetXattrRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.InodeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetXattr(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/GetXattr',
+            curvine_dot_proto_dot_master__pb2.GetXattrRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.GetXattrReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListXattr(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/ListXattr',
+            curvine_dot_proto_dot_master__pb2.ListXattrRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.ListXattrReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveXattr(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/RemoveXattr',
+            curvine_dot_proto_dot_master__pb2.RemoveXattrRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.InodeReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -70,7 +70,7 @@ def test_calls_on_the_stream_answer_like_unary_rpcs(served):
         async with trio.open_nursery() as n:  # many in flight at once, out of order
             for i in range(50):
                 n.start_soon(calls.run, "create", d.ino, b"c%d" % i, 0o644)
-        assert (await calls.run("unlink", d.ino, b"f.data")).ino == d.ino
+        assert (await calls.run("unlink", d.ino, b"f.data"))[0].ino == d.ino
 
     try:
         trio.run(go)

@@ -817,15 +817,26 @@ def test_ops_errno_mapping(cluster):
     f = master.lookup(d, b"inner").ino
     assert errno_of(ops.lookup, f, b"below", ctx) == errno.ENOTDIR  # a path through a file
     assert errno_of(ops.rename, 1, b"d", d, b"sub", 0, ctx) == errno.EINVAL  # into itself
-    assert errno_of(ops.rename, 1, b"d", 1, b"e", pyfuse3.RENAME_EXCHANGE, ctx) == errno.EINVAL
+    # an exchange needs both names; both flags at once is EINVAL (as the kernel says)
+    assert errno_of(ops.rename, 1, b"d", 1, b"e", pyfuse3.RENAME_EXCHANGE, ctx) == errno.ENOENT
+    assert errno_of(ops.rename, 1, b"d", 1, b"e",
+                    pyfuse3.RENAME_EXCHANGE | pyfuse3.RENAME_NOREPLACE, ctx) == errno.EINVAL
     master.create(1, b"taken")
     master.complete_file(f, [], 0)
     assert errno_of(ops.rename, d, b"inner", 1, b"taken", pyfuse3.RENAME_NOREPLACE,
                     ctx) == errno.EEXIST
     assert errno_of(ops.rename, d, b"inner", 1, b"taken", 0, ctx) == 0
-    assert errno_of(ops.link, f, 1, b"hard", ctx) == errno.EPERM
-    assert errno_of(ops.symlink, 1, b"sym", b"target", ctx) == errno.EPERM
-    assert errno_of(ops.mknod, 1, b"fifo", stat.S_IFIFO | 0o644, 0, ctx) == errno.EPERM
+    assert errno_of(ops.link, d, 1, b"hard", ctx) == errno.EPERM  # of a directory
+    assert errno_of(ops.link, f, 1, b"taken", ctx) == errno.EEXIST
+    assert errno_of(ops.link, f, 1, b"hard", ctx) == 0
+    assert errno_of(ops.symlink, 1, b"sym", b"target", ctx) == 0
+    assert errno_of(ops.symlink, 1, b"sym", b"other", ctx) == errno.EEXIST
+    assert errno_of(ops.readlink, f, ctx) == errno.EINVAL  # not a symlink
+    assert errno_of(ops.mknod, 1, b"fifo", stat.S_IFIFO | 0o644, 0, ctx) == 0
+    assert errno_of(ops.mknod, 1, b"odd", 0o170000 | 0o644, 0, ctx) == errno.EINVAL
+    assert errno_of(ops.getxattr, f, b"security.capability", ctx) == errno.ENODATA
+    assert errno_of(ops.setxattr, f, b"trusted.x", b"v", ctx) == errno.EOPNOTSUPP
+    assert errno_of(ops.getxattr, f, b"user.none", ctx) == errno.ENODATA
     assert errno_of(ops.mknod, 1, b"plain", stat.S_IFREG | 0o644, 0, ctx) == 0
     assert master.lookup(1, b"plain").state == common_pb2.COMPLETE
     assert errno_of(ops.unlink, 1, b"missing", ctx) == errno.ENOENT
