@@ -171,6 +171,8 @@ class CurvineFS:
         node = self.resolve(path)
         if node.type == common_pb2.DIRECTORY:
             raise CurvineError(ErrorKind.IS_DIR, f"{os.fsdecode(path)}: is a directory")
+        if node.type != common_pb2.FILE:  # symlinks are not followed here; specials
+            raise CurvineError(ErrorKind.INVALID, f"{os.fsdecode(path)}: not a regular file")
         _, blocks, workers = self.master.get_blocks(node.ino)
         return FileReader(blocks, workers, short_circuit=self.cfg.client.short_circuit,
                           timeout=self.cfg.cluster.rpc_timeout,

@@ -27,7 +27,9 @@ SCAN_CHUNK = 10_000  # inodes per read transaction: no long-lived reader
 # capacity.stats keys per eviction reason: (files, bytes)
 EVICTION_STATS = {"lru": ("evicted_files", "evicted_bytes"),
                   "ttl": ("expired_files", "expired_bytes"),
-                  "orphan": ("orphans_removed", "orphan_bytes")}
+                  "orphan": ("orphans_removed", "orphan_bytes"),
+                  # unlinked while open on a mount whose session then ended
+                  "unlinked": ("unlinked_removed", "unlinked_bytes")}
 
 
 class NamespaceCounts:

@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # fio: tests/test_fio.py verifies data written through a mount (skipped without it);
-# openssl: `curvine local up --tls` makes its CA and certificate with it
-APT_PACKAGES=(fuse3 libfuse3-dev pkg-config gcc python3-venv fio openssl)
+# openssl: `curvine local up --tls` makes its CA and certificate with it;
+# stress-ng: tests/test_fs_stress.py runs its file-system stressors on a mount
+APT_PACKAGES=(fuse3 libfuse3-dev pkg-config gcc python3-venv fio openssl stress-ng)
 
 missing=()
 if command -v dpkg >/dev/null 2>&1; then
@@ -16,7 +17,7 @@ if command -v dpkg >/dev/null 2>&1; then
   done
 else
   # Not Debian: check for the tools instead of the packages.
-  for cmd in fusermount3 pkg-config gcc fio openssl; do
+  for cmd in fusermount3 pkg-config gcc fio openssl stress-ng; do
     command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
   done
 fi
@@ -24,7 +25,7 @@ fi
 if ((${#missing[@]})); then
   echo "setup: missing: ${missing[*]}" >&2
   if ! command -v apt-get >/dev/null 2>&1; then
-    echo "setup: no apt-get here; install fuse3, libfuse3 headers, pkg-config, gcc, fio and openssl yourself" >&2
+    echo "setup: no apt-get here; install fuse3, libfuse3 headers, pkg-config, gcc, fio, openssl and stress-ng yourself" >&2
     exit 1
   fi
   sudo=()
@@ -55,3 +56,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] ||
   .venv/bin/pip install -q -e '.[test]'
   echo "$want" > "$stamp"
 fi
+
+# PyPI's pyfuse3 has no fallocate handler (every fallocate(2) on a mount fails with
+# EOPNOTSUPP); replace it with 3.5.0 + scripts/pyfuse3/fallocate.patch. Returns at once
+# when that build is already installed; pip keeps it afterwards (it satisfies pyfuse3>=3.4).
+bash scripts/pyfuse3/build.sh .venv

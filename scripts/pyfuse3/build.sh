@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Build pyfuse3 3.5.0 with fallocate.patch (adds Operations.fallocate, wired to the
+# FUSE lowlevel fallocate op; stock pyfuse3 leaves it NULL, so every fallocate(2)
+# on a mount fails with EOPNOTSUPP) and install it into a venv.
+#
+#   scripts/pyfuse3/build.sh [VENV]     (VENV defaults to the repository's .venv)
+#
+# Idempotent: returns at once when the venv's pyfuse3 already has the patch.
+# Needs pkg-config, gcc and libfuse3's headers (scripts/setup.sh installs them);
+# setuptools, setuptools_scm and Cython come from PyPI into pip's build environment.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+venv="${1:-$root/.venv}"
+[ -d "$venv" ] && venv="$(cd "$venv" && pwd)"
+py="$venv/bin/python"
+
+VERSION=3.5.0
+SHA256=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
+PATCH="$here/fallocate.patch"
+# pip list / pip freeze show this local version for the patched build.
+LOCAL_VERSION="$VERSION+curvine.fallocate"
+
+die() { echo "pyfuse3/build.sh: $*" >&2; exit 1; }
+
+[ -x "$py" ] || die "no python at $py (create the venv first, e.g. scripts/setup.sh)"
+
+# Patched = the Python class has the handler AND the compiled extension has the
+# C callback (a build from the shipped, stale __init__.c would have only the former).
+is_patched() {
+  "$py" - <<'EOF' 2>/dev/null
+import sys, pyfuse3
+ok = hasattr(pyfuse3.Operations, "fallocate")
+if ok:
+    with open(pyfuse3.__file__, "rb") as f:
+        ok = b"fuse_fallocate_async" in f.read()
+sys.exit(0 if ok else 1)
+EOF
+}
+
+if is_patched; then
+  echo "pyfuse3/build.sh: patched pyfuse3 already in $venv, nothing to do"
+  exit 0
+fi
+
+for cmd in pkg-config gcc patch sha256sum tar; do
+  command -v "$cmd" >/dev/null 2>&1 || die "missing $cmd"
+done
+pkg-config --exists fuse3 || die "libfuse3 headers not found by pkg-config (apt-get install libfuse3-dev)"
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/pyfuse3-build.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+log="$work/build.log"
+start=$SECONDS
+
+fail() {
+  echo "pyfuse3/build.sh: $* (last lines of the log follow)" >&2
+  tail -n 25 "$log" >&2 || true
+  exit 1
+}
+
+# Keep the checked sdist so that a fresh venv does not download it again.
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/curvine-py"
+sdist="$cache/pyfuse3-$VERSION.tar.gz"
+if [ ! -f "$sdist" ] || [ "$(sha256sum "$sdist" | cut -d' ' -f1)" != "$SHA256" ]; then
+  mkdir -p "$cache"
+  # --no-binary pyfuse3, not :all: (that also builds pip's build environment for the
+  # sdist's metadata, Cython included, from source: 13 minutes instead of seconds)
+  "$py" -m pip download -q --no-deps --no-binary pyfuse3 -d "$work/dl" "pyfuse3==$VERSION" \
+    >"$log" 2>&1 || fail "pip download pyfuse3==$VERSION failed"
+  [ -f "$work/dl/pyfuse3-$VERSION.tar.gz" ] || fail "pip download gave no pyfuse3-$VERSION.tar.gz"
+  got="$(sha256sum "$work/dl/pyfuse3-$VERSION.tar.gz" | cut -d' ' -f1)"
+  [ "$got" = "$SHA256" ] || die "sha256 mismatch for pyfuse3-$VERSION.tar.gz: got $got, want $SHA256"
+  mv "$work/dl/pyfuse3-$VERSION.tar.gz" "$sdist"
+fi
+
+tar -xzf "$sdist" -C "$work"
+src="$work/pyfuse3-$VERSION"
+patch -d "$src" -p1 --forward --quiet <"$PATCH" >>"$log" 2>&1 || fail "fallocate.patch does not apply"
+# The sdist ships a pre-generated __init__.c; setuptools compiles that instead of the
+# .pyx whenever Cython is missing, and Cython skips a .c newer than its sources.
+# Without it the build must cythonize the patched .pyx (or fail loudly).
+rm -f "$src/src/pyfuse3/__init__.c"
+
+SETUPTOOLS_SCM_PRETEND_VERSION_FOR_PYFUSE3="$LOCAL_VERSION" \
+  "$py" -m pip install --no-deps --force-reinstall --no-cache-dir "$src" >>"$log" 2>&1 ||
+  fail "building pyfuse3 failed"
+
+is_patched || fail "installed pyfuse3 still has no fallocate handler"
+echo "pyfuse3/build.sh: built and installed pyfuse3 $LOCAL_VERSION into $venv in $((SECONDS - start))s"
