@@ -21,6 +21,10 @@ table gives medians and the ratio curvine / plain, next to the targets of issue 
    bench_lmcache.py): LMCache's own engine storing and retrieving the seed prompt, cold
    and warm, with ``fs://`` on the plain directory, ``fs://`` on mounts A -> B, the
    curvine connector (short-circuit and remote) and MooseFS; lookups and master RPCs.
+7. ``smallio`` (only when named; see bench_smallio.py): random 4 KiB and 64 KiB writes
+   (+ fsync) and reads inside one 64 MiB file, cold and warm, and the multi-process
+   namespace workload of posix_workload.py, on curvine, the plain directory and
+   MooseFS (when there is one), with the ratios to MooseFS and to the plain directory.
 
 Cold reads come after ``sync; echo 3 > /proc/sys/vm/drop_caches`` when running as
 root; otherwise the files of both sides are evicted with ``posix_fadvise(DONTNEED)``
@@ -53,9 +57,9 @@ from .demo import SEED, chunk_data, chunk_keys, format_table, get_chunk, put_chu
 from .local import ClusterError, LocalCluster, mounted_paths, proc_stat
 
 MiB = 1 << 20
-WORKLOADS = ("kv", "prompt", "meta", "memory", "fill", "lmcache")
-# run without --workloads; "fill" needs a small cluster of its own and "lmcache" torch
-# and lmcache, so only when named
+WORKLOADS = ("kv", "prompt", "meta", "memory", "fill", "lmcache", "smallio")
+# run without --workloads; "fill" needs a small cluster of its own, "lmcache" torch
+# and lmcache, and "smallio" compares with MooseFS: only when named
 DEFAULT_WORKLOADS = ("kv", "prompt", "meta", "memory")
 CHUNK_TOKENS = 256  # LMCache's default chunk size in tokens
 SCHEMA = 1
@@ -80,6 +84,10 @@ class Params:
     rss_file_size: int = 1 << 30
     fill_pool_mib: int = 256  # capacity of each of the fill cluster's 2 workers
     lmcache_tokens: int = 1925  # the lmcache workload's seed prompt
+    smallio_file_size: int = 64 * MiB  # the smallio workload's file
+    smallio_ops: int = 4096  # random writes (reads) per smallio measure
+    smallio_procs: int = 4  # processes of the multi-process workload
+    smallio_workload_ops: int = 2000  # operations per process
     workloads: tuple[str, ...] = DEFAULT_WORKLOADS
 
     def prompt_sizes(self) -> list[int]:
@@ -92,7 +100,9 @@ class Params:
 
 
 QUICK = dict(runs=1, kv_files=4, kv_size=1 * MiB, prompt_chunk_size=1 * MiB, meta_files=200,
-             meta_procs=2, missing=100, rss_file_size=32 * MiB, lmcache_tokens=300)
+             meta_procs=2, missing=100, rss_file_size=32 * MiB, lmcache_tokens=300,
+             smallio_file_size=4 * MiB, smallio_ops=64, smallio_procs=2,
+             smallio_workload_ops=100)
 
 
 # --------------------------------------------------------------------------- results
@@ -136,6 +146,15 @@ TARGETS = {
     # ratio to MooseFS's remote read of the same prompt in the same run
     ("lmcache", "connector_remote_vs_moosefs_retrieve_cold"): Target("<=", 1.0),
     ("lmcache", "connector_remote_vs_moosefs_retrieve_warm"): Target("<=", 1.0),
+    # issue 15: within 2x of MooseFS's time in the same run (rates: >= 0.5x of its rate)
+    ("smallio", "randwrite_4k_mbps_vs_moosefs"): Target(">=", 0.5),
+    ("smallio", "randwrite_64k_mbps_vs_moosefs"): Target(">=", 0.5),
+    ("smallio", "randread_4k_cold_mbps_vs_moosefs"): Target(">=", 0.5),
+    ("smallio", "randread_4k_warm_mbps_vs_moosefs"): Target(">=", 0.5),
+    ("smallio", "randread_64k_cold_mbps_vs_moosefs"): Target(">=", 0.5),
+    ("smallio", "randread_64k_warm_mbps_vs_moosefs"): Target(">=", 0.5),
+    ("smallio", "workload_s_vs_moosefs"): Target("<=", 2.0),
+    ("smallio", "workload_unexpected"): Target("<=", 0, on="value"),
 }
 
 
@@ -802,7 +821,8 @@ def _fmt(x: float | None, unit: str) -> str:
 
 
 WORKLOAD_TITLES = {"kv": "1 KV chunks", "prompt": "2 prompt", "meta": "3 metadata",
-                   "memory": "4 memory", "fill": "5 fill", "lmcache": "6 lmcache"}
+                   "memory": "4 memory", "fill": "5 fill", "lmcache": "6 lmcache",
+                   "smallio": "7 small I/O"}
 
 
 def format_report(metrics: dict[str, list[Metric]]) -> str:
@@ -863,6 +883,7 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
     cache = None
     lm = None  # the lmcache workload (bench_lmcache.LmcacheBench)
     lm_note = None  # ... or why it was skipped
+    sm = None  # the smallio workload (bench_smallio.SmallIoBench)
     results["workload_seconds"], results["cpu_seconds"] = {}, {}
     try:
         if plain is None or mounts is None or "fill" in params.workloads:
@@ -952,6 +973,26 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
                         bench.raw["lmcache"] = ({"skipped": lm_note} if lm_note else lm.raw)
                         lm.cleanup()
                     done("lmcache", t0)
+                if "smallio" in params.workloads:
+                    from .bench_lmcache import MooseFs
+                    from .bench_smallio import SmallIoBench  # imports this module
+                    say(f"[{WORKLOAD_TITLES['smallio']}]")
+                    t0 = time.perf_counter()
+                    cpu.start()
+                    sm = SmallIoBench(
+                        params.runs, params.smallio_file_size, params.smallio_ops,
+                        params.smallio_procs, params.smallio_workload_ops, plain_root,
+                        (mount_a, mount_b), cache, say,
+                        MooseFs(tuple(moosefs_mounts) if moosefs_mounts else None,
+                                os.path.abspath(moosefs_up) if moosefs_up else None))
+                    try:
+                        sm.setup()
+                        sm.run()
+                    finally:
+                        bench.metrics["smallio"] = sm.metrics
+                        bench.raw["smallio"] = sm.raw
+                        sm.cleanup()
+                    done("smallio", t0)
             if "memory" in params.workloads:
                 say(f"[{WORKLOAD_TITLES['memory']}]")
                 t0 = time.perf_counter()
@@ -1040,6 +1081,10 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
         if not lm_note:
             say(lm.report())
         say()
+    if sm is not None:
+        say("smallio: per side, with the ratios to MooseFS and to the local dir")
+        say(sm.report())
+        say()
     say("ratio = curvine / plain (medians); 'better' says which way is good: MB/s and ops/s "
         "higher, ms and MiB lower; targets from issue 3")
     if fill is not None:
@@ -1091,7 +1136,8 @@ def register(p: argparse.ArgumentParser) -> None:
                         "its own small cluster, 2 workers of --fill-pool-mib, fills it to 5x "
                         "its pool from 4 writers and ignores --mounts/--plain; as root its "
                         "plain side is a tmpfs of the pool's size, else it is skipped; "
-                        "lmcache only when named: it needs torch and lmcache)")
+                        "lmcache only when named: it needs torch and lmcache; smallio "
+                        "only when named: it compares with MooseFS)")
     p.add_argument("--no-drop-caches", dest="drop_caches", action="store_false",
                    help="do not evict the page cache before cold reads")
     g = p.add_argument_group("sizes")
@@ -1116,11 +1162,21 @@ def register(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lmcache-tokens", type=argtypes.positive, metavar="N",
                    help="tokens of its seed prompt (1925: 8 chunk files of Qwen2-7B's KV)")
     g.add_argument("--moosefs-mounts", nargs=2, metavar=("M1", "M2"),
-                   help="two mounts of one MooseFS for path 5 (default: moosefs-up.sh's "
-                        "/tmp/peers/mnt_mfs_a and _b when mounted)")
+                   help="two mounts of one MooseFS for path 5 and for smallio (default: "
+                        "moosefs-up.sh's /tmp/peers/mnt_mfs_a and _b when mounted)")
     g.add_argument("--moosefs-up", metavar="SCRIPT",
                    help="start MooseFS with this script (shared/peers/moosefs-up.sh) and "
                         "stop it afterwards with the moosefs-down.sh beside it")
+    g = p.add_argument_group("smallio workload")
+    g.add_argument("--smallio-file-size", type=argtypes.size, metavar="SIZE",
+                   help="the file of the random writes and reads (default 64MiB; a "
+                        "multiple of 64KiB)")
+    g.add_argument("--smallio-ops", type=argtypes.positive, metavar="N",
+                   help="random writes (or reads) per measure (default 4096)")
+    g.add_argument("--smallio-procs", type=argtypes.positive, metavar="N",
+                   help="processes of the multi-process workload (default 4)")
+    g.add_argument("--smallio-workload-ops", type=argtypes.positive, metavar="N",
+                   help="operations per process of the multi-process workload (default 2000)")
     p.set_defaults(func=_cmd_bench, _parser=p)
 
 
@@ -1137,7 +1193,8 @@ def params_from_args(args) -> Params:
     p = Params(**QUICK) if args.quick else Params()
     for name in ("runs", "kv_files", "kv_size", "prompt_tokens", "prompt_chunk_size",
                  "meta_files", "meta_procs", "missing", "rss_file_size", "fill_pool_mib",
-                 "lmcache_tokens"):
+                 "lmcache_tokens", "smallio_file_size", "smallio_ops", "smallio_procs",
+                 "smallio_workload_ops"):
         value = getattr(args, name)
         if value is not None:
             setattr(p, name, value)
@@ -1152,6 +1209,10 @@ def _cmd_bench(args, parser) -> int:
     if "fill" in params.workloads and params.fill_pool_mib < 16:
         parser.error(f"--fill-pool-mib {params.fill_pool_mib}: a worker must hold at least "
                      "one 14 MiB chunk (use 16 or more)")
+    if "smallio" in params.workloads and (params.smallio_file_size < 64 << 10
+                                          or params.smallio_file_size % (64 << 10)):
+        parser.error(f"--smallio-file-size {params.smallio_file_size}: must be a multiple "
+                     "of 64KiB")
     if params.runs < 3 and not args.quick:
         print("curvine bench: note: fewer than 3 runs; the issue asks for medians of >= 3",
               file=sys.stderr)

@@ -218,3 +218,107 @@ def test_lmcache_workload_end_to_end(tmp_path):
             assert m["status"] in ("pass", "miss") or not m["plain"]["runs"]
     assert [m for m in mounted_paths() if m.startswith(str(work))] == []
     assert os.listdir(work) == []
+
+
+# --------------------------------------------------------------------------- smallio workload
+
+def test_smallio_report_and_targets(tmp_path):
+    """The smallio workload's arithmetic on made-up figures: ratios to MooseFS and to
+    the plain dir, the 2x-of-MooseFS targets as pass/miss, the per-op latency table."""
+    from curvine.devtools import bench_smallio as bs
+    sm = bs.SmallIoBench(3, 64 * MiB, 4096, 4, 2000, str(tmp_path), (str(tmp_path / "a"),
+                         str(tmp_path / "b")), bench.PageCache(False, []), lambda *a: None)
+    sm.available = {"curvine": None, "moosefs": None, "plain": None}
+    for side, mbps, secs in (("curvine", 10.0, 20.0), ("moosefs", 40.0, 5.0),
+                             ("plain", 100.0, 1.0)):
+        sm.figures[side] = {"randwrite_4k_mbps": [mbps, mbps * 2, mbps / 2],
+                            "randread_4k_warm_mbps": [mbps * 3],
+                            "workload_s": [secs, secs, secs * 9],
+                            "workload_unexpected": [0.0 if side != "curvine" else 3.0]}
+        sm.latency[side] = [{"create": {"count": 10, "mean_ms": secs}},
+                            {"create": {"count": 10, "mean_ms": secs * 3}, "stat": {"count": 0}}]
+    sm.unexpected["curvine"] = ["proc 0 op 1: link f1 -> f2: EPERM (Operation not permitted)"]
+    sm._build_metrics()
+    by_id = {m.id: m for m in sm.metrics}
+    assert by_id["randwrite_4k_mbps"].ratio == pytest.approx(0.1)  # curvine / plain
+    vs = by_id["randwrite_4k_mbps_vs_moosefs"]
+    assert vs.ratio == pytest.approx(0.25) and vs.status == "miss"  # target >= 0.5x
+    assert by_id["randread_4k_warm_mbps_vs_moosefs"].status == "miss"
+    w = by_id["workload_s_vs_moosefs"]
+    assert w.ratio == pytest.approx(4.0) and w.status == "miss"  # target <= 2x the time
+    sm.figures["curvine"]["workload_s"] = [9.0]
+    sm.metrics.clear()
+    sm._build_metrics()
+    assert {m.id: m for m in sm.metrics}["workload_s_vs_moosefs"].status == "pass"  # 1.8x
+    assert {m.id: m for m in sm.metrics}["workload_unexpected"].status == "miss"
+    assert by_id["randread_64k_cold_mbps_vs_moosefs"].status is None  # no figures
+    assert sm.op_latency() == {"create": {"curvine": 40.0, "moosefs": 10.0, "plain": 2.0}}
+    text = sm.report()
+    assert "random 4KiB writes + fsync, MB/s" in text and "0.25x" in text
+    assert "multi-process workload, mean ms per operation" in text and "4.00x" in text
+    assert "EPERM" in text
+    assert bench.format_report({"smallio": sm.metrics}).count("7 small I/O") == 1
+    sm.available["moosefs"] = "skipped: MooseFS not set up"
+    assert "MooseFS: skipped: MooseFS not set up" in sm.report()
+
+
+def test_posix_workload_on_a_local_dir(tmp_path):
+    """The multi-process workload itself, on a plain directory: every process runs all
+    its operations, races give only expected errnos, and the plan follows the seed."""
+    from curvine.devtools.posix_workload import OPS, run_workload
+    res = run_workload(str(tmp_path / "w"), procs=3, ops=300, seed=7, timeout=120)
+    assert res.unexpected == [] and not res.timed_out
+    assert res.ops_done == 900 and res.seconds > 0
+    assert set(res.expected_errors) <= {"ENOENT", "EEXIST", "ENOTEMPTY", "EISDIR",
+                                        "ENOTDIR", "ELOOP", "EINVAL", "EPERM"}
+    assert set(res.latency) == set(OPS)
+    assert sum(v["count"] for v in res.latency.values()) == 900
+    assert sum(res.ok_by_op.values()) + sum(res.expected_errors.values()) == 900
+    # the same seed draws the same operations (outcomes depend on the races)
+    again = run_workload(str(tmp_path / "w2"), procs=3, ops=300, seed=7, timeout=120)
+    assert {k: v["count"] for k, v in again.latency.items()} == \
+        {k: v["count"] for k, v in res.latency.items()}
+
+
+def test_posix_workload_timeout_is_reported(tmp_path):
+    from curvine.devtools.posix_workload import run_workload
+    res = run_workload(str(tmp_path / "w"), procs=2, ops=300_000, seed=1, timeout=0.5)
+    assert res.timed_out and len(res.unexpected) == 2
+    assert all("timeout: killed after 0.5 s" in u for u in res.unexpected)
+    assert 0 < res.ops_done < 600_000
+
+
+@needs_fuse
+@pytest.mark.fuse
+def test_smallio_workload_end_to_end(tmp_path):
+    """`--workloads smallio --quick`: a 4 MiB file, 64 ops per measure, 2 x 100 workload
+    operations, 1 run on curvine and the plain dir (and MooseFS when its default mounts
+    are up); every row of the report is there."""
+    from curvine.devtools import bench_smallio as bs
+    out = tmp_path / "results.json"
+    work = tmp_path / "work"
+    work.mkdir()
+    r = subprocess.run([sys.executable, "-m", "curvine.cli.main", "bench", "--quick",
+                        "--workloads", "smallio", "--json", str(out), "--workdir", str(work)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "smallio: per side" in r.stdout and "mean ms per operation" in r.stdout
+    res = json.loads(out.read_text())
+    assert "error" not in res and res["params"]["smallio_ops"] == 64
+    wl = res["workloads"]["smallio"]
+    metrics = {m["id"]: m for m in wl["metrics"]}
+    assert set(bs.MEASURES) <= set(metrics)
+    for id in bs.MEASURES:
+        m = metrics[id]
+        assert len(m["curvine"]["runs"]) == 1 and len(m["plain"]["runs"]) == 1, id
+        assert math.isfinite(m["curvine"]["median"]) and m["curvine"]["median"] >= 0
+        assert f"{id}_vs_moosefs" in metrics or id == "workload_unexpected"
+    raw = wl["raw"]
+    assert raw["available"]["curvine"] is None and raw["available"]["plain"] is None
+    why = raw["available"]["moosefs"]
+    assert why is None or why.startswith(("skipped", "failed")), why
+    if why is None:
+        assert metrics["workload_s_vs_moosefs"]["status"] in ("pass", "miss")
+    assert set(raw["workload_latency_ms"]["curvine"][0]) >= {"create", "rename", "stat"}
+    assert [m for m in mounted_paths() if m.startswith(str(work))] == []
+    assert os.listdir(work) == []
