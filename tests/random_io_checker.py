@@ -478,37 +478,42 @@ def run_in_subprocess(path_dir: str, ops: int = 10_000, seed: int = 0,
     """check_file_ops in a child process (an mmap access that gets SIGBUS, or a hung
     call, then kills the child, not the caller).  (report, "") when it passed; (None,
     what went wrong) otherwise.  ``dump``: the child writes the final bytes there."""
+    import shutil
+    import signal
     import subprocess
     import tempfile
     tmp = tempfile.mkdtemp(prefix="rio-", dir=workdir)
-    out = os.path.join(tmp, "report.json")
-    argv = [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), path_dir,
-            "--ops", str(ops), "--seed", str(seed), "--profile", profile,
-            "--size-max", str(size_max), "--json", out]
-    if drop_caches:
-        argv.append("--drop-caches")
-    if dump:
-        argv += ["--dump", dump]
-    cmd = " ".join(argv)
-    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        text, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
+        out = os.path.join(tmp, "report.json")
+        argv = [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), path_dir,
+                "--ops", str(ops), "--seed", str(seed), "--profile", profile,
+                "--size-max", str(size_max), "--json", out]
+        if drop_caches:
+            argv.append("--drop-caches")
+        if dump:
+            argv += ["--dump", dump]
+        cmd = " ".join(argv)
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            text, _ = p.communicate(timeout=30)
+            text, _ = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            text = b"(the child did not even die of SIGKILL within 30 s: stuck in the kernel)"
-        return None, (f"timed out after {timeout:g}s (a hung call, or far too slow)\n"
-                      f"  command: {cmd}\n{text.decode(errors='replace')[-3000:]}")
-    text = text.decode(errors="replace")
-    if p.returncode == 0 and os.path.exists(out):
-        with open(out) as f:
-            return Report(**json.load(f)), ""
-    how = (f"killed by {__import__('signal').Signals(-p.returncode).name}"
-           if p.returncode < 0 else f"exit status {p.returncode}")
-    return None, f"{how}\n  command: {cmd}\n{text[-6000:]}"
+            p.kill()
+            try:
+                text, _ = p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                text = b"(the child did not die of SIGKILL within 30 s: stuck in the kernel)"
+            return None, (f"timed out after {timeout:g}s (a hung call, or far too slow)\n"
+                          f"  command: {cmd}\n{text.decode(errors='replace')[-3000:]}")
+        text = text.decode(errors="replace")
+        if p.returncode == 0 and os.path.exists(out):
+            with open(out) as f:
+                return Report(**json.load(f)), ""
+        how = (f"killed by {signal.Signals(-p.returncode).name}" if p.returncode < 0
+               else f"exit status {p.returncode}")
+        return None, f"{how}\n  command: {cmd}\n{text[-6000:]}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
