@@ -161,3 +161,27 @@ def fake_main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(fake_main(sys.argv[1:]))
+
+
+def module_cluster(tmp_path_factory, name: str, block_mib: int):
+    """A generator for a module-scoped fixture: one LocalCluster (2 workers, 2 mounts,
+    ``block_mib`` MiB blocks) under a fresh tmp dir named ``name``, taken down after the
+    module; fails if a daemon logged a traceback.  Skips without FUSE."""
+    import pytest
+
+    from curvine.devtools.local import LocalCluster
+
+    reason = fuse_available()
+    if reason:
+        pytest.skip(f"needs FUSE mounts: {reason}")
+    base = tmp_path_factory.mktemp(name)
+    conf = base / "test.toml"
+    conf.write_text(f'[cluster]\nblock_size = "{block_mib}MiB"\n')
+    c = LocalCluster(str(base / "cluster"), workers=2, mounts=2, conf=str(conf))
+    try:
+        c.up()
+        yield c
+    finally:
+        c.down()
+    found = tracebacks_in_logs(c)
+    assert not found, "a daemon logged a traceback:\n" + "\n\n".join(found)

@@ -20,8 +20,7 @@ import time
 
 import pytest
 
-from cluster_util import fuse_available, tracebacks_in_logs
-from curvine.devtools.local import LocalCluster
+from cluster_util import module_cluster, tracebacks_in_logs
 from fs_helpers import MIB, errname, errno_of, read_all, sha256
 
 BLOCK = 4 * MIB
@@ -29,20 +28,7 @@ BLOCK = 4 * MIB
 
 @pytest.fixture(scope="module")
 def posix_cluster(tmp_path_factory):
-    reason = fuse_available()
-    if reason:
-        pytest.skip(f"needs FUSE mounts: {reason}")
-    base = tmp_path_factory.mktemp("posix")
-    conf = base / "test.toml"
-    conf.write_text(f'[cluster]\nblock_size = "{BLOCK // MIB}MiB"\n')
-    c = LocalCluster(str(base / "cluster"), workers=2, mounts=2, conf=str(conf))
-    try:
-        c.up()
-        yield c
-    finally:
-        c.down()
-    found = tracebacks_in_logs(c)
-    assert not found, "a daemon logged a traceback:\n" + "\n\n".join(found)
+    yield from module_cluster(tmp_path_factory, "posix", BLOCK // MIB)
 
 
 @pytest.fixture

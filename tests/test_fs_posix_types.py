@@ -22,9 +22,8 @@ import threading
 
 import pytest
 
-from cluster_util import fuse_available, tracebacks_in_logs, wait_for
+from cluster_util import module_cluster, tracebacks_in_logs, wait_for
 from curvine.common.ids import MIB
-from curvine.devtools.local import LocalCluster
 from fs_helpers import errname, errno_of
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -48,20 +47,7 @@ def fallocate(fd: int, mode: int, offset: int, length: int) -> None:
 
 @pytest.fixture(scope="module")
 def types_cluster(tmp_path_factory):
-    reason = fuse_available()
-    if reason:
-        pytest.skip(f"needs FUSE mounts: {reason}")
-    base = tmp_path_factory.mktemp("types")
-    conf = base / "test.toml"
-    conf.write_text('[cluster]\nblock_size = "1MiB"\n')
-    c = LocalCluster(str(base / "cluster"), workers=2, mounts=2, conf=str(conf))
-    try:
-        c.up()
-        yield c
-    finally:
-        c.down()
-    found = tracebacks_in_logs(c)
-    assert not found, "a daemon logged a traceback:\n" + "\n\n".join(found)
+    yield from module_cluster(tmp_path_factory, "types", 1)
 
 
 @pytest.fixture

@@ -17,8 +17,7 @@ import os
 
 import pytest
 
-from cluster_util import fuse_available, tracebacks_in_logs
-from curvine.devtools.local import LocalCluster
+from cluster_util import module_cluster, tracebacks_in_logs
 from fs_helpers import MIB, first_difference, read_all, sha256
 from random_io_checker import PROFILES, run_in_subprocess
 
@@ -33,20 +32,7 @@ DROP = os.geteuid() == 0 and os.access("/proc/sys/vm/drop_caches", os.W_OK)
 
 @pytest.fixture(scope="module")
 def rio_cluster(tmp_path_factory):
-    reason = fuse_available()
-    if reason:
-        pytest.skip(f"needs FUSE mounts: {reason}")
-    base = tmp_path_factory.mktemp("rio")
-    conf = base / "test.toml"
-    conf.write_text(f'[cluster]\nblock_size = "{BLOCK // MIB}MiB"\n')
-    c = LocalCluster(str(base / "cluster"), workers=2, mounts=2, conf=str(conf))
-    try:
-        c.up()
-        yield c
-    finally:
-        c.down()
-    found = tracebacks_in_logs(c)
-    assert not found, "a daemon logged a traceback:\n" + "\n\n".join(found)
+    yield from module_cluster(tmp_path_factory, "rio", BLOCK // MIB)
 
 
 @pytest.fixture
