@@ -22,6 +22,7 @@ import threading
 from typing import Callable, Iterable, Mapping
 
 from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.ids import check_file_size
 from curvine.proto import common_pb2
 
 from . import block_client
@@ -118,6 +119,7 @@ class FileWriter:
     def write_behind(self, offset: int, data: bytes) -> bool:
         """Queue a write of ``data`` (immutable bytes) without blocking; False when it
         must go through ``write`` instead (queue full, an error to report, ...)."""
+        check_file_size(offset + len(data), self.block_size, "write end")  # now, not at close
         return self._behind.queue(offset, data)
 
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> int:
@@ -137,6 +139,7 @@ class FileWriter:
             raise CurvineError(ErrorKind.INVALID, "offset: negative")
         if n == 0:
             return 0
+        check_file_size(offset + n, self.block_size, "write end")
         with self._lock:
             self._check_open()
             exts = self._extents
@@ -312,6 +315,7 @@ class FileWriter:
 
     def _grow(self, size: int, for_write: bool) -> None:
         """Extend the version with zeros to ``size``: holes, or zeros in the buffer."""
+        check_file_size(size, self.block_size)
         exts = self._extents
         last = exts[-1] if exts else None
         if (for_write and last is not None and last is self._cur

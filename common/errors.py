@@ -41,6 +41,7 @@ class ErrorKind(enum.IntEnum):
     TOO_BIG = 19  # an extended attribute value or list beyond the limits (E2BIG)
     NOT_PERMITTED = 20  # EPERM: e.g. a hard link to a directory
     TOO_MANY_LINKS = 21  # EMLINK
+    FILE_TOO_BIG = 22  # EFBIG: past the largest file (common/ids.max_file_size)
 
 
 _ERRNO = {
@@ -65,6 +66,7 @@ _ERRNO = {
     ErrorKind.TOO_BIG: errno.E2BIG,
     ErrorKind.NOT_PERMITTED: errno.EPERM,
     ErrorKind.TOO_MANY_LINKS: errno.EMLINK,
+    ErrorKind.FILE_TOO_BIG: errno.EFBIG,
 }
 
 _STATUS = {
@@ -89,6 +91,7 @@ _STATUS = {
     ErrorKind.TOO_BIG: grpc.StatusCode.OUT_OF_RANGE,
     ErrorKind.NOT_PERMITTED: grpc.StatusCode.PERMISSION_DENIED,
     ErrorKind.TOO_MANY_LINKS: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorKind.FILE_TOO_BIG: grpc.StatusCode.OUT_OF_RANGE,
 }
 
 # gRPC statuses that arrive without our trailer (raised by the transport itself).

@@ -18,6 +18,23 @@ ROOT_INO = InodeId(1)  # equals pyfuse3.ROOT_INODE, so master inode ids are FUSE
 NAME_MAX = 255
 U64_MAX = (1 << 64) - 1
 MIB = 1 << 20
+# Blocks (and holes) one file may have.  A file's block list lives in one LMDB value and
+# travels in one CompleteFile, and a writer keeps an extent per block: a bound here keeps
+# a sparse 2**62-byte truncate or fallocate from growing a master or a mount without
+# limit.  64 MiB blocks: 4 TiB.
+MAX_FILE_BLOCKS = 1 << 16
+
+
+def max_file_size(block_size: int) -> int:
+    """The largest file a cluster of ``block_size`` blocks holds (larger: EFBIG)."""
+    return MAX_FILE_BLOCKS * block_size
+
+
+def check_file_size(size: int, block_size: int, field: str = "size") -> None:
+    if size > max_file_size(block_size):
+        raise CurvineError(ErrorKind.FILE_TOO_BIG,
+                           f"{field}: {size} is past the largest file "
+                           f"({max_file_size(block_size)} bytes)")
 
 
 def check_name(name: bytes, field: str = "name") -> bytes:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from curvine.common.errors import CurvineError, ErrorKind, invalid
-from curvine.common.ids import ROOT_INO, check_ino, check_name
+from curvine.common.ids import MAX_FILE_BLOCKS, ROOT_INO, check_file_size, check_ino, check_name
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
 from .store import Store
@@ -30,7 +30,6 @@ SYMLINK = common_pb2.SYMLINK
 SPECIAL = frozenset((common_pb2.FIFO, common_pb2.SOCKET, common_pb2.CHAR_DEVICE,
                      common_pb2.BLOCK_DEVICE))  # MakeNode's types: metadata only
 DEVICES = frozenset((common_pb2.CHAR_DEVICE, common_pb2.BLOCK_DEVICE))
-MAX_BLOCKS_PER_FILE = 1 << 20
 MAX_LINKS = 65000  # names of one inode (ext4's limit)
 SYMLINK_MAX = 4095  # bytes of a symlink's target (PATH_MAX less its NUL)
 XATTR_PREFIX = b"user."  # the one namespace stored (the client refuses the others)
@@ -394,8 +393,7 @@ class Namespace:
         if req.HasField("size"):
             if node.type != FILE:
                 raise not_a_file(node)
-            if req.size >= 1 << 62:
-                raise invalid("size", "too large")
+            check_file_size(req.size, self.block_size)
             rec.size = req.size
         return journal_pb2.JournalEntry(set_attr=rec), None
 
@@ -440,7 +438,7 @@ class Namespace:
         """The blocks of a version to publish for inode ``ino`` (0: a new file): each
         allocated to it and held by no other file, known workers, lengths summing to
         ``size``."""
-        if len(blocks) > MAX_BLOCKS_PER_FILE:
+        if len(blocks) > MAX_FILE_BLOCKS:
             raise invalid("blocks", "too many blocks")
         total = 0
         seen = set()

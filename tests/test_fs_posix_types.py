@@ -465,6 +465,32 @@ def test_fallocate_like_a_local_directory(fs):
     same_on_both(_fallocate, a, local)
 
 
+def _huge(root: str):
+    """Sizes past any file: EFBIG, and the file is unchanged (stress-ng's fsize walks
+    fallocate up to 2**62; the mount used to grow a hole per block until it died)."""
+    p = os.path.join(root, "big")
+    out = {}
+    fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        os.write(fd, b"x" * 100)
+        for shift in (50, 55, 62):
+            out[f"fallocate {shift}"] = outcome(fallocate, fd, 0, (1 << shift) - 2, 1)
+            out[f"ftruncate {shift}"] = outcome(os.ftruncate, fd, 1 << shift)
+            out[f"pwrite {shift}"] = outcome(os.pwrite, fd, b"y", 1 << shift)
+        out["size"] = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    out["truncate"] = outcome(os.truncate, p, 1 << 50)
+    out["final"] = (os.stat(p).st_size, _read(p))
+    return out
+
+
+def test_huge_sizes_like_a_local_directory(fs):
+    a, b, local = fs
+    same_on_both(_huge, a, local)
+    assert os.stat(os.path.join(b, "big")).st_size == 100
+
+
 def test_copy_file_range_and_o_tmpfile(fs):
     a, b, _ = fs
     src, dst = os.path.join(a, "src"), os.path.join(a, "dst")
