@@ -72,10 +72,10 @@ class FileWriter:
                                      security=master.security)
         self._complete = complete
         self._lock = threading.RLock()
+        # Blocks this version shares with the published one stay readable while this
+        # writer's open is recorded at the master (GetBlocks or CompleteFile with an
+        # open id): another writer's newer version does not free them until it closes.
         self._extents = ExtentMap(base_blocks)
-        # Blocks this version shares with the file's published version.  Another
-        # writer's publish frees them, so publish checks they are still live.
-        self._shared = {e.block.block_id for e in self._extents if e.block.block_id}
         # The bytes this writer will store, if the caller knows (0: not known, as for a
         # FUSE writer): then even the first block is placed at its first byte.
         self.size_hint = size_hint
@@ -243,31 +243,16 @@ class FileWriter:
         with self._lock:
             blocks = self.blocks()
             seen = self._changes  # writes queued from here on are not in this version
-            self._check_shared(blocks)
             published = {b.block_id for b in blocks if b.block_id}
             complete = self._complete or self.master.complete_file
             inode = complete(self.ino, blocks, self._extents.size, mtime_ns=self.mtime_ns,
                              abandoned=self._uploader.abandoned(published))
             self._uploader.forget_allocated()
-            self._shared = published
             with self._change_lock:
                 if self._changes == seen:
                     self._published_changes = seen
                     self.mtime_ns = 0
             return inode
-
-    def _check_shared(self, blocks: list[Block]) -> None:
-        """Refuse to publish blocks of an old version that another writer replaced
-        (the master freed them): better ESTALE at close than a file that fails later."""
-        reused = {b.block_id for b in blocks if b.block_id} & self._shared
-        if not reused:
-            return
-        _, current, _ = self.master.get_blocks(self.ino)
-        gone = reused - {b.block_id for b in current}
-        if gone:
-            raise CurvineError(ErrorKind.STALE, f"inode {self.ino} was replaced by another "
-                                                f"writer while this handle modified it "
-                                                f"({len(gone)} shared blocks freed)")
 
     def flush(self) -> Inode | None:
         """Publish if anything changed since the last publish; the new Inode or None."""

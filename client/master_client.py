@@ -162,11 +162,12 @@ class MasterClient:
 
     def _prep_complete(self, ino: int, blocks: Sequence[Block], size: int, mtime_ns: int = 0,
                        if_unpublished: bool = False,
-                       abandoned: Sequence[int] = ()) -> Prepared:
+                       abandoned: Sequence[int] = (), open_id: int = 0) -> Prepared:
         return Prepared("CompleteFile", "complete", master_pb2.CompleteFileRequest(
             request_id=new_request_id(), ino=ino, blocks=list(blocks), size=size,
             mtime_ns=mtime_ns, if_unpublished=if_unpublished, session=self.session,
-            abandoned_block_ids=list(abandoned)), _inode)
+            abandoned_block_ids=list(abandoned), open_id=open_id if self.session else 0),
+            _inode)
 
     def _prep_getattr_unleased(self, ino: int) -> Prepared:
         """GetAttr without the session: an answer the kernel keeps only for
@@ -188,9 +189,11 @@ class MasterClient:
     def _prep_statfs(self) -> Prepared:
         return Prepared("StatFs", "", master_pb2.StatFsRequest(), lambda reply: reply)
 
-    def _prep_get_blocks(self, ino: int, session: int = 0, open_id: int = 0) -> Prepared:
+    def _prep_get_blocks(self, ino: int, session: int = 0, open_id: int = 0,
+                         write: bool = False) -> Prepared:
         return Prepared("GetBlocks", "", master_pb2.GetBlocksRequest(
-            ino=ino, session=session if open_id else 0, open_id=open_id if session else 0),
+            ino=ino, session=session if open_id else 0, open_id=open_id if session else 0,
+            write=write),
             lambda reply: (reply.inode, list(reply.blocks),
                            {w.worker_id: w for w in reply.workers}))
 
@@ -357,12 +360,13 @@ class MasterClient:
 
     # -- data ----------------------------------------------------------------
 
-    def get_blocks(self, ino: int, session: int = 0, open_id: int = 0,
+    def get_blocks(self, ino: int, session: int = 0, open_id: int = 0, write: bool = False,
                    ) -> tuple[Inode, list[Block], dict[int, WorkerInfo]]:
         """The file's blocks and their workers; with ``session`` and ``open_id`` this is an
-        open for reading, which the master does not evict until ReportAccess reports
-        it closed (AccessReporter.closed)."""
-        return self.call(self._prep_get_blocks(ino, session, open_id))
+        open, recorded until ReportAccess reports it closed (AccessReporter.closed): the
+        master keeps these blocks readable, and does not evict the file unless ``write``
+        (a writer's open)."""
+        return self.call(self._prep_get_blocks(ino, session, open_id, write))
 
     def add_block(self, ino: int, client_host_id: str, size_hint: int = 0,
                   exclude: Sequence[int] = ()) -> tuple[int, list[WorkerInfo], bytes]:
@@ -376,11 +380,12 @@ class MasterClient:
 
     def complete_file(self, ino: int, blocks: Sequence[Block], size: int,
                       mtime_ns: int = 0, if_unpublished: bool = False,
-                      abandoned: Sequence[int] = ()) -> Inode:
+                      abandoned: Sequence[int] = (), open_id: int = 0) -> Inode:
         """Publish a version; with ``if_unpublished`` only if none was ever published.
-        ``abandoned``: blocks this writer was given and dropped (the master frees them)."""
+        ``abandoned``: blocks this writer was given and dropped (the master frees them);
+        ``open_id``: the writer's open (GetBlocks), recorded now if it was not yet."""
         return self.call(self._prep_complete(ino, blocks, size, mtime_ns, if_unpublished,
-                                             abandoned))
+                                             abandoned, open_id))
 
     # -- the connector's calls (connector/store.py) ------------------------------
 

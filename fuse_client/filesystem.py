@@ -17,6 +17,7 @@ its writer's unpublished changes plus its :class:`State`, which only
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import itertools
@@ -26,6 +27,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, NamedTuple
+
+import trio
 
 from curvine.client.file_reader import FileReader
 from curvine.client.file_writer import FileWriter, LocalWorker
@@ -205,6 +208,12 @@ class FileSystem:
         # inodes unlinked (or replaced) while open here, kept by the master until this
         # mount's last handle of them closes (ReleaseInode)
         self._held: set[int] = set()
+        # inodes being opened here, whose handle does not exist yet (the open's thread
+        # hop): an unlink or rename meanwhile must hold them like open ones
+        self._opening: collections.Counter[int] = collections.Counter()
+        # held inodes whose ReleaseInode is on its way: an open of one (the kernel may
+        # still know the inode) waits for it and then finds it gone, a clean ENOENT
+        self._releasing: dict[int, trio.Event] = {}
         self._symlinks: OrderedDict[int, bytes] = OrderedDict()  # ino -> target
         # a writer's publish, from its thread: on the Calls route like every master call
         self._complete = functools.partial(calls.from_thread, "complete")
@@ -344,26 +353,43 @@ class FileSystem:
     async def _open_inos(self, parent: int, name: bytes) -> list[int]:
         """The inodes open here that an unlink or rename of ``name`` may take the last
         name of: all of them, or (when many are open) the one ``name`` names."""
-        if len(self._of_inode) <= OPEN_INOS_SENT:
-            return list(self._of_inode)
+        if len(self._of_inode) + len(self._opening) <= OPEN_INOS_SENT:
+            return list(self._of_inode.keys() | self._opening.keys())
         inode, _ = await self.calls.run("lookup", parent, name)
-        return [inode.ino] if inode is not None and inode.ino in self._of_inode else []
+        return [inode.ino] if inode is not None and self._is_open(inode.ino) else []
+
+    def _is_open(self, ino: int) -> bool:
+        return ino in self._of_inode or ino in self._opening
 
     async def _note_held(self, ino: int) -> None:
         if not ino:
             return
-        if ino in self._of_inode:
+        if self._is_open(ino):
             self._held.add(ino)
         else:  # its last handle closed while the call was on its way
             await self._release_inode(ino)
 
+    async def _closed_here(self, ino: int) -> None:
+        """The last handle of ``ino`` here closed (or its open failed): an inode held
+        for this mount goes now."""
+        if ino in self._held and not self._is_open(ino):
+            self._held.discard(ino)
+            await self._release_inode(ino)
+
     async def _release_inode(self, ino: int) -> None:
+        if ino in self._releasing:  # already on its way
+            await self._releasing[ino].wait()
+            return
+        done = self._releasing[ino] = trio.Event()
         try:
             await self.calls.run("release_inode", ino)
         except CurvineError as e:
             # the master removes it when this mount's session ends
             log.warning("inode %d: unlinked and closed, but the master was not told "
                         "(%s); it is removed when this mount's session ends", ino, e)
+        finally:
+            del self._releasing[ino]
+            done.set()
 
     async def rename(self, parent: int, name: bytes, new_parent: int, new_name: bytes,
                      no_replace: bool, pid: int, exchange: bool = False) -> None:
@@ -502,11 +528,11 @@ class FileSystem:
         # returns (release publishes the empty version for the rename guard).  A
         # published one is replaced at close (rule 1: this handle's version).
         unpublished = inode.state != COMPLETE
-        writer, tgid = await self._run(self._writer_and_tgid, inode.ino, empty,
-                                       not unpublished, pid)
+        (writer, recorded), tgid = await self._run(self._writer_and_tgid, inode.ino, empty,
+                                                   not unpublished, pid)
         page_cache = flags & os.O_ACCMODE == os.O_RDWR
         h = self._add(inode.ino, State.NEW if unpublished else State.WRITING, writer=writer,
-                      inode=inode, tgid=tgid, page_cache=page_cache)
+                      inode=inode, tgid=tgid, page_cache=page_cache, recorded_open=recorded)
         ttl = self.kernel.lease_ttl(lease_ms, sent)
         attrs = self.attributes(inode, lease=ttl)
         if ttl and unpublished:
@@ -519,6 +545,19 @@ class FileSystem:
         return Opened(h.fh, direct_io=not page_cache, keep_cache=False), attrs
 
     async def open(self, ino: int, flags: int, pid: int) -> Opened:
+        releasing = self._releasing.get(ino)
+        if releasing is not None:
+            await releasing.wait()
+        self._opening[ino] += 1
+        try:
+            return await self._open(ino, flags, pid)
+        finally:
+            self._opening[ino] -= 1
+            if not self._opening[ino]:
+                del self._opening[ino]
+                await self._closed_here(ino)
+
+    async def _open(self, ino: int, flags: int, pid: int) -> Opened:
         if flags & os.O_ACCMODE == os.O_RDONLY:
             node, reader, recorded = await self._run(self._new_reader, ino)
             self._access.note(ino)
@@ -532,12 +571,13 @@ class FileSystem:
             return Opened(h.fh, direct_io=False, keep_cache=keep)
         truncate = bool(flags & os.O_TRUNC)
         # an emptied file is published at close even without writes
-        writer = await self._run(self._new_writer, ino, truncate, truncate)
-        tgid = await self._run(_tgid, pid)
+        (writer, recorded), tgid = await self._run(self._writer_and_tgid, ino, truncate,
+                                                   truncate, pid)
         # O_RDWR: through the page cache, so that mmap works (O_WRONLY cannot map);
         # O_WRONLY (LMCache's writers) keeps direct_io: one request per buffer, no copy
         page_cache = flags & os.O_ACCMODE == os.O_RDWR
-        h = self._add(ino, State.WRITING, writer=writer, tgid=tgid, page_cache=page_cache)
+        h = self._add(ino, State.WRITING, writer=writer, tgid=tgid, page_cache=page_cache,
+                      recorded_open=recorded)
         return Opened(h.fh, direct_io=not page_cache, keep_cache=False)
 
     async def read(self, h: Handle, off: int, size: int):
@@ -595,9 +635,7 @@ class FileSystem:
                 handles.pop(fh, None)
                 if not handles:
                     del self._of_inode[h.ino]
-                    if h.ino in self._held:
-                        self._held.discard(h.ino)
-                        await self._release_inode(h.ino)
+                    await self._closed_here(h.ino)
             if h.writer is not None:
                 fhs = self._writers.get(h.ino, [])
                 if fh in fhs:
@@ -643,24 +681,32 @@ class FileSystem:
         """The handle's writer and the caller's process, in one thread hop."""
         return self._new_writer(ino, truncate, changed), _tgid(pid)
 
-    def _new_writer(self, ino: int, truncate: bool, changed: bool) -> FileWriter:
+    def _new_writer(self, ino: int, truncate: bool, changed: bool,
+                    ) -> tuple[FileWriter, tuple[int, int]]:
         """A private version of ``ino``: empty, or starting from its current blocks;
-        ``changed``: published at close even without writes.  Runs in a thread."""
+        ``changed``: published at close even without writes.  Also the (session, open
+        id) its open is recorded with at the master: while it is open, blocks another
+        writer's version drops stay readable and publishable by this one (at GetBlocks,
+        or with a truncated start at its first publish).  Runs in a thread."""
         blocks, workers = [], {}
+        session, open_id = self.master.session, self._access.new_open_id()
         if not truncate:
-            inode, blocks, workers = self.calls.from_thread("get_blocks", ino)
+            inode, blocks, workers = self.calls.from_thread("get_blocks", ino, session,
+                                                            open_id, write=True)
             if inode.type == DIRECTORY:
+                self._access.closed(session, open_id)
                 raise CurvineError(ErrorKind.IS_DIR, f"inode {ino} is a directory")
         if self._block_size is None:
             # Block lengths must not exceed the master's block size.
             fs = self.calls.from_thread("statfs")
             self._block_size = fs.block_size or self.cfg.cluster.block_size
             self._local_worker.note(fs.workers)  # where first blocks go
-        return FileWriter(self.master, ino, self._block_size, blocks, self.host,
-                          workers=workers, short_circuit=self.cfg.client.short_circuit,
-                          timeout=self.cfg.cluster.rpc_timeout,
-                          local_worker=self._local_worker, changed=changed,
-                          complete=self._complete)
+        writer = FileWriter(self.master, ino, self._block_size, blocks, self.host,
+                            workers=workers, short_circuit=self.cfg.client.short_circuit,
+                            timeout=self.cfg.cluster.rpc_timeout,
+                            local_worker=self._local_worker, changed=changed,
+                            complete=functools.partial(self._complete, open_id=open_id))
+        return writer, (session, open_id)
 
     def _new_reader(self, ino: int) -> tuple[Inode, FileReader, tuple[int, int]]:
         session, open_id = self.master.session, self._access.new_open_id()

@@ -137,8 +137,16 @@ class Capacity:
         self._room_lock = threading.Lock()
         # files open for reading: ino -> {(session, open id)}, and session -> its opens
         self._opens: dict[int, set[tuple[int, int]]] = {}
+        # files open for writing a version based on their blocks (same shape): they keep
+        # the blocks a newer version drops, but do not hold off eviction
+        self._write_opens: dict[int, set[tuple[int, int]]] = {}
         self._opens_of: dict[int, dict[int, int]] = {}  # session -> {open id: ino}
         self._evicting: set[int] = set()  # inos being journaled as evicted: no new opens
+        # Blocks a file's new version (or a truncate) dropped while a mount had the file
+        # open: ino -> {block id: [(worker, bytes)]}.  Its readers still read them and its
+        # writers may publish them again (claim); freed when the last open closes.
+        self._kept: dict[int, dict[int, list[tuple[int, int]]]] = {}
+        self._settling: set[int] = set()  # kept blocks whose record is not durable yet
         self._ttl_due: dict[int, int] = {}  # ino -> expiry (ns); authority for _ttl_heap
         self._ttl_heap: list[tuple[int, int]] = []  # (expiry ns, ino), lazily pruned
         self._writers: dict[int, set[int]] = {}  # ino being written -> writer sessions
@@ -289,20 +297,28 @@ class Capacity:
         self.stats["access_reports"] += 1
         self.stats["accesses"] += len(inos)
 
-    def note_open(self, ino: int, session: int, open_id: int) -> bool:
+    def note_open(self, ino: int, session: int, open_id: int, write: bool = False) -> bool:
         """A mount opens ``ino`` for reading (GetBlocks, before it reads the blocks): not
-        evicted until closed.  False if it is being evicted right now (a miss)."""
+        evicted until closed.  False if it is being evicted right now (a miss).
+        ``write``: for writing a version (GetBlocks.write, CompleteFile.open_id): only
+        the blocks newer versions drop are kept for it (``settle``)."""
         if not session or not open_id:
             return True
         with self._lock:
-            if ino in self._evicting:
+            if ino in self._evicting and not write:
                 return False
-            self._opens.setdefault(ino, set()).add((session, open_id))
+            table = self._write_opens if write else self._opens
+            table.setdefault(ino, set()).add((session, open_id))
             self._opens_of.setdefault(session, {})[open_id] = ino
         # an access now, not with the mount's next report: a full pool of 14 MiB chunks
         # written at 0.5 GB/s turns over in about a second
         self.lru.touch([ino], time.time_ns())
         return True
+
+    def opened_by(self, session: int) -> set[int]:
+        """The files ``session`` has recorded opens of."""
+        with self._lock:
+            return set(self._opens_of.get(session, {}).values())
 
     def note_closed(self, session: int, open_ids) -> None:
         """Opens recorded by ``note_open`` that are over."""
@@ -314,19 +330,104 @@ class Capacity:
                     self._drop_open(ino, session, oid)
             if not mine:
                 self._opens_of.pop(session, None)
+        self.release_kept()
+
+    # ------------------------------------------------------------------ kept blocks
+    # A block a file's new version (or a truncate, or its removal) drops is held from the
+    # moment the record is applied (``hold``, in the committer thread, so the next plan
+    # of the same batch can claim it), then kept while some mount has the file open,
+    # else deleted once the record is durable (``settle``).
+
+    def hold(self, replaced) -> None:
+        """``replaced``: (ino, worker, block, bytes) just dropped from a file (a new
+        version, a truncate, its removal); nothing deletes them before ``settle``."""
+        with self._lock:
+            for ino, w, b, n in replaced:
+                self._kept.setdefault(ino, {}).setdefault(b, []).append((w, n))
+                self._settling.add(b)
+
+    def settle(self, replaced) -> None:
+        """The records that dropped ``replaced`` are durable: delete the blocks of
+        files no mount has open (a reader there finishes the version it opened, a
+        writer that shares them can still publish them) unless a CompleteFile has
+        claimed them meanwhile; keep the rest until the last open closes."""
+        now = time.monotonic()
+        free = []
+        with self._lock:
+            for ino, w, b, n in replaced:
+                self._settling.discard(b)
+                kept = self._kept.get(ino)
+                if kept is None or b not in kept or self._is_open(ino, now, True):
+                    continue
+                free.extend((w2, b, n2) for w2, n2 in kept.pop(b))
+                if not kept:
+                    del self._kept[ino]
+        self._free_unowned(free)
+
+    def claim(self, ino: int, block_id: int, claimed: dict) -> bool:
+        """For a CompleteFile of ``ino`` being planned: take a kept block it publishes
+        again (nothing frees it from now on) into ``claimed``; False if not kept."""
+        with self._lock:
+            kept = self._kept.get(ino)
+            if not kept or block_id not in kept:
+                return False
+            claimed[block_id] = kept.pop(block_id)
+            if not kept:
+                del self._kept[ino]
+            return True
+
+    def unclaim(self, ino: int, claimed: dict) -> None:
+        """The CompleteFile that claimed these failed: kept again, or deleted."""
+        if claimed:
+            replaced = [(ino, w, b, n) for b, locs in claimed.items() for w, n in locs]
+            self.hold(replaced)
+            self.settle(replaced)
+
+    def release_kept(self) -> None:
+        """Delete the kept blocks of files no live mount has open any more."""
+        if not self._kept:
+            return
+        now = time.monotonic()
+        free = []
+        with self._lock:
+            for ino in [i for i in self._kept if not self._is_open(i, now, True)]:
+                kept = self._kept[ino]
+                for b in [b for b in kept if b not in self._settling]:
+                    free.extend((w, b, n) for w, n in kept.pop(b))
+                if not kept:
+                    del self._kept[ino]
+        self._free_unowned(free)
+
+    def kept_blocks(self) -> int:
+        with self._lock:
+            return sum(len(k) for k in self._kept.values())
+
+    def _free_unowned(self, pairs) -> None:
+        """Queue deletes of (worker, block, bytes), but never of a block a file holds
+        (published again by a CompleteFile that claimed it, or retried)."""
+        if not pairs:
+            return
+        store = self.m.store
+        with store.read() as txn:
+            pairs = [p for p in pairs if store.block_owner(txn, p[1]) is None]
+        self.m.registry.queue_deletes(pairs)
 
     def _drop_open(self, ino: int, session: int, open_id: int) -> None:
         """(under _lock)"""
-        held = self._opens.get(ino)
-        if held is not None:
-            held.discard((session, open_id))
-            if not held:
-                del self._opens[ino]
+        for table in (self._opens, self._write_opens):
+            held = table.get(ino)
+            if held is not None:
+                held.discard((session, open_id))
+                if not held:
+                    del table[ino]
 
-    def _is_open(self, ino: int, now: float) -> bool:
+    def _is_open(self, ino: int, now: float, writers: bool = False) -> bool:
         """(under _lock) Whether a live mount (or one gone for less than the orphan
-        timeout: it may reconnect) has ``ino`` open for reading."""
-        held = self._opens.get(ino)
+        timeout: it may reconnect) has ``ino`` open for reading (``writers``: or for
+        writing a version)."""
+        held = set(self._opens.get(ino, ()))
+        if writers:
+            held |= self._write_opens.get(ino, set())
         if not held:
             return False
         dead = []
@@ -398,6 +499,7 @@ class Capacity:
             return False
         self.stats["rounds"] += 1
         self._free_abandoned_blocks()
+        self.release_kept()  # of mounts that died with files open
         more = self._expire_ttl()
         more = self._remove_orphans() or more
         more = self._remove_unlinked() or more

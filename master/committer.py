@@ -66,6 +66,9 @@ class Committer:
         self.journal = journal
         self.ns = ns
         self.on_effects = on_effects
+        # called in this thread right after each live record is applied, before the
+        # next plan (Master._on_applied); the batch is not durable yet
+        self.on_applied: Callable[[Effects], None] | None = None
         self.checkpoint_root = checkpoint_root
         self.checkpoint_every = checkpoint_every
         self.max_batch = max_batch
@@ -208,7 +211,10 @@ class Committer:
                         self.ns.remember(entry)
                         it.fx = fx
                         appended += 1
+                        if self.on_applied is not None:
+                            self.on_applied(fx)
                         batch_fx.freed += fx.freed
+                        batch_fx.replaced += fx.replaced
                         batch_fx.completed += fx.completed
                         batch_fx.workers += fx.workers
                     it.result = value

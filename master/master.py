@@ -98,6 +98,7 @@ class Master:
         self.deleter = DeletePusher(self, security)
         self.deleter.start()
         self.capacity = Capacity(self)  # eviction, TTL, orphans (master/capacity.py)
+        self.committer.on_applied = self._on_applied
         self.capacity.start()
         self.replication = ReplicationMonitor(self)
         self.replication.start()
@@ -129,6 +130,18 @@ class Master:
             self.registry.upsert(w)
         if fx.freed:
             self.registry.queue_deletes(fx.freed)
+        if fx.replaced:
+            capacity = getattr(self, "capacity", None)  # None while the journal replays
+            if capacity is not None:
+                capacity.settle(fx.replaced)
+            else:
+                self.registry.queue_deletes([(w, b, n) for _, w, b, n in fx.replaced])
+
+    def _on_applied(self, fx: Effects) -> None:
+        """A live record was applied (not yet durable): hold the blocks it dropped, so
+        that a CompleteFile planned next, in the same batch, may claim them."""
+        if fx.replaced:
+            self.capacity.hold(fx.replaced)
         if fx.completed:
             with self._pending_lock:
                 for b in fx.completed:
@@ -234,10 +247,12 @@ class Master:
             reply.files = self.store.get_u64(txn, b"inode_count")
         return reply
 
-    def get_blocks(self, ino: int, session: int = 0, open_id: int = 0) -> master_pb2.GetBlocksReply:
+    def get_blocks(self, ino: int, session: int = 0, open_id: int = 0,
+                   write: bool = False) -> master_pb2.GetBlocksReply:
         """Blocks and locations of ``ino``; with ``open_id`` a mount opens it for reading
-        (recorded first, so eviction cannot remove it between this read and the open)."""
-        if open_id and not self.capacity.note_open(check_ino(ino), session, open_id):
+        (recorded first, so eviction cannot remove it between this read and the open),
+        or with ``write`` to write a version based on these blocks."""
+        if open_id and not self.capacity.note_open(check_ino(ino), session, open_id, write):
             raise CurvineError(ErrorKind.NOT_FOUND, f"ino: {ino} is being evicted")
         reply = master_pb2.GetBlocksReply()
         with self.store.read() as txn:
@@ -303,20 +318,32 @@ class Master:
         return reply
 
     def unlink(self, req, rmdir: bool) -> master_pb2.ParentReply:
-        value = self.submit(lambda t: self.ns.plan_unlink(t, req, rmdir), req.request_id,
-                            session=req.session)
+        def plan(txn):
+            return self.ns.plan_unlink(txn, req if rmdir else self._with_recorded_opens(req),
+                                       rmdir)
+
+        value = self.submit(plan, req.request_id, session=req.session)
         reply = self._parents_reply(req.parent)
         reply.held = _held(value)
         return reply
 
     def rename(self, req) -> master_pb2.ParentReply:
-        value = self.submit(lambda t: self.ns.plan_rename(t, req), req.request_id,
-                            session=req.session)
+        value = self.submit(lambda t: self.ns.plan_rename(t, self._with_recorded_opens(req)),
+                            req.request_id, session=req.session)
         reply = self._parents_reply(req.parent,
                                     req.new_parent if req.new_parent != req.parent else 0,
                                     (req.new_parent, req.new_name))
         reply.held = _held(value)
         return reply
+
+    def _with_recorded_opens(self, req):
+        """``req`` (an unlink or rename, in its plan) with the files its session has
+        recorded opens of (GetBlocks) among its open_inos: an open whose handle the
+        mount had not made yet when it sent the request keeps the file all the same."""
+        if req.session:
+            listed = set(req.open_inos)
+            req.open_inos.extend(sorted(self.capacity.opened_by(req.session) - listed))
+        return req
 
     def symlink(self, req: master_pb2.SymlinkRequest) -> master_pb2.InodeReply:
         since = self.leases.snapshot()
@@ -388,17 +415,30 @@ class Master:
                    and block_tokens.allows(self.block_key, b.block_id, b.token,
                                            block_tokens.WRITE)}
 
-        def allocated_here(block_id: int) -> bool:
+        # Blocks another writer's version dropped while this writer had the file open:
+        # kept for it (Capacity.hold, settle), so it may publish them again.
+        if req.open_id and req.session:
+            self.capacity.note_open(req.ino, req.session, req.open_id, write=True)
+        claimed: dict = {}
+
+        def allocated_here(block_id: int) -> bool:  # (in the plan: the committer thread)
             owner = pending.get(block_id)
-            return owner == req.ino if owner is not None else block_id in granted
+            if owner is not None:
+                return owner == req.ino
+            return block_id in granted or self.capacity.claim(req.ino, block_id, claimed)
+
+        def freed(block_id: int) -> bool:
+            # neither in a file nor pending: freed since this writer read it
+            return block_id not in pending
 
         for b in req.blocks:
             b.ClearField("token")  # a client sends back blocks it got: tokens are never stored
         try:
             value = self.submit(lambda t: self.ns.plan_complete(t, req, self._reserved,
-                                                                allocated_here),
+                                                                allocated_here, freed),
                                 req.request_id, session=req.session)
         except CurvineError as e:
+            self.capacity.unclaim(req.ino, claimed)
             if e.kind == ErrorKind.NOT_FOUND:
                 self._free_pending(b.block_id for b in req.blocks)
             raise

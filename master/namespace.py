@@ -46,6 +46,9 @@ class Effects:
     """What a batch did outside LMDB, acted on once the batch is durable."""
 
     freed: list[tuple[int, int, int]] = field(default_factory=list)  # (worker, block, bytes)
+    # (ino, worker, block, bytes): dropped from a file (a new version, a truncate, its
+    # removal); a mount that has the file open may still need them (Capacity.hold)
+    replaced: list[tuple[int, int, int, int]] = field(default_factory=list)
     completed: list[int] = field(default_factory=list)  # block ids now owned by files
     workers: list[common_pb2.WorkerInfo] = field(default_factory=list)
     # what mounts may have cached and must drop (master/leases.py): names removed or
@@ -398,16 +401,17 @@ class Namespace:
         return journal_pb2.JournalEntry(set_attr=rec), None
 
     def plan_complete(self, txn, req: master_pb2.CompleteFileRequest, block_ids_reserved: int,
-                      allocated_here=lambda block_id: True):
+                      allocated_here=lambda block_id: True, freed=lambda block_id: False):
         """``allocated_here(block_id)``: whether a block no file holds yet was allocated
-        to this file (so a writer cannot publish another file's pending block)."""
+        to this file (so a writer cannot publish another file's pending block);
+        ``freed(block_id)``: whether such a block was freed (the writer is stale)."""
         node = self.inode(txn, req.ino)
         if node.type != FILE:
             raise not_a_file(node)
         if req.if_unpublished and node.state == common_pb2.COMPLETE:
             return None, None  # another writer published a version already: keep it
         self._check_blocks(txn, req.blocks, req.size, node.ino, block_ids_reserved,
-                           allocated_here)
+                           allocated_here, freed)
         rec = journal_pb2.CompleteRecord(request_id=req.request_id, ino=node.ino,
                                          blocks=req.blocks, size=req.size,
                                          mtime_ns=req.mtime_ns or now_ns())
@@ -434,7 +438,7 @@ class Namespace:
         return journal_pb2.JournalEntry(put=rec), (False, node)
 
     def _check_blocks(self, txn, blocks, size: int, ino: int, block_ids_reserved: int,
-                      allocated_here) -> None:
+                      allocated_here, freed=lambda block_id: False) -> None:
         """The blocks of a version to publish for inode ``ino`` (0: a new file): each
         allocated to it and held by no other file, known workers, lengths summing to
         ``size``."""
@@ -459,6 +463,11 @@ class Namespace:
             if owner is not None and (not ino or owner != ino):
                 raise invalid(f"blocks[{i}].block_id", f"{b.block_id} belongs to another file")
             if owner is None and not allocated_here(b.block_id):
+                if freed(b.block_id):
+                    raise CurvineError(ErrorKind.STALE, f"blocks[{i}].block_id: {b.block_id} "
+                                       "is in no file and not allocated to this one (freed: "
+                                       "the file was replaced, truncated or removed while "
+                                       "this version was written)")
                 raise invalid(f"blocks[{i}].block_id",
                               f"{b.block_id} was not allocated to this file")
             if not b.worker_ids:
@@ -535,7 +544,9 @@ class Namespace:
         for b in s.get_blocks(txn, node.ino):
             if b.block_id:
                 s.unindex_block(txn, b)
-                fx.freed.extend((w, b.block_id, b.length) for w in b.worker_ids)
+                # kept while a mount still has it open (an open that read the blocks
+                # just before this record was committed): Capacity.settle
+                fx.replaced.extend((node.ino, w, b.block_id, b.length) for w in b.worker_ids)
         s.put_blocks(txn, node.ino, [])
         s.del_writer(txn, node.ino)
         s.del_held(txn, node.ino)
@@ -719,7 +730,8 @@ class Namespace:
             if pos >= size:
                 if b.block_id:
                     s.unindex_block(txn, b)
-                    fx.freed.extend((w, b.block_id, b.length) for w in b.worker_ids)
+                    fx.replaced.extend((node.ino, w, b.block_id, b.length)
+                                       for w in b.worker_ids)
                 continue
             keep = common_pb2.Block()
             keep.CopyFrom(b)
@@ -747,7 +759,8 @@ class Namespace:
             if b.block_id:
                 s.unindex_block(txn, b)
                 if b.block_id not in new_ids:
-                    fx.freed.extend((w, b.block_id, b.length) for w in b.worker_ids)
+                    fx.replaced.extend((node.ino, w, b.block_id, b.length)
+                                       for w in b.worker_ids)
         for b in rec.blocks:
             if b.block_id:
                 s.index_block(txn, b, node.ino)

@@ -100,7 +100,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     @handler
     def GetBlocks(self, req, ctx):
-        return self.m.get_blocks(req.ino, req.session, req.open_id)
+        return self.m.get_blocks(req.ino, req.session, req.open_id, req.write)
 
     @handler
     def AddBlock(self, req, ctx):

@@ -328,14 +328,16 @@ class StatFsReply(_message.Message):
     def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., files: _Optional[int] = ..., live_workers: _Optional[int] = ..., block_size: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class GetBlocksRequest(_message.Message):
-    __slots__ = ("ino", "session", "open_id")
+    __slots__ = ("ino", "session", "open_id", "write")
     INO_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     OPEN_ID_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FIELD_NUMBER: _ClassVar[int]
     ino: int
     session: int
     open_id: int
-    def __init__(self, ino: _Optional[int] = ..., session: _Optional[int] = ..., open_id: _Optional[int] = ...) -> None: ...
+    write: bool
+    def __init__(self, ino: _Optional[int] = ..., session: _Optional[int] = ..., open_id: _Optional[int] = ..., write: _Optional[bool] = ...) -> None: ...
 
 class GetBlocksReply(_message.Message):
     __slots__ = ("inode", "blocks", "workers")
@@ -434,7 +436,7 @@ class PutFileReply(_message.Message):
     def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., existed: _Optional[bool] = ...) -> None: ...
 
 class CompleteFileRequest(_message.Message):
-    __slots__ = ("request_id", "ino", "blocks", "size", "mtime_ns", "if_unpublished", "session", "abandoned_block_ids")
+    __slots__ = ("request_id", "ino", "blocks", "size", "mtime_ns", "if_unpublished", "session", "abandoned_block_ids", "open_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INO_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -443,6 +445,7 @@ class CompleteFileRequest(_message.Message):
     IF_UNPUBLISHED_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     ABANDONED_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     ino: int
     blocks: _containers.RepeatedCompositeFieldContainer[_common_pb2.Block]
@@ -451,7 +454,8 @@ class CompleteFileRequest(_message.Message):
     if_unpublished: bool
     session: int
     abandoned_block_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., if_unpublished: _Optional[bool] = ..., session: _Optional[int] = ..., abandoned_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    open_id: int
+    def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., if_unpublished: _Optional[bool] = ..., session: _Optional[int] = ..., abandoned_block_ids: _Optional[_Iterable[int]] = ..., open_id: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker", "secret")

@@ -3,7 +3,7 @@ namespace workload (curvine.devtools.posix_workload) on a mount.
 
 Every stressor runs first on a plain local directory (it must pass there, so a
 failure on the mount is ours), then on mount 0 of a real cluster:
-``stress-ng --<name> 1 --temp-path DIR --timeout 3s --verify --metrics-brief``
+``stress-ng --<name> 1 --temp-path DIR --timeout 2s --verify --metrics-brief``
 (plus sizes or an op bound where a stressor would otherwise write GBs or run long),
 bounded by a subprocess timeout.  Passing means exit status 0 and no ``fail:`` or
 ``error:`` line (stress-ng reports some failures, e.g. a failed cleanup rmdir, with
@@ -79,7 +79,7 @@ KERNEL_REFUSES = {
 }
 
 BLOCK = 1 << 20
-RUN_SECONDS = 3            # --timeout of a run on the mount
+RUN_SECONDS = 2            # --timeout of a run on the mount
 LOCAL_RUN_SECONDS = 1      # --timeout of the local run (a baseline, not the test)
 HARD_TIMEOUT = 90.0        # subprocess bound of one run (link and symlink take ~27 s today)
 DAEMON_DATA_LIMIT = 4 << 30

@@ -324,7 +324,10 @@ def test_unlinked_file_open_on_the_mount_is_kept_until_released(master):
     assert v.size == 2 * MiB and v.nlink == 0
     assert get_xattr(master, f.ino, b"user.k") == b"v"
     assert kind_of(link, master, f.ino, ROOT_INO, b"back") == ErrorKind.NOT_FOUND
-    assert deletes(master, wid) == ids  # the replaced version's blocks only
+    # the replaced version's blocks, once the open that read them (GetBlocks) is over
+    assert deletes(master, wid) == []
+    master.capacity.note_closed(SESSION, [1])
+    assert deletes(master, wid) == ids
     # LRU eviction and TTL never take it
     assert evict(master, journal_pb2.EVICT_LRU, f.ino) == []
     assert evict(master, journal_pb2.EVICT_TTL, f.ino) == []
@@ -339,6 +342,57 @@ def test_unlinked_file_open_on_the_mount_is_kept_until_released(master):
     g = create(master, ROOT_INO, b"g")
     release(master, g.ino)
     assert master.getattr(g.ino).nlink == 1
+
+
+def _version(m, ino, blocks, open_id=0, **kw):
+    """CompleteFile of ``blocks``: existing Block messages, or lengths of new blocks."""
+    out = []
+    for b in blocks:
+        if isinstance(b, int):
+            r = m.add_block(master_pb2.AddBlockRequest(ino=ino, client_host_id="h1", size_hint=b))
+            b = common_pb2.Block(block_id=r.block_id, length=b, checksum=1,
+                                 worker_ids=[w.worker_id for w in r.workers])
+        out.append(b)
+    return m.complete(master_pb2.CompleteFileRequest(
+        request_id=new_request_id(), ino=ino, blocks=out, size=sum(b.length for b in out),
+        session=SESSION if open_id else 0, open_id=open_id, **kw)).inode
+
+
+def test_blocks_a_newer_version_drops_are_kept_while_the_file_is_open(master):
+    """Two writers of one file on one mount (os.open O_RDWR twice): A's version shares
+    the published blocks, B publishes first.  A's base stays readable and publishable
+    until A closes; what no version holds is deleted then.  With nothing open, a
+    dropped block goes at once, and publishing it again is ESTALE (not EINVAL)."""
+    wid = add_worker(master)
+    master.capacity.session_opened(SESSION, [])
+    f, old = publish(master, create(master, ROOT_INO, b"f").ino, [MiB, MiB])
+    base = list(master.get_blocks(f.ino, SESSION, 7, write=True).blocks)  # A opens
+    _, b_ids = publish(master, f.ino, [MiB])  # B's version
+    assert deletes(master, wid) == []  # A may still read them
+    a = _version(master, f.ino, [base[0], MiB], open_id=7)  # A: first block kept, one new
+    a_ids = [b.block_id for b in master.get_blocks(f.ino).blocks]
+    assert a_ids[0] == old[0] and a.size == 2 * MiB and deletes(master, wid) == []
+    master.capacity.note_closed(SESSION, [7])  # A's last close
+    assert deletes(master, wid) == sorted([old[1]] + b_ids)
+    # a writer that truncated at open records it with its first publish (open 9)
+    c = _version(master, f.ino, [MiB], open_id=9)
+    c_ids = [b.block_id for b in master.get_blocks(f.ino).blocks]
+    assert c.size == MiB and deletes(master, wid) == []  # A's version: kept, C is open
+    _version(master, f.ino, [MiB])  # D replaces C's version while C is open
+    assert deletes(master, wid) == []
+    # the mount dies with C open: kept until its session is gone for the orphan timeout
+    master.capacity.session_closed(SESSION)
+    master.capacity.release_kept()
+    assert deletes(master, wid) == []
+    master.capacity.orphan_timeout = 0
+    master.capacity.release_kept()
+    assert deletes(master, wid) == sorted(a_ids + c_ids)
+    # nothing open: deleted at once; publishing a freed block is stale
+    gone = master.get_blocks(f.ino).blocks[0]
+    _version(master, f.ino, [MiB])
+    assert deletes(master, wid) == [gone.block_id]
+    assert kind_of(_version, master, f.ino, [gone]) == ErrorKind.STALE
+    assert master.capacity.kept_blocks() == 0
 
 
 def test_which_unlinks_keep_the_inode(master):
