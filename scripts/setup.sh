@@ -44,8 +44,9 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
   exit 1
 fi
 
-if [ ! -x .venv/bin/python ]; then
-  "$PYTHON" -m venv .venv
+# A venv whose creation was interrupted has a python but no pip: make it again.
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  "$PYTHON" -m venv --clear .venv
 fi
 
 # Reinstall only when pyproject.toml changed or an import is broken.
