@@ -528,9 +528,12 @@ class Namespace:
         names = [(node.parent, node.name)] + s.links_of(txn, node.ino)
         return [(p, n) for p, n in names if p and s.lookup(txn, p, n) == node.ino]
 
-    def _remove(self, txn, node: common_pb2.Inode, fx: Effects, t: int) -> None:
+    def _remove(self, txn, node: common_pb2.Inode, fx: Effects, t: int,
+                keep_for_opens: bool = True) -> None:
         """Forget an inode: every name it still has (none when its last name was just
-        removed; all of them when it is evicted or lost), its blocks (freed), its hard
+        removed; all of them when it is evicted or lost), its blocks (freed; unless
+        ``keep_for_opens`` is False, kept while a mount has it open: an open that read
+        the blocks just before this record was committed, Capacity.settle), its hard
         link, xattr, writer and held rows."""
         s = self.store
         for parent, name in self._names(txn, node):
@@ -544,9 +547,11 @@ class Namespace:
         for b in s.get_blocks(txn, node.ino):
             if b.block_id:
                 s.unindex_block(txn, b)
-                # kept while a mount still has it open (an open that read the blocks
-                # just before this record was committed): Capacity.settle
-                fx.replaced.extend((node.ino, w, b.block_id, b.length) for w in b.worker_ids)
+                if keep_for_opens:
+                    fx.replaced.extend((node.ino, w, b.block_id, b.length)
+                                       for w in b.worker_ids)
+                else:
+                    fx.freed.extend((w, b.block_id, b.length) for w in b.worker_ids)
         s.put_blocks(txn, node.ino, [])
         s.del_writer(txn, node.ino)
         s.del_held(txn, node.ino)
@@ -818,7 +823,9 @@ class Namespace:
             if node is None:
                 continue
             fx.inodes.append(ino)
-            self._remove(txn, node, fx, rec.time_ns)  # every name it has (none: held)
+            # every name it has (none: held); its space back at once (a reader's open
+            # keeps a file from eviction, a writer's does not)
+            self._remove(txn, node, fx, rec.time_ns, keep_for_opens=False)
 
     def plan_set_policy(self, txn, req: master_pb2.SetPolicyRequest):
         node = self.inode(txn, req.ino)
@@ -875,7 +882,7 @@ class Namespace:
             if lost and node is not None:
                 # The last replica is gone: remove every name, so readers get a clean miss.
                 fx.inodes.append(node.ino)
-                self._remove(txn, node, fx, rec.time_ns)
+                self._remove(txn, node, fx, rec.time_ns, keep_for_opens=False)
 
     # ------------------------------------------------------------------ replicas
     def wanted_replicas(self, node: common_pb2.Inode, default: int) -> int:
