@@ -356,24 +356,17 @@ class Capacity:
         with self._lock:
             for ino, w, b, n in replaced:
                 self._settling.discard(b)
-                kept = self._kept.get(ino)
-                if kept is None or b not in kept or self._is_open(ino, now, True):
-                    continue
-                free.extend((w2, b, n2) for w2, n2 in kept.pop(b))
-                if not kept:
-                    del self._kept[ino]
+                if b in self._kept.get(ino, ()) and not self._is_open(ino, now, True):
+                    free.extend((w2, b, n2) for w2, n2 in self._pop_kept(ino, b))
         self._free_unowned(free)
 
     def claim(self, ino: int, block_id: int, claimed: dict) -> bool:
         """For a CompleteFile of ``ino`` being planned: take a kept block it publishes
         again (nothing frees it from now on) into ``claimed``; False if not kept."""
         with self._lock:
-            kept = self._kept.get(ino)
-            if not kept or block_id not in kept:
+            if block_id not in self._kept.get(ino, ()):
                 return False
-            claimed[block_id] = kept.pop(block_id)
-            if not kept:
-                del self._kept[ino]
+            claimed[block_id] = self._pop_kept(ino, block_id)
             return True
 
     def unclaim(self, ino: int, claimed: dict) -> None:
@@ -391,12 +384,17 @@ class Capacity:
         free = []
         with self._lock:
             for ino in [i for i in self._kept if not self._is_open(i, now, True)]:
-                kept = self._kept[ino]
-                for b in [b for b in kept if b not in self._settling]:
-                    free.extend((w, b, n) for w, n in kept.pop(b))
-                if not kept:
-                    del self._kept[ino]
+                for b in [b for b in self._kept[ino] if b not in self._settling]:
+                    free.extend((w, b, n) for w, n in self._pop_kept(ino, b))
         self._free_unowned(free)
+
+    def _pop_kept(self, ino: int, block_id: int) -> list[tuple[int, int]]:
+        """(under _lock) Take a kept block's locations out, and ``ino`` once it has none."""
+        kept = self._kept[ino]
+        locs = kept.pop(block_id)
+        if not kept:
+            del self._kept[ino]
+        return locs
 
     def kept_blocks(self) -> int:
         with self._lock:
@@ -425,11 +423,8 @@ class Capacity:
         """(under _lock) Whether a live mount (or one gone for less than the orphan
         timeout: it may reconnect) has ``ino`` open for reading (``writers``: or for
         writing a version)."""
-        held = set(self._opens.get(ino, ()))
-        if writers:
-            held |= self._write_opens.get(ino, set())
-        if not held:
-            return False
+        readers = self._opens.get(ino, ())
+        held = itertools.chain(readers, self._write_opens.get(ino, ())) if writers else readers
         dead = []
         for sid, oid in held:
             gone = self._writer_gone_since({sid})
