@@ -122,6 +122,28 @@ class FileWriter:
         check_file_size(offset + len(data), self.block_size, "write end")  # now, not at close
         return self._behind.queue(offset, data)
 
+    def write_now(self, offset: int, data: bytes) -> bool:
+        """Apply a write in the caller's thread when it is only a copy into memory: the
+        block being written is in memory and takes [offset, offset+len) without
+        growing past its capacity, nothing is queued before it and the lock is free.
+        False (nothing done): use ``write_behind`` or ``write``.  Small random
+        writes into a file open O_RDWR land here; a thread hop would cost far more."""
+        n = len(data)
+        if n == 0 or offset < 0 or not self._lock.acquire(blocking=False):
+            return False
+        try:
+            ext = self._cur
+            exts = self._extents
+            if (self._closed or ext is None or type(ext.buf) is not MemoryBuffer
+                    or not ext.start <= offset <= min(ext.end, exts.size)
+                    or offset + n > exts.capacity_end(ext) or not self._behind.idle()):
+                return False
+            exts.write(ext, offset - ext.start, data)
+        finally:
+            self._lock.release()
+        self._changed()
+        return True
+
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> int:
         with self._behind.blocking():
             with self._lock:

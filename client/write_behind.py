@@ -56,6 +56,12 @@ class WriteBehind:
         """Where the furthest queued write ends; 0 when nothing is queued."""
         return self._end if self._bytes else 0
 
+    def idle(self) -> bool:
+        """Nothing queued, no blocking write under way and no error to report: a write
+        applied now by the caller (holding the writer's lock) overtakes nothing."""
+        with self._mutex:
+            return not self._writes and not self._blocking and self._error is None
+
     def queue(self, offset: int, data: bytes) -> bool:
         """Queue a write of ``data`` (immutable bytes) without blocking; False when it
         must go through the blocking path instead (queue full, an error to report,

@@ -27,7 +27,7 @@ from curvine.common.ids import MIB
 from curvine.proto import common_pb2
 
 from .calls import Calls, CallStream
-from .filesystem import Attributes, FileSystem, Handle, Opened
+from .filesystem import XATTR_PREFIX, Attributes, FileSystem, Handle, Opened
 from .kernel_cache import KernelCache
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,8 @@ def _fuse_op(fn):
             raise
         except CurvineError as e:
             level = logging.WARNING if e.kind in _LOUD_KINDS else logging.DEBUG
-            log.log(level, "%s%s: %s", fn.__name__, _brief(args), e)
+            if log.isEnabledFor(level):
+                log.log(level, "%s%s: %s", fn.__name__, _brief(args), e)
             raise pyfuse3.FUSEError(to_errno(e.kind)) from None
         except Exception:  # noqa: BLE001 - a bug must not take the mount down
             log.exception("%s%s failed", fn.__name__, _brief(args))
@@ -327,8 +328,15 @@ class Operations(pyfuse3.Operations):
 
     # -- extended attributes (the user. namespace; filesystem.py has the rules) ----------
 
-    @_fuse_op
     async def getxattr(self, inode, name, ctx):
+        if not name.startswith(XATTR_PREFIX):
+            # The kernel asks for security.capability before every write(2) to a FUSE
+            # file: answered here, without the error path's logging
+            raise pyfuse3.FUSEError(errno.ENODATA)
+        return await self._getxattr(inode, name)
+
+    @_fuse_op
+    async def _getxattr(self, inode, name):
         return await self.fs.getxattr(inode, name)
 
     @_fuse_op
