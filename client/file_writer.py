@@ -47,14 +47,16 @@ class FileWriter:
     ``changed``: the version counts as changed from the start (an emptied or new
     file is published at close even without writes).  ``complete``: the CompleteFile
     call of ``publish``, ``complete(ino, blocks, size, mtime_ns=, abandoned=)``
-    (None: ``master.complete_file``)."""
+    (None: ``master.complete_file``); ``add_block``: the AddBlock call of uploads
+    (None: ``master.add_block``)."""
 
     def __init__(self, master, ino: int, block_size: int, base_blocks: Iterable[Block],
                  host_id: str, *, workers: Mapping[int, WorkerInfo] | None = None,
                  short_circuit: bool = True, timeout: float = 30.0, size_hint: int = 0,
                  local_worker: LocalWorker | None = None,
                  local_dirs: "block_client.LocalDirs | Iterable[str] | None" = None,
-                 changed: bool = False, complete: Callable[..., Inode] | None = None):
+                 changed: bool = False, complete: Callable[..., Inode] | None = None,
+                 add_block: Callable[..., tuple] | None = None):
         self.master = master
         self.ino = ino
         self.block_size = block_size
@@ -80,7 +82,8 @@ class FileWriter:
         # FUSE writer): then even the first block is placed at its first byte.
         self.size_hint = size_hint
         self._uploader = Uploader(master, ino, host_id, self._fetcher,
-                                  local_worker or LocalWorker(host_id, dirs), dirs, timeout)
+                                  local_worker or LocalWorker(host_id, dirs), dirs, timeout,
+                                  add_block)
         self._cur: Extent | None = None  # the one buffer being written
         self._uploading: Extent | None = None  # at most one background upload
         # Changes made and changes published: dirty while they differ.  Counted under

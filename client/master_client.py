@@ -174,24 +174,31 @@ class MasterClient:
         fuse.attr_timeout, so the master has no lease of this mount to revoke."""
         return Prepared("GetAttr", "getattr", master_pb2.GetAttrRequest(ino=ino), _inode)
 
-    # The calls below have no field in master.Call (op ""): they always go unary.
+    def _prep_add_block(self, ino: int, client_host_id: str, size_hint: int = 0,
+                        exclude: Sequence[int] = ()) -> Prepared:
+        # No request id: a retried AddBlock only allocates another id, and an id
+        # that is never completed is garbage-collected by the master.
+        return Prepared("AddBlock", "add_block", master_pb2.AddBlockRequest(
+            ino=ino, client_host_id=client_host_id, size_hint=size_hint,
+            exclude_workers=list(exclude)),
+            lambda reply: (reply.block_id, list(reply.workers), reply.block_token))
 
     def _prep_setattr(self, ino: int, **fields) -> Prepared:
-        return Prepared("SetAttr", "", master_pb2.SetAttrRequest(
+        return Prepared("SetAttr", "setattr", master_pb2.SetAttrRequest(
             request_id=new_request_id(), ino=ino, session=self.session, **fields), _inode)
 
     def _prep_listdir(self, ino: int, start_after: bytes = b"",
                       limit: int = LISTDIR_PAGE) -> Prepared:
-        return Prepared("ListDir", "", master_pb2.ListDirRequest(
+        return Prepared("ListDir", "listdir", master_pb2.ListDirRequest(
             ino=ino, start_after=start_after, limit=limit),
             lambda reply: (list(reply.entries), reply.has_more))
 
     def _prep_statfs(self) -> Prepared:
-        return Prepared("StatFs", "", master_pb2.StatFsRequest(), lambda reply: reply)
+        return Prepared("StatFs", "statfs", master_pb2.StatFsRequest(), lambda reply: reply)
 
     def _prep_get_blocks(self, ino: int, session: int = 0, open_id: int = 0,
                          write: bool = False) -> Prepared:
-        return Prepared("GetBlocks", "", master_pb2.GetBlocksRequest(
+        return Prepared("GetBlocks", "get_blocks", master_pb2.GetBlocksRequest(
             ino=ino, session=session if open_id else 0, open_id=open_id if session else 0,
             write=write),
             lambda reply: (reply.inode, list(reply.blocks),
@@ -201,45 +208,45 @@ class MasterClient:
 
     def _prep_symlink(self, parent: int, name: bytes, target: bytes, uid: int = 0,
                       gid: int = 0) -> Prepared:
-        return Prepared("Symlink", "", master_pb2.SymlinkRequest(
+        return Prepared("Symlink", "symlink", master_pb2.SymlinkRequest(
             request_id=new_request_id(), parent=parent, name=name, target=target, uid=uid,
             gid=gid, session=self.session), _inode_lease_parent)
 
     def _prep_make_node(self, parent: int, name: bytes, type: int, mode: int, rdev: int = 0,
                         uid: int = 0, gid: int = 0) -> Prepared:
         """A FIFO, socket or device (``type``: common_pb2.FIFO, ...)."""
-        return Prepared("MakeNode", "", master_pb2.MakeNodeRequest(
+        return Prepared("MakeNode", "make_node", master_pb2.MakeNodeRequest(
             request_id=new_request_id(), parent=parent, name=name, type=type,
             mode=mode & 0o7777, rdev=rdev, uid=uid, gid=gid, session=self.session),
             _inode_lease_parent)
 
     def _prep_link(self, ino: int, new_parent: int, new_name: bytes) -> Prepared:
         """A hard link: (the inode with its new nlink, lease ms, new parent)."""
-        return Prepared("Link", "", master_pb2.LinkRequest(
+        return Prepared("Link", "link", master_pb2.LinkRequest(
             request_id=new_request_id(), ino=ino, new_parent=new_parent, new_name=new_name,
             session=self.session), _inode_lease_parent)
 
     def _prep_release_inode(self, ino: int) -> Prepared:
-        return Prepared("ReleaseInode", "", master_pb2.ReleaseInodeRequest(
+        return Prepared("ReleaseInode", "release_inode", master_pb2.ReleaseInodeRequest(
             request_id=new_request_id(), ino=ino, session=self.session), lambda reply: None)
 
     def _prep_set_xattr(self, ino: int, name: bytes, value: bytes, flags: int = 0
                         ) -> Prepared:
         """``flags``: 1 create only (EXISTS if set), 2 replace only (NO_DATA if not)."""
-        return Prepared("SetXattr", "", master_pb2.SetXattrRequest(
+        return Prepared("SetXattr", "set_xattr", master_pb2.SetXattrRequest(
             request_id=new_request_id(), ino=ino, name=name, value=value, flags=flags,
             session=self.session), _inode)
 
     def _prep_get_xattr(self, ino: int, name: bytes) -> Prepared:
-        return Prepared("GetXattr", "", master_pb2.GetXattrRequest(ino=ino, name=name),
+        return Prepared("GetXattr", "get_xattr", master_pb2.GetXattrRequest(ino=ino, name=name),
                         lambda reply: reply.value)
 
     def _prep_list_xattr(self, ino: int) -> Prepared:
-        return Prepared("ListXattr", "", master_pb2.ListXattrRequest(ino=ino),
+        return Prepared("ListXattr", "list_xattr", master_pb2.ListXattrRequest(ino=ino),
                         lambda reply: list(reply.names))
 
     def _prep_remove_xattr(self, ino: int, name: bytes) -> Prepared:
-        return Prepared("RemoveXattr", "", master_pb2.RemoveXattrRequest(
+        return Prepared("RemoveXattr", "remove_xattr", master_pb2.RemoveXattrRequest(
             request_id=new_request_id(), ino=ino, name=name, session=self.session), _inode)
 
     # -- namespace -------------------------------------------------------------
@@ -371,12 +378,7 @@ class MasterClient:
     def add_block(self, ino: int, client_host_id: str, size_hint: int = 0,
                   exclude: Sequence[int] = ()) -> tuple[int, list[WorkerInfo], bytes]:
         """(block id, target workers, write token for the block)."""
-        # No request id: a retried AddBlock only allocates another id, and an id
-        # that is never completed is garbage-collected by the master.
-        reply = self._call("AddBlock", master_pb2.AddBlockRequest(
-            ino=ino, client_host_id=client_host_id, size_hint=size_hint,
-            exclude_workers=list(exclude)))
-        return reply.block_id, list(reply.workers), reply.block_token
+        return self.call(self._prep_add_block(ino, client_host_id, size_hint, exclude))
 
     def complete_file(self, ino: int, blocks: Sequence[Block], size: int,
                       mtime_ns: int = 0, if_unpublished: bool = False,

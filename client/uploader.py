@@ -49,8 +49,11 @@ class Uploader:
     """Puts the blocks of one writer's version on workers; called by its buffers."""
 
     def __init__(self, master, ino: int, host_id: str, fetcher: BlockFetcher,
-                 local: LocalWorker, dirs: block_client.LocalDirs, timeout: float):
+                 local: LocalWorker, dirs: block_client.LocalDirs, timeout: float,
+                 add_block: Callable[..., tuple] | None = None):
         self.master = master
+        # AddBlock: ``add_block(ino, host_id, length, exclude)`` (None: the master's RPC)
+        self._add_block = add_block or master.add_block
         self.ino = ino
         self.host_id = host_id
         self.local = local  # this host's worker, learnt from the targets written to
@@ -86,14 +89,14 @@ class Uploader:
         worker.stream_idle_timeout)."""
         exclude = list(exclude)
         try:
-            block_id, targets, token = self.master.add_block(self.ino, self.host_id,
+            block_id, targets, token = self._add_block(self.ino, self.host_id,
                                                              length, exclude)
         except CurvineError as e:
             if e.kind != ErrorKind.NO_SPACE or not exclude:
                 raise
             log.info("no worker for inode %d besides %s (%s); trying them again",
                      self.ino, sorted(set(exclude)), e)
-            block_id, targets, token = self.master.add_block(self.ino, self.host_id,
+            block_id, targets, token = self._add_block(self.ino, self.host_id,
                                                              length, [])
         self._tokens[block_id] = token
         self._allocated.add(block_id)

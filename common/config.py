@@ -84,6 +84,9 @@ class MasterConfig:
     # threads of their own, which client traffic cannot take (master/server.py)
     worker_port: int = 8996
     worker_rpc_threads: int = 8
+    # mounts' namespace calls on a lean framed TCP port (master/call_port.py), cheaper
+    # than the gRPC Calls stream; 0 = off (and off while TLS is on: it has no TLS yet)
+    call_port: int = 8994
     worker_lost_after: Duration = Duration(30.0)
     # more than this share of the registered workers lost within worker_lost_after is
     # held as a suspected master or network fault: their files are kept (and the loss
@@ -165,6 +168,9 @@ class FuseConfig:
     entry_timeout: Duration = Duration(0.0)  # 0: a name made on another mount is seen at once
     leases: bool = True  # cache leased names and file attributes (master.lease_time)
     call_stream: bool = True  # namespace calls on one gRPC stream (else one unary RPC each)
+    # namespace calls on the master's call port when it has one (master.call_port),
+    # ahead of the stream: no thread hand-offs (fuse_client/call_port.py)
+    call_port: bool = True
     writeback_cache: bool = False  # on, the kernel ignores file sizes from other mounts
     allow_other: bool = False
     readahead_kb: int = 1024
@@ -312,7 +318,7 @@ def validate(cfg: Config, path: str = "", text: str = "") -> None:
 
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-_PORTS = ("master.port", "master.worker_port", "master.http_port", "worker.port", "worker.http_port", "fuse.http_port")
+_PORTS = ("master.port", "master.worker_port", "master.call_port", "master.http_port", "worker.port", "worker.http_port", "fuse.http_port")
 _THREADS = ("master.rpc_threads", "master.worker_rpc_threads", "worker.rpc_threads", "client.rpc_threads")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import uuid
@@ -70,6 +71,12 @@ def host_id() -> str:
     env = os.environ.get("CURVINE_HOST_ID")
     if env:
         return env
+    return _machine_id()
+
+
+@functools.lru_cache(maxsize=1)
+def _machine_id() -> str:
+    """/etc/machine-id, else the host name (read once: every reader asks)."""
     try:
         with open("/etc/machine-id", encoding="ascii") as f:
             mid = f.read().strip()

@@ -587,12 +587,14 @@ class LocalCluster:
                          for f in dataclasses.fields(cfg.security) if f.name.startswith("tls_")}
         self._load_security()
         n = 1 + self.n_workers
-        ports = free_ports(2 * n + self.n_mounts + 1 + self.n_workers)
+        ports = free_ports(2 * n + self.n_mounts + 2 + self.n_workers)
         data_ports, ports = ports[:self.n_workers], ports[self.n_workers:]
+        call_port, ports = ports[0], ports[1:]
         grpc_ports, http_ports, worker_port = ports[:n], ports[n:-1], ports[-1]
         self.master_addr = f"{HOST}:{grpc_ports[0]}"
         self.master_worker_port = worker_port
-        cfg.master = dataclasses.replace(cfg.master, worker_port=worker_port)
+        cfg.master = dataclasses.replace(cfg.master, worker_port=worker_port,
+                                         call_port=call_port if cfg.master.call_port else 0)
         self._procs.clear()
 
         def seen_by(role: str) -> _config.Config:

@@ -1,13 +1,13 @@
 """The one route of the mount's master calls: :class:`Calls`, on the mount's Calls
 stream where the call has a field in master.Call, else as a unary RPC in a thread.
-The trio loop awaits ``Calls.run``; a thread trio started (a writer publishing at
-close) calls ``Calls.from_thread``.
+The trio loop awaits ``Calls.run``; other threads (a writer publishing at close, an
+upload allocating a block) call ``Calls.from_thread``.
 
 A unary gRPC call from trio costs a ``trio.to_thread`` hop there and back plus grpcio's
 per-call set-up, status and trailers on both ends; a message on an open stream costs
 about half of that CPU and ~40% less latency here (client: ~320 vs ~420 us CPU, ~430
 vs ~750 us per call on this box).  One thread keeps the stream open and hands each
-result straight to the waiting trio task (``run_sync_soon``).
+result straight to the waiting trio task (``run_sync_soon``) or thread (a Future).
 
 The stream is an optimisation only: while it is down, or if it breaks with a call in
 flight, the call goes as a unary RPC in a thread, with the same request (mutations
@@ -16,6 +16,7 @@ keep their request id, so one the master did apply is answered from its retry ca
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import itertools
 import logging
@@ -32,6 +33,8 @@ from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO
 from curvine.common.rpc import RETRY_MAX
 from curvine.proto import master_pb2
+
+from .call_port import CallPortClient, PortDown
 
 log = logging.getLogger(__name__)
 
@@ -78,21 +81,55 @@ class CallStream(StreamThread):
         with trio.move_on_after(self.timeout) as scope:
             result = await trio.lowlevel.wait_task_rescheduled(abort)
         if scope.cancelled_caught:
-            raise CurvineError(ErrorKind.TIMEOUT, f"{prepared.method}: no answer within "
-                                                  f"{self.timeout:.0f}s")
+            raise self._timeout(prepared)
+        return self._reply(result)
+
+    def call_blocking(self, prepared: Prepared):
+        """``call`` from any thread but the trio loop's (a writer publishing, an upload
+        allocating a block): the result comes straight to this thread."""
+        waiter: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            out = self._out
+            if out is None:
+                raise _StreamDown()
+            cid = next(self._ids)
+            self._pending[cid] = waiter
+        out.put(master_pb2.Call(id=cid, **{prepared.op: prepared.request}))
+        try:
+            result = waiter.result(timeout=self.timeout)
+        except concurrent.futures.TimeoutError:
+            with self._lock:
+                self._pending.pop(cid, None)
+            raise self._timeout(prepared) from None
+        return self._reply(result.unwrap())
+
+    def _timeout(self, prepared: Prepared) -> CurvineError:
+        return CurvineError(ErrorKind.TIMEOUT, f"{prepared.method}: no answer within "
+                                               f"{self.timeout:.0f}s")
+
+    @staticmethod
+    def _reply(result: master_pb2.CallResult):
         if result.error_kind:
             raise CurvineError(ErrorKind(result.error_kind), result.error)
         return getattr(result, result.WhichOneof("result"))
+
+    @staticmethod
+    def _wake(waiter, value: outcome.Outcome) -> None:
+        """Hand ``value`` to a waiting trio task (token, task) or thread (a Future)."""
+        if isinstance(waiter, concurrent.futures.Future):
+            waiter.set_result(value)
+            return
+        token, task = waiter
+        try:
+            token.run_sync_soon(trio.lowlevel.reschedule, task, value)
+        except trio.RunFinishedError:
+            pass
 
     def _resolve(self, cid: int, value: outcome.Outcome) -> None:
         with self._lock:
             waiter = self._pending.pop(cid, None)
         if waiter is not None:
-            token, task = waiter
-            try:
-                token.run_sync_soon(trio.lowlevel.reschedule, task, value)
-            except trio.RunFinishedError:
-                pass
+            self._wake(waiter, value)
 
     def _run(self) -> None:
         delay = 0.1
@@ -137,50 +174,57 @@ class CallStream(StreamThread):
                 self._call = None
                 if call is not None:
                     call.cancel()
-                for cid, (token, task) in pending.items():
-                    try:
-                        token.run_sync_soon(trio.lowlevel.reschedule, task,
-                                            outcome.Error(_StreamDown()))
-                    except trio.RunFinishedError:
-                        pass
+                for waiter in pending.values():
+                    self._wake(waiter, outcome.Error(_StreamDown()))
             self._stop.wait(delay)
             delay = min(delay * 2, RETRY_MAX)
 
 
 class Calls:
     """``await calls.run(op, *args)``: master call ``op`` of MasterClient.prepare, on
-    the stream when it is up and the call has a field in master.Call, else (or when
-    the stream breaks) as a unary RPC through ``to_thread`` (a function that runs a
-    blocking callable in a thread)."""
+    the master's call port when it is up (fuse_client/call_port.py), else on the Calls
+    stream when it is up, for calls that have a field in master.Call; else (or when
+    both break with the call in flight) as a unary RPC through ``to_thread`` (a
+    function that runs a blocking callable in a thread)."""
 
     def __init__(self, master: MasterClient,
-                 to_thread: Callable[..., Awaitable], stream: CallStream | None = None):
+                 to_thread: Callable[..., Awaitable], stream: CallStream | None = None,
+                 port: CallPortClient | None = None):
         self.master = master
         self.to_thread = to_thread
         self.stream = stream
+        self.port = port
 
     async def run(self, op: str, *args, **kwargs):
         prepared = self.master.prepare(op, *args, **kwargs)
-        if self.stream is not None and prepared.op:
-            try:
-                reply = await self.stream.call(prepared)
-            except _StreamDown:
-                pass
-            else:
-                return prepared.convert(reply)
+        if prepared.op:
+            if self.port is not None:
+                try:
+                    return prepared.convert(await self.port.call(prepared))
+                except PortDown:
+                    pass
+            if self.stream is not None:
+                try:
+                    return prepared.convert(await self.stream.call(prepared))
+                except _StreamDown:
+                    pass
         return await self.to_thread(functools.partial(self.master.call, prepared))
 
     def from_thread(self, op: str, *args, **kwargs):
-        """``run`` from a thread that trio started (``trio.to_thread``): on the stream
-        through the trio loop, else unary in this very thread.  Not through
-        ``to_thread``: this thread already holds a slot of the mount's thread limiter,
-        and threads that all wait for another slot would wait forever."""
+        """``run`` from a thread (not the trio loop's): on the port or the stream, else
+        unary in this very thread.  Not through ``to_thread``: a thread trio started
+        already holds a slot of the mount's thread limiter, and threads that all wait
+        for another slot would wait forever."""
         prepared = self.master.prepare(op, *args, **kwargs)
-        if self.stream is not None and prepared.op:
-            try:
-                reply = trio.from_thread.run(self.stream.call, prepared)
-            except _StreamDown:
-                pass
-            else:
-                return prepared.convert(reply)
+        if prepared.op:
+            if self.port is not None:
+                try:
+                    return prepared.convert(self.port.call_blocking(prepared))
+                except PortDown:
+                    pass
+            if self.stream is not None:
+                try:
+                    return prepared.convert(self.stream.call_blocking(prepared))
+                except _StreamDown:
+                    pass
         return self.master.call(prepared)

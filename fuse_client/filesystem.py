@@ -218,8 +218,10 @@ class FileSystem:
         # still know the inode) waits for it and then finds it gone, a clean ENOENT
         self._releasing: dict[int, trio.Event] = {}
         self._symlinks: OrderedDict[int, bytes] = OrderedDict()  # ino -> target
-        # a writer's publish, from its thread: on the Calls route like every master call
+        # a writer's publish and its uploads' AddBlock, from their threads: on the
+        # Calls route like every master call
         self._complete = functools.partial(calls.from_thread, "complete")
+        self._add_block = functools.partial(calls.from_thread, "add_block")
 
     # -- attributes -------------------------------------------------------------------
 
@@ -711,7 +713,8 @@ class FileSystem:
                             workers=workers, short_circuit=self.cfg.client.short_circuit,
                             timeout=self.cfg.cluster.rpc_timeout,
                             local_worker=self._local_worker, changed=changed,
-                            complete=functools.partial(self._complete, open_id=open_id))
+                            complete=functools.partial(self._complete, open_id=open_id),
+                            add_block=self._add_block)
         return writer, (session, open_id)
 
     def _new_reader(self, ino: int) -> tuple[Inode, FileReader, tuple[int, int]]:

@@ -219,6 +219,7 @@ async def serve(cfg: config_mod.Config, ops: Operations,
             log.info("mounted %s (master %s)", cfg.fuse.mountpoint, cfg.cluster.master_addr)
             if await trio.to_thread.run_sync(ops.start_streams):
                 log.info("caching leased names and file attributes (fuse.leases)")
+            nursery.start_soon(ops.run_call_port)
             if health is not None:
                 health.ready.set()
             daemon.notify("READY=1")

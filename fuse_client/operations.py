@@ -26,6 +26,7 @@ from curvine.common.errors import CurvineError, ErrorKind, to_errno
 from curvine.common.ids import MIB
 from curvine.proto import common_pb2
 
+from .call_port import CallPortClient
 from .calls import Calls, CallStream
 from .filesystem import XATTR_PREFIX, Attributes, FileSystem, Handle, Opened
 from .kernel_cache import KernelCache
@@ -158,12 +159,34 @@ class Operations(pyfuse3.Operations):
             self.calls.stream = stream
         return self.kernel.start()
 
+    async def run_call_port(self) -> None:
+        """A task of the mount's nursery, after start_streams: learns the master's call
+        port (StatFs) and keeps a connection to it up (fuse.call_port)."""
+        if not self.cfg.fuse.call_port or self.calls.port is not None:
+            return
+        while True:
+            try:
+                port = (await self.calls.run("statfs")).call_port
+                break
+            except CurvineError as e:
+                log.info("asking the master for its call port: %s (trying again)", e)
+                await trio.sleep(5)
+        if not port:
+            log.info("the master has no call port: namespace calls go on the stream")
+            return
+        host = self.cfg.cluster.master_addr.rpartition(":")[0].strip("[]")
+        self.calls.port = CallPortClient(host, port, self.master.security.token,
+                                         float(self.cfg.cluster.rpc_timeout))
+        await self.calls.port.run()
+
     def stop_streams(self) -> None:
         """Before unmounting: no kernel notification may follow (pyfuse3.close frees
         the session they go through)."""
         self.kernel.stop()
         if self.calls.stream is not None:
             self.calls.stream.stop()
+        if self.calls.port is not None:
+            self.calls.port.stop()
 
     # -- names and attributes ----------------------------------------------------
 

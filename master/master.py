@@ -53,6 +53,7 @@ class Master:
         self.meta_dir = os.path.abspath(meta_dir or cfg.master.meta_dir)
         self.journal_dir = os.path.abspath(journal_dir or cfg.journal.dir)
         self.block_size = int(cfg.cluster.block_size)
+        self.call_port = 0  # the bound call port (master/server.py), told to mounts
         self.ckpt_root = checkpoint_root(self.meta_dir)
         try:  # names and the block token key: this user's only (common/private_files.py)
             private_files.private_dir(self.meta_dir, "master.meta_dir", scan_depth=2,
@@ -236,7 +237,7 @@ class Master:
         return reply
 
     def statfs(self) -> master_pb2.StatFsReply:
-        reply = master_pb2.StatFsReply(block_size=self.block_size)
+        reply = master_pb2.StatFsReply(block_size=self.block_size, call_port=self.call_port)
         for info, alive in self.registry.snapshot():
             reply.workers.append(info)
             if alive:

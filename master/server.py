@@ -19,7 +19,8 @@ from curvine.journal import JournalError
 
 from . import metrics as master_metrics
 from .master import Master
-from .service import MasterServicer, add_to_server
+from .call_port import CallPort
+from .service import READ_CALLS, MasterServicer, add_to_server
 
 log = logging.getLogger("curvine.master")
 
@@ -88,6 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         log.critical("%s", e)
         master.close()
         return 1
+    try:
+        calls = _start_call_port(cfg, servicer, security)
+    except OSError as e:  # an optimisation: mounts then use the Calls stream
+        log.error("master.call_port %d: cannot bind %s (%s); serving without it: mounts "
+                  "send namespace calls on the slower gRPC stream", cfg.master.call_port,
+                  cfg.master.host, e.strerror or e)
+        calls = None
+    master.call_port = calls.port if calls is not None else 0
     worker_server.start()
     server.start()
     serving = threading.Event()
@@ -95,14 +104,16 @@ def main(argv: list[str] | None = None) -> int:
                              "master.http_port", master_metrics.registry(master),
                              lambda: master_metrics.health(master, serving))
     serving.set()
-    log.info("master serving on %s:%d, workers on port %d (meta %s, journal %s, applied "
-             "seq %d)", cfg.master.host, port, wport, master.meta_dir, master.journal_dir,
-             master.committer.applied_seq)
+    log.info("master serving on %s:%d, workers on port %d, call port %s (meta %s, journal "
+             "%s, applied seq %d)", cfg.master.host, port, wport, master.call_port or "off",
+             master.meta_dir, master.journal_dir, master.committer.applied_seq)
     daemon.notify("READY=1")
     try:
         while not stop.wait(1.0):
             if master.committer.fatal is not None:
                 log.critical("stopping: journal failure")
+                if calls is not None:
+                    calls.stop()
                 server.stop(0)
                 worker_server.stop(0)
                 return 1
@@ -111,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         if http is not None:
             http.close()  # before the store closes under a scrape
     daemon.notify("STOPPING=1")
+    if calls is not None:
+        calls.stop()
     stopped = server.stop(grace=5), worker_server.stop(grace=5)
     for event in stopped:
         event.wait(6)
@@ -118,6 +131,19 @@ def main(argv: list[str] | None = None) -> int:
     master.close()
     log.info("master stopped")
     return 0
+
+
+def _start_call_port(cfg, servicer: MasterServicer, security: Security) -> CallPort | None:
+    """The mounts' call port (master/call_port.py), unless it is off or TLS is on (it
+    has no TLS yet: mounts then keep the Calls stream).  OSError if it cannot bind."""
+    if not cfg.master.call_port or security.material is not None:
+        return None
+    port = CallPort(servicer.run_call, READ_CALLS, servicer.call_pool, cfg.master.host,
+                    cfg.master.call_port, tokens=security.accepted((CLIENT,)),
+                    max_connections=cfg.master.max_sessions,
+                    idle_timeout=float(cfg.master.stream_idle_timeout))
+    port.start()
+    return port
 
 
 if __name__ == "__main__":

@@ -24,10 +24,23 @@ log = logging.getLogger(__name__)
 # this the master stops reading the stream (a client that sends without reading
 # cannot grow the master's memory without bound).
 MAX_CALLS_IN_FLIGHT = 256
-READ_CALLS = frozenset(("lookup", "getattr"))  # answered on the stream's reader thread
-CALL_METHODS = {"lookup": "Lookup", "getattr": "GetAttr", "create": "Create", "mkdir": "Mkdir",
-                "unlink": "Unlink", "rmdir": "Rmdir", "rename": "Rename",
-                "complete": "CompleteFile"}  # Call field -> the unary RPC it stands for
+# answered on the stream's reader thread: reads that never wait for a lock or the
+# journal (the others go to the call pool, so a slow one holds up no other call)
+READ_CALLS = frozenset(("lookup", "getattr", "listdir", "statfs", "get_xattr", "list_xattr"))
+# Call field -> (the unary RPC it stands for, its CallResult field)
+CALL_METHODS = {
+    "lookup": ("Lookup", "inode"), "getattr": ("GetAttr", "inode"),
+    "create": ("Create", "inode"), "mkdir": ("Mkdir", "inode"),
+    "unlink": ("Unlink", "parents"), "rmdir": ("Rmdir", "parents"),
+    "rename": ("Rename", "parents"), "complete": ("CompleteFile", "inode"),
+    "setattr": ("SetAttr", "inode"), "listdir": ("ListDir", "listdir"),
+    "statfs": ("StatFs", "statfs"), "get_blocks": ("GetBlocks", "blocks"),
+    "add_block": ("AddBlock", "block"), "symlink": ("Symlink", "inode"),
+    "make_node": ("MakeNode", "inode"), "link": ("Link", "inode"),
+    "release_inode": ("ReleaseInode", "empty"), "set_xattr": ("SetXattr", "inode"),
+    "get_xattr": ("GetXattr", "xattr"), "list_xattr": ("ListXattr", "xattrs"),
+    "remove_xattr": ("RemoveXattr", "inode"),
+}
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
@@ -290,15 +303,23 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.idle.close()
         self._call_pool.shutdown(wait=False, cancel_futures=True)
 
+    @property
+    def call_pool(self) -> futures.ThreadPoolExecutor:
+        """Where mutations of Calls streams and of the call port wait for the journal."""
+        return self._call_pool
+
+    def run_call(self, call) -> master_pb2.CallResult:
+        """One Call (the call port's entry)."""
+        return self._run_call(call)
+
     def _run_call(self, call) -> master_pb2.CallResult:
         """One Call, by the same code as its unary RPC (the handler's undecorated body)."""
         op = call.WhichOneof("op")
         try:
-            method = CALL_METHODS.get(op)
+            method, field = CALL_METHODS.get(op) or (None, None)
             if method is None:
                 raise CurvineError(ErrorKind.INVALID, f"op: unknown call {op!r}")
             reply = getattr(type(self), method).__wrapped__(self, getattr(call, op), None)
-            field = "inode" if isinstance(reply, master_pb2.InodeReply) else "parents"
             return master_pb2.CallResult(id=call.id, **{field: reply})
         except CurvineError as e:
             return master_pb2.CallResult(id=call.id, error_kind=int(e.kind), error=e.message)

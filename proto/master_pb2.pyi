@@ -312,20 +312,22 @@ class StatFsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatFsReply(_message.Message):
-    __slots__ = ("capacity", "used", "files", "live_workers", "block_size", "workers")
+    __slots__ = ("capacity", "used", "files", "live_workers", "block_size", "workers", "call_port")
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     LIVE_WORKERS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    CALL_PORT_FIELD_NUMBER: _ClassVar[int]
     capacity: int
     used: int
     files: int
     live_workers: int
     block_size: int
     workers: _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]
-    def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., files: _Optional[int] = ..., live_workers: _Optional[int] = ..., block_size: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ...) -> None: ...
+    call_port: int
+    def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., files: _Optional[int] = ..., live_workers: _Optional[int] = ..., block_size: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ..., call_port: _Optional[int] = ...) -> None: ...
 
 class GetBlocksRequest(_message.Message):
     __slots__ = ("ino", "session", "open_id", "write")
@@ -600,7 +602,7 @@ class SessionEvent(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., lease_ms: _Optional[int] = ..., invalidate_id: _Optional[int] = ..., names: _Optional[_Iterable[_Union[NameKey, _Mapping]]] = ..., inodes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Call(_message.Message):
-    __slots__ = ("id", "lookup", "getattr", "create", "mkdir", "unlink", "rmdir", "rename", "complete")
+    __slots__ = ("id", "lookup", "getattr", "create", "mkdir", "unlink", "rmdir", "rename", "complete", "setattr", "listdir", "statfs", "get_blocks", "add_block", "symlink", "make_node", "link", "release_inode", "set_xattr", "get_xattr", "list_xattr", "remove_xattr")
     ID_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_FIELD_NUMBER: _ClassVar[int]
     GETATTR_FIELD_NUMBER: _ClassVar[int]
@@ -610,6 +612,19 @@ class Call(_message.Message):
     RMDIR_FIELD_NUMBER: _ClassVar[int]
     RENAME_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    SETATTR_FIELD_NUMBER: _ClassVar[int]
+    LISTDIR_FIELD_NUMBER: _ClassVar[int]
+    STATFS_FIELD_NUMBER: _ClassVar[int]
+    GET_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ADD_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    SYMLINK_FIELD_NUMBER: _ClassVar[int]
+    MAKE_NODE_FIELD_NUMBER: _ClassVar[int]
+    LINK_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_INODE_FIELD_NUMBER: _ClassVar[int]
+    SET_XATTR_FIELD_NUMBER: _ClassVar[int]
+    GET_XATTR_FIELD_NUMBER: _ClassVar[int]
+    LIST_XATTR_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_XATTR_FIELD_NUMBER: _ClassVar[int]
     id: int
     lookup: LookupRequest
     getattr: GetAttrRequest
@@ -619,21 +634,48 @@ class Call(_message.Message):
     rmdir: RmdirRequest
     rename: RenameRequest
     complete: CompleteFileRequest
-    def __init__(self, id: _Optional[int] = ..., lookup: _Optional[_Union[LookupRequest, _Mapping]] = ..., getattr: _Optional[_Union[GetAttrRequest, _Mapping]] = ..., create: _Optional[_Union[CreateRequest, _Mapping]] = ..., mkdir: _Optional[_Union[MkdirRequest, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRequest, _Mapping]] = ..., rmdir: _Optional[_Union[RmdirRequest, _Mapping]] = ..., rename: _Optional[_Union[RenameRequest, _Mapping]] = ..., complete: _Optional[_Union[CompleteFileRequest, _Mapping]] = ...) -> None: ...
+    setattr: SetAttrRequest
+    listdir: ListDirRequest
+    statfs: StatFsRequest
+    get_blocks: GetBlocksRequest
+    add_block: AddBlockRequest
+    symlink: SymlinkRequest
+    make_node: MakeNodeRequest
+    link: LinkRequest
+    release_inode: ReleaseInodeRequest
+    set_xattr: SetXattrRequest
+    get_xattr: GetXattrRequest
+    list_xattr: ListXattrRequest
+    remove_xattr: RemoveXattrRequest
+    def __init__(self, id: _Optional[int] = ..., lookup: _Optional[_Union[LookupRequest, _Mapping]] = ..., getattr: _Optional[_Union[GetAttrRequest, _Mapping]] = ..., create: _Optional[_Union[CreateRequest, _Mapping]] = ..., mkdir: _Optional[_Union[MkdirRequest, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRequest, _Mapping]] = ..., rmdir: _Optional[_Union[RmdirRequest, _Mapping]] = ..., rename: _Optional[_Union[RenameRequest, _Mapping]] = ..., complete: _Optional[_Union[CompleteFileRequest, _Mapping]] = ..., setattr: _Optional[_Union[SetAttrRequest, _Mapping]] = ..., listdir: _Optional[_Union[ListDirRequest, _Mapping]] = ..., statfs: _Optional[_Union[StatFsRequest, _Mapping]] = ..., get_blocks: _Optional[_Union[GetBlocksRequest, _Mapping]] = ..., add_block: _Optional[_Union[AddBlockRequest, _Mapping]] = ..., symlink: _Optional[_Union[SymlinkRequest, _Mapping]] = ..., make_node: _Optional[_Union[MakeNodeRequest, _Mapping]] = ..., link: _Optional[_Union[LinkRequest, _Mapping]] = ..., release_inode: _Optional[_Union[ReleaseInodeRequest, _Mapping]] = ..., set_xattr: _Optional[_Union[SetXattrRequest, _Mapping]] = ..., get_xattr: _Optional[_Union[GetXattrRequest, _Mapping]] = ..., list_xattr: _Optional[_Union[ListXattrRequest, _Mapping]] = ..., remove_xattr: _Optional[_Union[RemoveXattrRequest, _Mapping]] = ...) -> None: ...
 
 class CallResult(_message.Message):
-    __slots__ = ("id", "error_kind", "error", "inode", "parents")
+    __slots__ = ("id", "error_kind", "error", "inode", "parents", "listdir", "statfs", "blocks", "block", "empty", "xattr", "xattrs")
     ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
     PARENTS_FIELD_NUMBER: _ClassVar[int]
+    LISTDIR_FIELD_NUMBER: _ClassVar[int]
+    STATFS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELD_NUMBER: _ClassVar[int]
+    XATTR_FIELD_NUMBER: _ClassVar[int]
+    XATTRS_FIELD_NUMBER: _ClassVar[int]
     id: int
     error_kind: int
     error: str
     inode: InodeReply
     parents: ParentReply
-    def __init__(self, id: _Optional[int] = ..., error_kind: _Optional[int] = ..., error: _Optional[str] = ..., inode: _Optional[_Union[InodeReply, _Mapping]] = ..., parents: _Optional[_Union[ParentReply, _Mapping]] = ...) -> None: ...
+    listdir: ListDirReply
+    statfs: StatFsReply
+    blocks: GetBlocksReply
+    block: AddBlockReply
+    empty: _common_pb2.Empty
+    xattr: GetXattrReply
+    xattrs: ListXattrReply
+    def __init__(self, id: _Optional[int] = ..., error_kind: _Optional[int] = ..., error: _Optional[str] = ..., inode: _Optional[_Union[InodeReply, _Mapping]] = ..., parents: _Optional[_Union[ParentReply, _Mapping]] = ..., listdir: _Optional[_Union[ListDirReply, _Mapping]] = ..., statfs: _Optional[_Union[StatFsReply, _Mapping]] = ..., blocks: _Optional[_Union[GetBlocksReply, _Mapping]] = ..., block: _Optional[_Union[AddBlockReply, _Mapping]] = ..., empty: _Optional[_Union[_common_pb2.Empty, _Mapping]] = ..., xattr: _Optional[_Union[GetXattrReply, _Mapping]] = ..., xattrs: _Optional[_Union[ListXattrReply, _Mapping]] = ...) -> None: ...
 
 class ReportAccessRequest(_message.Message):
     __slots__ = ("inos", "session", "closed_opens")

@@ -1,0 +1,316 @@
+"""The mount's connection to the master's call port (master/call_port.py, which has the
+protocol): master.Call frames out, master.CallResult frames back, all in the trio loop.
+
+A call from the trio loop registers its task, writes its frame straight into the
+non-blocking socket (the rest, if the socket is full, is flushed by a writer task)
+and sleeps until the reader task hands it its result: no thread hand-off on either
+side.  A call from another thread (a writer's publish, an upload's AddBlock) is handed
+to the loop with ``run_sync_soon`` and waits on a Future.
+
+The port is an optimisation like the Calls stream: while it is down, or when the
+connection breaks with a call in flight, the call raises :class:`PortDown` and
+``Calls`` sends the same request on the stream or as a unary RPC (mutations keep
+their request id, so one the master did apply is answered from its retry cache).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import errno
+import itertools
+import logging
+import socket
+import struct
+
+import outcome
+import trio
+
+from curvine.client.master_client import Prepared
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.rpc import MESSAGE_LIMIT, RETRY_MAX
+from curvine.proto import master_pb2
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"CVC1"
+HELLO = struct.Struct(">4sH")
+ANSWER = struct.Struct(">4sB")
+FRAME = struct.Struct(">I")
+ACCEPTED, UNAUTHENTICATED, BUSY = 0, 1, 2
+RECV_SIZE = 1 << 20
+
+
+class PortDown(Exception):
+    """The call port cannot carry this call (nothing is known of its fate)."""
+
+
+class CallPortClient:
+    """``await call(prepared)`` from the trio loop, ``call_blocking(prepared)`` from
+    other threads; ``run()`` (a task of the mount's nursery) keeps the connection to
+    ``host:port`` up."""
+
+    def __init__(self, host: str, port: int, token: str, timeout: float):
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self._token = token.encode()
+        self._sock: socket.socket | None = None  # set while connected (non-blocking)
+        self._out = bytearray()  # frames the socket did not take yet
+        self._out_ready = trio.Event()
+        self._pending: dict[int, object] = {}  # id -> trio Task or Future
+        self._ids = itertools.count(1)
+        self._trio_token: trio.lowlevel.TrioToken | None = None
+        self._scope: trio.CancelScope | None = None
+        self.connected = trio.Event()  # set at the first connection (tests wait on it)
+
+    # -- calls --------------------------------------------------------------------
+    async def call(self, prepared: Prepared):
+        if self._sock is None:
+            raise PortDown()
+        cid = next(self._ids)
+        # Sent before it is registered: nothing can answer it before this task sleeps,
+        # and a send that fails takes the connection down without waking this task.
+        self._send(cid, prepared)
+        if self._sock is None:
+            raise PortDown()
+        self._pending[cid] = trio.lowlevel.current_task()
+
+        def abort(_raise_cancel):
+            if self._pending.pop(cid, None) is None:
+                return trio.lowlevel.Abort.FAILED  # its result is on the way
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        with trio.move_on_after(self.timeout) as scope:
+            result = await trio.lowlevel.wait_task_rescheduled(abort)
+        if scope.cancelled_caught:
+            raise self._timeout(prepared)
+        return _reply(result)
+
+    def call_blocking(self, prepared: Prepared):
+        token = self._trio_token
+        if self._sock is None or token is None:
+            raise PortDown()
+        cid = next(self._ids)
+        waiter: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            token.run_sync_soon(self._submit, cid, waiter, prepared)
+        except trio.RunFinishedError:
+            raise PortDown() from None
+        try:
+            result = waiter.result(timeout=self.timeout)
+        except concurrent.futures.TimeoutError:
+            try:
+                token.run_sync_soon(self._pending.pop, cid, None)
+            except trio.RunFinishedError:
+                pass
+            raise self._timeout(prepared) from None
+        return _reply(result.unwrap())
+
+    def _submit(self, cid: int, waiter: concurrent.futures.Future, prepared: Prepared) -> None:
+        """In the loop: a thread's call."""
+        if self._sock is None:
+            waiter.set_result(outcome.Error(PortDown()))
+            return
+        self._pending[cid] = waiter
+        self._send(cid, prepared)
+
+    def _timeout(self, prepared: Prepared) -> CurvineError:
+        return CurvineError(ErrorKind.TIMEOUT, f"{prepared.method}: no answer within "
+                                               f"{self.timeout:.0f}s (call port)")
+
+    def _send(self, cid: int, prepared: Prepared) -> None:
+        data = master_pb2.Call(id=cid, **{prepared.op: prepared.request}).SerializeToString()
+        frame = FRAME.pack(len(data)) + data
+        if self._out:  # earlier frames wait for room: keep the order
+            self._queue(frame)
+            return
+        try:
+            sent = self._sock.send(frame)
+        except BlockingIOError:
+            sent = 0
+        except OSError as e:
+            log.info("call port: send failed (%s); calls go on the stream", e)
+            self._down()
+            return
+        if sent < len(frame):
+            self._queue(memoryview(frame)[sent:])
+
+    def _queue(self, data) -> None:
+        self._out += data
+        if len(self._out) > MESSAGE_LIMIT:
+            log.warning("call port: the master takes no calls (%d bytes waiting); "
+                        "reconnecting", len(self._out))
+            self._down()
+            return
+        self._out_ready.set()
+
+    # -- the connection -------------------------------------------------------------
+    async def run(self) -> None:
+        """Connect, serve, reconnect after a failure (with backoff), until cancelled."""
+        self._trio_token = trio.lowlevel.current_trio_token()
+        delay = 0.1
+        lost = False
+        with trio.CancelScope() as self._scope:
+            while True:
+                try:
+                    sock = await self._connect()
+                except (OSError, PortRefused) as e:
+                    if isinstance(e, PortRefused) and e.status == UNAUTHENTICATED:
+                        log.error("call port %s:%d refused this mount's token; namespace "
+                                  "calls stay on the Calls stream", self.host, self.port)
+                        return
+                    log.log(logging.DEBUG if lost else logging.INFO,
+                            "call port %s:%d: %s (calls go on the stream until it is up)",
+                            self.host, self.port, e)
+                    lost = True
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX)
+                    continue
+                log.info("namespace calls on the master's call port %s:%d%s", self.host,
+                         self.port, " again" if lost else "")
+                lost = False
+                delay = 0.1
+                self._sock = sock
+                self.connected.set()
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._flush)
+                        await self._read(sock)
+                        nursery.cancel_scope.cancel()
+                except OSError as e:
+                    log.info("call port: connection lost (%s)", e)
+                finally:
+                    self._down()
+                lost = True
+
+    def stop(self) -> None:
+        """From the loop: end ``run`` (pending calls fail over to the stream)."""
+        if self._scope is not None:
+            self._scope.cancel()
+        self._down()
+
+    async def _connect(self) -> socket.socket:
+        with trio.fail_after(self.timeout):
+            infos = await trio.socket.getaddrinfo(self.host, self.port,
+                                                  type=socket.SOCK_STREAM)
+            family, type_, proto, _, addr = infos[0]
+            sock = socket.socket(family, type_, proto)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                try:
+                    sock.connect(addr)
+                except BlockingIOError:
+                    pass
+                await trio.lowlevel.wait_writable(sock)
+                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err:
+                    raise OSError(err, f"connect: {errno.errorcode.get(err, err)}")
+                hello = HELLO.pack(MAGIC, len(self._token)) + self._token
+                await _send_all(sock, hello)
+                magic, status = ANSWER.unpack(await _recv_exactly(sock, ANSWER.size))
+                if magic != MAGIC:
+                    raise OSError(errno.EPROTO, "not a call port")
+                if status != ACCEPTED:
+                    raise PortRefused(status)
+                return sock
+            except BaseException:
+                sock.close()
+                raise
+
+    async def _flush(self) -> None:
+        """Write what the socket did not take at once."""
+        while True:
+            await self._out_ready.wait()
+            self._out_ready = trio.Event()
+            sock = self._sock
+            while self._out and sock is not None:
+                try:
+                    sent = sock.send(self._out)
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(sock)
+                    continue
+                del self._out[:sent]
+
+    async def _read(self, sock: socket.socket) -> None:
+        buf = bytearray()
+        while True:
+            try:
+                data = sock.recv(RECV_SIZE)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            if not data:
+                raise OSError(errno.ECONNRESET, "closed by the master")
+            buf += data
+            pos = 0
+            while len(buf) - pos >= FRAME.size:
+                (n,) = FRAME.unpack_from(buf, pos)
+                if n > MESSAGE_LIMIT:
+                    raise OSError(errno.EPROTO, f"a {n}-byte frame")
+                if len(buf) - pos - FRAME.size < n:
+                    break
+                start = pos + FRAME.size
+                result = master_pb2.CallResult.FromString(bytes(buf[start:start + n]))
+                pos = start + n
+                self._resolve(result.id, outcome.Value(result))
+            del buf[:pos]
+
+    def _resolve(self, cid: int, value: outcome.Outcome) -> None:
+        waiter = self._pending.pop(cid, None)
+        if waiter is not None:  # else it timed out or was cancelled meanwhile
+            _wake(waiter, value)
+
+    def _down(self) -> None:
+        """The connection is gone: every pending call fails over."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+        self._out.clear()
+        pending, self._pending = self._pending, {}
+        for waiter in pending.values():
+            _wake(waiter, outcome.Error(PortDown()))
+
+
+def _wake(waiter, value: outcome.Outcome) -> None:
+    """Hand a call's outcome to its trio task or its thread's Future (in the loop)."""
+    if isinstance(waiter, concurrent.futures.Future):
+        waiter.set_result(value)
+    else:
+        trio.lowlevel.reschedule(waiter, value)
+
+
+class PortRefused(Exception):
+    def __init__(self, status: int):
+        super().__init__({UNAUTHENTICATED: "wrong token", BUSY: "too many connections"}
+                         .get(status, f"refused ({status})"))
+        self.status = status
+
+
+def _reply(result: master_pb2.CallResult):
+    if result.error_kind:
+        raise CurvineError(ErrorKind(result.error_kind), result.error)
+    return getattr(result, result.WhichOneof("result"))
+
+
+async def _send_all(sock: socket.socket, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view):]
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+
+
+async def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        try:
+            data = sock.recv(n - len(buf))
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)
+            continue
+        if not data:
+            raise OSError(errno.ECONNRESET, "closed by the master")
+        buf += data
+    return bytes(buf)
