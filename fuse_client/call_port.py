@@ -154,7 +154,7 @@ class CallPortClient:
             while True:
                 try:
                     sock = await self._connect()
-                except (OSError, PortRefused) as e:
+                except (OSError, PortRefused, trio.TooSlowError) as e:
                     if isinstance(e, PortRefused) and e.status == UNAUTHENTICATED:
                         log.error("call port %s:%d refused this mount's token; namespace "
                                   "calls stay on the Calls stream", self.host, self.port)
@@ -174,11 +174,12 @@ class CallPortClient:
                 self.connected.set()
                 try:
                     async with trio.open_nursery() as nursery:
-                        nursery.start_soon(self._flush)
-                        await self._read(sock)
+                        nursery.start_soon(self._flush, sock)
+                        try:
+                            await self._read(sock)
+                        except (OSError, trio.ClosedResourceError) as e:
+                            log.info("call port: connection lost (%s)", e)
                         nursery.cancel_scope.cancel()
-                except OSError as e:
-                    log.info("call port: connection lost (%s)", e)
                 finally:
                     self._down()
                 lost = True
@@ -218,19 +219,22 @@ class CallPortClient:
                 sock.close()
                 raise
 
-    async def _flush(self) -> None:
+    async def _flush(self, sock: socket.socket) -> None:
         """Write what the socket did not take at once."""
-        while True:
-            await self._out_ready.wait()
-            self._out_ready = trio.Event()
-            sock = self._sock
-            while self._out and sock is not None:
-                try:
-                    sent = sock.send(self._out)
-                except BlockingIOError:
-                    await trio.lowlevel.wait_writable(sock)
-                    continue
-                del self._out[:sent]
+        try:
+            while True:
+                await self._out_ready.wait()
+                self._out_ready = trio.Event()
+                while self._out and self._sock is sock:
+                    try:
+                        sent = sock.send(self._out)
+                    except BlockingIOError:
+                        await trio.lowlevel.wait_writable(sock)
+                        continue
+                    del self._out[:sent]
+        except (OSError, trio.ClosedResourceError) as e:
+            log.info("call port: send failed (%s)", e)
+            self._down()  # wakes the reader too
 
     async def _read(self, sock: socket.socket) -> None:
         buf = bytearray()
@@ -265,6 +269,7 @@ class CallPortClient:
         """The connection is gone: every pending call fails over."""
         sock, self._sock = self._sock, None
         if sock is not None:
+            trio.lowlevel.notify_closing(sock)  # its waiting reader or writer wakes
             sock.close()
         self._out.clear()
         pending, self._pending = self._pending, {}

@@ -203,11 +203,15 @@ class Calls:
                     return prepared.convert(await self.port.call(prepared))
                 except PortDown:
                     pass
+                except CurvineError as e:
+                    _unless_unavailable(e)
             if self.stream is not None:
                 try:
                     return prepared.convert(await self.stream.call(prepared))
                 except _StreamDown:
                     pass
+                except CurvineError as e:
+                    _unless_unavailable(e)
         return await self.to_thread(functools.partial(self.master.call, prepared))
 
     def from_thread(self, op: str, *args, **kwargs):
@@ -222,9 +226,21 @@ class Calls:
                     return prepared.convert(self.port.call_blocking(prepared))
                 except PortDown:
                     pass
+                except CurvineError as e:
+                    _unless_unavailable(e)
             if self.stream is not None:
                 try:
                     return prepared.convert(self.stream.call_blocking(prepared))
                 except _StreamDown:
                     pass
+                except CurvineError as e:
+                    _unless_unavailable(e)
         return self.master.call(prepared)
+
+
+def _unless_unavailable(e: CurvineError) -> None:
+    """Re-raise ``e`` unless the master said UNAVAILABLE (e.g. no live workers yet after
+    its restart): that one goes unary, which retries it for up to cluster.master_wait
+    like every unary call."""
+    if e.kind != ErrorKind.UNAVAILABLE:
+        raise e

@@ -88,10 +88,14 @@ class CallPort:
         return self.port
 
     def stop(self) -> None:
-        loop = self._loop
+        """Close every connection and the port (again: nothing)."""
+        loop, self._loop = self._loop, None
         if loop is None or self._thread is None:
             return
-        loop.call_soon_threadsafe(self._shutdown)
+        try:
+            loop.call_soon_threadsafe(self._shutdown)
+        except RuntimeError:
+            return  # the loop ended already
         self._thread.join(timeout=10)
 
     # -- the loop thread ------------------------------------------------------------
@@ -125,7 +129,7 @@ class CallPort:
             w.close()
         if self._server is not None:
             self._server.close()
-            for task in asyncio.all_tasks(self._loop):
+            for task in asyncio.all_tasks():
                 task.cancel()
 
     async def _connection(self, reader: asyncio.StreamReader,

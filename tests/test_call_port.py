@@ -86,7 +86,8 @@ def test_calls_on_the_port_answer_like_unary_rpcs(served):
             assert parent.ino == d.ino
             assert (await calls.run("lookup", d.ino, b"f.tmp"))[0].ino == f.ino
             assert await calls.run("lookup", d.ino, b"missing") == (None, 0)
-            # AddBlock from a writer's thread: no worker registered here
+            # AddBlock from a writer's thread: no worker registered here (UNAVAILABLE goes
+            # unary, which retries it for the client's wait, 2 s here)
             with pytest.raises(CurvineError) as e:
                 await trio.to_thread.run_sync(calls.from_thread, "add_block", f.ino, "h", 0)
             assert e.value.kind == ErrorKind.UNAVAILABLE
@@ -309,3 +310,38 @@ def test_pending_calls_fail_over_when_the_port_goes(served):
     assert client.lookup(ROOT_INO, b"once").ino == f.ino
     with pytest.raises(PortDown):
         trio.run(pc.call, client.prepare("getattr", ROOT_INO))
+
+
+def test_the_master_closing_the_port_leaves_the_mount_working(served):
+    """The master side goes (a master stopping or killed): the client's task survives,
+    calls go unary meanwhile, and it reconnects once a port is back on that port."""
+    m, client, _, start_port = served
+    port = start_port()
+    number = port.port
+    pc = CallPortClient("127.0.0.1", number, TOKEN, timeout=10)
+    calls = Calls(client, _to_thread, port=pc)
+
+    async def go():
+        async with trio.open_nursery() as nursery:
+            await _connected(pc, nursery)
+            assert (await calls.run("getattr", ROOT_INO))[0].ino == ROOT_INO
+            await trio.to_thread.run_sync(port.stop)
+            with trio.fail_after(10):
+                while pc._sock is not None:  # the client notices
+                    await trio.sleep(0.02)
+            # meanwhile: unary, same answers
+            assert (await calls.run("getattr", ROOT_INO))[0].ino == ROOT_INO
+            pc.connected = trio.Event()
+            again = await trio.to_thread.run_sync(
+                lambda: CallPort(port._run_call, READ_CALLS, port._pool, "127.0.0.1",
+                                 number, tokens=(TOKEN,)))
+            await trio.to_thread.run_sync(again.start)
+            try:
+                with trio.fail_after(20):
+                    await pc.connected.wait()
+                assert (await calls.run("getattr", ROOT_INO))[0].ino == ROOT_INO
+            finally:
+                await trio.to_thread.run_sync(again.stop)
+            nursery.cancel_scope.cancel()
+
+    trio.run(go)
