@@ -12,7 +12,9 @@ if [ "${CURVINE_SKIP_LMCACHE_INSTALL:-0}" != 1 ]; then
     echo "test.sh: LMCache not installed (reason above); tests/test_lmcache.py will skip" >&2
 fi
 rc=0
-.venv/bin/python -m pytest -q "$@" || rc=$?
+# Two pytest workers (pytest-xdist): most tests wait on daemons, timers and disks more
+# than they use a core; work stealing balances the long ones.
+.venv/bin/python -m pytest -q -n 2 --dist worksteal "$@" || rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "test.sh: pytest collected no tests" >&2
   exit 1
