@@ -720,9 +720,15 @@ def adopt_block(worker: WorkerInfo, block_id: int, path: str, length: int, check
         reply = _calls(worker.address, security).stub.AdoptBlock(req, timeout=timeout)
     except grpc.RpcError as e:
         raise _error(worker, e) from None
-    if reply.length != length or reply.checksum != checksum:
+    return check_adopted(worker, block_id, reply.length, reply.checksum, length, checksum)
+
+
+def check_adopted(worker: WorkerInfo, block_id: int, got_length: int, got_checksum: int,
+                  length: int, checksum: int) -> tuple[int, int]:
+    """What a worker says it adopted must be what was written (else CHECKSUM)."""
+    if got_length != length or got_checksum != checksum:
         raise CurvineError(ErrorKind.CHECKSUM,
                            f"worker {worker.address}: block {block_id:016x} adopted as "
-                           f"{reply.length} bytes crc32 {reply.checksum:08x}, written "
+                           f"{got_length} bytes crc32 {got_checksum:08x}, written "
                            f"{length} bytes crc32 {checksum:08x}")
-    return reply.length, reply.checksum
+    return got_length, got_checksum

@@ -19,7 +19,7 @@ its workers: ``uploader``; writes queued without blocking (write-behind):
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import check_file_size
@@ -31,6 +31,9 @@ from .extents import Extent, ExtentMap
 from .file_reader import BlockFetcher, join
 from .uploader import Uploader
 from .write_behind import WriteBehind
+
+if TYPE_CHECKING:
+    from .domain_socket import LocalSockets
 
 __all__ = ["FileWriter", "LocalWorker"]
 
@@ -48,7 +51,8 @@ class FileWriter:
     file is published at close even without writes).  ``complete``: the CompleteFile
     call of ``publish``, ``complete(ino, blocks, size, mtime_ns=, abandoned=)``
     (None: ``master.complete_file``); ``add_block``: the AddBlock call of uploads
-    (None: ``master.add_block``)."""
+    (None: ``master.add_block``); ``sockets``: the local workers' domain sockets, where
+    staging files are adopted when there is one."""
 
     def __init__(self, master, ino: int, block_size: int, base_blocks: Iterable[Block],
                  host_id: str, *, workers: Mapping[int, WorkerInfo] | None = None,
@@ -56,7 +60,8 @@ class FileWriter:
                  local_worker: LocalWorker | None = None,
                  local_dirs: "block_client.LocalDirs | Iterable[str] | None" = None,
                  changed: bool = False, complete: Callable[..., Inode] | None = None,
-                 add_block: Callable[..., tuple] | None = None):
+                 add_block: Callable[..., tuple] | None = None,
+                 sockets: "LocalSockets | None" = None):
         self.master = master
         self.ino = ino
         self.block_size = block_size
@@ -83,7 +88,7 @@ class FileWriter:
         self.size_hint = size_hint
         self._uploader = Uploader(master, ino, host_id, self._fetcher,
                                   local_worker or LocalWorker(host_id, dirs), dirs, timeout,
-                                  add_block)
+                                  add_block, sockets)
         self._cur: Extent | None = None  # the one buffer being written
         self._uploading: Extent | None = None  # at most one background upload
         # Changes made and changes published: dirty while they differ.  Counted under

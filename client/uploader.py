@@ -28,6 +28,7 @@ from .pools import LazyExecutor
 
 if TYPE_CHECKING:
     from .block_buffers import BlockBuffer, LocalWorker
+    from .domain_socket import LocalSockets
     from .file_reader import BlockFetcher
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,10 @@ class Uploader:
 
     def __init__(self, master, ino: int, host_id: str, fetcher: BlockFetcher,
                  local: LocalWorker, dirs: block_client.LocalDirs, timeout: float,
-                 add_block: Callable[..., tuple] | None = None):
+                 add_block: Callable[..., tuple] | None = None,
+                 sockets: "LocalSockets | None" = None):
         self.master = master
+        self.sockets = sockets  # the local workers' domain sockets, for AdoptBlock
         # AddBlock: ``add_block(ino, host_id, length, exclude)`` (None: the master's RPC)
         self._add_block = add_block or master.add_block
         self.ino = ino
@@ -187,10 +190,25 @@ class Uploader:
         return self.stored_block(block_id, length, crc, stored), failed_ids
 
     def adopt(self, w: WorkerInfo, block_id: int, path: str, length: int, crc: int) -> None:
-        """Have worker ``w`` (on this host) take the staging file ``path`` as the block
-        (AdoptBlock); raises CurvineError when it refuses."""
-        block_client.adopt_block(w, block_id, path, length, crc, timeout=self.timeout,
-                                 token=self._tokens[block_id], security=self.master.security)
+        """Have worker ``w`` (on this host) take the staging file ``path`` as the block:
+        on its domain socket when it has one here (a small framed call), else by the
+        AdoptBlock RPC; raises CurvineError when it refuses."""
+        token = self._tokens[block_id]
+        adopted = False
+        if self.sockets is not None and self.sockets.has(w):
+            try:
+                got = self.sockets.adopt(w, block_id, token, path, length, crc)
+            except CurvineError as e:
+                if e.kind != ErrorKind.UNAVAILABLE:  # a refusal, not a socket gone
+                    raise
+                log.debug("worker %d: domain socket unavailable (%s); AdoptBlock RPC",
+                          w.worker_id, e)
+            else:
+                block_client.check_adopted(w, block_id, *got, length, crc)
+                adopted = True
+        if not adopted:
+            block_client.adopt_block(w, block_id, path, length, crc, timeout=self.timeout,
+                                     token=token, security=self.master.security)
         CLIENT_WRITTEN_SHORT_CIRCUIT.inc(length)
 
     def stored_block(self, block_id: int, length: int, crc: int | None,

@@ -30,6 +30,7 @@ from typing import Awaitable, Callable, NamedTuple
 
 import trio
 
+from curvine.client.domain_socket import LocalSockets
 from curvine.client.file_reader import FileReader
 from curvine.client.file_writer import FileWriter, LocalWorker
 from curvine.client.master_client import LISTDIR_PAGE, AccessReporter, MasterClient
@@ -207,6 +208,10 @@ class FileSystem:
         self._versions: OrderedDict[int, int] = OrderedDict()  # ino -> version last opened
         self._block_size: int | None = None  # the master's, asked for at the first write
         self._local_worker = LocalWorker(self.host)  # shared by this mount's writers
+        # the local workers' domain sockets: writers' staging files are adopted there
+        self._sockets = (LocalSockets(cfg.client.domain_socket_dir,
+                                      timeout=float(cfg.cluster.rpc_timeout))
+                         if cfg.client.short_circuit and cfg.client.domain_socket_dir else None)
         self._read_buf = bytearray(MIB)  # reads answered in the loop (read_cached)
         # inodes unlinked (or replaced) while open here, kept by the master until this
         # mount's last handle of them closes (ReleaseInode)
@@ -714,7 +719,7 @@ class FileSystem:
                             timeout=self.cfg.cluster.rpc_timeout,
                             local_worker=self._local_worker, changed=changed,
                             complete=functools.partial(self._complete, open_id=open_id),
-                            add_block=self._add_block)
+                            add_block=self._add_block, sockets=self._sockets)
         return writer, (session, open_id)
 
     def _new_reader(self, ino: int) -> tuple[Inode, FileReader, tuple[int, int]]:
@@ -796,4 +801,6 @@ class FileSystem:
             h.close()
         self._handles.clear()
         self._dirs.clear()
+        if self._sockets is not None:
+            self._sockets.close()
 

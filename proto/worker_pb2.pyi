@@ -100,18 +100,20 @@ class BlockInfoReply(_message.Message):
     def __init__(self, block_id: _Optional[int] = ..., length: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class LocalRequest(_message.Message):
-    __slots__ = ("hello", "open_read", "open_write", "finish_write", "abort_write")
+    __slots__ = ("hello", "open_read", "open_write", "finish_write", "abort_write", "adopt")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     OPEN_READ_FIELD_NUMBER: _ClassVar[int]
     OPEN_WRITE_FIELD_NUMBER: _ClassVar[int]
     FINISH_WRITE_FIELD_NUMBER: _ClassVar[int]
     ABORT_WRITE_FIELD_NUMBER: _ClassVar[int]
+    ADOPT_FIELD_NUMBER: _ClassVar[int]
     hello: LocalHello
     open_read: LocalOpenRead
     open_write: LocalOpenWrite
     finish_write: LocalFinishWrite
     abort_write: LocalAbortWrite
-    def __init__(self, hello: _Optional[_Union[LocalHello, _Mapping]] = ..., open_read: _Optional[_Union[LocalOpenRead, _Mapping]] = ..., open_write: _Optional[_Union[LocalOpenWrite, _Mapping]] = ..., finish_write: _Optional[_Union[LocalFinishWrite, _Mapping]] = ..., abort_write: _Optional[_Union[LocalAbortWrite, _Mapping]] = ...) -> None: ...
+    adopt: LocalAdopt
+    def __init__(self, hello: _Optional[_Union[LocalHello, _Mapping]] = ..., open_read: _Optional[_Union[LocalOpenRead, _Mapping]] = ..., open_write: _Optional[_Union[LocalOpenWrite, _Mapping]] = ..., finish_write: _Optional[_Union[LocalFinishWrite, _Mapping]] = ..., abort_write: _Optional[_Union[LocalAbortWrite, _Mapping]] = ..., adopt: _Optional[_Union[LocalAdopt, _Mapping]] = ...) -> None: ...
 
 class LocalHello(_message.Message):
     __slots__ = ()
@@ -146,6 +148,20 @@ class LocalFinishWrite(_message.Message):
     length: int
     checksum: int
     def __init__(self, block_id: _Optional[int] = ..., token: _Optional[bytes] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
+
+class LocalAdopt(_message.Message):
+    __slots__ = ("block_id", "token", "path", "length", "checksum")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    token: bytes
+    path: str
+    length: int
+    checksum: int
+    def __init__(self, block_id: _Optional[int] = ..., token: _Optional[bytes] = ..., path: _Optional[str] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
 
 class LocalAbortWrite(_message.Message):
     __slots__ = ("block_id",)

@@ -201,6 +201,46 @@ def test_missing_or_wrong_tokens_are_refused(inproc):
     os.close(fd)
 
 
+def test_adopt_on_the_socket_takes_a_staging_file_like_the_rpc(inproc, tmp_path):
+    """A writer that may open the data dirs writes its staging file itself and has the
+    worker adopt it on the socket (the mount's small files): the same checks as the
+    AdoptBlock RPC, the block byte-exact; a read token, another block's token or a
+    path outside the worker's staging dirs is refused and nothing is left behind."""
+    from curvine.client import block_client
+    c, server, sockets = inproc
+    data = os.urandom(100_000)
+    crc = zlib.crc32(data)
+    dirs = block_client.local_dirs([str(tmp_path / "d1")])
+    key = c.worker(1).servicer.block_key
+    ino, block_id, worker, token = _new_block(c, b"adopted", len(data))
+    fd, path = block_client.create_local_staging(worker, block_id, dirs)
+    os.pwrite(fd, data, 0)
+    os.close(fd)
+    for bad, field in ((block_tokens.mint(key, block_id, block_tokens.READ), "adopt.token"),
+                       (_new_block(c, b"other")[3], "adopt.token")):
+        with pytest.raises(CurvineError) as e:
+            sockets.adopt(worker, block_id, bad, path, len(data), crc)
+        assert e.value.kind == ErrorKind.PERMISSION and field in str(e.value)
+    outside = tmp_path / "outside"
+    outside.write_bytes(data)
+    with pytest.raises(CurvineError) as e:
+        sockets.adopt(worker, block_id, token, str(outside), len(data), crc)
+    assert e.value.kind in (ErrorKind.INVALID, ErrorKind.PERMISSION, ErrorKind.NOT_FOUND)
+    assert outside.read_bytes() == data  # not taken
+    assert sockets.adopt(worker, block_id, token, path, len(data), crc) == (len(data), crc)
+    c.client.complete_file(ino, [common_pb2.Block(block_id=block_id, length=len(data),
+                                                  checksum=crc, worker_ids=[worker.worker_id])],
+                           len(data))
+    _, blocks, workers = c.client.get_blocks(ino)
+    fd, length = sockets.open_read(workers[blocks[0].worker_ids[0]], block_id,
+                                   blocks[0].token)
+    try:
+        assert length == len(data) and bytes(_read_fd(fd, length)) == data
+    finally:
+        os.close(fd)
+    assert server.served["write"][0] >= 1 and _staging_is_empty(c)
+
+
 def test_block_calls_wait_for_the_registration(inproc):
     c, _, sockets = inproc
     worker, block = _store(c, sockets, b"a", b"data")

@@ -91,7 +91,7 @@ class DomainSocketServer:
         self.refused = dict.fromkeys(REFUSALS, 0)
         self._handlers = {"hello": self._hello, "open_read": self._open_read,
                           "open_write": self._open_write, "finish_write": self._finish_write,
-                          "abort_write": self._abort_write}
+                          "abort_write": self._abort_write, "adopt": self._adopt}
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -303,7 +303,7 @@ class DomainSocketServer:
             op = req.WhichOneof("op")
             if op is None:
                 raise invalid("request", "names no operation (hello, open_read, "
-                                         "open_write, finish_write, abort_write)")
+                                         "open_write, finish_write, abort_write, adopt)")
             return self._handlers[op](getattr(req, op), writes)
         except CurvineError as e:
             self._count(_REASON.get(e.kind, "other"))
@@ -364,6 +364,11 @@ class DomainSocketServer:
         self._served("write", length)
         log.debug("finalised block %016x written through a descriptor: %d bytes",
                   block_id, length)
+        return worker_pb2.LocalReply(length=length, checksum=crc), None, False
+
+    def _adopt(self, req, _writes):
+        _, length, crc = self.servicer.adopt(req, "adopt.")
+        self._served("write", length)
         return worker_pb2.LocalReply(length=length, checksum=crc), None, False
 
     def _abort_write(self, req, writes):

@@ -191,14 +191,22 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     @handler
     def AdoptBlock(self, request, context):
-        block_id = check_block_id(request.block_id, "block_id")
+        block_id, length, crc = self.adopt(request, "")
+        return worker_pb2.WriteBlockReply(block_id=block_id, length=length, checksum=crc)
+
+    def adopt(self, request, where: str) -> tuple[int, int, int]:
+        """Finalise the client's staging file as its block (AdoptBlock, and the domain
+        socket's adopt): (block id, length, crc32).  ``where``: the fields' prefix in
+        error messages."""
+        block_id = check_block_id(request.block_id, f"{where}block_id")
         if request.length > self.block_size:
-            raise invalid("length", f"{request.length} exceeds the block size {self.block_size}")
-        self._authorize(block_id, request.token, block_tokens.WRITE, "token")
+            raise invalid(f"{where}length", f"{request.length} exceeds the block size "
+                                            f"{self.block_size}")
+        self._authorize(block_id, request.token, block_tokens.WRITE, f"{where}token")
         length, crc = self.store.adopt(block_id, request.path, request.length, request.checksum)
         WORKER_WRITTEN_SHORT_CIRCUIT.inc(length)
         log.debug("adopted block %016x: %d bytes", block_id, length)
-        return worker_pb2.WriteBlockReply(block_id=block_id, length=length, checksum=crc)
+        return block_id, length, crc
 
     @handler
     def DeleteBlocks(self, request, context):
