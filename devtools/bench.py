@@ -21,6 +21,10 @@ table gives medians and the ratio curvine / plain, next to the targets of issue 
    bench_lmcache.py): LMCache's own engine storing and retrieving the seed prompt, cold
    and warm, with ``fs://`` on the plain directory, ``fs://`` on mounts A -> B, the
    curvine connector (short-circuit and remote) and MooseFS; lookups and master RPCs.
+8. ``meta-scale`` (only when named, on the bench's own cluster; see bench_meta_scale.py):
+   lookups and empty-chunk stores from 1, 4 and 16 client processes, stat misses from
+   1 and 8 processes through a mount, create/stat/listdir/unlink through a mount beside
+   the plain directory; ops/s and master and mount CPU per operation (issue 16).
 7. ``smallio`` (only when named; see bench_smallio.py): random 4 KiB and 64 KiB writes
    (+ fsync) and reads inside one 64 MiB file, cold and warm, and the multi-process
    namespace workload of posix_workload.py, on curvine, the plain directory and
@@ -57,7 +61,7 @@ from .demo import SEED, chunk_data, chunk_keys, format_table, get_chunk, put_chu
 from .local import ClusterError, LocalCluster, mounted_paths, proc_stat
 
 MiB = 1 << 20
-WORKLOADS = ("kv", "prompt", "meta", "memory", "fill", "lmcache", "smallio")
+WORKLOADS = ("kv", "prompt", "meta", "memory", "fill", "lmcache", "smallio", "meta-scale")
 # run without --workloads; "fill" needs a small cluster of its own, "lmcache" torch
 # and lmcache, and "smallio" compares with MooseFS: only when named
 DEFAULT_WORKLOADS = ("kv", "prompt", "meta", "memory")
@@ -822,7 +826,7 @@ def _fmt(x: float | None, unit: str) -> str:
 
 WORKLOAD_TITLES = {"kv": "1 KV chunks", "prompt": "2 prompt", "meta": "3 metadata",
                    "memory": "4 memory", "fill": "5 fill", "lmcache": "6 lmcache",
-                   "smallio": "7 small I/O"}
+                   "smallio": "7 small I/O", "meta-scale": "8 metadata at scale"}
 
 
 def format_report(metrics: dict[str, list[Metric]]) -> str:
@@ -993,6 +997,19 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
                         bench.raw["smallio"] = sm.raw
                         sm.cleanup()
                     done("smallio", t0)
+                if "meta-scale" in params.workloads:
+                    if cluster is None:
+                        raise BenchError("meta-scale runs on the bench's own cluster (no "
+                                         "--mounts); for another cluster: python -m "
+                                         "curvine.devtools.bench_meta_scale --base BASE")
+                    from .bench_meta_scale import MetaScale, report
+                    say(f"[{WORKLOAD_TITLES['meta-scale']}]")
+                    t0 = time.perf_counter()
+                    cpu.start()
+                    medians = MetaScale(cluster, plain_root, say, params.runs).run()
+                    bench.raw["meta-scale"] = medians
+                    say(report(medians))
+                    done("meta-scale", t0)
             if "memory" in params.workloads:
                 say(f"[{WORKLOAD_TITLES['memory']}]")
                 t0 = time.perf_counter()

@@ -1,0 +1,283 @@
+"""`curvine bench --workloads meta-scale` (issue 16): how many metadata operations one
+master answers, and the CPU each costs the master and the mount.
+
+On a `curvine local` cluster (the bench's own, or ``--base`` of a running one, e.g.
+one started from another checkout to compare two versions in one sitting):
+
+a. ``lookup``: 1, 4 and 16 client processes, each with its own channel (a pod's
+   connector), look names up in one directory for ``seconds``; 3 of 4 miss.
+b. ``store``: the same processes store empty chunks: create ``<key>.tmp``, publish
+   (CompleteFile), rename to ``<key>.data`` (three master calls, as LMCache's
+   connector makes through a mount).
+c. ``mount stat miss``: 1 and 8 processes stat missing names through mount A.
+d. ``mount ops``: one process creates+closes, stats, lists and unlinks ``files``
+   files through mount A, beside the plain directory and MooseFS (when mounted).
+
+Each figure is ops/s and, for curvine, master and mount CPU microseconds per
+operation (from /proc: user + system of the daemon during the measure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import secrets
+import shutil
+import statistics
+import sys
+import time
+from typing import Callable
+
+from .local import LocalCluster, proc_stat
+
+CLIENTS = (1, 4, 16)
+MOUNT_PROCS = (1, 8)
+HITS = 1000  # existing names per lookup directory
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(pid: int) -> float:
+    f = proc_stat(pid)
+    return (int(f[11]) + int(f[12])) / _TICK if f else 0.0
+
+
+# -- client processes (spawned: each imports the client and opens its own channel) ----------
+
+def _client_loop(conf: str, what: str, parent: int, seconds: float, start, seed: int, out):
+    from curvine.client.master_client import MasterClient
+    from curvine.common import config as config_mod
+    from curvine.common.security import Security
+
+    cfg = config_mod.load(conf)
+    mc = MasterClient(cfg.cluster.master_addr, timeout=30, wait=10,
+                      security=Security.load(cfg))
+    n = 0
+    try:
+        start.wait()
+        deadline = time.monotonic() + seconds
+        if what == "lookup":
+            i = seed
+            while time.monotonic() < deadline:
+                for _ in range(32):
+                    name = (b"hit-%d" % (i % HITS) if i % 4 == 0
+                            else b"miss-%d-%d" % (seed, i))
+                    mc.lookup_or_none(parent, name)
+                    i += 1
+                n += 32
+        else:
+            while time.monotonic() < deadline:
+                key = b"k-%d-%d" % (seed, n)
+                node = mc.create(parent, key + b".tmp")
+                mc.complete_file(node.ino, [], 0)
+                mc.rename(parent, key + b".tmp", parent, key + b".data")
+                n += 1
+    finally:
+        mc.close()
+        out.put(n)
+
+
+def _stat_loop(root: str, seconds: float, start, seed: int, out) -> None:
+    n = 0
+    start.wait()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for j in range(64):
+            try:
+                os.stat(os.path.join(root, f"missing-{seed}-{n + j}"))
+            except FileNotFoundError:
+                pass
+        n += 64
+    out.put(n)
+
+
+class MetaScale:
+    """Runs a-d on ``cluster`` (its master and fuse processes measured) ``runs`` times."""
+
+    def __init__(self, cluster: LocalCluster, plain_root: str, say: Callable[[str], None],
+                 runs: int = 3, seconds: float = 5.0, files: int = 2000,
+                 moosefs_root: str | None = None):
+        self.cluster = cluster
+        self.plain_root = plain_root
+        self.say = say
+        self.runs = runs
+        self.seconds = seconds
+        self.files = files
+        self.moosefs_root = moosefs_root
+        rows = cluster.status()
+        self.master_pid = next(r["pid"] for r in rows if r["role"] == "master")
+        fuse = [r for r in rows if r["role"] == "fuse"]
+        self.mount = fuse[0]["mount"] if fuse else None
+        self.fuse_pid = fuse[0]["pid"] if fuse else None
+        self.tag = f"meta-scale-{os.getpid()}-{secrets.token_hex(3)}"
+        self.figures: dict[str, list[float]] = {}
+        self.ctx = multiprocessing.get_context("spawn")
+
+    def _add(self, key: str, value: float) -> None:
+        self.figures.setdefault(key, []).append(value)
+
+    def _measure(self, key: str, run: Callable[[], int]) -> None:
+        m0, f0 = _cpu(self.master_pid), _cpu(self.fuse_pid) if self.fuse_pid else 0.0
+        t0 = time.perf_counter()
+        ops = run()
+        wall = time.perf_counter() - t0
+        m1, f1 = _cpu(self.master_pid), _cpu(self.fuse_pid) if self.fuse_pid else 0.0
+        self._add(f"{key} ops/s", ops / wall)
+        if ops:
+            self._add(f"{key} master us/op", (m1 - m0) / ops * 1e6)
+            if self.fuse_pid and key.startswith("mount"):
+                self._add(f"{key} mount us/op", (f1 - f0) / ops * 1e6)
+
+    # -- a, b -------------------------------------------------------------------------
+    def _clients(self, what: str, parent: int, n: int) -> int:
+        start, out = self.ctx.Event(), self.ctx.Queue()
+        procs = [self.ctx.Process(target=_client_loop, daemon=True,
+                                  args=(self.cluster.client_conf, what, parent, self.seconds,
+                                        start, i * 1_000_003 + secrets.randbelow(1 << 20), out))
+                 for i in range(n)]
+        for p in procs:
+            p.start()
+        time.sleep(1.0 + 0.1 * n)  # interpreters up, channels made
+        start.set()
+        total = sum(out.get(timeout=self.seconds + 120) for _ in procs)
+        for p in procs:
+            p.join(30)
+        return total
+
+    def _mount_stats(self, n: int) -> int:
+        start, out = self.ctx.Event(), self.ctx.Queue()
+        root = os.path.join(self.mount, self.tag)
+        procs = [self.ctx.Process(target=_stat_loop, daemon=True,
+                                  args=(root, self.seconds, start, i, out)) for i in range(n)]
+        for p in procs:
+            p.start()
+        time.sleep(1.0)
+        start.set()
+        total = sum(out.get(timeout=self.seconds + 120) for _ in procs)
+        for p in procs:
+            p.join(30)
+        return total
+
+    # -- d ----------------------------------------------------------------------------
+    def _fs_ops(self, side: str, root: str) -> None:
+        d = os.path.join(root, f"{self.tag}-ops")
+        os.makedirs(d, exist_ok=True)
+        paths = [os.path.join(d, f"f{i:06d}") for i in range(self.files)]
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+
+        def timed(key: str, fn: Callable[[], int]) -> None:
+            if side == "curvine":
+                self._measure(f"mount {key}", fn)
+            else:
+                t0 = time.perf_counter()
+                ops = fn()
+                self._add(f"{side} {key} ops/s", ops / (time.perf_counter() - t0))
+
+        def create() -> int:
+            for p in paths:
+                os.close(os.open(p, flags, 0o644))
+            return len(paths)
+
+        def stat() -> int:
+            for p in paths:
+                os.stat(p)
+            return len(paths)
+
+        def listdir() -> int:
+            n = len(os.listdir(d))
+            assert n == len(paths), f"{d}: {n} entries, {len(paths)} made"
+            return 1
+
+        def unlink() -> int:
+            for p in paths:
+                os.unlink(p)
+            return len(paths)
+
+        timed("create", create)
+        timed("stat", stat)
+        t0 = time.perf_counter()
+        timed("listdir", listdir)
+        self._add(f"{side if side != 'curvine' else 'mount'} listdir ms",
+                  (time.perf_counter() - t0) * 1e3)
+        timed("unlink", unlink)
+        os.rmdir(d)
+
+    # -- all --------------------------------------------------------------------------
+    def run(self) -> dict[str, float]:
+        from curvine.client.master_client import MasterClient
+        from curvine.common import config as config_mod
+        from curvine.common.ids import ROOT_INO
+        from curvine.common.security import Security
+
+        cfg = config_mod.load(self.cluster.client_conf)
+        mc = MasterClient(cfg.cluster.master_addr, security=Security.load(cfg))
+        try:
+            top = mc.mkdir(ROOT_INO, self.tag.encode())
+            look = mc.mkdir(top.ino, b"lookups")
+            for i in range(HITS):
+                mc.create(look.ino, b"hit-%d" % i)
+            if self.mount:
+                os.makedirs(os.path.join(self.mount, self.tag), exist_ok=True)
+            for run in range(self.runs):
+                self.say(f"  run {run + 1}/{self.runs}")
+                for n in CLIENTS:
+                    self._measure(f"lookup x{n}", lambda: self._clients("lookup", look.ino, n))
+                for n in CLIENTS:
+                    store = mc.mkdir(top.ino, b"store-%d-%d" % (run, n))
+                    self._measure(f"store x{n}",
+                                  lambda: self._clients("store", store.ino, n))
+                if self.mount:
+                    for n in MOUNT_PROCS:
+                        self._measure(f"mount stat-miss x{n}", lambda: self._mount_stats(n))
+                    self._fs_ops("curvine", os.path.join(self.mount, self.tag))
+                self._fs_ops("plain", self.plain_root)
+                if self.moosefs_root:
+                    self._fs_ops("moosefs", self.moosefs_root)
+        finally:
+            mc.close()
+        return {k: statistics.median(v) for k, v in self.figures.items()}
+
+
+def report(medians: dict[str, float]) -> str:
+    lines = [f"{'measure':<34} {'median':>12}"]
+    for k in sorted(medians):
+        lines.append(f"{k:<34} {medians[k]:>12,.1f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m curvine.devtools.bench_meta_scale",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base", help="a running `curvine local` cluster (default: start one)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--plain", help="plain directory (default: a temporary one)")
+    ap.add_argument("--moosefs", help="a MooseFS mount to compare d. with")
+    args = ap.parse_args(argv)
+    say = lambda s: print(s, flush=True)  # noqa: E731
+    top = None
+    cluster = None
+    try:
+        if args.base:
+            cluster = LocalCluster.attach(args.base)
+        else:
+            import tempfile
+            top = tempfile.mkdtemp(prefix="curvine-meta-scale-")
+            cluster = LocalCluster(os.path.join(top, "cluster"), workers=2, mounts=1)
+            say(f"starting a local cluster in {cluster.base} ...")
+            cluster.up()
+        plain = args.plain or os.path.join(top or "/tmp", f"plain-{os.getpid()}")
+        os.makedirs(plain, exist_ok=True)
+        ms = MetaScale(cluster, plain, say, args.runs, args.seconds, args.files, args.moosefs)
+        print(report(ms.run()))
+    finally:
+        if cluster is not None and not args.base:
+            cluster.down()
+        if top:
+            shutil.rmtree(top, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
