@@ -470,19 +470,20 @@ def test_configmap_is_a_valid_config_and_agrees_with_the_manifests(tmp_path):
     assert host == f"{svc['metadata']['name']}.{namespace}.svc.cluster.local"
     assert int(port) == cfg.master.port
     assert {p["port"] for p in svc["spec"]["ports"]} == {
-        cfg.master.port, cfg.master.worker_port, cfg.master.http_port}
+        cfg.master.port, cfg.master.worker_port, cfg.master.http_port, cfg.master.call_port}
     assert cfg.master.worker_port not in (cfg.master.port, cfg.master.http_port)
     whost, wport = config.master_worker_addr(cfg).rsplit(":", 1)
     assert whost == host and int(wport) == cfg.master.worker_port
     svc_ports = {p["name"]: p for p in svc["spec"]["ports"]}
     assert svc_ports["worker"]["port"] == cfg.master.worker_port
+    assert svc_ports["calls"]["port"] == cfg.master.call_port
     sts = _one(docs, "StatefulSet", "curvine-master")
     assert sts["spec"]["replicas"] == 1
     assert _one(docs, "Service", sts["spec"]["serviceName"])["spec"]["clusterIP"] == "None"
     assert svc["spec"]["selector"] == sts["spec"]["template"]["metadata"]["labels"]
     master = _container(sts["spec"]["template"]["spec"], "master")
     assert {p["containerPort"] for p in master["ports"]} == {
-        cfg.master.port, cfg.master.worker_port, cfg.master.http_port}
+        cfg.master.port, cfg.master.worker_port, cfg.master.http_port, cfg.master.call_port}
     # each Service port leads to the container port of the config's value
     container_ports = {p["name"]: p["containerPort"] for p in master["ports"]}
     for p in svc["spec"]["ports"]:
