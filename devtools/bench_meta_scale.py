@@ -129,11 +129,13 @@ class MetaScale:
                 self._add(f"{key} mount us/op", (f1 - f0) / ops * 1e6)
 
     # -- a, b -------------------------------------------------------------------------
-    def _clients(self, what: str, parent: int, n: int) -> int:
+    def _processes(self, target, args: Callable[[int], tuple], n: int) -> int:
+        """``n`` processes of ``target(*args(i), start, seed, out)``, started together
+        once all are up; the operations they counted."""
         start, out = self.ctx.Event(), self.ctx.Queue()
-        procs = [self.ctx.Process(target=_client_loop, daemon=True,
-                                  args=(self.cluster.client_conf, what, parent, self.seconds,
-                                        start, i * 1_000_003 + secrets.randbelow(1 << 20), out))
+        procs = [self.ctx.Process(target=target, daemon=True,
+                                  args=(*args(i), start, i * 1_000_003 + secrets.randbelow(1 << 20),
+                                        out))
                  for i in range(n)]
         for p in procs:
             p.start()
@@ -144,19 +146,13 @@ class MetaScale:
             p.join(30)
         return total
 
+    def _clients(self, what: str, parent: int, n: int) -> int:
+        return self._processes(_client_loop, lambda i: (self.cluster.client_conf, what,
+                                                        parent, self.seconds), n)
+
     def _mount_stats(self, n: int) -> int:
-        start, out = self.ctx.Event(), self.ctx.Queue()
         root = os.path.join(self.mount, self.tag)
-        procs = [self.ctx.Process(target=_stat_loop, daemon=True,
-                                  args=(root, self.seconds, start, i, out)) for i in range(n)]
-        for p in procs:
-            p.start()
-        time.sleep(1.0)
-        start.set()
-        total = sum(out.get(timeout=self.seconds + 120) for _ in procs)
-        for p in procs:
-            p.join(30)
-        return total
+        return self._processes(_stat_loop, lambda i: (root, self.seconds), n)
 
     # -- d ----------------------------------------------------------------------------
     def _fs_ops(self, side: str, root: str) -> None:

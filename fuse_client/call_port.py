@@ -20,23 +20,19 @@ import errno
 import itertools
 import logging
 import socket
-import struct
 
 import outcome
 import trio
 
 from curvine.client.master_client import Prepared
+from curvine.common.call_wire import (ACCEPTED, ANSWER, BUSY, FRAME, HELLO, MAGIC,
+                                      UNAUTHENTICATED)
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.rpc import MESSAGE_LIMIT, RETRY_MAX
 from curvine.proto import master_pb2
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"CVC1"
-HELLO = struct.Struct(">4sH")
-ANSWER = struct.Struct(">4sB")
-FRAME = struct.Struct(">I")
-ACCEPTED, UNAUTHENTICATED, BUSY = 0, 1, 2
 RECV_SIZE = 1 << 20
 
 
@@ -239,14 +235,7 @@ class CallPortClient:
     async def _read(self, sock: socket.socket) -> None:
         buf = bytearray()
         while True:
-            try:
-                data = sock.recv(RECV_SIZE)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
-                continue
-            if not data:
-                raise OSError(errno.ECONNRESET, "closed by the master")
-            buf += data
+            buf += await _recv_some(sock, RECV_SIZE)
             pos = 0
             while len(buf) - pos >= FRAME.size:
                 (n,) = FRAME.unpack_from(buf, pos)
@@ -310,12 +299,18 @@ async def _send_all(sock: socket.socket, data: bytes) -> None:
 async def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
+        buf += await _recv_some(sock, n - len(buf))
+    return bytes(buf)
+
+
+async def _recv_some(sock: socket.socket, n: int) -> bytes:
+    """Up to ``n`` bytes, at least one (waiting in the loop); OSError once closed."""
+    while True:
         try:
-            data = sock.recv(n - len(buf))
+            data = sock.recv(n)
         except BlockingIOError:
             await trio.lowlevel.wait_readable(sock)
             continue
         if not data:
             raise OSError(errno.ECONNRESET, "closed by the master")
-        buf += data
-    return bytes(buf)
+        return data

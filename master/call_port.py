@@ -32,22 +32,18 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import struct
 import threading
 from concurrent import futures
 from typing import Callable
 
+from curvine.common.call_wire import (ACCEPTED, ANSWER, BUSY, FRAME, HELLO, MAGIC,
+                                      UNAUTHENTICATED)
 from curvine.common.metrics import RPC_UNAUTHENTICATED, STREAMS_CANCELLED_IDLE
 from curvine.common.rpc import MESSAGE_LIMIT
 from curvine.proto import master_pb2
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"CVC1"
-HELLO = struct.Struct(">4sH")
-ANSWER = struct.Struct(">4sB")
-FRAME = struct.Struct(">I")
-ACCEPTED, UNAUTHENTICATED, BUSY = 0, 1, 2
 HELLO_TIMEOUT = 10.0
 MAX_TOKEN = 4096
 WRITE_BUFFER = 256 << 10  # replies buffered for a slow client before its reading pauses

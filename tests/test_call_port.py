@@ -22,7 +22,8 @@ from curvine.common.metrics import RPC_UNAUTHENTICATED, STREAMS_CANCELLED_IDLE
 from curvine.common.security import NO_SECURITY
 from curvine.fuse_client.call_port import CallPortClient, PortDown, PortRefused
 from curvine.fuse_client.calls import Calls
-from curvine.master.call_port import ANSWER, FRAME, HELLO, MAGIC, CallPort
+from curvine.common.call_wire import ANSWER, FRAME, HELLO, MAGIC
+from curvine.master.call_port import CallPort
 from curvine.master.master import Master
 from curvine.master.service import READ_CALLS, MasterServicer
 from curvine.proto import master_pb2, master_pb2_grpc
