@@ -227,13 +227,14 @@ class Master:
         reply = master_pb2.ListDirReply()
         with self.store.read() as txn:
             self.ns.directory(txn, ino, "ino")
+            entries = reply.entries
             for name, child in self.store.list_dir(txn, ino, start_after):
-                if len(reply.entries) >= limit:
+                if len(entries) >= limit:
                     reply.has_more = True
                     break
-                node = self.store.get_inode(txn, child)
-                if node is not None:
-                    reply.entries.add(name=name, inode=node)
+                raw = self.store.get_inode_bytes(txn, child)
+                if raw is not None:  # parsed straight into the reply: no copy per entry
+                    entries.add(name=name).inode.ParseFromString(raw)
         return reply
 
     def statfs(self) -> master_pb2.StatFsReply:

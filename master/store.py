@@ -101,6 +101,10 @@ class Store:
         txn.put(key, U64.pack(value), db=self.db["meta"])
 
     # -- inodes --------------------------------------------------------------------
+    def get_inode_bytes(self, txn, ino: int) -> bytes | None:
+        """The encoded Inode (for a reply to parse straight into: a listing)."""
+        return txn.get(k64(ino), db=self.db["inode"])
+
     def get_inode(self, txn, ino: int) -> common_pb2.Inode | None:
         v = txn.get(k64(ino), db=self.db["inode"])
         if v is None:
