@@ -68,6 +68,7 @@ class CallPort:
         self.idle_timeout = float(idle_timeout) or None
         self.max_in_flight = max_in_flight
         self.connections = 0
+        self.calls = 0  # calls read (the loop thread counts)
         self.port = 0  # bound port, once started
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -209,6 +210,7 @@ class CallPort:
                 log.warning("call port: %s sent a %d-byte frame; closing", peer, n)
                 return
             call = master_pb2.Call.FromString(await reader.readexactly(n))
+            self.calls += 1
             if call.WhichOneof("op") in self._read_calls:
                 send(self._run_call(call))
             else:

@@ -54,6 +54,7 @@ class Master:
         self.journal_dir = os.path.abspath(journal_dir or cfg.journal.dir)
         self.block_size = int(cfg.cluster.block_size)
         self.call_port = 0  # the bound call port (master/server.py), told to mounts
+        self.call_port_server = None  # its CallPort, for the metrics
         self.ckpt_root = checkpoint_root(self.meta_dir)
         try:  # names and the block token key: this user's only (common/private_files.py)
             private_files.private_dir(self.meta_dir, "master.meta_dir", scan_depth=2,

@@ -207,9 +207,20 @@ def collectors(master) -> list[metrics.Collector]:
         yield CounterMetricFamily("curvine_journal_written_bytes", "Bytes written to the "
                                   "journal", value=jst.get("bytes", 0))
 
+    def call_port():
+        port = master.call_port_server
+        if port is None:
+            return
+        yield GaugeMetricFamily("curvine_call_port_connections", "Mounts connected to the "
+                                "call port (master/call_port.py)", value=port.connections)
+        yield CounterMetricFamily("curvine_call_port_calls", "Namespace calls read on the "
+                                  "call port (also counted under their unary method in "
+                                  "curvine_rpc_server_handled_total)", value=port.calls)
+
     return [metrics.Collector(name, fn) for name, fn in (
         ("namespace", namespace), ("pool", pool), ("capacity", capacity),
-        ("leases", leases), ("replication", replication), ("journal", journal))]
+        ("leases", leases), ("replication", replication), ("journal", journal),
+        ("call_port", call_port))]
 
 
 def registry(master):

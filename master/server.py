@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                   cfg.master.host, e.strerror or e)
         calls = None
     master.call_port = calls.port if calls is not None else 0
+    master.call_port_server = calls
     worker_server.start()
     server.start()
     serving = threading.Event()
