@@ -54,6 +54,7 @@ SYMLINK_CACHE = 10_000  # symlink targets kept (a symlink's target never changes
 OPEN_INOS_SENT = 1024  # open inodes listed in an unlink/rename; more: the target's only
 XATTR_PREFIX = b"user."  # the only namespace stored (others: ENODATA / EOPNOTSUPP)
 XATTR_VALUE_MAX = 65536
+READDIR_BATCH = 64  # listing entries made into attributes per step of a readdir
 # writes up to this size into a block held in memory are copied in the trio loop
 # (~10 us for 64 KiB) rather than queued for a thread
 WRITE_NOW_MAX = 128 * 1024
@@ -777,20 +778,20 @@ class FileSystem:
     def listing(self, fh: int) -> Listing | None:
         return self._dirs.get(fh)
 
-    async def dir_entry(self, d: Listing, i: int) -> tuple[bytes, Attributes] | None:
-        """Entry ``i`` of the listing (loaded from the master page by page); None past
-        the last."""
+    async def dir_entries(self, d: Listing, i: int,
+                          n: int = READDIR_BATCH) -> list[tuple[bytes, Attributes]]:
+        """Up to ``n`` entries of the listing from entry ``i`` (loaded from the master
+        page by page); [] past the last.  A readdir request takes a few dozen."""
         while i >= len(d.entries):
             if d.done:
-                return None
+                return []
             page, more = await self.calls.run("listdir", d.ino, d.after, LISTDIR_PAGE)
             d.entries.extend((e.name, e.inode) for e in page)
-            self.kernel.note_dirs(*(e.inode for e in page))
+            self.kernel.note_dirs(*(e.inode for e in page if e.inode.type == DIRECTORY))
             if page:
                 d.after = page[-1].name
             d.done = not more or not page
-        name, inode = d.entries[i]
-        return name, self.attributes(inode)
+        return [(name, self.attributes(inode)) for name, inode in d.entries[i:i + n]]
 
     def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)

@@ -335,11 +335,11 @@ class Operations(pyfuse3.Operations):
         if listing is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         i = start_id
-        while (entry := await self.fs.dir_entry(listing, i)) is not None:
-            name, attrs = entry
-            if not pyfuse3.readdir_reply(token, name, _entry_attributes(attrs), i + 1):
-                return
-            i += 1
+        while batch := await self.fs.dir_entries(listing, i):
+            for name, attrs in batch:
+                if not pyfuse3.readdir_reply(token, name, _entry_attributes(attrs), i + 1):
+                    return
+                i += 1
 
     @_fuse_op
     async def releasedir(self, fh):
