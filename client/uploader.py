@@ -194,7 +194,6 @@ class Uploader:
         on its domain socket when it has one here (a small framed call), else by the
         AdoptBlock RPC; raises CurvineError when it refuses."""
         token = self._tokens[block_id]
-        adopted = False
         if self.sockets is not None and self.sockets.has(w):
             try:
                 got = self.sockets.adopt(w, block_id, token, path, length, crc)
@@ -205,10 +204,10 @@ class Uploader:
                           w.worker_id, e)
             else:
                 block_client.check_adopted(w, block_id, *got, length, crc)
-                adopted = True
-        if not adopted:
-            block_client.adopt_block(w, block_id, path, length, crc, timeout=self.timeout,
-                                     token=token, security=self.master.security)
+                CLIENT_WRITTEN_SHORT_CIRCUIT.inc(length)
+                return
+        block_client.adopt_block(w, block_id, path, length, crc, timeout=self.timeout,
+                                 token=token, security=self.master.security)
         CLIENT_WRITTEN_SHORT_CIRCUIT.inc(length)
 
     def stored_block(self, block_id: int, length: int, crc: int | None,

@@ -80,7 +80,7 @@ class CallPortClient:
             result = await trio.lowlevel.wait_task_rescheduled(abort)
         if scope.cancelled_caught:
             raise self._timeout(prepared)
-        return _reply(result)
+        return reply_of(result)
 
     def call_blocking(self, prepared: Prepared):
         token = self._trio_token
@@ -100,7 +100,7 @@ class CallPortClient:
             except trio.RunFinishedError:
                 pass
             raise self._timeout(prepared) from None
-        return _reply(result.unwrap())
+        return reply_of(result.unwrap())
 
     def _submit(self, cid: int, waiter: concurrent.futures.Future, prepared: Prepared) -> None:
         """In the loop: a thread's call."""
@@ -281,7 +281,8 @@ class PortRefused(Exception):
         self.status = status
 
 
-def _reply(result: master_pb2.CallResult):
+def reply_of(result: master_pb2.CallResult):
+    """The reply in a CallResult, or the master's error raised as a CurvineError."""
     if result.error_kind:
         raise CurvineError(ErrorKind(result.error_kind), result.error)
     return getattr(result, result.WhichOneof("result"))

@@ -34,7 +34,7 @@ from curvine.common.ids import ROOT_INO
 from curvine.common.rpc import RETRY_MAX
 from curvine.proto import master_pb2
 
-from .call_port import CallPortClient, PortDown
+from .call_port import CallPortClient, PortDown, reply_of
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class CallStream(StreamThread):
             result = await trio.lowlevel.wait_task_rescheduled(abort)
         if scope.cancelled_caught:
             raise self._timeout(prepared)
-        return self._reply(result)
+        return reply_of(result)
 
     def call_blocking(self, prepared: Prepared):
         """``call`` from any thread but the trio loop's (a writer publishing, an upload
@@ -101,17 +101,11 @@ class CallStream(StreamThread):
             with self._lock:
                 self._pending.pop(cid, None)
             raise self._timeout(prepared) from None
-        return self._reply(result.unwrap())
+        return reply_of(result.unwrap())
 
     def _timeout(self, prepared: Prepared) -> CurvineError:
         return CurvineError(ErrorKind.TIMEOUT, f"{prepared.method}: no answer within "
                                                f"{self.timeout:.0f}s")
-
-    @staticmethod
-    def _reply(result: master_pb2.CallResult):
-        if result.error_kind:
-            raise CurvineError(ErrorKind(result.error_kind), result.error)
-        return getattr(result, result.WhichOneof("result"))
 
     @staticmethod
     def _wake(waiter, value: outcome.Outcome) -> None:
@@ -197,21 +191,13 @@ class Calls:
 
     async def run(self, op: str, *args, **kwargs):
         prepared = self.master.prepare(op, *args, **kwargs)
-        if prepared.op:
-            if self.port is not None:
-                try:
-                    return prepared.convert(await self.port.call(prepared))
-                except PortDown:
-                    pass
-                except CurvineError as e:
-                    _unless_unavailable(e)
-            if self.stream is not None:
-                try:
-                    return prepared.convert(await self.stream.call(prepared))
-                except _StreamDown:
-                    pass
-                except CurvineError as e:
-                    _unless_unavailable(e)
+        for route in self._routes(prepared):
+            try:
+                return prepared.convert(await route.call(prepared))
+            except _ROUTE_DOWN:
+                pass
+            except CurvineError as e:
+                _unless_unavailable(e)
         return await self.to_thread(functools.partial(self.master.call, prepared))
 
     def from_thread(self, op: str, *args, **kwargs):
@@ -220,22 +206,25 @@ class Calls:
         already holds a slot of the mount's thread limiter, and threads that all wait
         for another slot would wait forever."""
         prepared = self.master.prepare(op, *args, **kwargs)
-        if prepared.op:
-            if self.port is not None:
-                try:
-                    return prepared.convert(self.port.call_blocking(prepared))
-                except PortDown:
-                    pass
-                except CurvineError as e:
-                    _unless_unavailable(e)
-            if self.stream is not None:
-                try:
-                    return prepared.convert(self.stream.call_blocking(prepared))
-                except _StreamDown:
-                    pass
-                except CurvineError as e:
-                    _unless_unavailable(e)
+        for route in self._routes(prepared):
+            try:
+                return prepared.convert(route.call_blocking(prepared))
+            except _ROUTE_DOWN:
+                pass
+            except CurvineError as e:
+                _unless_unavailable(e)
         return self.master.call(prepared)
+
+    def _routes(self, prepared: Prepared) -> list:
+        """The port and the stream, those that are set, for a call that has a field in
+        master.Call; none for the others (unary only)."""
+        if not prepared.op:
+            return []
+        return [r for r in (self.port, self.stream) if r is not None]
+
+
+# a route that cannot carry a call: it goes on the next one (nothing is known of its fate)
+_ROUTE_DOWN = (PortDown, _StreamDown)
 
 
 def _unless_unavailable(e: CurvineError) -> None:

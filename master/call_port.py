@@ -73,7 +73,6 @@ class CallPort:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._thread: threading.Thread | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
 
     def start(self) -> int:
         """Bind and serve; returns the bound port.  OSError if the port is taken."""
@@ -119,20 +118,17 @@ class CallPort:
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
-    def _shutdown(self) -> None:
-        """In the loop: stop accepting, end every connection (their calls in the pool
-        finish; their replies are dropped)."""
-        for w in list(self._writers):
-            w.close()
-        if self._server is not None:
-            self._server.close()
-            for task in asyncio.all_tasks():
-                task.cancel()
+    @staticmethod
+    def _shutdown() -> None:
+        """In the loop: stop accepting (serve_forever closes the server when cancelled)
+        and end every connection (each closes its writer; its calls in the pool finish,
+        their replies are dropped)."""
+        for task in asyncio.all_tasks():
+            task.cancel()
 
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        self._writers.add(writer)
         counted = False
         try:
             status = await self._hello(reader)
@@ -157,7 +153,6 @@ class CallPort:
         finally:
             if counted:
                 self.connections -= 1
-            self._writers.discard(writer)
             writer.close()
 
     async def _hello(self, reader: asyncio.StreamReader) -> int:

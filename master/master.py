@@ -53,8 +53,7 @@ class Master:
         self.meta_dir = os.path.abspath(meta_dir or cfg.master.meta_dir)
         self.journal_dir = os.path.abspath(journal_dir or cfg.journal.dir)
         self.block_size = int(cfg.cluster.block_size)
-        self.call_port = 0  # the bound call port (master/server.py), told to mounts
-        self.call_port_server = None  # its CallPort, for the metrics
+        self.call_port_server = None  # the CallPort serving (master/server.py), if any
         self.ckpt_root = checkpoint_root(self.meta_dir)
         try:  # names and the block token key: this user's only (common/private_files.py)
             private_files.private_dir(self.meta_dir, "master.meta_dir", scan_depth=2,
@@ -237,6 +236,11 @@ class Master:
                 if raw is not None:  # parsed straight into the reply: no copy per entry
                     entries.add(name=name).inode.ParseFromString(raw)
         return reply
+
+    @property
+    def call_port(self) -> int:
+        """The bound call port told to mounts (StatFs); 0: none."""
+        return self.call_port_server.port if self.call_port_server is not None else 0
 
     def statfs(self) -> master_pb2.StatFsReply:
         reply = master_pb2.StatFsReply(block_size=self.block_size, call_port=self.call_port)

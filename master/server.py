@@ -96,7 +96,6 @@ def main(argv: list[str] | None = None) -> int:
                   "send namespace calls on the slower gRPC stream", cfg.master.call_port,
                   cfg.master.host, e.strerror or e)
         calls = None
-    master.call_port = calls.port if calls is not None else 0
     master.call_port_server = calls
     worker_server.start()
     server.start()
