@@ -28,7 +28,7 @@ from curvine.common import auth
 from curvine.common import config as config_mod
 from curvine.common import daemon
 from curvine.common import log as log_mod
-from curvine.common import metrics
+from curvine.common import metrics, stacks
 from curvine.common.errors import ConfigError, CurvineError
 from curvine.common.ids import ROOT_INO
 from curvine.common.mounts import mount_table
@@ -226,6 +226,7 @@ async def serve(cfg: config_mod.Config, ops: Operations,
 
         nursery.start_soon(main_loop)
         nursery.start_soon(on_signals)
+        nursery.start_soon(stacks.dump_on_signal)
         nursery.start_soon(ready)
 
 

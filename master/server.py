@@ -12,7 +12,7 @@ import sys
 import threading
 
 from curvine.common import config as config_mod
-from curvine.common import auth, daemon, log as log_mod, metrics as metrics_mod, rpc
+from curvine.common import auth, daemon, log as log_mod, metrics as metrics_mod, rpc, stacks
 from curvine.common.errors import ConfigError, CurvineError
 from curvine.common.security import CLIENT, WORKER, Security
 from curvine.journal import JournalError
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.journal.dir = args.journal_dir
     log_mod.setup(cfg.log.level, "master")
     stop = daemon.stop_event()
+    stacks.install_thread_dump()
     try:
         master = Master(cfg, security=security)
     except JournalError as e:

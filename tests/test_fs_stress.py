@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import resource
@@ -114,15 +115,19 @@ class Run:
         head = (f"stress-ng {self.name}: "
                 + (f"TIMED OUT after {self.seconds:.0f}s" if self.timed_out else
                    f"exit {self.rc} ({EXIT_STATUS.get(self.rc, '?')}) in {self.seconds:.1f}s"))
-        body = self.fails + self.skips
-        if not body:
-            body = [ln for ln in self.out.splitlines() if "metrc:" not in ln][-12:]
+        if self.timed_out:  # all of it, with the diagnosis of on_hang
+            body = self.out.splitlines()
+        else:
+            body = (self.fails + self.skips
+                    or [ln for ln in self.out.splitlines() if "metrc:" not in ln][-12:])[:25]
         return (head + "\n  command: " + " ".join(self.argv) + "\n"
-                + "\n".join("  " + ln for ln in body[:25]))
+                + "\n".join("  " + ln for ln in body))
 
 
 def run_stressor(name: str, temp: str, seconds: int = RUN_SECONDS,
-                 timeout: float = HARD_TIMEOUT) -> Run:
+                 timeout: float = HARD_TIMEOUT, on_hang=None) -> Run:
+    """``on_hang(pid)``: called with stress-ng's process group still stuck, before it
+    is killed; what it returns is added to the run's output."""
     os.makedirs(temp, exist_ok=True)
     extra = list(EXTRA.get(name, []))
     if name == "fstat":
@@ -142,6 +147,7 @@ def run_stressor(name: str, temp: str, seconds: int = RUN_SECONDS,
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
+        diagnosis = on_hang(p.pid) if on_hang is not None else ""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
         try:
@@ -149,6 +155,7 @@ def run_stressor(name: str, temp: str, seconds: int = RUN_SECONDS,
         except subprocess.TimeoutExpired:  # stuck in the kernel on a dead FUSE request
             _abort_fuse_under(temp)
             out, _ = p.communicate(timeout=30)
+        out += diagnosis.encode()
     return Run(name, argv, p.returncode, out.decode(errors="replace"),
                time.monotonic() - t0, timed_out)
 
@@ -167,6 +174,49 @@ def _mount_of(path: str) -> tuple[str, str] | None:
                 if best is None or len(point) > len(best[0]):
                     best = (point, fields[2])
     return best
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError as e:
+        return f"({e.strerror})"
+
+
+def _diagnose_hang(c, pgid: int) -> str:
+    """What a stuck stress-ng waits for: each process's kernel stack, the FUSE
+    connections with requests waiting, and the stacks the daemons log on SIGUSR1."""
+    lines = ["", "== diagnosis of the hang"]
+    for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
+        with contextlib.suppress(OSError):
+            if os.getpgid(pid) != pgid:
+                continue
+            status = dict(ln.split(":", 1) for ln in _read(f"/proc/{pid}/status").splitlines()
+                          if ":" in ln)
+            lines.append(f"process {pid} state {status.get('State', '?').strip()} "
+                         f"wchan {_read(f'/proc/{pid}/wchan')}; kernel stack:")
+            lines += ["    " + ln for ln in _read(f"/proc/{pid}/stack").splitlines()]
+    minors = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[fields.index("-") + 1].startswith("fuse"):
+                minors[fields[2].split(":")[1]] = fields[4]
+    for conn in sorted(os.listdir("/sys/fs/fuse/connections")):
+        waiting = _read(f"/sys/fs/fuse/connections/{conn}/waiting")
+        if waiting not in ("0", ""):
+            lines.append(f"FUSE connection {conn} ({minors.get(conn, 'not mounted here')}): "
+                         f"{waiting} requests waiting")
+    daemons = [p for p in c.status() if p["alive"] and p["role"] in ("fuse", "master")]
+    for p in daemons:
+        with contextlib.suppress(OSError):
+            os.kill(p["pid"], signal.SIGUSR1)
+    time.sleep(2)
+    for p in daemons:
+        lines.append(f"== the last lines of {p['role']} {p['index']}'s log")
+        lines.append(log_tail(p["log"], 150 if p["role"] == "fuse" else 60))
+    return "\n".join(lines)
 
 
 def _abort_fuse_under(path: str) -> None:
@@ -284,7 +334,8 @@ def test_stressor(name, mount_dir, stress_cluster, tmp_path):
                          timeout=60.0)
     assert local.passed, "on a LOCAL directory (so not a curvine problem):\n" + local.describe()
     kernel_before = set(_kernel_log()[-500:])
-    run = run_stressor(name, mount_dir)
+    run = run_stressor(name, mount_dir,
+                       on_hang=functools.partial(_diagnose_hang, stress_cluster))
     print(f"{name}: local {local.seconds:.1f}s, mount {run.seconds:.1f}s")
     died = _daemon_problem(stress_cluster, kernel_before)
     if died:

@@ -31,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from curvine.common import auth, block_tokens
 from curvine.common import config as config_mod
-from curvine.common import daemon, private_files
+from curvine.common import daemon, private_files, stacks
 from curvine.common import log as log_mod
 from curvine.common import metrics
 from curvine.common.errors import ConfigError, CurvineError, ErrorKind
@@ -536,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     log_mod.setup(cfg.log.level, "curvine-worker")
     tune_malloc()
     stop = daemon.stop_event()
+    stacks.install_thread_dump()
     return run(cfg, stop, security)
 
 
