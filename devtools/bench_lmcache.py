@@ -15,8 +15,9 @@ LMCache's 28-byte metadata header per file).  The paths, each its own L2:
 5. ``moosefs``: ``fs://`` on MooseFS 3.0, writer on its mount 1, reader on mount 2
    (``--moosefs-mounts``, or ``--moosefs-up SCRIPT`` to start it; else skipped).
 
-Per run and path, twice (cold, then warm): a writer pod (a fresh interpreter,
-devtools/lmcache_pod.py) stores the prompt: *store* is ``engine.store`` until the
+Per run and path, twice (cold, then warm): a writer pod (a fresh process,
+devtools/lmcache_pod.py, forked from one that imported torch and LMCache:
+devtools/pod_fork.py) stores the prompt: *store* is ``engine.store`` until the
 remote backend contains every chunk.  Then ``sync`` and, for *cold*, the page cache
 is dropped (PageCache); a fresh reader pod looks up the prompt and retrieves it:
 *lookup hit/miss* is LMCache's ``batched_async_contains`` over the 8 keys of the
@@ -49,6 +50,7 @@ from typing import Callable
 
 from .bench import BenchError, CpuMeter, Metric, PageCache
 from .demo import format_table
+from . import pod_fork
 from .local import ClusterError, LocalCluster, is_mounted
 
 MODEL = "Qwen/Qwen2-7B-Instruct"
@@ -313,13 +315,14 @@ class LmcacheBench:
         env = pod_env(**({"CURVINE_CONF": self.client_conf} if self.client_conf else {}))
         out = stem + ".out.json"
         with open(stem + ".log", "w") as log:
+            # forked from a process that imported torch and LMCache (devtools/pod_fork.py)
+            proc = pod_fork.popen(["-m", "curvine.devtools.lmcache_pod", stem + ".spec.json",
+                                   out], self.pod_dir, env, log, base_env=pod_env())
             try:
-                r = subprocess.run([sys.executable, "-m", "curvine.devtools.lmcache_pod",
-                                    stem + ".spec.json", out], env=env, cwd=self.pod_dir,
-                                   stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, timeout=POD_TIMEOUT_S)
-                code = r.returncode
+                code = proc.wait(POD_TIMEOUT_S)
             except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
                 code = f"no exit within {POD_TIMEOUT_S:g} s"
         if code != 0 or not os.path.exists(out):
             with open(stem + ".log", errors="replace") as f:
