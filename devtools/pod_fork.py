@@ -19,7 +19,8 @@ Protocol on the server's Unix socket, one connection per pod: the request (JSON
 the server answers ``{"pid": N}`` and, when the pod exits, ``{"status": S}`` (S as
 ``Popen.returncode``: negative for a signal).
 
-    python -m curvine.devtools.pod_fork SOCKET     # the server (ForkServer starts it)
+    python -m curvine.devtools.pod_fork SOCKET [MODULE...]   # the server (ForkServer
+                                                             # starts it; PRELOAD)
 """
 
 from __future__ import annotations
@@ -97,13 +98,14 @@ class ForkServer:
     _shared: ForkServer | None = None
     _shared_lock = threading.Lock()
 
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], preload: tuple[str, ...] = PRELOAD):
         self.env = dict(env)
         self._dir = tempfile.mkdtemp(prefix="curvine-pod-fork-")
         self.path = os.path.join(self._dir, "sock")
         self._log = open(os.path.join(self._dir, "server.log"), "wb")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "curvine.devtools.pod_fork", self.path], env=self.env,
+            [sys.executable, "-m", "curvine.devtools.pod_fork", self.path, *preload],
+            env=self.env,
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + START_TIMEOUT
         while not os.path.exists(self.path):
@@ -174,11 +176,12 @@ def popen(argv: list[str], cwd: str, env: dict[str, str], stdout, base_env: dict
 
 # --------------------------------------------------------------------------- server
 
-def serve(path: str) -> dict | None:
-    """Accept pods until SIGTERM; returns (in a forked child only) the pod's request,
-    with its output descriptor as ``"fd"``.  One thread: children are reaped between
-    accepts, and their statuses sent back on their connections."""
-    for name in PRELOAD:
+def serve(path: str, preload) -> dict | None:
+    """Import ``preload``, then accept pods until SIGTERM; returns (in a forked child
+    only) the pod's request, with its output descriptor as ``"fd"``.  One thread:
+    children are reaped between accepts, and their statuses sent back on their
+    connections."""
+    for name in preload:
         __import__(name)
     gc.freeze()  # the preloaded objects stay out of the pods' collections (no copies)
     stop = []
@@ -296,7 +299,7 @@ def run_pod(job: dict) -> None:
 
 
 def main(argv: list[str]) -> None:
-    job = serve(argv[0])
+    job = serve(argv[0], argv[1:])
     if job is None:
         return
     # The pod exits as ``python`` would (its non-daemon threads joined, atexit
