@@ -284,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"curvine-fuse: {e}", file=sys.stderr)
         return 2
     log_mod.setup("DEBUG" if cfg.fuse.debug else cfg.log.level, role="curvine-fuse")
+    stacks.install_thread_dump()  # until the loop runs (it then adds its tasks' stacks)
     if not os.path.isdir(cfg.fuse.mountpoint):
         log.error("mount point %s is not a directory", cfg.fuse.mountpoint)
         return 2
