@@ -194,21 +194,27 @@ class Uploader:
         on its domain socket when it has one here (a small framed call), else by the
         AdoptBlock RPC; raises CurvineError when it refuses."""
         token = self._tokens[block_id]
-        if self.sockets is not None and self.sockets.has(w):
-            try:
-                got = self.sockets.adopt(w, block_id, token, path, length, crc)
-            except CurvineError as e:
-                if e.kind != ErrorKind.UNAVAILABLE:  # a refusal, not a socket gone
-                    raise
-                log.debug("worker %d: domain socket unavailable (%s); AdoptBlock RPC",
-                          w.worker_id, e)
-            else:
-                block_client.check_adopted(w, block_id, *got, length, crc)
-                CLIENT_WRITTEN_SHORT_CIRCUIT.inc(length)
-                return
-        block_client.adopt_block(w, block_id, path, length, crc, timeout=self.timeout,
-                                 token=token, security=self.master.security)
+        if not self._adopt_on_socket(w, block_id, token, path, length, crc):
+            block_client.adopt_block(w, block_id, path, length, crc, timeout=self.timeout,
+                                     token=token, security=self.master.security)
         CLIENT_WRITTEN_SHORT_CIRCUIT.inc(length)
+
+    def _adopt_on_socket(self, w: WorkerInfo, block_id: int, token, path: str, length: int,
+                         crc: int) -> bool:
+        """``adopt`` on ``w``'s domain socket; False when it has none here or the
+        socket is gone (then the RPC goes)."""
+        if self.sockets is None or not self.sockets.has(w):
+            return False
+        try:
+            got = self.sockets.adopt(w, block_id, token, path, length, crc)
+        except CurvineError as e:
+            if e.kind != ErrorKind.UNAVAILABLE:  # a refusal, not a socket gone
+                raise
+            log.debug("worker %d: domain socket unavailable (%s); AdoptBlock RPC",
+                      w.worker_id, e)
+            return False
+        block_client.check_adopted(w, block_id, *got, length, crc)
+        return True
 
     def stored_block(self, block_id: int, length: int, crc: int | None,
                      workers: list[WorkerInfo]) -> Block:
