@@ -61,8 +61,8 @@ def _log(lines: list[str]) -> None:
 
 
 def install_thread_dump() -> None:
-    """SIGUSR1 logs every thread's stack (call from the main thread; daemons without
-    trio)."""
+    """SIGUSR1 logs every thread's stack (call from the main thread; in curvine-fuse,
+    :func:`dump_on_signal` takes the signal over while its trio loop runs)."""
     signal.signal(DUMP_SIGNAL, lambda _signum, _frame: _log(thread_stacks()))
 
 

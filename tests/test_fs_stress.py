@@ -160,20 +160,23 @@ def run_stressor(name: str, temp: str, seconds: int = RUN_SECONDS,
                time.monotonic() - t0, timed_out)
 
 
-def _mount_of(path: str) -> tuple[str, str] | None:
-    """(mount point, "major:minor") of the FUSE mount holding ``path``, read from
-    /proc/self/mountinfo (never touches the file system, which may hang)."""
-    best = None
-    path = os.path.abspath(path)
+def _fuse_mounts() -> list[tuple[str, str]]:
+    """(mount point, "major:minor") of every FUSE mount, read from
+    /proc/self/mountinfo (never touches a file system, which may hang)."""
+    mounts = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
             fields = line.split()
-            point = fields[4].replace("\\040", " ")
-            fstype = fields[fields.index("-") + 1]
-            if fstype.startswith("fuse") and (path == point or path.startswith(point + "/")):
-                if best is None or len(point) > len(best[0]):
-                    best = (point, fields[2])
-    return best
+            if fields[fields.index("-") + 1].startswith("fuse"):
+                mounts.append((fields[4].replace("\\040", " "), fields[2]))
+    return mounts
+
+
+def _mount_of(path: str) -> tuple[str, str] | None:
+    """(mount point, "major:minor") of the FUSE mount holding ``path``."""
+    path = os.path.abspath(path)
+    holding = [m for m in _fuse_mounts() if path == m[0] or path.startswith(m[0] + "/")]
+    return max(holding, key=lambda m: len(m[0]), default=None)
 
 
 def _read(path: str) -> str:
@@ -197,12 +200,7 @@ def _diagnose_hang(c, pgid: int) -> str:
             lines.append(f"process {pid} state {status.get('State', '?').strip()} "
                          f"wchan {_read(f'/proc/{pid}/wchan')}; kernel stack:")
             lines += ["    " + ln for ln in _read(f"/proc/{pid}/stack").splitlines()]
-    minors = {}
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            if fields[fields.index("-") + 1].startswith("fuse"):
-                minors[fields[2].split(":")[1]] = fields[4]
+    minors = {dev.split(":")[1]: point for point, dev in _fuse_mounts()}
     for conn in sorted(os.listdir("/sys/fs/fuse/connections")):
         waiting = _read(f"/sys/fs/fuse/connections/{conn}/waiting")
         if waiting not in ("0", ""):
