@@ -32,6 +32,7 @@ import gc
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -52,11 +53,14 @@ class ForkedProcess:
     """What :class:`subprocess.Popen` offers the pods' callers: ``pid``, ``poll``,
     ``wait``, ``kill``, ``returncode``."""
 
-    def __init__(self, conn: socket.socket, pid: int):
+    def __init__(self, conn: socket.socket, pid: int, rest: bytes = b""):
+        """``rest``: what the server sent after the pid line (its status, if the pod
+        exited that fast)."""
         self._conn = conn
         self.pid = pid
         self.returncode: int | None = None
         self._buf = b""
+        self._take(rest)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -86,6 +90,9 @@ class ForkedProcess:
             self.returncode = -signal.SIGKILL
             self._conn.close()
             return
+        self._take(data)
+
+    def _take(self, data: bytes) -> None:
         self._buf += data
         if b"\n" in self._buf:
             self.returncode = int(json.loads(self._buf.split(b"\n", 1)[0])["status"])
@@ -140,13 +147,14 @@ class ForkServer:
             conn.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                       array.array("i", [stdout.fileno()]))])
             conn.shutdown(socket.SHUT_WR)
-            line = b""
-            while not line.endswith(b"\n"):
+            got = b""
+            while b"\n" not in got:
                 data = conn.recv(4096)
                 if not data:
                     raise RuntimeError("the pod fork server refused the pod")
-                line += data
-            return ForkedProcess(conn, int(json.loads(line)["pid"]))
+                got += data
+            line, rest = got.split(b"\n", 1)
+            return ForkedProcess(conn, int(json.loads(line)["pid"]), rest)
         except BaseException:
             conn.close()
             raise
@@ -159,6 +167,8 @@ class ForkServer:
         self._log.close()
         with contextlib.suppress(OSError):
             os.unlink(self.path)
+        if self._proc.returncode in (0, -signal.SIGTERM):  # else its log tells why
+            shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def popen(argv: list[str], cwd: str, env: dict[str, str], stdout, base_env: dict[str, str]):

@@ -33,15 +33,15 @@ import pytest
 from cluster_util import wait_for
 from curvine.connector.store import KVStore
 from curvine.devtools import pod_fork
+# a pod's environment: this one without LMCACHE_*, plus QUIET_ENV (one hash seed for
+# every pod: chunk keys hash token ids with Python's hash())
+from curvine.devtools.bench_lmcache import QUIET_ENV, pod_env
 from curvine.devtools.local import LocalCluster
 
 pytestmark = pytest.mark.lmcache
 
 PODS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lmcache_pods.py")
 POD_TIMEOUT = 180.0
-QUIET_ENV = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1",
-             # chunk keys hash token ids with Python's hash(): one seed for every pod
-             "PYTHONHASHSEED": "0"}
 TOKENS = 2048  # a prompt of 8 chunks of 256 tokens
 CHUNKS = TOKENS // 256
 # 5 layers, 4 KV heads, head dim 128, bf16: 2.5 MiB per chunk (3 blocks of 1 MiB)
@@ -99,12 +99,6 @@ def curvine_config(conf: str, namespace: str = NS, short_circuit: bool | None = 
             "extra_config": extra}
 
 
-def pod_base_env() -> dict[str, str]:
-    """A pod's environment: this one without LMCACHE_*, plus QUIET_ENV."""
-    return {**{k: v for k, v in os.environ.items() if not k.startswith("LMCACHE_")},
-            **QUIET_ENV}
-
-
 def fs_config(directory: str, l1_gb: float = 0.5) -> dict:
     """LMCache's own fs:// connector on a directory of a mount."""
     return {"chunk_size": 256, "local_cpu": True, "max_local_cpu_size": l1_gb,
@@ -128,7 +122,7 @@ class Pod:
         self.log_path = os.path.join(self.dir, "pod.log")
         with open(self.spec_path, "w") as f:
             json.dump(spec, f)
-        full_env = {**pod_base_env(), **(env or {})}
+        full_env = pod_env(**(env or {}))
         if user is not None:
             for p in (self.dir, self.spec_path):
                 os.chown(p, user, user)
@@ -137,7 +131,7 @@ class Pod:
         # a fresh process, forked from one that imported torch and LMCache (~7.5 s of
         # CPU saved per pod: devtools/pod_fork.py)
         self.proc = pod_fork.popen([PODS, self.spec_path, self.out_path], self.dir, full_env,
-                                   self._log, base_env=pod_base_env())
+                                   self._log, base_env=pod_env())
 
     def log(self) -> str:
         with open(self.log_path, errors="replace") as f:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -78,3 +79,15 @@ def test_import_time_variables_get_a_plain_interpreter(server, tmp_path):
     assert s.can_run({**env, "X": "other"})
     assert not s.can_run({**env, "PYTHONHASHSEED": "1"})
     assert not s.can_run({**env, "LMCACHE_CHUNK_SIZE": "512"})
+
+
+def test_a_status_sent_with_the_pid_is_not_lost():
+    """A pod that exits before its caller read the pid line: the server's two lines
+    come in one read, and the status in it is the pod's."""
+    ours, theirs = socket.socketpair()
+    try:
+        p = pod_fork.ForkedProcess(ours, 12345, rest=b'{"status": 3}\n')
+        assert p.poll() == 3 and p.wait(0) == 3
+    finally:
+        theirs.close()
+        ours.close()
