@@ -48,7 +48,8 @@ class CurvineFS:
         self.master = master or MasterClient(master_addr or self.cfg.cluster.master_addr,
                                              timeout=self.cfg.cluster.rpc_timeout,
                                              wait=self.cfg.cluster.master_wait,
-                                             security=Security.load(self.cfg))
+                                             security=Security.load(self.cfg),
+                                             call_port=self.cfg.client.call_port)
         self.security = self.master.security
         self.host = host_id()
         # The only dirs short-circuit reads and writes may open: this configuration's

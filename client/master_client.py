@@ -18,21 +18,26 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import grpc
 
+from curvine.common.call_wire import PortDown
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import new_request_id
 from curvine.common.rpc import RETRY_MAX, RpcClient
 from curvine.common.security import Security
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
+from .call_port import BlockingCallPort
+
 Inode = common_pb2.Inode
 Block = common_pb2.Block
 WorkerInfo = common_pb2.WorkerInfo
 
 LISTDIR_PAGE = 1000
+PORT_RECHECK = 30.0  # seconds before asking again a master that had no call port
 
 log = logging.getLogger(__name__)
 
@@ -87,17 +92,56 @@ class MasterClient:
     from this client (writers, readers) use ``.security`` for their own channels."""
 
     def __init__(self, address: str, timeout: float = 30.0, wait: float = 60.0, *,
-                 security: Security):
+                 security: Security, call_port: bool = False):
         self.address = address
         self.security = security
+        self.timeout = timeout
         self._rpc = RpcClient(address, master_pb2_grpc.MasterStub, security=security,
                               timeout=timeout, wait=wait)
         self.session = 0  # lease session id while a LeaseSession is up (0 = none)
+        # ``call_port``: namespace calls on the master's call port when it has one
+        # (client/call_port.py; learned from StatFs at the first call), else unary
+        self._port: BlockingCallPort | None = None
+        self._port_checked = 0.0 if call_port else None  # monotonic time of the last StatFs
+        self._port_lock = threading.Lock()
 
     def _call(self, method: str, request):
         # Reads are naturally idempotent; mutations carry a request id that the
         # master's retry cache recognises, so every call may be retried.
         return self._rpc.call(method, request, idempotent=True)
+
+    def _call_op(self, method: str, op: str, request, timeout: float | None = None,
+                 wait: float | None = None):
+        """Namespace call ``op`` (its field in master.Call): on the call port when there
+        is one, else (or when the port cannot carry it) the unary RPC ``method`` with
+        the same request."""
+        port = self._call_port()
+        if port is not None:
+            try:
+                return port.call(op, request, timeout)
+            except PortDown:
+                pass
+        return self._rpc.call(method, request, idempotent=True, timeout=timeout, wait=wait)
+
+    def _call_port(self) -> BlockingCallPort | None:
+        if self._port is not None or self._port_checked is None:
+            return self._port
+        now = time.monotonic()
+        if self._port_checked and now - self._port_checked < PORT_RECHECK:
+            return None
+        with self._port_lock:
+            if self._port is None and now - self._port_checked >= PORT_RECHECK:
+                self._port_checked = now
+                try:
+                    number = self._call("StatFs", master_pb2.StatFsRequest()).call_port
+                except CurvineError as e:
+                    log.debug("asking the master for its call port: %s", e)
+                    return None
+                if number:
+                    host = self.address.rpartition(":")[0].strip("[]")
+                    self._port = BlockingCallPort(host, number, self.security.token,
+                                                  self.timeout)
+        return self._port
 
     # -- namespace -------------------------------------------------------------
 
@@ -112,7 +156,7 @@ class MasterClient:
         return getattr(self, "_prep_" + op)(*args, **kwargs)
 
     def call(self, prepared: Prepared):
-        return prepared.convert(self._call(prepared.method, prepared.request))
+        return prepared.convert(self._call_op(prepared.method, prepared.op, prepared.request))
 
     def _prep_lookup(self, parent: int, name: bytes) -> Prepared:
         return Prepared("Lookup", "lookup", master_pb2.LookupRequest(
@@ -260,8 +304,8 @@ class MasterClient:
     def lookup_or_none(self, parent: int, name: bytes) -> Inode | None:
         """The inode of ``name`` in ``parent``, or None when there is none (one cheap
         reply, not an error status: a miss is LMCache's hot path)."""
-        reply = self._call("Lookup", master_pb2.LookupRequest(parent=parent, name=name,
-                                                              miss_ok=True))
+        reply = self._call_op("Lookup", "lookup", master_pb2.LookupRequest(
+            parent=parent, name=name, miss_ok=True))
         return reply.inode if reply.HasField("inode") else None
 
     def lookup_leased(self, parent: int, name: bytes) -> tuple[Inode | None, int]:
@@ -397,9 +441,8 @@ class MasterClient:
         """Every name of ``names`` in ``parent`` in one round trip (results parallel to
         names; a miss has no inode); with ``with_blocks`` complete files' blocks with read
         tokens and their workers."""
-        return self._rpc.call("LookupMany", master_pb2.LookupManyRequest(
-            parent=parent, names=list(names), with_blocks=with_blocks),
-            timeout=timeout, wait=wait)
+        return self._call_op("LookupMany", "lookup_many", master_pb2.LookupManyRequest(
+            parent=parent, names=list(names), with_blocks=with_blocks), timeout, wait)
 
     def add_block_for_put(self, parent: int, name: bytes, client_host_id: str,
                           size_hint: int = 0, exclude: Sequence[int] = (),
@@ -407,9 +450,9 @@ class MasterClient:
                           ) -> master_pb2.AddBlockReply:
         """A block for PutFile of ``name`` into ``parent``; ``reply.existing`` set (and
         no block) if the name exists already."""
-        return self._rpc.call("AddBlock", master_pb2.AddBlockRequest(
+        return self._call_op("AddBlock", "add_block", master_pb2.AddBlockRequest(
             put_parent=parent, put_name=name, client_host_id=client_host_id,
-            size_hint=size_hint, exclude_workers=list(exclude)), timeout=timeout, wait=wait)
+            size_hint=size_hint, exclude_workers=list(exclude)), timeout, wait)
 
     def put_file(self, parent: int, name: bytes, blocks: Sequence[Block], size: int,
                  mode: int = 0o644, uid: int = 0, gid: int = 0, mtime_ns: int = 0,
@@ -418,10 +461,10 @@ class MasterClient:
         """Publish a whole new file (blocks with their write tokens) under ``name`` in
         one journaled step: (inode, existed); existed means another writer's file was
         there and nothing changed."""
-        reply = self._rpc.call("PutFile", master_pb2.PutFileRequest(
+        reply = self._call_op("PutFile", "put_file", master_pb2.PutFileRequest(
             request_id=new_request_id(), parent=parent, name=name, mode=mode & 0o7777,
             uid=uid, gid=gid, blocks=list(blocks), size=size, mtime_ns=mtime_ns,
-            session=self.session), timeout=timeout, wait=wait)
+            session=self.session), timeout, wait)
         return reply.inode, reply.existed
 
     # -- capacity (master/capacity.py) ------------------------------------------
@@ -461,6 +504,8 @@ class MasterClient:
                               timeout=timeout)
 
     def close(self) -> None:
+        if self._port is not None:
+            self._port.close()
         self._rpc.close()
 
 

@@ -158,6 +158,9 @@ class ClientConfig:
     # where the local workers' domain sockets are (every *.sock: worker.domain_socket);
     # "" = no descriptor passing
     domain_socket_dir: str = "/run/curvine"
+    # the path API's (and so the LMCache connector's) namespace calls on the master's
+    # call port when it has one (client/call_port.py), else unary gRPC
+    call_port: bool = True
 
 
 @dataclass

@@ -51,7 +51,7 @@ def _client_loop(conf: str, what: str, parent: int, seconds: float, start, seed:
 
     cfg = config_mod.load(conf)
     mc = MasterClient(cfg.cluster.master_addr, timeout=30, wait=10,
-                      security=Security.load(cfg))
+                      security=Security.load(cfg), call_port=cfg.client.call_port)
     n = 0
     try:
         start.wait()

@@ -25,8 +25,8 @@ import outcome
 import trio
 
 from curvine.client.master_client import Prepared
-from curvine.common.call_wire import (ACCEPTED, ANSWER, BUSY, FRAME, HELLO, MAGIC,
-                                      UNAUTHENTICATED)
+from curvine.common.call_wire import (ACCEPTED, ANSWER, FRAME, HELLO, MAGIC, UNAUTHENTICATED,
+                                      PortDown, PortRefused, reply_of)
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.rpc import MESSAGE_LIMIT, RETRY_MAX
 from curvine.proto import master_pb2
@@ -36,8 +36,6 @@ log = logging.getLogger(__name__)
 RECV_SIZE = 1 << 20
 
 
-class PortDown(Exception):
-    """The call port cannot carry this call (nothing is known of its fate)."""
 
 
 class CallPortClient:
@@ -272,20 +270,6 @@ def _wake(waiter, value: outcome.Outcome) -> None:
         waiter.set_result(value)
     else:
         trio.lowlevel.reschedule(waiter, value)
-
-
-class PortRefused(Exception):
-    def __init__(self, status: int):
-        super().__init__({UNAUTHENTICATED: "wrong token", BUSY: "too many connections"}
-                         .get(status, f"refused ({status})"))
-        self.status = status
-
-
-def reply_of(result: master_pb2.CallResult):
-    """The reply in a CallResult, or the master's error raised as a CurvineError."""
-    if result.error_kind:
-        raise CurvineError(ErrorKind(result.error_kind), result.error)
-    return getattr(result, result.WhichOneof("result"))
 
 
 async def _send_all(sock: socket.socket, data: bytes) -> None:

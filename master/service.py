@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 MAX_CALLS_IN_FLIGHT = 256
 # answered on the stream's reader thread: reads that never wait for a lock or the
 # journal (the others go to the call pool, so a slow one holds up no other call)
-READ_CALLS = frozenset(("lookup", "getattr", "listdir", "statfs", "get_xattr", "list_xattr"))
+READ_CALLS = frozenset(("lookup", "getattr", "listdir", "statfs", "get_xattr", "list_xattr",
+                        "lookup_many"))
 # Call field -> (the unary RPC it stands for, its CallResult field)
 CALL_METHODS = {
     "lookup": ("Lookup", "inode"), "getattr": ("GetAttr", "inode"),
@@ -40,6 +41,7 @@ CALL_METHODS = {
     "release_inode": ("ReleaseInode", "empty"), "set_xattr": ("SetXattr", "inode"),
     "get_xattr": ("GetXattr", "xattr"), "list_xattr": ("ListXattr", "xattrs"),
     "remove_xattr": ("RemoveXattr", "inode"),
+    "lookup_many": ("LookupMany", "lookup_many"), "put_file": ("PutFile", "put_file"),
 }
 
 

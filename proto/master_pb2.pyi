@@ -602,7 +602,7 @@ class SessionEvent(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., lease_ms: _Optional[int] = ..., invalidate_id: _Optional[int] = ..., names: _Optional[_Iterable[_Union[NameKey, _Mapping]]] = ..., inodes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Call(_message.Message):
-    __slots__ = ("id", "lookup", "getattr", "create", "mkdir", "unlink", "rmdir", "rename", "complete", "setattr", "listdir", "statfs", "get_blocks", "add_block", "symlink", "make_node", "link", "release_inode", "set_xattr", "get_xattr", "list_xattr", "remove_xattr")
+    __slots__ = ("id", "lookup", "getattr", "create", "mkdir", "unlink", "rmdir", "rename", "complete", "setattr", "listdir", "statfs", "get_blocks", "add_block", "symlink", "make_node", "link", "release_inode", "set_xattr", "get_xattr", "list_xattr", "remove_xattr", "lookup_many", "put_file")
     ID_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_FIELD_NUMBER: _ClassVar[int]
     GETATTR_FIELD_NUMBER: _ClassVar[int]
@@ -625,6 +625,8 @@ class Call(_message.Message):
     GET_XATTR_FIELD_NUMBER: _ClassVar[int]
     LIST_XATTR_FIELD_NUMBER: _ClassVar[int]
     REMOVE_XATTR_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_MANY_FIELD_NUMBER: _ClassVar[int]
+    PUT_FILE_FIELD_NUMBER: _ClassVar[int]
     id: int
     lookup: LookupRequest
     getattr: GetAttrRequest
@@ -647,10 +649,12 @@ class Call(_message.Message):
     get_xattr: GetXattrRequest
     list_xattr: ListXattrRequest
     remove_xattr: RemoveXattrRequest
-    def __init__(self, id: _Optional[int] = ..., lookup: _Optional[_Union[LookupRequest, _Mapping]] = ..., getattr: _Optional[_Union[GetAttrRequest, _Mapping]] = ..., create: _Optional[_Union[CreateRequest, _Mapping]] = ..., mkdir: _Optional[_Union[MkdirRequest, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRequest, _Mapping]] = ..., rmdir: _Optional[_Union[RmdirRequest, _Mapping]] = ..., rename: _Optional[_Union[RenameRequest, _Mapping]] = ..., complete: _Optional[_Union[CompleteFileRequest, _Mapping]] = ..., setattr: _Optional[_Union[SetAttrRequest, _Mapping]] = ..., listdir: _Optional[_Union[ListDirRequest, _Mapping]] = ..., statfs: _Optional[_Union[StatFsRequest, _Mapping]] = ..., get_blocks: _Optional[_Union[GetBlocksRequest, _Mapping]] = ..., add_block: _Optional[_Union[AddBlockRequest, _Mapping]] = ..., symlink: _Optional[_Union[SymlinkRequest, _Mapping]] = ..., make_node: _Optional[_Union[MakeNodeRequest, _Mapping]] = ..., link: _Optional[_Union[LinkRequest, _Mapping]] = ..., release_inode: _Optional[_Union[ReleaseInodeRequest, _Mapping]] = ..., set_xattr: _Optional[_Union[SetXattrRequest, _Mapping]] = ..., get_xattr: _Optional[_Union[GetXattrRequest, _Mapping]] = ..., list_xattr: _Optional[_Union[ListXattrRequest, _Mapping]] = ..., remove_xattr: _Optional[_Union[RemoveXattrRequest, _Mapping]] = ...) -> None: ...
+    lookup_many: LookupManyRequest
+    put_file: PutFileRequest
+    def __init__(self, id: _Optional[int] = ..., lookup: _Optional[_Union[LookupRequest, _Mapping]] = ..., getattr: _Optional[_Union[GetAttrRequest, _Mapping]] = ..., create: _Optional[_Union[CreateRequest, _Mapping]] = ..., mkdir: _Optional[_Union[MkdirRequest, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRequest, _Mapping]] = ..., rmdir: _Optional[_Union[RmdirRequest, _Mapping]] = ..., rename: _Optional[_Union[RenameRequest, _Mapping]] = ..., complete: _Optional[_Union[CompleteFileRequest, _Mapping]] = ..., setattr: _Optional[_Union[SetAttrRequest, _Mapping]] = ..., listdir: _Optional[_Union[ListDirRequest, _Mapping]] = ..., statfs: _Optional[_Union[StatFsRequest, _Mapping]] = ..., get_blocks: _Optional[_Union[GetBlocksRequest, _Mapping]] = ..., add_block: _Optional[_Union[AddBlockRequest, _Mapping]] = ..., symlink: _Optional[_Union[SymlinkRequest, _Mapping]] = ..., make_node: _Optional[_Union[MakeNodeRequest, _Mapping]] = ..., link: _Optional[_Union[LinkRequest, _Mapping]] = ..., release_inode: _Optional[_Union[ReleaseInodeRequest, _Mapping]] = ..., set_xattr: _Optional[_Union[SetXattrRequest, _Mapping]] = ..., get_xattr: _Optional[_Union[GetXattrRequest, _Mapping]] = ..., list_xattr: _Optional[_Union[ListXattrRequest, _Mapping]] = ..., remove_xattr: _Optional[_Union[RemoveXattrRequest, _Mapping]] = ..., lookup_many: _Optional[_Union[LookupManyRequest, _Mapping]] = ..., put_file: _Optional[_Union[PutFileRequest, _Mapping]] = ...) -> None: ...
 
 class CallResult(_message.Message):
-    __slots__ = ("id", "error_kind", "error", "inode", "parents", "listdir", "statfs", "blocks", "block", "empty", "xattr", "xattrs")
+    __slots__ = ("id", "error_kind", "error", "inode", "parents", "listdir", "statfs", "blocks", "block", "empty", "xattr", "xattrs", "lookup_many", "put_file")
     ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -663,6 +667,8 @@ class CallResult(_message.Message):
     EMPTY_FIELD_NUMBER: _ClassVar[int]
     XATTR_FIELD_NUMBER: _ClassVar[int]
     XATTRS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_MANY_FIELD_NUMBER: _ClassVar[int]
+    PUT_FILE_FIELD_NUMBER: _ClassVar[int]
     id: int
     error_kind: int
     error: str
@@ -675,7 +681,9 @@ class CallResult(_message.Message):
     empty: _common_pb2.Empty
     xattr: GetXattrReply
     xattrs: ListXattrReply
-    def __init__(self, id: _Optional[int] = ..., error_kind: _Optional[int] = ..., error: _Optional[str] = ..., inode: _Optional[_Union[InodeReply, _Mapping]] = ..., parents: _Optional[_Union[ParentReply, _Mapping]] = ..., listdir: _Optional[_Union[ListDirReply, _Mapping]] = ..., statfs: _Optional[_Union[StatFsReply, _Mapping]] = ..., blocks: _Optional[_Union[GetBlocksReply, _Mapping]] = ..., block: _Optional[_Union[AddBlockReply, _Mapping]] = ..., empty: _Optional[_Union[_common_pb2.Empty, _Mapping]] = ..., xattr: _Optional[_Union[GetXattrReply, _Mapping]] = ..., xattrs: _Optional[_Union[ListXattrReply, _Mapping]] = ...) -> None: ...
+    lookup_many: LookupManyReply
+    put_file: PutFileReply
+    def __init__(self, id: _Optional[int] = ..., error_kind: _Optional[int] = ..., error: _Optional[str] = ..., inode: _Optional[_Union[InodeReply, _Mapping]] = ..., parents: _Optional[_Union[ParentReply, _Mapping]] = ..., listdir: _Optional[_Union[ListDirReply, _Mapping]] = ..., statfs: _Optional[_Union[StatFsReply, _Mapping]] = ..., blocks: _Optional[_Union[GetBlocksReply, _Mapping]] = ..., block: _Optional[_Union[AddBlockReply, _Mapping]] = ..., empty: _Optional[_Union[_common_pb2.Empty, _Mapping]] = ..., xattr: _Optional[_Union[GetXattrReply, _Mapping]] = ..., xattrs: _Optional[_Union[ListXattrReply, _Mapping]] = ..., lookup_many: _Optional[_Union[LookupManyReply, _Mapping]] = ..., put_file: _Optional[_Union[PutFileReply, _Mapping]] = ...) -> None: ...
 
 class ReportAccessRequest(_message.Message):
     __slots__ = ("inos", "session", "closed_opens")

@@ -1,7 +1,9 @@
-"""The master's call port (master/call_port.py) and the mount's client of it
-(fuse_client/call_port.py), against a real master served in-process: the same answers
-as the unary RPCs, the token checked, the connection cap, a client that takes no
-replies cut off, and every pending call failed over (PortDown) when the port goes."""
+"""The master's call port (master/call_port.py), the mount's client of it
+(fuse_client/call_port.py) and the path client's (client/call_port.py), against a real
+master served in-process: the same answers as the unary RPCs, the token checked, the
+connection cap, a client that takes no replies cut off, every pending call failed over
+(PortDown) when the port goes, and a path client's calls unary when the port cannot
+carry them."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO
 from curvine.common.metrics import RPC_UNAUTHENTICATED, STREAMS_CANCELLED_IDLE
-from curvine.common.security import NO_SECURITY
+from curvine.common.security import NO_SECURITY, Security
 from curvine.fuse_client.call_port import CallPortClient, PortDown, PortRefused
 from curvine.fuse_client.calls import Calls
 from curvine.common.call_wire import ANSWER, FRAME, HELLO, MAGIC
@@ -346,3 +348,143 @@ def test_the_master_closing_the_port_leaves_the_mount_working(served):
             nursery.cancel_scope.cancel()
 
     trio.run(go)
+
+
+# -- the blocking client (client/call_port.py) of MasterClient(call_port=True) --------------
+
+def _port_client(servicer, port: CallPort, token: str = TOKEN, **kw) -> MasterClient:
+    """A path client whose master advertises ``port`` (StatFs) and whose token is ``token``."""
+    servicer.m.call_port_server = port
+    sec = Security(client_token=token)
+    return MasterClient(servicer.m_address, timeout=kw.get("timeout", 10), wait=2,
+                        security=sec, call_port=True)
+
+
+@pytest.fixture
+def served_addr(served):
+    m, client, servicer, start_port = served
+    servicer.m_address = client.address
+    return served
+
+
+def test_a_path_client_sends_its_namespace_calls_on_the_port(served_addr):
+    """Every namespace call of MasterClient (the connector's lookup_many, put_file and
+    add_block_for_put too) goes on the port and answers as the unary RPC does."""
+    m, unary, servicer, start_port = served_addr
+    port = start_port()
+    mc = _port_client(servicer, port)
+    try:
+        d = mc.mkdir(ROOT_INO, b"cp")
+        f = mc.create(d.ino, b"a.tmp")
+        mc.complete_file(f.ino, [], 0)
+        mc.rename(d.ino, b"a.tmp", d.ino, b"a.data")
+        assert mc.lookup_or_none(d.ino, b"a.data").ino == f.ino
+        assert mc.lookup_or_none(d.ino, b"nope") is None
+        many = mc.lookup_many(d.ino, [b"a.data", b"nope"])
+        assert [r.HasField("inode") for r in many.results] == [True, False]
+        assert unary.lookup_many(d.ino, [b"a.data", b"nope"]) == many
+        node, existed = mc.put_file(d.ino, b"b.data", [], 0)
+        assert not existed and unary.lookup(d.ino, b"b.data").ino == node.ino
+        assert mc.add_block_for_put(d.ino, b"b.data", "host").existing.ino == node.ino
+        with pytest.raises(CurvineError) as e:
+            mc.create(d.ino, b"a.data", exclusive=True)
+        assert e.value.kind == ErrorKind.EXISTS
+        assert [e.name for e in mc.iterdir(d.ino)] == [b"a.data", b"b.data"]
+        assert mc._port is not None and mc._port.calls == 11  # every call above
+        assert port.calls == 11
+    finally:
+        mc.close()
+
+
+def test_a_path_client_without_a_usable_port_calls_unary(served_addr):
+    """No port advertised, a wrong token, or the port gone under a pooled connection:
+    every call still gets its answer, as a unary RPC (same request id)."""
+    m, unary, servicer, start_port = served_addr
+    d = unary.mkdir(ROOT_INO, b"fallback")
+    mc = MasterClient(unary.address, timeout=10, wait=2, security=NO_SECURITY, call_port=True)
+    assert mc.lookup_or_none(d.ino, b"x") is None and mc._port is None  # StatFs: no port
+    mc.close()
+
+    port = start_port()
+    wrong = _port_client(servicer, port, token="wrong")
+    assert wrong.create(d.ino, b"w").ino and wrong.lookup_or_none(d.ino, b"w") is not None
+    assert wrong._port._refused and port.calls == 0
+    wrong.close()
+
+    mc = _port_client(servicer, port)
+    try:
+        assert mc.lookup_or_none(d.ino, b"w") is not None and port.calls == 1
+        port.stop()  # the master closes the port and its connections
+        created = mc.create(d.ino, b"after")  # the pooled connection fails: unary
+        assert unary.lookup(d.ino, b"after").ino == created.ino
+        assert mc._port.calls == 1
+    finally:
+        mc.close()
+
+
+def test_a_path_client_calls_from_many_threads(served_addr):
+    """Threads share a few pooled connections (at most max_connections); past that a
+    call goes unary; every call gets its own answer."""
+    m, unary, servicer, start_port = served_addr
+    port = start_port()
+    mc = _port_client(servicer, port)
+    d = unary.mkdir(ROOT_INO, b"threads")
+    made = {b"f%d" % i: unary.create(d.ino, b"f%d" % i).ino for i in range(50)}
+    errors, answers = [], []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(100):
+                name = b"f%d" % ((t * 7 + i) % 100)
+                node = mc.lookup_or_none(d.ino, name)
+                answers.append((name, node.ino if node else None))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors
+        assert len(answers) == 1200 and all(made.get(n) == ino for n, ino in answers)
+        assert 0 < mc._port.calls <= 1200 and mc._port._open <= mc._port.max_connections
+        assert port.calls == mc._port.calls
+    finally:
+        mc.close()
+
+
+def test_a_path_client_call_the_master_does_not_answer_times_out(served_addr):
+    """A call port that takes the hello and then never answers: the call ends with
+    TIMEOUT at its deadline (not a hang), as a gRPC deadline would."""
+    m, unary, servicer, start_port = served_addr
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    held = []
+
+    def accept():
+        conn, _ = silent.accept()
+        held.append(conn)
+        _recv(conn, HELLO.size)
+        conn.sendall(ANSWER.pack(MAGIC, 0))
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+
+    class Fixed:
+        port = silent.getsockname()[1]
+
+    mc = _port_client(servicer, Fixed, token="")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(CurvineError) as e:
+            mc.lookup_many(ROOT_INO, [b"x"], timeout=1.0)
+        assert e.value.kind == ErrorKind.TIMEOUT
+        assert time.monotonic() - t0 < 5
+    finally:
+        mc.close()
+        for c in held:
+            c.close()
+        silent.close()
