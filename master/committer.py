@@ -42,13 +42,33 @@ class RetryHit:
     ino: int
 
 
+class _Latch:
+    """Set once by the committer, waited for by one caller: a bare lock (one futex wake),
+    cheaper than threading.Event's condition variable on the path of every mutation."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        try:
+            self._lock.release()
+        except RuntimeError:
+            pass  # set already
+
+    def wait(self, timeout: float) -> bool:
+        return self._lock.acquire(timeout=timeout)
+
+
 class _Item:
     __slots__ = ("plan", "request_id", "done", "result", "error", "fx")
 
     def __init__(self, plan: Plan, request_id: bytes):
         self.plan = plan
         self.request_id = request_id
-        self.done = threading.Event()
+        self.done = _Latch()
         self.result: Any = None
         self.error: CurvineError | None = None
         self.fx: Effects | None = None  # what this mutation's record did
