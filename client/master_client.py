@@ -54,7 +54,8 @@ class Prepared(NamedTuple):
 
 
 def _inode_or_miss(reply: master_pb2.InodeReply) -> tuple[Inode | None, int]:
-    return (reply.inode, reply.lease_ms) if reply.HasField("inode") else (None, 0)
+    """(the inode or None for a miss, the lease ms of the entry or of its absence)"""
+    return (reply.inode if reply.HasField("inode") else None), reply.lease_ms
 
 
 def _inode_lease(reply: master_pb2.InodeReply) -> tuple[Inode, int]:
@@ -158,9 +159,11 @@ class MasterClient:
     def call(self, prepared: Prepared):
         return prepared.convert(self._call_op(prepared.method, prepared.op, prepared.request))
 
-    def _prep_lookup(self, parent: int, name: bytes) -> Prepared:
+    def _prep_lookup(self, parent: int, name: bytes, lease_miss: bool = False) -> Prepared:
+        """``lease_miss``: a miss is leased too (a negative entry the session caches)."""
         return Prepared("Lookup", "lookup", master_pb2.LookupRequest(
-            parent=parent, name=name, miss_ok=True, session=self.session), _inode_or_miss)
+            parent=parent, name=name, miss_ok=True, session=self.session,
+            lease_miss=lease_miss and bool(self.session)), _inode_or_miss)
 
     def _prep_getattr(self, ino: int) -> Prepared:
         return Prepared("GetAttr", "getattr",
@@ -308,9 +311,11 @@ class MasterClient:
             parent=parent, name=name, miss_ok=True))
         return reply.inode if reply.HasField("inode") else None
 
-    def lookup_leased(self, parent: int, name: bytes) -> tuple[Inode | None, int]:
-        """lookup_or_none, plus the milliseconds this session may cache the answer."""
-        return self.call(self._prep_lookup(parent, name))
+    def lookup_leased(self, parent: int, name: bytes, lease_miss: bool = False
+                      ) -> tuple[Inode | None, int]:
+        """lookup_or_none, plus the milliseconds this session may cache the answer (a
+        miss: 0, unless ``lease_miss``)."""
+        return self.call(self._prep_lookup(parent, name, lease_miss))
 
     def getattr(self, ino: int) -> Inode:
         return self.call(self._prep_getattr_unleased(ino))

@@ -170,6 +170,9 @@ class FuseConfig:
     attr_timeout: Duration = Duration(1.0)
     entry_timeout: Duration = Duration(0.0)  # 0: a name made on another mount is seen at once
     leases: bool = True  # cache leased names and file attributes (master.lease_time)
+    # with leases: also cache names the master said are absent, leased the same way
+    # (revoked by a create, link or rename of the name on any client)
+    negative_leases: bool = True
     call_stream: bool = True  # namespace calls on one gRPC stream (else one unary RPC each)
     # namespace calls on the master's call port when it has one (master.call_port),
     # ahead of the stream: no thread hand-offs (fuse_client/call_port.py)

@@ -75,6 +75,13 @@ class Attributes(NamedTuple):
     nlink: int | None = None  # None: the inode's own (0: gone, but still open here)
 
 
+class Absent(NamedTuple):
+    """No such name; the kernel may remember that for ``entry_timeout`` seconds (a
+    negative entry the master leased to this mount; 0: not at all)."""
+
+    entry_timeout: float
+
+
 class Opened(NamedTuple):
     """A new file handle and how the kernel may cache its pages."""
 
@@ -265,8 +272,8 @@ class FileSystem:
 
     # -- names ------------------------------------------------------------------------
 
-    async def lookup(self, parent: int, name: bytes) -> Attributes | None:
-        """The entry ``name`` of ``parent``; None when there is none."""
+    async def lookup(self, parent: int, name: bytes) -> Attributes | Absent:
+        """The entry ``name`` of ``parent``, or Absent."""
         if name == b".":
             inode = await self.calls.run("getattr_unleased", parent)
             self.kernel.note_dirs(inode)
@@ -279,13 +286,14 @@ class FileSystem:
             # One RPC; a miss is a plain reply, not an error status (LMCache's miss path).
             sent = time.monotonic()
             try:
-                inode, lease_ms = await self.calls.run("lookup", parent, name)
+                inode, lease_ms = await self.calls.run(
+                    "lookup", parent, name, lease_miss=self.kernel.negative_leases)
             except Exception:
                 FUSE_LOOKUP_ERROR.inc()
                 raise
             if inode is None:
                 FUSE_LOOKUP_MISS.inc()
-                return None
+                return Absent(self.kernel.lease_ttl(lease_ms, sent))
             FUSE_LOOKUP_HIT.inc()
             self.kernel.note_dirs(inode)
             return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))

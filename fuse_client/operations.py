@@ -28,7 +28,7 @@ from curvine.proto import common_pb2
 
 from .call_port import CallPortClient
 from .calls import Calls, CallStream
-from .filesystem import XATTR_PREFIX, Attributes, FileSystem, Handle, Opened
+from .filesystem import XATTR_PREFIX, Absent, Attributes, FileSystem, Handle, Opened
 from .kernel_cache import KernelCache
 
 log = logging.getLogger(__name__)
@@ -193,8 +193,15 @@ class Operations(pyfuse3.Operations):
     @_fuse_op
     async def lookup(self, parent_inode, name, ctx=None):
         attrs = await self.fs.lookup(parent_inode, name)
-        if attrs is None:
-            raise pyfuse3.FUSEError(errno.ENOENT)
+        if isinstance(attrs, Absent):
+            if not attrs.entry_timeout:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            # a negative entry: inode 0, kept by the kernel until the lease's end or
+            # the master's revocation (an epoch bump expires it with every name)
+            e = pyfuse3.EntryAttributes()
+            e.st_ino = 0
+            e.entry_timeout = attrs.entry_timeout
+            return e
         return _entry_attributes(attrs)
 
     @_fuse_op

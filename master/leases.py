@@ -8,7 +8,9 @@ file, in its kernel.  A mutation that removes or moves a name, or changes a file
 attributes, *revokes* the leases of every other mount on what it changed: the master
 sends each holder an invalidation over its session and acknowledges the mutation
 only when every holder has dropped its copy (acked) or its lease has run out.  A
-miss is never leased (no negative entries), so creating a name revokes nothing.
+miss is leased when the lookup asks for it (``lease_miss``: a mount's negative entry),
+so a mutation that makes a name (create, mkdir, symlink, mknod, link, PutFile, the
+target of a rename) revokes the leases on that name like one that removes it.
 Directories' attributes (mtime, nlink change with every create in them) are never
 leased: mounts cache them for the short ``fuse.attr_timeout`` as before.
 
@@ -106,6 +108,9 @@ class LeaseTable:
         self._grants = 0
         self._seq = 0  # revocations so far
         self._buckets = [0] * BUCKETS  # last revocation seq per hash bucket of keys
+        # the same for names made: only a lease on a name's absence is denied by them
+        # (the maker's own lease on its new name is not)
+        self._made_buckets = [0] * BUCKETS
         self._sessions: dict[int, Session] = {}
         self._gone_until: dict[int, float] = {}  # closed session -> when its leases end
         self._horizon = 0.0  # wall clock until which state_path says leases may exist
@@ -183,10 +188,11 @@ class LeaseTable:
         return self._seq
 
     def grant(self, sid: int, since: int, names: Iterable[NameKey] = (),
-              inodes: Iterable[int] = ()) -> int:
+              inodes: Iterable[int] = (), absent: bool = False) -> int:
         """Lease ``names`` and ``inodes`` to session ``sid``; returns the lease in
         milliseconds, 0 when denied (no session, leases off, or a revocation touched
-        one of the keys since ``since``)."""
+        one of the keys since ``since``).  ``absent``: the names are leased as missing
+        (a negative entry), which a name made since ``since`` denies too."""
         if not sid or self.lease_time <= 0:
             return 0
         names, inodes = list(names), list(inodes)
@@ -196,9 +202,11 @@ class LeaseTable:
         with self._lock:
             s = self._sessions.get(sid)
             buckets = self._buckets
+            made = self._made_buckets if absent else None
             if (s is None or not s.alive
                     or any(buckets[hash(k) % BUCKETS] > since for k in names)
-                    or any(buckets[hash(i) % BUCKETS] > since for i in inodes)):
+                    or any(buckets[hash(i) % BUCKETS] > since for i in inodes)
+                    or (made and any(made[hash(k) % BUCKETS] > since for k in names))):
                 self.stats["denied"] += 1
                 return 0
             exp = now + self.lease_time
@@ -229,11 +237,13 @@ class LeaseTable:
             del self._gone_until[sid]
 
     # ------------------------------------------------------------------ mutations
-    def revoke(self, names: Iterable[NameKey], inodes: Iterable[int], exclude: int = 0) -> None:
+    def revoke(self, names: Iterable[NameKey], inodes: Iterable[int], exclude: int = 0,
+               created: Iterable[NameKey] = ()) -> None:
         """After a mutation is durable: make every other holder of a lease on what it
-        changed drop it; returns when all have (acked) or their leases ran out."""
-        names, inodes = list(names), list(inodes)
-        if not names and not inodes:
+        changed drop it; returns when all have (acked) or their leases ran out.
+        ``names``: removed or moved; ``created``: made (leased only as absent)."""
+        names, inodes, created = list(names), list(inodes), list(created)
+        if not names and not inodes and not created:
             return
         now = time.monotonic()
         holders: dict[int, list] = {}  # sid -> [names, inodes, latest expiry]
@@ -244,7 +254,10 @@ class LeaseTable:
                 self._buckets[hash(k) % BUCKETS] = seq
             for i in inodes:
                 self._buckets[hash(i) % BUCKETS] = seq
-            for table, keys, slot in ((self._names, names, 0), (self._inodes, inodes, 1)):
+            for k in created:
+                self._made_buckets[hash(k) % BUCKETS] = seq
+            for table, keys, slot in ((self._names, names + created, 0),
+                                      (self._inodes, inodes, 1)):
                 for k in keys:
                     for sid, exp in (table.pop(k, None) or {}).items():
                         if sid == exclude or exp <= now:

@@ -122,8 +122,8 @@ class Master:
         changed (``session``: the caller's, which needs none) and return its value."""
         value, fx = self.committer.submit_fx(plan, request_id,
                                              timeout or float(self.cfg.cluster.rpc_timeout))
-        if fx is not None and (fx.names or fx.inodes):
-            self.leases.revoke(fx.names, fx.inodes, exclude=session)
+        if fx is not None and (fx.names or fx.inodes or fx.created):
+            self.leases.revoke(fx.names, fx.inodes, exclude=session, created=fx.created)
         return value
 
     def _on_effects(self, fx: Effects) -> None:
@@ -207,7 +207,11 @@ class Master:
         if req.miss_ok:
             node = self.lookup_or_none(req.parent, req.name)
             if node is None:
-                return master_pb2.InodeReply()
+                if not req.lease_miss:
+                    return master_pb2.InodeReply()
+                # a negative entry, revoked by whatever creates the name (fx.names)
+                return master_pb2.InodeReply(lease_ms=self.leases.grant(
+                    req.session, since, [(req.parent, req.name)], absent=True))
         else:
             node = self.lookup(req.parent, req.name)
         return master_pb2.InodeReply(

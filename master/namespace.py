@@ -55,6 +55,9 @@ class Effects:
     # moved, and inodes whose attributes changed
     names: list[tuple[int, bytes]] = field(default_factory=list)
     inodes: list[int] = field(default_factory=list)
+    # names made (create, mkdir, symlink, mknod, link, put): a mount may have their
+    # absence leased (a negative entry)
+    created: list[tuple[int, bytes]] = field(default_factory=list)
 
 
 class RetryCache:
@@ -513,6 +516,7 @@ class Namespace:
         s.put_inode(txn, node)
         if rec.parent:  # the root has none
             s.put_dentry(txn, rec.parent, rec.name, node.ino)
+            fx.created.append((rec.parent, rec.name))
             parent = s.get_inode(txn, rec.parent)
             parent.mtime_ns = parent.ctime_ns = node.ctime_ns
             if node.type == DIRECTORY:
@@ -678,6 +682,7 @@ class Namespace:
         if node is None or s.lookup(txn, rec.new_parent, rec.new_name) is not None:
             return
         s.put_dentry(txn, rec.new_parent, rec.new_name, node.ino)
+        fx.created.append((rec.new_parent, rec.new_name))
         if node.parent:
             s.put_link(txn, node.ino, rec.new_parent, rec.new_name)
         else:  # no first name (never planned: a held inode cannot be linked)

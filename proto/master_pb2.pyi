@@ -30,16 +30,18 @@ class ParentReply(_message.Message):
     def __init__(self, parent: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., new_parent: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., moved: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., held: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("parent", "name", "miss_ok", "session")
+    __slots__ = ("parent", "name", "miss_ok", "session", "lease_miss")
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     MISS_OK_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MISS_FIELD_NUMBER: _ClassVar[int]
     parent: int
     name: bytes
     miss_ok: bool
     session: int
-    def __init__(self, parent: _Optional[int] = ..., name: _Optional[bytes] = ..., miss_ok: _Optional[bool] = ..., session: _Optional[int] = ...) -> None: ...
+    lease_miss: bool
+    def __init__(self, parent: _Optional[int] = ..., name: _Optional[bytes] = ..., miss_ok: _Optional[bool] = ..., session: _Optional[int] = ..., lease_miss: _Optional[bool] = ...) -> None: ...
 
 class GetAttrRequest(_message.Message):
     __slots__ = ("ino", "session")

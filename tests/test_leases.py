@@ -15,7 +15,9 @@ from curvine.common.ids import ROOT_INO, new_request_id
 from curvine.common.security import NO_SECURITY
 from curvine.master.leases import LeaseTable
 from curvine.master.master import Master
-from curvine.proto import master_pb2
+from curvine.proto import common_pb2, master_pb2
+
+FIFO = common_pb2.FIFO
 
 MiB = 1 << 20
 
@@ -186,6 +188,77 @@ def test_master_revokes_what_a_mutation_changed(tmp_path):
         m.close()
 
 
+def test_a_miss_is_leased_on_request_and_revoked_by_whatever_makes_the_name(tmp_path):
+    """lease_miss: a miss is leased (a mount's negative entry); create, mkdir, symlink,
+    mknod, link, a rename onto the name and PutFile (the connector's, no session)
+    each revoke it from every other holder before they return, not from the maker;
+    a miss read before a name was made gets no lease; the maker's own lease on its new
+    name is not denied by its own revocation."""
+    m = make_master(tmp_path)
+    try:
+        a, b = m.leases.open_session("a"), m.leases.open_session("b")
+        seen_a, seen_b = [], []
+        for session, seen in ((a, seen_a), (b, seen_b)):
+            def run(session=session, seen=seen):
+                while True:
+                    ev = session.events.get()
+                    if ev is None:
+                        return
+                    seen.append(ev)
+                    session.ack(ev.invalidate_id)
+            threading.Thread(target=run, daemon=True).start()
+
+        def miss(name: bytes, lease_miss: bool = True):
+            return m.lookup_reply(master_pb2.LookupRequest(
+                parent=ROOT_INO, name=name, miss_ok=True, session=b.id, lease_miss=lease_miss))
+
+        assert miss(b"plain", lease_miss=False).lease_ms == 0  # only when asked
+        f = m.create(master_pb2.CreateRequest(request_id=new_request_id(), parent=ROOT_INO,
+                                              name=b"src.tmp", mode=0o644, session=a.id))
+        makers = {
+            b"c": lambda n: m.create(master_pb2.CreateRequest(
+                request_id=new_request_id(), parent=ROOT_INO, name=n, mode=0o644,
+                session=a.id)),
+            b"d": lambda n: m.mkdir(master_pb2.MkdirRequest(
+                request_id=new_request_id(), parent=ROOT_INO, name=n, mode=0o755,
+                session=a.id)),
+            b"s": lambda n: m.symlink(master_pb2.SymlinkRequest(
+                request_id=new_request_id(), parent=ROOT_INO, name=n, target=b"c",
+                session=a.id)),
+            b"p": lambda n: m.make_node(master_pb2.MakeNodeRequest(
+                request_id=new_request_id(), parent=ROOT_INO, name=n, type=FIFO, mode=0o644,
+                session=a.id)),
+            b"l": lambda n: m.link(master_pb2.LinkRequest(
+                request_id=new_request_id(), ino=f.inode.ino, new_parent=ROOT_INO,
+                new_name=n, session=a.id)),
+            b"r": lambda n: m.rename(master_pb2.RenameRequest(
+                request_id=new_request_id(), parent=ROOT_INO, name=b"src.tmp",
+                new_parent=ROOT_INO, new_name=n, session=a.id)),
+            b"put": lambda n: m.put_file(master_pb2.PutFileRequest(
+                request_id=new_request_id(), parent=ROOT_INO, name=n, mode=0o644)),
+        }
+        for name, make in makers.items():
+            reply = miss(name)
+            assert not reply.HasField("inode") and reply.lease_ms == 30_000
+            before = len(seen_b)
+            make(name)
+            assert len(seen_b) == before + 1, name
+            assert [(k.parent, k.name) for k in seen_b[-1].names] == [(ROOT_INO, name)]
+        assert not any((ROOT_INO, n) in [(k.parent, k.name) for ev in seen_a for k in ev.names]
+                       for n in makers if n != b"put")  # the maker's own kernel knows
+        # a miss read before the name was made, leased after: denied
+        since = m.leases.snapshot()
+        m.create(master_pb2.CreateRequest(request_id=new_request_id(), parent=ROOT_INO,
+                                          name=b"late", mode=0o644, session=a.id))
+        assert m.leases.grant(b.id, since, [(ROOT_INO, b"late")], absent=True) == 0
+        # ... while the maker's own lease on its new name is granted
+        made = m.create(master_pb2.CreateRequest(request_id=new_request_id(), parent=ROOT_INO,
+                                                 name=b"mine", mode=0o644, session=a.id))
+        assert made.lease_ms == 30_000
+    finally:
+        m.close()
+
+
 # --------------------------------------------------------------------------- real mounts
 
 def _conf(tmp_path, lease="60s"):
@@ -234,7 +307,7 @@ def test_cached_names_stay_correct_across_mounts(make_cluster, tmp_path):
     """With leases, a mount answers stat of names it looked up from its kernel cache
     (even with the master stopped), and still sees every change made on another mount
     as soon as that change returns: unlink, rename over a cached name, a new version,
-    chmod; a miss is never cached."""
+    chmod, and a name made where it had cached a miss."""
     c = make_cluster(workers=1, mounts=2, conf=_conf(tmp_path))
     a, b = c.mounts
     os.mkdir(os.path.join(a, "l2"))
@@ -246,7 +319,7 @@ def test_cached_names_stay_correct_across_mounts(make_cluster, tmp_path):
         os.rename(os.path.join(da, name + ".tmp"), os.path.join(da, name + ".data"))
 
     with pytest.raises(FileNotFoundError):
-        os.stat(os.path.join(db, "k1.data"))  # a miss first: must not be cached
+        os.stat(os.path.join(db, "k1.data"))  # a miss first: cached, then revoked by A
     put("k1", b"one")
     assert os.stat(os.path.join(db, "k1.data")).st_size == 3
     time.sleep(0.5)  # let the lease session settle (no timing is asserted)
@@ -269,7 +342,7 @@ def test_cached_names_stay_correct_across_mounts(make_cluster, tmp_path):
     os.unlink(os.path.join(da, "k1.data"))
     with pytest.raises(FileNotFoundError):
         os.stat(os.path.join(db, "k1.data"))
-    # names created on B are found on A at once (no negative entries), both ways
+    # names created on B are found on A at once, both ways
     with open(os.path.join(db, "k3.data"), "wb") as f:
         f.write(b"3")
     assert os.stat(os.path.join(da, "k3.data")).st_size == 1
@@ -290,7 +363,58 @@ def test_mounts_drop_leases_when_the_master_restarts(make_cluster, tmp_path):
     with open(os.path.join(a, "f"), "wb") as f:
         f.write(b"x")
     assert os.stat(os.path.join(b, "f")).st_size == 1  # B leases f
+    with pytest.raises(FileNotFoundError):
+        os.stat(os.path.join(b, "g"))  # and g's absence
     c.restart("master")
     os.unlink(os.path.join(a, "f"))  # waits until B dropped (or its lease ran out)
     with pytest.raises(FileNotFoundError):
         os.stat(os.path.join(b, "f"))
+    with open(os.path.join(a, "g"), "wb") as f:
+        f.write(b"g")
+    assert os.stat(os.path.join(b, "g")).st_size == 1
+
+
+def test_a_miss_is_cached_until_the_name_is_made_on_another_mount(make_cluster):
+    """At the defaults (leases of 30 s, fuse.negative_leases on): a mount answers a
+    repeated miss from its kernel (the master stopped meanwhile), and every way of
+    making that name on the other mount -- create, mkdir, symlink, mkfifo, link, rename
+    onto it (LMCache's publish) -- is seen by stat there as soon as it returns."""
+    c = make_cluster(workers=1, mounts=2)
+    a, b = c.mounts
+    os.mkdir(os.path.join(a, "neg"))
+    da, db = os.path.join(a, "neg"), os.path.join(b, "neg")
+    with open(os.path.join(da, "file"), "wb") as f:
+        f.write(b"12345")
+    names = ["c", "d", "s", "p", "l", "k.data"]
+    for n in names:
+        with pytest.raises(FileNotFoundError):
+            os.stat(os.path.join(db, n))
+    time.sleep(0.5)  # let the lease session settle (no timing is asserted)
+    with pytest.raises(FileNotFoundError):
+        os.stat(os.path.join(db, "c"))  # leased as absent now (the session is up)
+
+    def cached_miss():
+        try:
+            os.stat(os.path.join(db, "c"))
+        except FileNotFoundError:
+            return "absent"
+        return "found"
+
+    with _frozen(_master_pid(c)):
+        answer = _in_thread(cached_miss)
+    assert answer == "absent", "a leased miss should be answered from the kernel cache"
+
+    makers = {
+        "c": lambda p: open(p, "wb").close(),
+        "d": lambda p: os.mkdir(p),
+        "s": lambda p: os.symlink("file", p),
+        "p": lambda p: os.mkfifo(p),
+        "l": lambda p: os.link(os.path.join(da, "file"), p),
+        "k.data": lambda p: (open(os.path.join(da, "k.tmp"), "wb").close(),
+                             os.rename(os.path.join(da, "k.tmp"), p)),
+    }
+    for n, make in makers.items():
+        make(os.path.join(da, n))
+        assert os.path.lexists(os.path.join(db, n)), f"{n} made on A, not seen on B"
+    assert os.stat(os.path.join(db, "l")).st_size == 5
+    assert os.readlink(os.path.join(db, "s")) == "file"
