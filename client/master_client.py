@@ -116,7 +116,7 @@ class MasterClient:
         """Namespace call ``op`` (its field in master.Call): on the call port when there
         is one, else (or when the port cannot carry it) the unary RPC ``method`` with
         the same request."""
-        port = self._call_port()
+        port = self._call_port(timeout, wait)
         if port is not None:
             try:
                 return port.call(op, request, timeout)
@@ -124,7 +124,10 @@ class MasterClient:
                 pass
         return self._rpc.call(method, request, idempotent=True, timeout=timeout, wait=wait)
 
-    def _call_port(self) -> BlockingCallPort | None:
+    def _call_port(self, timeout: float | None, wait: float | None
+                   ) -> BlockingCallPort | None:
+        """The call port, once StatFs named one (asked with the caller's deadline and
+        wait: a connector that must not wait for a master that is down does not)."""
         if self._port is not None or self._port_checked is None:
             return self._port
         now = time.monotonic()
@@ -134,7 +137,8 @@ class MasterClient:
             if self._port is None and now - self._port_checked >= PORT_RECHECK:
                 self._port_checked = now
                 try:
-                    number = self._call("StatFs", master_pb2.StatFsRequest()).call_port
+                    number = self._rpc.call("StatFs", master_pb2.StatFsRequest(),
+                                            timeout=timeout, wait=wait).call_port
                 except CurvineError as e:
                     log.debug("asking the master for its call port: %s", e)
                     return None

@@ -9,7 +9,8 @@ a. ``lookup``: 1, 4 and 16 client processes, each with its own channel (a pod's
 b. ``store``: the same processes store empty chunks: create ``<key>.tmp``, publish
    (CompleteFile), rename to ``<key>.data`` (three master calls, as LMCache's
    connector makes through a mount).
-c. ``mount stat miss``: 1 and 8 processes stat missing names through mount A.
+c. ``mount stat miss``: 1 and 8 processes stat missing names through mount A, each
+   name once; then 1 process stats the same 256 missing names over and over.
 d. ``mount ops``: one process creates+closes, stats, lists and unlinks ``files``
    files through mount A, beside the plain directory and MooseFS (when mounted).
 
@@ -34,6 +35,7 @@ from .local import LocalCluster, proc_stat
 CLIENTS = (1, 4, 16)
 MOUNT_PROCS = (1, 8)
 HITS = 1000  # existing names per lookup directory
+REPEATED_MISSES = 256  # missing names stat'ed over and over (c.)
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -77,14 +79,17 @@ def _client_loop(conf: str, what: str, parent: int, seconds: float, start, seed:
         out.put(n)
 
 
-def _stat_loop(root: str, seconds: float, start, seed: int, out) -> None:
+def _stat_loop(root: str, seconds: float, repeat: int, start, seed: int, out) -> None:
+    """stat of missing names: each new (``repeat`` 0), or ``repeat`` names over and over
+    (a negative entry the mount may cache, fuse.negative_leases)."""
     n = 0
     start.wait()
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         for j in range(64):
+            i = (n + j) % repeat if repeat else n + j
             try:
-                os.stat(os.path.join(root, f"missing-{seed}-{n + j}"))
+                os.stat(os.path.join(root, f"missing-{seed}-{i}"))
             except FileNotFoundError:
                 pass
         n += 64
@@ -150,9 +155,9 @@ class MetaScale:
         return self._processes(_client_loop, lambda i: (self.cluster.client_conf, what,
                                                         parent, self.seconds), n)
 
-    def _mount_stats(self, n: int) -> int:
+    def _mount_stats(self, n: int, repeat: int = 0) -> int:
         root = os.path.join(self.mount, self.tag)
-        return self._processes(_stat_loop, lambda i: (root, self.seconds), n)
+        return self._processes(_stat_loop, lambda i: (root, self.seconds, repeat), n)
 
     # -- d ----------------------------------------------------------------------------
     def _fs_ops(self, side: str, root: str) -> None:
@@ -225,6 +230,8 @@ class MetaScale:
                 if self.mount:
                     for n in MOUNT_PROCS:
                         self._measure(f"mount stat-miss x{n}", lambda: self._mount_stats(n))
+                    self._measure("mount stat-same-miss x1",
+                                  lambda: self._mount_stats(1, REPEATED_MISSES))
                     self._fs_ops("curvine", os.path.join(self.mount, self.tag))
                 self._fs_ops("plain", self.plain_root)
                 if self.moosefs_root:
