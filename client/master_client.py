@@ -244,6 +244,13 @@ class MasterClient:
             ino=ino, start_after=start_after, limit=limit),
             lambda reply: (list(reply.entries), reply.has_more))
 
+    def _prep_listdir_leased(self, ino: int, start_after: bytes = b"",
+                             limit: int = LISTDIR_PAGE) -> Prepared:
+        """A page leased to this session: (entries, has_more, lease ms of the names)."""
+        return Prepared("ListDir", "listdir", master_pb2.ListDirRequest(
+            ino=ino, start_after=start_after, limit=limit, session=self.session),
+            lambda reply: (list(reply.entries), reply.has_more, reply.lease_ms))
+
     def _prep_statfs(self) -> Prepared:
         return Prepared("StatFs", "statfs", master_pb2.StatFsRequest(), lambda reply: reply)
 

@@ -174,7 +174,8 @@ class Listing:
     """An open directory: the entries loaded from the master so far."""
 
     ino: int
-    entries: list = field(default_factory=list)  # (name, Inode), in listing order
+    # (name, Inode, monotonic end of the name's lease or 0), in listing order
+    entries: list = field(default_factory=list)
     after: bytes = b""  # the last name loaded from the master
     done: bool = False
 
@@ -793,13 +794,23 @@ class FileSystem:
         while i >= len(d.entries):
             if d.done:
                 return []
-            page, more = await self.calls.run("listdir", d.ino, d.after, LISTDIR_PAGE)
-            d.entries.extend((e.name, e.inode) for e in page)
+            if self.kernel.leasing:  # leased like lookups: ls -l stats from the kernel
+                sent = time.monotonic()
+                page, more, lease_ms = await self.calls.run("listdir_leased", d.ino, d.after,
+                                                            LISTDIR_PAGE)
+                ttl = self.kernel.lease_ttl(lease_ms, sent)
+                until = time.monotonic() + ttl if ttl else 0.0
+            else:
+                page, more = await self.calls.run("listdir", d.ino, d.after, LISTDIR_PAGE)
+                until = 0.0
+            d.entries.extend((e.name, e.inode, until) for e in page)
             self.kernel.note_dirs(*(e.inode for e in page if e.inode.type == DIRECTORY))
             if page:
                 d.after = page[-1].name
             d.done = not more or not page
-        return [(name, self.attributes(inode)) for name, inode in d.entries[i:i + n]]
+        now = time.monotonic()
+        return [(name, self.attributes(inode, lease=max(0.0, until - now)))
+                for name, inode, until in d.entries[i:i + n]]
 
     def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)

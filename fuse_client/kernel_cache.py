@@ -50,6 +50,7 @@ class KernelCache:
         # on): the kernel keeps them as negative entries, which every revocation's epoch
         # bump expires like any other name
         self.negative_leases = False
+        self.leasing = False  # the lease session runs (listings are leased too)
         self._leased_inodes: dict[int, float] = {}  # ino -> when the kernel's copy expires
         self._kernel_lock = threading.Lock()  # notifications vs unmount (pyfuse3.close)
         self._unmounting = False
@@ -77,6 +78,7 @@ class KernelCache:
         self._leases = LeaseSession(self.master, self._invalidate, self._drop_all)
         self._leases.start()
         self.negative_leases = self.cfg.fuse.negative_leases
+        self.leasing = True
         return True
 
     def stop(self) -> None:

@@ -222,13 +222,18 @@ class Master:
         node = self.getattr(req.ino)
         return master_pb2.InodeReply(inode=node, lease_ms=self._grant(req.session, since, node, None))
 
-    def listdir(self, ino: int, start_after: bytes, limit: int) -> master_pb2.ListDirReply:
+    def listdir(self, ino: int, start_after: bytes, limit: int, session: int = 0
+                ) -> master_pb2.ListDirReply:
+        """A page of entries; with ``session`` the names listed, and the files'
+        attributes, are leased to it as a lookup of each would lease them (so ``ls -l``
+        after a listing finds them in the mount's kernel)."""
         if limit > MAX_LIST:
             raise invalid("limit", f"at most {MAX_LIST}")
         if start_after:
             check_name(start_after, "start_after")
         limit = limit or DEFAULT_LIST
         reply = master_pb2.ListDirReply()
+        since = self.leases.snapshot()
         with self.store.read() as txn:
             self.ns.directory(txn, ino, "ino")
             entries = reply.entries
@@ -239,6 +244,10 @@ class Master:
                 raw = self.store.get_inode_bytes(txn, child)
                 if raw is not None:  # parsed straight into the reply: no copy per entry
                     entries.add(name=name).inode.ParseFromString(raw)
+        if session and entries:
+            reply.lease_ms = self.leases.grant(
+                session, since, [(ino, e.name) for e in entries],
+                [e.inode.ino for e in entries if e.inode.type == FILE])
         return reply
 
     @property

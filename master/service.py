@@ -107,7 +107,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     @handler
     def ListDir(self, req, ctx):
-        return self.m.listdir(check_ino(req.ino), req.start_after, req.limit)
+        return self.m.listdir(check_ino(req.ino), req.start_after, req.limit, req.session)
 
     @handler
     def StatFs(self, req, ctx):

@@ -284,14 +284,16 @@ class RemoveXattrRequest(_message.Message):
     def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., name: _Optional[bytes] = ..., session: _Optional[int] = ...) -> None: ...
 
 class ListDirRequest(_message.Message):
-    __slots__ = ("ino", "start_after", "limit")
+    __slots__ = ("ino", "start_after", "limit", "session")
     INO_FIELD_NUMBER: _ClassVar[int]
     START_AFTER_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     ino: int
     start_after: bytes
     limit: int
-    def __init__(self, ino: _Optional[int] = ..., start_after: _Optional[bytes] = ..., limit: _Optional[int] = ...) -> None: ...
+    session: int
+    def __init__(self, ino: _Optional[int] = ..., start_after: _Optional[bytes] = ..., limit: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
 
 class DirEntry(_message.Message):
     __slots__ = ("name", "inode")
@@ -302,12 +304,14 @@ class DirEntry(_message.Message):
     def __init__(self, name: _Optional[bytes] = ..., inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ...) -> None: ...
 
 class ListDirReply(_message.Message):
-    __slots__ = ("entries", "has_more")
+    __slots__ = ("entries", "has_more", "lease_ms")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     HAS_MORE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[DirEntry]
     has_more: bool
-    def __init__(self, entries: _Optional[_Iterable[_Union[DirEntry, _Mapping]]] = ..., has_more: _Optional[bool] = ...) -> None: ...
+    lease_ms: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[DirEntry, _Mapping]]] = ..., has_more: _Optional[bool] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class StatFsRequest(_message.Message):
     __slots__ = ()

@@ -259,6 +259,48 @@ def test_a_miss_is_leased_on_request_and_revoked_by_whatever_makes_the_name(tmp_
         m.close()
 
 
+def test_a_listing_leases_its_names_and_files_like_lookups(tmp_path):
+    """ListDir with a session leases the names listed and the files' attributes (the
+    mount's ls -l then stats from its kernel); an unlink and a publish by another
+    mount revoke them; without a session nothing is leased."""
+    m = make_master(tmp_path)
+    try:
+        a, b = m.leases.open_session("a"), m.leases.open_session("b")
+        seen_b = []
+
+        def run():
+            while True:
+                ev = b.events.get()
+                if ev is None:
+                    return
+                seen_b.append(ev)
+                b.ack(ev.invalidate_id)
+        threading.Thread(target=run, daemon=True).start()
+        d = m.mkdir(master_pb2.MkdirRequest(request_id=new_request_id(), parent=ROOT_INO,
+                                            name=b"d", mode=0o755, session=a.id)).inode
+        files = {n: m.create(master_pb2.CreateRequest(
+            request_id=new_request_id(), parent=d.ino, name=n, mode=0o644,
+            session=a.id)).inode.ino for n in (b"f1", b"f2")}
+        m.mkdir(master_pb2.MkdirRequest(request_id=new_request_id(), parent=d.ino,
+                                        name=b"sub", mode=0o755, session=a.id))
+        assert m.listdir(d.ino, b"", 0).lease_ms == 0
+        page = m.listdir(d.ino, b"", 0, session=b.id)
+        assert page.lease_ms == 30_000 and [e.name for e in page.entries] == [b"f1", b"f2", b"sub"]
+        m.unlink(master_pb2.UnlinkRequest(request_id=new_request_id(), parent=d.ino,
+                                          name=b"f1", session=a.id), rmdir=False)
+        assert [(k.parent, k.name) for k in seen_b[-1].names] == [(d.ino, b"f1")]
+        m.complete(master_pb2.CompleteFileRequest(request_id=new_request_id(),
+                                                  ino=files[b"f2"], size=0, session=a.id))
+        assert list(seen_b[-1].inodes) == [files[b"f2"]]
+        # a listing read before a change, leased after it: denied
+        since = m.leases.snapshot()
+        m.unlink(master_pb2.UnlinkRequest(request_id=new_request_id(), parent=d.ino,
+                                          name=b"f2", session=a.id), rmdir=False)
+        assert m.leases.grant(b.id, since, [(d.ino, b"f2")], [files[b"f2"]]) == 0
+    finally:
+        m.close()
+
+
 # --------------------------------------------------------------------------- real mounts
 
 def _conf(tmp_path, lease="60s"):
@@ -418,3 +460,35 @@ def test_a_miss_is_cached_until_the_name_is_made_on_another_mount(make_cluster):
         assert os.path.lexists(os.path.join(db, n)), f"{n} made on A, not seen on B"
     assert os.stat(os.path.join(db, "l")).st_size == 5
     assert os.readlink(os.path.join(db, "s")) == "file"
+
+
+def test_a_listed_directory_is_stat_ed_from_the_kernel_and_kept_correct(make_cluster):
+    """At the defaults: after B lists a directory, stat of every entry is answered by
+    B's kernel (the master stopped meanwhile: ls -l costs no round trip), and an
+    unlink, a rename and a new version made on A are seen on B as soon as they return."""
+    c = make_cluster(workers=1, mounts=2)
+    a, b = c.mounts
+    os.mkdir(os.path.join(a, "ls"))
+    da, db = os.path.join(a, "ls"), os.path.join(b, "ls")
+    for i in range(20):
+        with open(os.path.join(da, f"f{i:02d}"), "wb") as f:
+            f.write(b"x" * i)
+    time.sleep(0.5)  # let B's lease session settle (no timing is asserted)
+    names = sorted(os.listdir(db))
+    assert len(names) == 20
+
+    def stat_all():  # what ls -l does after its listing
+        return [(n, os.stat(os.path.join(db, n)).st_size) for n in names]
+
+    with _frozen(_master_pid(c)):
+        listed = _in_thread(stat_all)
+    assert listed == [(f"f{i:02d}", i) for i in range(20)], listed
+    os.unlink(os.path.join(da, "f03"))
+    with pytest.raises(FileNotFoundError):
+        os.stat(os.path.join(db, "f03"))
+    os.rename(os.path.join(da, "f04"), os.path.join(da, "g04"))
+    assert not os.path.exists(os.path.join(db, "f04"))
+    assert os.stat(os.path.join(db, "g04")).st_size == 4
+    with open(os.path.join(da, "f05"), "wb") as f:
+        f.write(b"new version, longer")
+    assert os.stat(os.path.join(db, "f05")).st_size == len(b"new version, longer")
