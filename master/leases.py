@@ -1,8 +1,9 @@
 """Leases: which FUSE mounts may cache which names and file attributes, and for how long.
 
 DESIGN consistency rule 2 with caching.  A mount keeps a session stream open to the
-master.  A read that carries the session id (Lookup, GetAttr, and the replies of
-Create and Mkdir) may be granted a lease: for ``lease_time`` seconds the mount may
+master.  A read that carries the session id (Lookup, GetAttr, ListDir -- each name of
+the page, as a lookup of it -- and the replies of Create and Mkdir) may be granted a
+lease: for ``lease_time`` seconds the mount may
 keep the directory entry (parent, name) -> inode, and the attributes of a regular
 file, in its kernel.  A mutation that removes or moves a name, or changes a file's
 attributes, *revokes* the leases of every other mount on what it changed: the master
