@@ -24,8 +24,8 @@ import socket
 import threading
 import time
 
-from curvine.common.call_wire import (ACCEPTED, ANSWER, FRAME, HELLO, MAGIC, UNAUTHENTICATED,
-                                      PortDown, PortRefused, reply_of)
+from curvine.common.call_wire import (ANSWER, FRAME, UNAUTHENTICATED, PortDown, PortRefused,
+                                      check_answer, hello, reply_of)
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.rpc import MESSAGE_LIMIT, RETRY_MAX
 from curvine.proto import master_pb2
@@ -132,12 +132,8 @@ class BlockingCallPort:
         sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.sendall(HELLO.pack(MAGIC, len(self._token)) + self._token)
-            magic, status = ANSWER.unpack(_recv_exactly(sock, ANSWER.size))
-            if magic != MAGIC:
-                raise OSError("not a call port")
-            if status != ACCEPTED:
-                raise PortRefused(status)
+            sock.sendall(hello(self._token))
+            check_answer(_recv_exactly(sock, ANSWER.size))
             return sock
         except BaseException:
             sock.close()

@@ -5,6 +5,7 @@ clients share.  Integers big-endian."""
 
 from __future__ import annotations
 
+import errno
 import struct
 
 from curvine.common.errors import CurvineError, ErrorKind
@@ -14,6 +15,21 @@ HELLO = struct.Struct(">4sH")  # magic, token length; then the token
 ANSWER = struct.Struct(">4sB")  # magic, status
 FRAME = struct.Struct(">I")  # payload length; then a master.Call or master.CallResult
 ACCEPTED, UNAUTHENTICATED, BUSY = 0, 1, 2  # the answer's status
+
+
+def hello(token: bytes) -> bytes:
+    """A client's hello with its token."""
+    return HELLO.pack(MAGIC, len(token)) + token
+
+
+def check_answer(data: bytes) -> None:
+    """The server's ANSWER to a hello: returns if accepted, else raises (OSError: not a
+    call port; PortRefused: a wrong token or too many connections)."""
+    magic, status = ANSWER.unpack(data)
+    if magic != MAGIC:
+        raise OSError(errno.EPROTO, "not a call port")
+    if status != ACCEPTED:
+        raise PortRefused(status)
 
 
 class PortDown(Exception):

@@ -25,8 +25,8 @@ import outcome
 import trio
 
 from curvine.client.master_client import Prepared
-from curvine.common.call_wire import (ACCEPTED, ANSWER, FRAME, HELLO, MAGIC, UNAUTHENTICATED,
-                                      PortDown, PortRefused, reply_of)
+from curvine.common.call_wire import (ANSWER, FRAME, UNAUTHENTICATED, PortDown, PortRefused,
+                                      check_answer, hello, reply_of)
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.rpc import MESSAGE_LIMIT, RETRY_MAX
 from curvine.proto import master_pb2
@@ -201,13 +201,8 @@ class CallPortClient:
                 err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if err:
                     raise OSError(err, f"connect: {errno.errorcode.get(err, err)}")
-                hello = HELLO.pack(MAGIC, len(self._token)) + self._token
-                await _send_all(sock, hello)
-                magic, status = ANSWER.unpack(await _recv_exactly(sock, ANSWER.size))
-                if magic != MAGIC:
-                    raise OSError(errno.EPROTO, "not a call port")
-                if status != ACCEPTED:
-                    raise PortRefused(status)
+                await _send_all(sock, hello(self._token))
+                check_answer(await _recv_exactly(sock, ANSWER.size))
                 return sock
             except BaseException:
                 sock.close()

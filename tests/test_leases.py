@@ -123,6 +123,21 @@ def test_ended_sessions_need_no_waiting_now_or_after_a_restart(tmp_path):
     assert t2.grace_until == 0
 
 
+def _acked(session) -> list:
+    """Invalidations sent to ``session``, each acked at once by a thread (a mount)."""
+    seen: list = []
+
+    def run():
+        while True:
+            ev = session.events.get()
+            if ev is None:
+                return
+            seen.append(ev)
+            session.ack(ev.invalidate_id)
+    threading.Thread(target=run, daemon=True).start()
+    return seen
+
+
 def make_master(tmp_path, lease_time=30.0) -> Master:
     cfg = Config()
     cfg.master.meta_dir = str(tmp_path / "meta")
@@ -150,20 +165,7 @@ def test_master_revokes_what_a_mutation_changed(tmp_path):
         attrs = m.getattr_reply(master_pb2.GetAttrRequest(ino=d.inode.ino, session=b.id))
         assert attrs.lease_ms == 0  # a directory's attributes are never leased
 
-        def acker(session, seen):
-            def run():
-                while True:
-                    ev = session.events.get()
-                    if ev is None:
-                        return
-                    seen.append(ev)
-                    session.ack(ev.invalidate_id)
-            th = threading.Thread(target=run, daemon=True)
-            th.start()
-            return th
-
-        seen_a, seen_b = [], []
-        acker(a, seen_a), acker(b, seen_b)
+        seen_a, seen_b = _acked(a), _acked(b)
         # a (the writer) renames k.tmp onto k.data: b cached k.tmp, a's own kernel
         # moves its entry itself
         m.rename(master_pb2.RenameRequest(request_id=new_request_id(), parent=ROOT_INO,
@@ -197,16 +199,7 @@ def test_a_miss_is_leased_on_request_and_revoked_by_whatever_makes_the_name(tmp_
     m = make_master(tmp_path)
     try:
         a, b = m.leases.open_session("a"), m.leases.open_session("b")
-        seen_a, seen_b = [], []
-        for session, seen in ((a, seen_a), (b, seen_b)):
-            def run(session=session, seen=seen):
-                while True:
-                    ev = session.events.get()
-                    if ev is None:
-                        return
-                    seen.append(ev)
-                    session.ack(ev.invalidate_id)
-            threading.Thread(target=run, daemon=True).start()
+        seen_a, seen_b = _acked(a), _acked(b)
 
         def miss(name: bytes, lease_miss: bool = True):
             return m.lookup_reply(master_pb2.LookupRequest(
@@ -266,16 +259,7 @@ def test_a_listing_leases_its_names_and_files_like_lookups(tmp_path):
     m = make_master(tmp_path)
     try:
         a, b = m.leases.open_session("a"), m.leases.open_session("b")
-        seen_b = []
-
-        def run():
-            while True:
-                ev = b.events.get()
-                if ev is None:
-                    return
-                seen_b.append(ev)
-                b.ack(ev.invalidate_id)
-        threading.Thread(target=run, daemon=True).start()
+        seen_b = _acked(b)
         d = m.mkdir(master_pb2.MkdirRequest(request_id=new_request_id(), parent=ROOT_INO,
                                             name=b"d", mode=0o755, session=a.id)).inode
         files = {n: m.create(master_pb2.CreateRequest(
