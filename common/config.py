@@ -108,6 +108,10 @@ class MasterConfig:
     # how long a mount may cache a name or a file's attributes without asking (its
     # lease; mutations by others revoke it first: master/leases.py); 0 = no leases
     lease_time: Duration = Duration(30.0)
+    # how long a mount may cache a name's absence (a negative entry, fuse.negative_leases):
+    # shorter, since a mount that dies holding one holds back the store of that name
+    # until it runs out; 0 = misses are never leased
+    negative_lease_time: Duration = Duration(5.0)
     max_sessions: int = 1024  # mounts with a lease session (each holds a server thread)
     # a Calls or Session stream whose client takes no reply this long is cancelled
     stream_idle_timeout: Duration = Duration(60.0)

@@ -99,8 +99,12 @@ class Session:
 
 
 class LeaseTable:
-    def __init__(self, lease_time: float, state_path: str | None = None):
+    def __init__(self, lease_time: float, state_path: str | None = None,
+                 absent_time: float | None = None):
         self.lease_time = max(0.0, float(lease_time))
+        # leases on a name's absence (negative entries): at most lease_time
+        self.absent_time = min(self.lease_time, max(0.0, float(
+            self.lease_time if absent_time is None else absent_time)))
         self.state_path = state_path
         self._lock = threading.Lock()
         self._names: dict[NameKey, dict[int, float]] = {}  # key -> {session: expiry}
@@ -194,7 +198,8 @@ class LeaseTable:
         milliseconds, 0 when denied (no session, leases off, or a revocation touched
         one of the keys since ``since``).  ``absent``: the names are leased as missing
         (a negative entry), which a name made since ``since`` denies too."""
-        if not sid or self.lease_time <= 0:
+        term = self.absent_time if absent else self.lease_time
+        if not sid or term <= 0:
             return 0
         names, inodes = list(names), list(inodes)
         if not names and not inodes:
@@ -210,7 +215,7 @@ class LeaseTable:
                     or (made and any(made[hash(k) % BUCKETS] > since for k in names))):
                 self.stats["denied"] += 1
                 return 0
-            exp = now + self.lease_time
+            exp = now + term
             for k in names:
                 self._names.setdefault(k, {})[sid] = exp
                 self._expiries.append((exp, self._names, k, sid))
@@ -223,7 +228,7 @@ class LeaseTable:
                 self._purge(now)
         if time.time() + self.lease_time + MARGIN > self._horizon:
             self._save_state()
-        return int(self.lease_time * 1000)
+        return int(term * 1000)
 
     def _purge(self, now: float) -> None:
         q = self._expiries

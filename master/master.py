@@ -87,7 +87,8 @@ class Master:
             self.lag.close()
             raise CurvineError(ErrorKind.IO, f"block token key: {e}") from None
         self.leases = LeaseTable(float(cfg.master.lease_time),
-                                 os.path.join(self.meta_dir, "leases.json"))
+                                 os.path.join(self.meta_dir, "leases.json"),
+                                 absent_time=float(cfg.master.negative_lease_time))
         with self.store.read() as txn:
             self._reserved = self.store.get_u64(txn, b"block_ids_reserved", 1)
         self._next_block = max(self._reserved, 1)  # skip ids a previous run may have used

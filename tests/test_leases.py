@@ -232,7 +232,7 @@ def test_a_miss_is_leased_on_request_and_revoked_by_whatever_makes_the_name(tmp_
         }
         for name, make in makers.items():
             reply = miss(name)
-            assert not reply.HasField("inode") and reply.lease_ms == 30_000
+            assert not reply.HasField("inode") and reply.lease_ms == 5_000  # negative_lease_time
             before = len(seen_b)
             make(name)
             assert len(seen_b) == before + 1, name
