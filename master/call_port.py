@@ -22,7 +22,7 @@ Protocol (all integers big-endian):
   master.CallResult (same id, any order) from the master.
 
 Guards, as for the Calls stream (a holder of the client token must not be able to
-starve the master): at most ``max_connections`` connections (master.max_sessions); a
+starve the master): at most ``max_connections`` connections (4 x master.max_sessions); a
 hello within HELLO_TIMEOUT; at most MAX_CALLS_IN_FLIGHT calls of one connection being
 answered, or replies above WRITE_BUFFER waiting for it (past that the master stops
 reading it); a client that takes no reply for

@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+CALL_PORT_CONNECTIONS_PER_SESSION = 4
+
+
 def _start_call_port(cfg, servicer: MasterServicer, security: Security) -> CallPort | None:
     """The mounts' call port (master/call_port.py), unless it is off or TLS is on (it
     has no TLS yet: mounts then keep the Calls stream).  OSError if it cannot bind."""
@@ -141,7 +144,9 @@ def _start_call_port(cfg, servicer: MasterServicer, security: Security) -> CallP
         return None
     port = CallPort(servicer.run_call, READ_CALLS, servicer.call_pool, cfg.master.host,
                     cfg.master.call_port, tokens=security.accepted((CLIENT,)),
-                    max_connections=cfg.master.max_sessions,
+                    # a connection holds no thread (one protocol object in the loop),
+                    # and a path client (a pod's connector) may open up to 4
+                    max_connections=CALL_PORT_CONNECTIONS_PER_SESSION * cfg.master.max_sessions,
                     idle_timeout=float(cfg.master.stream_idle_timeout))
     port.start()
     return port
