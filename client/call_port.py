@@ -84,6 +84,10 @@ class BlockingCallPort:
         self.calls += 1
         return reply_of(result)
 
+    def call_blocking(self, prepared):
+        """A MasterClient.Prepared call (the mount's writer threads: fuse_client/calls.py)."""
+        return self.call(prepared.op, prepared.request)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

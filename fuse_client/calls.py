@@ -28,6 +28,7 @@ import grpc
 import outcome
 import trio
 
+from curvine.client.call_port import BlockingCallPort
 from curvine.client.master_client import MasterClient, Prepared, StreamThread
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO
@@ -183,11 +184,15 @@ class Calls:
 
     def __init__(self, master: MasterClient,
                  to_thread: Callable[..., Awaitable], stream: CallStream | None = None,
-                 port: CallPortClient | None = None):
+                 port: CallPortClient | None = None,
+                 thread_port: BlockingCallPort | None = None):
         self.master = master
         self.to_thread = to_thread
         self.stream = stream
         self.port = port
+        # the same port from threads on connections of their own (client/call_port.py):
+        # a writer's AddBlock and CompleteFile without a hop into the trio loop
+        self.thread_port = thread_port
 
     async def run(self, op: str, *args, **kwargs):
         prepared = self.master.prepare(op, *args, **kwargs)
@@ -206,7 +211,10 @@ class Calls:
         already holds a slot of the mount's thread limiter, and threads that all wait
         for another slot would wait forever."""
         prepared = self.master.prepare(op, *args, **kwargs)
-        for route in self._routes(prepared):
+        routes = self._routes(prepared)
+        if routes and self.thread_port is not None:
+            routes.insert(0, self.thread_port)
+        for route in routes:
             try:
                 return prepared.convert(route.call_blocking(prepared))
             except _ROUTE_DOWN:

@@ -20,6 +20,7 @@ import stat
 import pyfuse3
 import trio
 
+from curvine.client.call_port import BlockingCallPort
 from curvine.client.master_client import AccessReporter, MasterClient
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, to_errno
@@ -175,6 +176,8 @@ class Operations(pyfuse3.Operations):
             log.info("the master has no call port: namespace calls go on the stream")
             return
         host = self.cfg.cluster.master_addr.rpartition(":")[0].strip("[]")
+        self.calls.thread_port = BlockingCallPort(host, port, self.master.security.token,
+                                                  float(self.cfg.cluster.rpc_timeout))
         self.calls.port = CallPortClient(host, port, self.master.security.token,
                                          float(self.cfg.cluster.rpc_timeout))
         await self.calls.port.run()
@@ -388,5 +391,7 @@ class Operations(pyfuse3.Operations):
         self.kernel.close()
         if self.calls.stream is not None:
             self.calls.stream.stop()
+        if self.calls.thread_port is not None:
+            self.calls.thread_port.close()
         self._access.close()
         self.master.close()

@@ -15,6 +15,7 @@ import time
 import pytest
 import trio
 
+from curvine.client.call_port import BlockingCallPort
 from curvine.client.master_client import MasterClient
 from curvine.common import rpc
 from curvine.common.config import Config
@@ -488,3 +489,23 @@ def test_a_path_client_call_the_master_does_not_answer_times_out(served_addr):
         for c in held:
             c.close()
         silent.close()
+
+
+def test_a_mounts_thread_calls_use_their_own_connections(served):
+    """Calls.from_thread (a writer publishing at close) goes on the blocking client's
+    connections when the mount has one, without the trio loop; with the port gone it
+    still gets its answer (the trio client, then unary)."""
+    m, client, _, start_port = served
+    port = start_port()
+    bp = BlockingCallPort("127.0.0.1", port.port, TOKEN, timeout=10)
+    pc = CallPortClient("127.0.0.1", port.port, TOKEN, timeout=10)  # never connected
+    calls = Calls(client, _to_thread, port=pc, thread_port=bp)
+    try:
+        f, _, _ = calls.from_thread("create", ROOT_INO, b"from-thread", 0o644)
+        assert calls.from_thread("getattr", f.ino)[0].ino == f.ino
+        assert bp.calls == 2 and port.calls == 2
+        port.stop()
+        assert calls.from_thread("getattr", f.ino)[0].ino == f.ino  # unary
+        assert bp.calls == 2
+    finally:
+        bp.close()
