@@ -32,6 +32,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import random
 import secrets
 import select
 import shlex
@@ -105,7 +106,45 @@ def make_tls_files(directory: str, days: int = 30) -> dict[str, str]:
 
 
 def free_ports(n: int, host: str = HOST) -> list[int]:
-    """``n`` distinct free TCP ports on ``host`` (bound to port 0 together, then closed)."""
+    """``n`` distinct free TCP ports on ``host``, below the kernel's ephemeral range: a
+    port from that range may be taken as the source port of any outgoing connection on
+    the machine between this check and the daemon's bind (a master once failed to
+    start that way).  Each is checked by binding it; random, so that clusters started
+    side by side do not pick the same ones."""
+    low, high = 10000, _ephemeral_low() - 1
+    if high - low < 1000:  # an unusual ip_local_port_range: let the kernel pick
+        return _kernel_ports(n, host)
+    rng = random.SystemRandom()
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(100 * n):
+            if len(socks) == n:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, rng.randint(low, high)))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        if len(socks) < n:
+            return _kernel_ports(n, host)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _kernel_ports(n: int, host: str) -> list[int]:
+    """``n`` distinct free ports the kernel picks (bound to port 0 together, then closed)."""
     socks = []
     try:
         for _ in range(n):

@@ -196,10 +196,14 @@ def _special(root: str):
     os.mknod(j("chr"), 0o600 | stat.S_IFCHR, os.makedev(1, 3))
     os.mknod(j("blk"), 0o600 | stat.S_IFBLK, os.makedev(7, 0))
     s = socket.socket(socket.AF_UNIX)
+    # through the directory's descriptor: a socket path has at most 107 bytes, and a
+    # pytest temp dir on a machine that ran many sessions is long enough to pass it
+    dfd = os.open(os.path.dirname(j("sock")), os.O_RDONLY | os.O_DIRECTORY)
     try:
-        s.bind(j("sock"))
+        s.bind(f"/proc/self/fd/{dfd}/sock")
     finally:
         s.close()
+        os.close(dfd)
     for n in ("fifo", "chr", "blk", "sock"):
         st = os.lstat(j(n))
         out[n] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode) & 0o700,
