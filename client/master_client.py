@@ -246,7 +246,8 @@ class MasterClient:
 
     def _prep_listdir_leased(self, ino: int, start_after: bytes = b"",
                              limit: int = LISTDIR_PAGE) -> Prepared:
-        """A page leased to this session: (entries, has_more, lease ms of the names)."""
+        """A page leased to this session, if one is up: (entries, has_more, lease ms of
+        the names and files' attributes; 0 without a session)."""
         return Prepared("ListDir", "listdir", master_pb2.ListDirRequest(
             ino=ino, start_after=start_after, limit=limit, session=self.session),
             lambda reply: (list(reply.entries), reply.has_more, reply.lease_ms))

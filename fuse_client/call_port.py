@@ -36,8 +36,6 @@ log = logging.getLogger(__name__)
 RECV_SIZE = 1 << 20
 
 
-
-
 class CallPortClient:
     """``await call(prepared)`` from the trio loop, ``call_blocking(prepared)`` from
     other threads; ``run()`` (a task of the mount's nursery) keeps the connection to

@@ -287,8 +287,10 @@ class FileSystem:
             # One RPC; a miss is a plain reply, not an error status (LMCache's miss path).
             sent = time.monotonic()
             try:
+                # a miss leased too (fuse.negative_leases): only with a lease session,
+                # which runs only where the kernel's epoch expires negative entries
                 inode, lease_ms = await self.calls.run(
-                    "lookup", parent, name, lease_miss=self.kernel.negative_leases)
+                    "lookup", parent, name, lease_miss=self.cfg.fuse.negative_leases)
             except Exception:
                 FUSE_LOOKUP_ERROR.inc()
                 raise
@@ -794,15 +796,13 @@ class FileSystem:
         while i >= len(d.entries):
             if d.done:
                 return []
-            if self.kernel.leasing:  # leased like lookups: ls -l stats from the kernel
-                sent = time.monotonic()
-                page, more, lease_ms = await self.calls.run("listdir_leased", d.ino, d.after,
-                                                            LISTDIR_PAGE)
-                ttl = self.kernel.lease_ttl(lease_ms, sent)
-                until = time.monotonic() + ttl if ttl else 0.0
-            else:
-                page, more = await self.calls.run("listdir", d.ino, d.after, LISTDIR_PAGE)
-                until = 0.0
+            # leased like lookups while the lease session is up (ls -l then stats from
+            # the kernel); lease_ms 0 without one
+            sent = time.monotonic()
+            page, more, lease_ms = await self.calls.run("listdir_leased", d.ino, d.after,
+                                                        LISTDIR_PAGE)
+            ttl = self.kernel.lease_ttl(lease_ms, sent)
+            until = time.monotonic() + ttl if ttl else 0.0
             d.entries.extend((e.name, e.inode, until) for e in page)
             self.kernel.note_dirs(*(e.inode for e in page if e.inode.type == DIRECTORY))
             if page:

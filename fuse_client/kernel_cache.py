@@ -1,9 +1,10 @@
 """What this mount's kernel may cache, for how long, and when it must forget it.
 
 Leases (master/leases.py): names (and, with fuse.negative_leases, the absence of a
-name) and file attributes the kernel may keep for the lease time; the master revokes them, through the mount's :class:`LeaseSession`,
-before another client changes them.  A revocation expires every cached name at once
-(the dentry :class:`~.kernel.Epoch`) and drops the attributes of the inodes named.
+name) and file attributes the kernel may keep for the lease time; the master revokes
+them, through the mount's :class:`LeaseSession`, before another client changes them.
+A revocation expires every cached name at once, negative entries included (the
+dentry :class:`~.kernel.Epoch`), and drops the attributes of the inodes named.
 Notifications go to the kernel only while the mount is up: the kernel lock and the
 unmounting flag keep them from racing ``pyfuse3.close``.
 
@@ -46,11 +47,6 @@ class KernelCache:
         self.master = master
         self._leases: LeaseSession | None = None
         self._epoch: Epoch | None = None
-        # lookups ask the master to lease misses too (fuse.negative_leases, with leases
-        # on): the kernel keeps them as negative entries, which every revocation's epoch
-        # bump expires like any other name
-        self.negative_leases = False
-        self.leasing = False  # the lease session runs (listings are leased too)
         self._leased_inodes: dict[int, float] = {}  # ino -> when the kernel's copy expires
         self._kernel_lock = threading.Lock()  # notifications vs unmount (pyfuse3.close)
         self._unmounting = False
@@ -77,8 +73,6 @@ class KernelCache:
             return False
         self._leases = LeaseSession(self.master, self._invalidate, self._drop_all)
         self._leases.start()
-        self.negative_leases = self.cfg.fuse.negative_leases
-        self.leasing = True
         return True
 
     def stop(self) -> None:

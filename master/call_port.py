@@ -167,6 +167,7 @@ class _Connection(asyncio.Protocol):
         self.port._open.add(self)
 
     def data_received(self, data: bytes) -> None:
+        """Also called with b"" on resuming: frames that arrived before a pause."""
         self.buf += data
         try:
             if not self.accepted and not self._hello():
@@ -214,7 +215,7 @@ class _Connection(asyncio.Protocol):
             RPC_UNAUTHENTICATED.labels("CallPort").inc()
             status = UNAUTHENTICATED
         elif port.connections >= port.max_connections:
-            log.warning("call port: refused %s: %d connections open (master.max_sessions)",
+            log.warning("call port: refused %s: %d connections open (4 x master.max_sessions)",
                         self.peer, port.connections)
             status = BUSY
         self.transport.write(ANSWER.pack(MAGIC, status))
@@ -291,7 +292,7 @@ class _Connection(asyncio.Protocol):
             self.timer.cancel()
             self.timer = None
         self.transport.resume_reading()
-        self._process()  # frames that arrived before the pause
+        self.data_received(b"")  # frames that arrived before the pause (one guarded path)
 
     def _idle(self) -> None:
         self.timer = None

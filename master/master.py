@@ -46,6 +46,12 @@ def _held(value) -> int:
     return value.ino if isinstance(value, RetryHit) else int(value or 0)
 
 
+def _leasable(nodes) -> list[int]:
+    """The inodes among ``nodes`` whose attributes a lease covers: regular files only
+    (a directory's change with every entry in it)."""
+    return [n.ino for n in nodes if n.type == FILE]
+
+
 class Master:
     def __init__(self, cfg: Config, meta_dir: str | None = None, journal_dir: str | None = None,
                  *, security: Security):
@@ -186,8 +192,7 @@ class Master:
         """Lease to ``session`` the entry ``name`` -> node and a file's attributes."""
         if not session:
             return 0
-        return self.leases.grant(session, since, [name] if name else (),
-                                 [node.ino] if node.type == FILE else ())
+        return self.leases.grant(session, since, [name] if name else (), _leasable([node]))
 
     # ------------------------------------------------------------------ namespace reads
     def lookup(self, parent: int, name: bytes) -> common_pb2.Inode:
@@ -210,7 +215,7 @@ class Master:
             if node is None:
                 if not req.lease_miss:
                     return master_pb2.InodeReply()
-                # a negative entry, revoked by whatever creates the name (fx.names)
+                # a negative entry, revoked by whatever makes the name (fx.created)
                 return master_pb2.InodeReply(lease_ms=self.leases.grant(
                     req.session, since, [(req.parent, req.name)], absent=True))
         else:
@@ -248,7 +253,7 @@ class Master:
         if session and entries:
             reply.lease_ms = self.leases.grant(
                 session, since, [(ino, e.name) for e in entries],
-                [e.inode.ino for e in entries if e.inode.type == FILE])
+                _leasable(e.inode for e in entries))
         return reply
 
     @property
