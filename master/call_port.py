@@ -5,9 +5,11 @@ Why a second transport: through gRPC's sync server and client every call costs
 several thread hand-offs on each side (the client's request iterator and channel
 threads, the server's reader and response generator) -- most of the ~0.9 ms of master
 CPU and ~0.3 ms of mount CPU per call measured in issue 16.  Here one asyncio loop
-thread serves every connection: a read call (READ_CALLS) is answered in that thread,
-a mutation in the call pool (it waits for the journal), and the result is written
-back by the loop.  Each connection is an asyncio.Protocol that parses frames as their
+thread serves every connection: a read call (READ_CALLS) is answered in that thread;
+a namespace mutation runs as steps (master/steps.py): checked in that thread, planned
+and made durable by the committer, answered in that thread again, with no thread
+waiting for the journal; the other calls go to the call pool.  Each connection is an
+asyncio.Protocol that parses frames as their
 bytes arrive (no task or stream reader per call).  The mount's client
 (fuse_client/call_port.py) runs in its trio loop; the path client's
 (client/call_port.py: the LMCache connector, CLI commands) is blocking and pooled.
@@ -61,8 +63,13 @@ class CallPort:
     def __init__(self, run_call: Callable[[master_pb2.Call], master_pb2.CallResult],
                  read_calls: frozenset[str], pool: futures.Executor, host: str, port: int,
                  tokens: tuple[str, ...] = (), max_connections: int = 1024,
-                 idle_timeout: float = 60.0, max_in_flight: int = 256):
+                 idle_timeout: float = 60.0, max_in_flight: int = 256,
+                 mutations: Callable | None = None):
         self._run_call = run_call
+        # mutations(call_soon_threadsafe) -> an object whose start(call, answer) runs the
+        # mutations among calls in the loop (the servicer's CallMutations)
+        self._make_mutations = mutations
+        self._mutations = None
         self._read_calls = read_calls
         self._pool = pool
         self._host = host
@@ -103,6 +110,8 @@ class CallPort:
     def _serve(self, ready: futures.Future) -> None:
         loop = self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
+        if self._make_mutations is not None:
+            self._mutations = self._make_mutations(loop.call_soon_threadsafe)
         try:
             self._server = loop.run_until_complete(loop.create_server(
                 lambda: _Connection(self), self._host, self._port, reuse_address=True))
@@ -249,8 +258,9 @@ class _Connection(asyncio.Protocol):
                 port.calls += 1
                 if call.WhichOneof("op") in port._read_calls:
                     self._send(port._run_call(call))
-                else:
-                    self.in_flight += 1
+                    continue
+                self.in_flight += 1
+                if port._mutations is None or not port._mutations.start(call, self._answered):
                     port._pool.submit(self._pooled, call)
         finally:
             del buf[:pos]

@@ -62,13 +62,29 @@ class _Latch:
         return self._lock.acquire(timeout=timeout)
 
 
+class _Then:
+    """In place of a _Latch for submit_async: calls ``fn(item)`` (in the committer)."""
+
+    __slots__ = ("fn", "item")
+
+    def __init__(self, fn: Callable[["_Item"], None], item: "_Item"):
+        self.fn = fn
+        self.item = item
+
+    def set(self) -> None:
+        try:
+            self.fn(self.item)
+        except Exception:  # noqa: BLE001 - one caller's bug must not stop the committer
+            log.exception("a mutation's completion callback failed")
+
+
 class _Item:
     __slots__ = ("plan", "request_id", "done", "result", "error", "fx")
 
-    def __init__(self, plan: Plan, request_id: bytes):
+    def __init__(self, plan: Plan, request_id: bytes, then: Callable | None = None):
         self.plan = plan
         self.request_id = request_id
-        self.done = _Latch()
+        self.done = _Latch() if then is None else _Then(then, self)
         self.result: Any = None
         self.error: CurvineError | None = None
         self.fx: Effects | None = None  # what this mutation's record did
@@ -179,6 +195,15 @@ class Committer:
         if item.error is not None:
             raise item.error
         return item.result, item.fx
+
+    def submit_async(self, plan: Plan, request_id: bytes,
+                     then: Callable[[_Item], None]) -> None:
+        """Queue ``plan`` and return at once; once its batch is durable (or failed)
+        ``then(item)`` is called in the committer thread, with item.result (or a
+        RetryHit), item.error and item.fx set.  ``then`` must not block."""
+        if self.fatal is not None:
+            raise CurvineError(ErrorKind.UNAVAILABLE, "master is shutting down after a journal failure")
+        self._queue.put(_Item(plan, request_id, then))
 
     def request_checkpoint(self) -> None:
         self._checkpoint_requested.set()

@@ -248,9 +248,18 @@ class LeaseTable:
         """After a mutation is durable: make every other holder of a lease on what it
         changed drop it; returns when all have (acked) or their leases ran out.
         ``names``: removed or moved; ``created``: made (leased only as absent)."""
+        wait = self.revoke_begin(names, inodes, exclude, created)
+        if wait is not None:
+            wait()
+
+    def revoke_begin(self, names: Iterable[NameKey], inodes: Iterable[int], exclude: int = 0,
+                     created: Iterable[NameKey] = ()):
+        """The part of revoke that never blocks: the keys are marked and the holders
+        sent their invalidations.  Returns None when nothing is left to wait for (no
+        other holder, no restart grace), else the function that waits (blocking)."""
         names, inodes, created = list(names), list(inodes), list(created)
         if not names and not inodes and not created:
-            return
+            return None
         now = time.monotonic()
         holders: dict[int, list] = {}  # sid -> [names, inodes, latest expiry]
         with self._lock:
@@ -282,6 +291,11 @@ class LeaseTable:
                 self.stats["invalidations"] += 1
             else:
                 waits.append((None, 0, exp + MARGIN))
+        if not waits and not (grace and time.monotonic() < grace):
+            return None
+        return lambda: self._revoke_wait(waits, grace)
+
+    def _revoke_wait(self, waits: list, grace: float) -> None:
         for s, inv, deadline in waits:
             if s is not None and s.wait_ack(inv, deadline):
                 continue

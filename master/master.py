@@ -30,6 +30,7 @@ from .leases import LeaseTable
 from .metadata import Metadata, checkpoint_root
 from .namespace import FILE, Effects, not_a_file, now_ns
 from .replication import ReplicationMonitor
+from .steps import Submit, mutation
 from .workers import WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -329,33 +330,41 @@ class Master:
         return reply
 
     # ------------------------------------------------------------------ namespace writes
+    @mutation
     def mkdir(self, req) -> master_pb2.InodeReply:
+        check_ino(req.parent, "parent")
         since = self.leases.snapshot()
-        value = self.submit(lambda t: self.ns.plan_mkdir(t, req), req.request_id,
-                            session=req.session)
+        value = yield Submit(lambda t: self.ns.plan_mkdir(t, req), req.request_id, req.session)
         return self._inode_reply(value, req.session, since, (req.parent, req.name))
 
+    @mutation
     def create(self, req) -> master_pb2.InodeReply:
+        check_ino(req.parent, "parent")
         since = self.leases.snapshot()
-        value = self.submit(lambda t: self.ns.plan_create(t, req), req.request_id,
-                            session=req.session)
+        value = yield Submit(lambda t: self.ns.plan_create(t, req), req.request_id, req.session)
         reply = self._inode_reply(value, req.session, since, (req.parent, req.name))
         self.capacity.on_create(reply.inode, req.session)
         return reply
 
+    @mutation
     def unlink(self, req, rmdir: bool) -> master_pb2.ParentReply:
+        check_ino(req.parent, "parent")
+
         def plan(txn):
             return self.ns.plan_unlink(txn, req if rmdir else self._with_recorded_opens(req),
                                        rmdir)
 
-        value = self.submit(plan, req.request_id, session=req.session)
+        value = yield Submit(plan, req.request_id, req.session)
         reply = self._parents_reply(req.parent)
         reply.held = _held(value)
         return reply
 
+    @mutation
     def rename(self, req) -> master_pb2.ParentReply:
-        value = self.submit(lambda t: self.ns.plan_rename(t, self._with_recorded_opens(req)),
-                            req.request_id, session=req.session)
+        check_ino(req.parent, "parent")
+        check_ino(req.new_parent, "new_parent")
+        value = yield Submit(lambda t: self.ns.plan_rename(t, self._with_recorded_opens(req)),
+                             req.request_id, req.session)
         reply = self._parents_reply(req.parent,
                                     req.new_parent if req.new_parent != req.parent else 0,
                                     (req.new_parent, req.new_name))
@@ -371,33 +380,40 @@ class Master:
             req.open_inos.extend(sorted(self.capacity.opened_by(req.session) - listed))
         return req
 
+    @mutation
     def symlink(self, req: master_pb2.SymlinkRequest) -> master_pb2.InodeReply:
+        check_ino(req.parent, "parent")
         since = self.leases.snapshot()
-        value = self.submit(lambda t: self.ns.plan_symlink(t, req), req.request_id,
-                            session=req.session)
+        value = yield Submit(lambda t: self.ns.plan_symlink(t, req), req.request_id,
+                             req.session)
         return self._inode_reply(value, req.session, since, (req.parent, req.name))
 
+    @mutation
     def make_node(self, req: master_pb2.MakeNodeRequest) -> master_pb2.InodeReply:
+        check_ino(req.parent, "parent")
         since = self.leases.snapshot()
-        value = self.submit(lambda t: self.ns.plan_make_node(t, req), req.request_id,
-                            session=req.session)
+        value = yield Submit(lambda t: self.ns.plan_make_node(t, req), req.request_id,
+                             req.session)
         return self._inode_reply(value, req.session, since, (req.parent, req.name))
 
+    @mutation
     def link(self, req: master_pb2.LinkRequest) -> master_pb2.InodeReply:
         check_ino(req.ino)
+        check_ino(req.new_parent, "new_parent")
         since = self.leases.snapshot()
-        value = self.submit(lambda t: self.ns.plan_link(t, req), req.request_id,
-                            session=req.session)
+        value = yield Submit(lambda t: self.ns.plan_link(t, req), req.request_id, req.session)
         node = self.getattr(value.ino if isinstance(value, RetryHit) else req.ino)
         return self._inode_reply(node, req.session, since, (req.new_parent, req.new_name))
 
-    def release_inode(self, req: master_pb2.ReleaseInodeRequest) -> None:
+    @mutation
+    def release_inode(self, req: master_pb2.ReleaseInodeRequest) -> common_pb2.Empty:
         """The mount's last descriptor of an unlinked file it keeps closed: remove it
         now (anything else: nothing).  Idempotent, so a retry needs no retry cache."""
         check_ino(req.ino)
-        if self.submit(lambda t: self.ns.plan_release(t, req.ino), req.request_id,
-                       session=req.session) is True:
+        if (yield Submit(lambda t: self.ns.plan_release(t, req.ino), req.request_id,
+                         req.session)) is True:
             self.capacity.on_released(req.ino)
+        return common_pb2.Empty()
 
     # -- extended attributes (reads like GetAttr: one read transaction)
     def get_xattr(self, req: master_pb2.GetXattrRequest) -> master_pb2.GetXattrReply:
@@ -408,27 +424,31 @@ class Master:
         with self.store.read() as txn:
             return master_pb2.ListXattrReply(names=self.ns.list_xattr(txn, req.ino))
 
+    @mutation
     def set_xattr(self, req: master_pb2.SetXattrRequest) -> master_pb2.InodeReply:
         check_ino(req.ino)
-        value = self.submit(lambda t: self.ns.plan_set_xattr(t, req), req.request_id,
-                            session=req.session)
+        value = yield Submit(lambda t: self.ns.plan_set_xattr(t, req), req.request_id,
+                             req.session)
         return master_pb2.InodeReply(
             inode=self.getattr(value.ino if isinstance(value, RetryHit) else req.ino))
 
+    @mutation
     def remove_xattr(self, req: master_pb2.RemoveXattrRequest) -> master_pb2.InodeReply:
         check_ino(req.ino)
-        value = self.submit(lambda t: self.ns.plan_remove_xattr(t, req), req.request_id,
-                            session=req.session)
+        value = yield Submit(lambda t: self.ns.plan_remove_xattr(t, req), req.request_id,
+                             req.session)
         return master_pb2.InodeReply(
             inode=self.getattr(value.ino if isinstance(value, RetryHit) else req.ino))
 
+    @mutation
     def setattr(self, req) -> master_pb2.InodeReply:
         check_ino(req.ino)
-        value = self.submit(lambda t: self.ns.plan_setattr(t, req), req.request_id,
-                            session=req.session)
+        value = yield Submit(lambda t: self.ns.plan_setattr(t, req), req.request_id,
+                             req.session)
         # no lease: the caller's kernel takes these attributes for fuse.attr_timeout
         return master_pb2.InodeReply(inode=self.getattr(req.ino if not isinstance(value, RetryHit) else value.ino))
 
+    @mutation
     def complete(self, req) -> master_pb2.InodeReply:
         check_ino(req.ino)
         # A block no version holds yet must have been allocated to this file: by AddBlock
@@ -460,9 +480,9 @@ class Master:
         for b in req.blocks:
             b.ClearField("token")  # a client sends back blocks it got: tokens are never stored
         try:
-            value = self.submit(lambda t: self.ns.plan_complete(t, req, self._reserved,
-                                                                allocated_here, freed),
-                                req.request_id, session=req.session)
+            value = yield Submit(lambda t: self.ns.plan_complete(t, req, self._reserved,
+                                                                 allocated_here, freed),
+                                 req.request_id, req.session)
         except CurvineError as e:
             self.capacity.unclaim(req.ino, claimed)
             if e.kind == ErrorKind.NOT_FOUND:
@@ -475,6 +495,7 @@ class Master:
         self.capacity.on_complete(node)
         return master_pb2.InodeReply(inode=node)
 
+    @mutation
     def put_file(self, req: master_pb2.PutFileRequest) -> master_pb2.PutFileReply:
         """A whole file under its final name in one journaled step (PutFileRequest)."""
         check_ino(req.parent, "parent")
@@ -492,9 +513,9 @@ class Master:
         for b in req.blocks:
             b.ClearField("token")
         try:
-            value = self.submit(lambda t: self.ns.plan_put(t, req, self._reserved,
-                                                           granted.__contains__),
-                                req.request_id, session=req.session)
+            value = yield Submit(lambda t: self.ns.plan_put(t, req, self._reserved,
+                                                            granted.__contains__),
+                                 req.request_id, req.session)
         except CurvineError:
             self._free_pending(granted)
             raise

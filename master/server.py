@@ -147,7 +147,8 @@ def _start_call_port(cfg, servicer: MasterServicer, security: Security) -> CallP
                     # a connection holds no thread (one protocol object in the loop),
                     # and a path client (a pod's connector) may open up to 4
                     max_connections=CALL_PORT_CONNECTIONS_PER_SESSION * cfg.master.max_sessions,
-                    idle_timeout=float(cfg.master.stream_idle_timeout))
+                    idle_timeout=float(cfg.master.stream_idle_timeout),
+                    mutations=servicer.mutations)
     port.start()
     return port
 

@@ -5,19 +5,21 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from concurrent import futures
 
 import grpc
 
-from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.errors import CurvineError, ErrorKind, status_code
 from curvine.common.ids import check_ino
-from curvine.common import checked_service
+from curvine.common import checked_service, metrics
 from curvine.common.rpc import handler
 from curvine.common.stream_guard import IdleStreams
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
 from . import report
 from .master import Master
+from .steps import StepRunner
 
 log = logging.getLogger(__name__)
 # Calls of one Calls stream read but whose results the client has not yet taken: past
@@ -81,28 +83,22 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     @handler
     def Mkdir(self, req, ctx):
-        check_ino(req.parent, "parent")
         return self.m.mkdir(req)
 
     @handler
     def Create(self, req, ctx):
-        check_ino(req.parent, "parent")
         return self.m.create(req)
 
     @handler
     def Unlink(self, req, ctx):
-        check_ino(req.parent, "parent")
         return self.m.unlink(req, rmdir=False)
 
     @handler
     def Rmdir(self, req, ctx):
-        check_ino(req.parent, "parent")
         return self.m.unlink(req, rmdir=True)
 
     @handler
     def Rename(self, req, ctx):
-        check_ino(req.parent, "parent")
-        check_ino(req.new_parent, "new_parent")
         return self.m.rename(req)
 
     @handler
@@ -139,23 +135,19 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     # -- POSIX beyond files and directories (issue 15)
     @handler
     def Symlink(self, req, ctx):
-        check_ino(req.parent, "parent")
         return self.m.symlink(req)
 
     @handler
     def MakeNode(self, req, ctx):
-        check_ino(req.parent, "parent")
         return self.m.make_node(req)
 
     @handler
     def Link(self, req, ctx):
-        check_ino(req.new_parent, "new_parent")
         return self.m.link(req)
 
     @handler
     def ReleaseInode(self, req, ctx):
-        self.m.release_inode(req)
-        return common_pb2.Empty()
+        return self.m.release_inode(req)
 
     @handler
     def SetXattr(self, req, ctx):
@@ -323,12 +315,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                 raise CurvineError(ErrorKind.INVALID, f"op: unknown call {op!r}")
             reply = getattr(type(self), method).__wrapped__(self, getattr(call, op), None)
             return master_pb2.CallResult(id=call.id, **{field: reply})
-        except CurvineError as e:
-            return master_pb2.CallResult(id=call.id, error_kind=int(e.kind), error=e.message)
-        except Exception as e:  # noqa: BLE001 - the one place unknown errors become EIO
-            log.exception("call %s failed", op)
-            return master_pb2.CallResult(id=call.id, error_kind=int(ErrorKind.IO),
-                                         error=f"internal error in {op}: {e}")
+        except Exception as e:  # noqa: BLE001 - converted for the caller
+            return _failed(call.id, op, e)
+
+    def mutations(self, call_soon_threadsafe) -> "CallMutations":
+        """The mutations of Calls read by one event loop's thread, run there as steps
+        (the call port's; master/steps.py)."""
+        return CallMutations(self.m, StepRunner(self.m, call_soon_threadsafe, self._call_pool))
 
     # -- capacity (master/capacity.py)
     @handler
@@ -353,6 +346,69 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def Checkpoint(self, req, ctx):
         remaining = ctx.time_remaining() if ctx is not None else None
         return report.checkpoint_now(self.m, remaining)
+
+
+def _failed(call_id: int, op: str, e: Exception) -> master_pb2.CallResult:
+    if isinstance(e, CurvineError):
+        return master_pb2.CallResult(id=call_id, error_kind=int(e.kind), error=e.message)
+    # the one place unknown errors become EIO
+    log.error("call %s failed", op, exc_info=e)
+    return master_pb2.CallResult(id=call_id, error_kind=int(ErrorKind.IO),
+                                 error=f"internal error in {op}: {e}")
+
+
+# Call op -> the master's mutation as steps (master/steps.py), for CallMutations
+MUTATION_STEPS = {
+    "create": lambda m, r: Master.create.steps(m, r),
+    "mkdir": lambda m, r: Master.mkdir.steps(m, r),
+    "unlink": lambda m, r: Master.unlink.steps(m, r, rmdir=False),
+    "rmdir": lambda m, r: Master.unlink.steps(m, r, rmdir=True),
+    "rename": lambda m, r: Master.rename.steps(m, r),
+    "complete": lambda m, r: Master.complete.steps(m, r),
+    "put_file": lambda m, r: Master.put_file.steps(m, r),
+    "setattr": lambda m, r: Master.setattr.steps(m, r),
+    "symlink": lambda m, r: Master.symlink.steps(m, r),
+    "make_node": lambda m, r: Master.make_node.steps(m, r),
+    "link": lambda m, r: Master.link.steps(m, r),
+    "release_inode": lambda m, r: Master.release_inode.steps(m, r),
+    "set_xattr": lambda m, r: Master.set_xattr.steps(m, r),
+    "remove_xattr": lambda m, r: Master.remove_xattr.steps(m, r),
+}
+
+
+class CallMutations:
+    """Starts the namespace mutations among Calls as steps on one loop (StepRunner):
+    the same master code as their unary RPCs, answered the same way, counted in the
+    same per-method metrics."""
+
+    def __init__(self, master: Master, runner: StepRunner):
+        self.m = master
+        self.runner = runner
+        self._metrics = {op: metrics.MethodMetrics(CALL_METHODS[op][0]) for op in MUTATION_STEPS}
+
+    def start(self, call, answer) -> bool:
+        """Start ``call`` if it is such a mutation; ``answer(CallResult)`` is called
+        later in the loop thread.  False: not one (the caller runs it otherwise)."""
+        op = call.WhichOneof("op")
+        steps = MUTATION_STEPS.get(op)
+        if steps is None:
+            return False
+        field = CALL_METHODS[op][1]
+        m = self._metrics[op]
+        started = time.perf_counter()
+
+        def done(reply, error) -> None:
+            m.duration.observe(time.perf_counter() - started)
+            if error is None:
+                m.ok.inc()
+                answer(master_pb2.CallResult(id=call.id, **{field: reply}))
+                return
+            m.error(status_code(error.kind).name if isinstance(error, CurvineError)
+                    else "INTERNAL")
+            answer(_failed(call.id, op, error))
+
+        self.runner.start(steps(self.m, getattr(call, op)), done)
+        return True
 
 
 # Served on the master's worker port only (master.worker_port, the worker credential):
