@@ -109,7 +109,7 @@ class LeaseTable:
         self._lock = threading.Lock()
         self._names: dict[NameKey, dict[int, float]] = {}  # key -> {session: expiry}
         self._inodes: dict[int, dict[int, float]] = {}
-        self._expiries: collections.deque = collections.deque()  # (expiry, table, key, sid)
+        self._expiries: collections.deque = collections.deque()  # (expiry, names, inodes, sid)
         self._grants = 0
         self._seq = 0  # revocations so far
         self._buckets = [0] * BUCKETS  # last revocation seq per hash bucket of keys
@@ -209,19 +209,22 @@ class LeaseTable:
             s = self._sessions.get(sid)
             buckets = self._buckets
             made = self._made_buckets if absent else None
-            if (s is None or not s.alive
-                    or any(buckets[hash(k) % BUCKETS] > since for k in names)
+            # no revocation since the snapshot (the common case): no bucket to look at
+            if s is None or not s.alive or (self._seq != since and (
+                    any(buckets[hash(k) % BUCKETS] > since for k in names)
                     or any(buckets[hash(i) % BUCKETS] > since for i in inodes)
-                    or (made and any(made[hash(k) % BUCKETS] > since for k in names))):
+                    or (made and any(made[hash(k) % BUCKETS] > since for k in names)))):
                 self.stats["denied"] += 1
                 return 0
             exp = now + term
+            table = self._names
             for k in names:
-                self._names.setdefault(k, {})[sid] = exp
-                self._expiries.append((exp, self._names, k, sid))
+                table.setdefault(k, {})[sid] = exp
+            table = self._inodes
             for i in inodes:
-                self._inodes.setdefault(i, {})[sid] = exp
-                self._expiries.append((exp, self._inodes, i, sid))
+                table.setdefault(i, {})[sid] = exp
+            # one expiry record per grant (a listing grants thousands of keys at once)
+            self._expiries.append((exp, names, inodes, sid))
             self.stats["granted"] += 1
             self._grants += 1
             if self._grants % PURGE_EVERY == 0:
@@ -233,12 +236,14 @@ class LeaseTable:
     def _purge(self, now: float) -> None:
         q = self._expiries
         while q and q[0][0] < now:
-            exp, table, key, sid = q.popleft()
-            holders = table.get(key)
-            if holders is not None and holders.get(sid) == exp:
-                del holders[sid]
-                if not holders:
-                    del table[key]
+            exp, names, inodes, sid = q.popleft()
+            for table, keys in ((self._names, names), (self._inodes, inodes)):
+                for key in keys:
+                    holders = table.get(key)
+                    if holders is not None and holders.get(sid) == exp:
+                        del holders[sid]
+                        if not holders:
+                            del table[key]
         for sid in [s for s, t in self._gone_until.items() if t < now]:
             del self._gone_until[sid]
 
