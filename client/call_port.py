@@ -21,11 +21,13 @@ from __future__ import annotations
 import itertools
 import logging
 import socket
+import ssl
 import threading
 import time
 
 from curvine.common.call_wire import (ANSWER, FRAME, UNAUTHENTICATED, PortDown, PortRefused,
                                       check_answer, hello, reply_of)
+from curvine.common import tls
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.rpc import MESSAGE_LIMIT, RETRY_MAX
 from curvine.proto import master_pb2
@@ -37,8 +39,11 @@ class BlockingCallPort:
     """``call(op, request)`` (op: a field of master.Call) from any thread."""
 
     def __init__(self, host: str, port: int, token: str, timeout: float,
-                 max_connections: int = 4):
+                 max_connections: int = 4, tls: "ssl.SSLContext | None" = None,
+                 server_name: str = ""):
         self.host = host
+        self._tls = tls  # with TLS on: the master is verified as server_name (or host)
+        self._server_name = server_name or host
         self.port = port
         self.timeout = timeout
         self.max_connections = max_connections
@@ -74,7 +79,7 @@ class BlockingCallPort:
             raise CurvineError(ErrorKind.TIMEOUT, f"{op}: no answer within "
                                                   f"{timeout or self.timeout:.0f}s (call port)"
                                ) from None
-        except OSError as e:
+        except OSError as e:  # ssl.SSLError included
             # a pooled connection the master closed (restart, idle cut-off) fails here
             # first: the caller sends the call another way; the next call reconnects
             log.debug("call port %s:%d: %s", self.host, self.port, e)
@@ -116,6 +121,9 @@ class BlockingCallPort:
             if isinstance(e, PortRefused) and e.status == UNAUTHENTICATED:
                 log.error("call port %s:%d refused this client's token; calls go as "
                           "unary RPCs", self.host, self.port)
+            elif isinstance(e, ssl.SSLError):  # a configuration problem, not an outage
+                log.warning("call port %s:%d: TLS failed: %s (unary RPCs meanwhile)",
+                            self.host, self.port, e)
             else:
                 log.debug("call port %s:%d: %s (unary RPCs meanwhile)", self.host,
                           self.port, e)
@@ -136,12 +144,22 @@ class BlockingCallPort:
         sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_hostname=self._server_name)
             sock.sendall(hello(self._token))
             check_answer(_recv_exactly(sock, ANSWER.size))
             return sock
         except BaseException:
             sock.close()
             raise
+
+
+def for_security(host: str, port: int, security, timeout: float) -> BlockingCallPort:
+    """A BlockingCallPort with ``security``'s token, and its TLS when TLS is on."""
+    m = security.material
+    return BlockingCallPort(host, port, security.token, timeout,
+                            tls=tls.client_ssl_context(m) if m is not None else None,
+                            server_name=tls.server_name(m, host) if m is not None else "")
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:

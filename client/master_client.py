@@ -30,7 +30,7 @@ from curvine.common.rpc import RETRY_MAX, RpcClient
 from curvine.common.security import Security
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
-from .call_port import BlockingCallPort
+from .call_port import BlockingCallPort, for_security
 
 Inode = common_pb2.Inode
 Block = common_pb2.Block
@@ -144,8 +144,7 @@ class MasterClient:
                     return None
                 if number:
                     host = self.address.rpartition(":")[0].strip("[]")
-                    self._port = BlockingCallPort(host, number, self.security.token,
-                                                  self.timeout)
+                    self._port = for_security(host, number, self.security, self.timeout)
         return self._port
 
     # -- namespace -------------------------------------------------------------

@@ -84,8 +84,8 @@ class MasterConfig:
     # threads of their own, which client traffic cannot take (master/server.py)
     worker_port: int = 8996
     worker_rpc_threads: int = 8
-    # mounts' namespace calls on a lean framed TCP port (master/call_port.py), cheaper
-    # than the gRPC Calls stream; 0 = off (and off while TLS is on: it has no TLS yet)
+    # mounts' and path clients' namespace calls on a lean framed TCP port
+    # (master/call_port.py), cheaper than gRPC; TLS as the gRPC ports when on; 0 = off
     call_port: int = 8994
     worker_lost_after: Duration = Duration(30.0)
     # more than this share of the registered workers lost within worker_lost_after is

@@ -24,6 +24,7 @@ both at start: rotating certificates means restarting the process.
 
 from __future__ import annotations
 
+import os
 import ssl
 from dataclasses import dataclass, field
 
@@ -190,3 +191,49 @@ def channel_options(m: Material | None) -> list[tuple[str, str]]:
     if m is not None and m.server_name:
         return [("grpc.ssl_target_name_override", m.server_name)]
     return []
+
+
+# -- ssl contexts of a material (the master's call port: master/call_port.py) ---------
+def server_ssl_context(m: Material) -> ssl.SSLContext:
+    """The call port's TLS: what server_credentials gives gRPC ports (this process's
+    certificate; a client certificate signed by the CA required with client_auth)."""
+    if m.cert is None:
+        raise TLSError("security.tls_cert", "a server needs security.tls_cert and "
+                                            "security.tls_key when TLS is on")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load_chain(ctx, m)
+    if m.client_auth:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(cadata=m.ca.decode("ascii", "replace"))
+    return ctx
+
+
+def client_ssl_context(m: Material) -> ssl.SSLContext:
+    """A call-port client's TLS: verify the master with the CA (and its name, as
+    channel_name says), present this process's certificate if it has one."""
+    ctx = ssl.create_default_context(cadata=m.ca.decode("ascii", "replace"))
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if m.cert is not None:
+        _load_chain(ctx, m)
+    return ctx
+
+
+def server_name(m: Material, host: str) -> str:
+    """The name a client checks in the server's certificate (as gRPC does)."""
+    return m.server_name or host
+
+
+def _load_chain(ctx: ssl.SSLContext, m: Material) -> None:
+    """ssl loads a certificate chain only from files: hand it the very bytes that were
+    read and checked at start, through anonymous memory files (never on disk)."""
+    fds = []
+    try:
+        for name, data in (("cert", m.cert), ("key", m.key)):
+            fd = os.memfd_create(f"curvine-tls-{name}", os.MFD_CLOEXEC)
+            fds.append(fd)
+            os.write(fd, data)
+        ctx.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -11,6 +11,9 @@ The port is an optimisation like the Calls stream: while it is down, or when the
 connection breaks with a call in flight, the call raises :class:`PortDown` and
 ``Calls`` sends the same request on the stream or as a unary RPC (mutations keep
 their request id, so one the master did apply is answered from its retry cache).
+
+With TLS on, the same bytes go through an ``ssl.SSLObject`` over memory buffers
+(``_Tls``), so a call still writes its frame without waiting.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import errno
 import itertools
 import logging
 import socket
+import ssl
 
 import outcome
 import trio
@@ -41,10 +45,14 @@ class CallPortClient:
     other threads; ``run()`` (a task of the mount's nursery) keeps the connection to
     ``host:port`` up."""
 
-    def __init__(self, host: str, port: int, token: str, timeout: float):
+    def __init__(self, host: str, port: int, token: str, timeout: float,
+                 tls: ssl.SSLContext | None = None, server_name: str = ""):
         self.host = host
         self.port = port
         self.timeout = timeout
+        self._tls_context = tls  # TLS on: the master verified as server_name (or host)
+        self._server_name = server_name or host
+        self._tls: _Tls | None = None  # the connection's, with TLS on
         self._token = token.encode()
         self._sock: socket.socket | None = None  # set while connected (non-blocking)
         self._out = bytearray()  # frames the socket did not take yet
@@ -113,6 +121,18 @@ class CallPortClient:
     def _send(self, cid: int, prepared: Prepared) -> None:
         data = master_pb2.Call(id=cid, **{prepared.op: prepared.request}).SerializeToString()
         frame = FRAME.pack(len(data)) + data
+        if self._tls is not None:
+            try:
+                frame = self._tls.wrap(frame)
+            except ssl.SSLError as e:
+                log.info("call port: TLS failed (%s); calls go on the stream", e)
+                self._down()
+                return
+        self._write(frame)
+
+    def _write(self, frame) -> None:
+        """Bytes for the socket, in order (what it does not take now, the writer task
+        sends)."""
         if self._out:  # earlier frames wait for room: keep the order
             self._queue(frame)
             return
@@ -145,13 +165,14 @@ class CallPortClient:
         with trio.CancelScope() as self._scope:
             while True:
                 try:
-                    sock = await self._connect()
+                    sock, tls = await self._connect()
                 except (OSError, PortRefused, trio.TooSlowError) as e:
                     if isinstance(e, PortRefused) and e.status == UNAUTHENTICATED:
                         log.error("call port %s:%d refused this mount's token; namespace "
                                   "calls stay on the Calls stream", self.host, self.port)
                         return
-                    log.log(logging.DEBUG if lost else logging.INFO,
+                    log.log(logging.WARNING if isinstance(e, ssl.SSLError)
+                            else logging.DEBUG if lost else logging.INFO,
                             "call port %s:%d: %s (calls go on the stream until it is up)",
                             self.host, self.port, e)
                     lost = True
@@ -162,7 +183,7 @@ class CallPortClient:
                          self.port, " again" if lost else "")
                 lost = False
                 delay = 0.1
-                self._sock = sock
+                self._sock, self._tls = sock, tls
                 self.connected.set()
                 try:
                     async with trio.open_nursery() as nursery:
@@ -182,7 +203,7 @@ class CallPortClient:
             self._scope.cancel()
         self._down()
 
-    async def _connect(self) -> socket.socket:
+    async def _connect(self) -> tuple[socket.socket, "_Tls | None"]:
         with trio.fail_after(self.timeout):
             infos = await trio.socket.getaddrinfo(self.host, self.port,
                                                   type=socket.SOCK_STREAM)
@@ -199,9 +220,15 @@ class CallPortClient:
                 err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if err:
                     raise OSError(err, f"connect: {errno.errorcode.get(err, err)}")
-                await _send_all(sock, hello(self._token))
-                check_answer(await _recv_exactly(sock, ANSWER.size))
-                return sock
+                if self._tls_context is None:
+                    await _send_all(sock, hello(self._token))
+                    check_answer(await _recv_exactly(sock, ANSWER.size))
+                    return sock, None
+                tls = _Tls(self._tls_context, self._server_name)
+                await tls.handshake(sock)
+                await _send_all(sock, tls.wrap(hello(self._token)))
+                check_answer(await tls.recv_exactly(sock, ANSWER.size))
+                return sock, tls
             except BaseException:
                 sock.close()
                 raise
@@ -224,9 +251,18 @@ class CallPortClient:
             self._down()  # wakes the reader too
 
     async def _read(self, sock: socket.socket) -> None:
+        tls = self._tls
         buf = bytearray()
+        if tls is not None:
+            buf += tls.take()  # what came with the hello's answer
         while True:
-            buf += await _recv_some(sock, RECV_SIZE)
+            data = await _recv_some(sock, RECV_SIZE)
+            if tls is not None:
+                tls.unwrap(data)
+                if tls.outgoing.pending:  # TLS's own messages (a key update's answer)
+                    self._write(tls.outgoing.read())
+                data = tls.take()
+            buf += data
             pos = 0
             while len(buf) - pos >= FRAME.size:
                 (n,) = FRAME.unpack_from(buf, pos)
@@ -248,6 +284,7 @@ class CallPortClient:
     def _down(self) -> None:
         """The connection is gone: every pending call fails over."""
         sock, self._sock = self._sock, None
+        self._tls = None
         if sock is not None:
             trio.lowlevel.notify_closing(sock)  # its waiting reader or writer wakes
             sock.close()
@@ -255,6 +292,57 @@ class CallPortClient:
         pending, self._pending = self._pending, {}
         for waiter in pending.values():
             _wake(waiter, outcome.Error(PortDown()))
+
+
+class _Tls:
+    """TLS over memory buffers for a non-blocking socket: ``wrap`` turns plaintext into
+    the bytes to send at once; ``unwrap`` takes received bytes, ``take`` the plaintext
+    they held."""
+
+    def __init__(self, context: ssl.SSLContext, server_name: str):
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.obj = context.wrap_bio(self.incoming, self.outgoing, server_hostname=server_name)
+        self.plain = bytearray()
+
+    async def handshake(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                self.obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                if self.outgoing.pending:
+                    await _send_all(sock, self.outgoing.read())
+                self.incoming.write(await _recv_some(sock, RECV_SIZE))
+        if self.outgoing.pending:
+            await _send_all(sock, self.outgoing.read())
+
+    def wrap(self, data: bytes) -> bytes:
+        self.obj.write(data)
+        return self.outgoing.read()
+
+    def unwrap(self, data: bytes) -> None:
+        self.incoming.write(data)
+        while True:
+            try:
+                chunk = self.obj.read(RECV_SIZE)
+            except ssl.SSLWantReadError:
+                return
+            except ssl.SSLZeroReturnError:
+                raise OSError(errno.ECONNRESET, "closed by the master (TLS)") from None
+            if not chunk:
+                raise OSError(errno.ECONNRESET, "closed by the master (TLS)")
+            self.plain += chunk
+
+    def take(self) -> bytes:
+        data, self.plain = bytes(self.plain), bytearray()
+        return data
+
+    async def recv_exactly(self, sock: socket.socket, n: int) -> bytes:
+        while len(self.plain) < n:
+            self.unwrap(await _recv_some(sock, RECV_SIZE))
+        data = bytes(self.plain[:n])
+        del self.plain[:n]
+        return data
 
 
 def _wake(waiter, value: outcome.Outcome) -> None:

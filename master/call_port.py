@@ -29,8 +29,9 @@ hello within HELLO_TIMEOUT; at most MAX_CALLS_IN_FLIGHT calls of one connection 
 answered, or replies above WRITE_BUFFER waiting for it (past that the master stops
 reading it); a client that takes no reply for
 ``idle_timeout`` (master.stream_idle_timeout) is cut off; a frame larger than
-MESSAGE_LIMIT closes the connection.  With TLS on (security.tls_*) the port is not
-opened and mounts keep the Calls stream: this port has no TLS yet.
+MESSAGE_LIMIT closes the connection.  With TLS on (security.tls_*) the port speaks
+TLS (the hello and the frames inside it) with the material of the gRPC ports: the
+master's certificate, and a client certificate required where tls_client_auth is.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import ssl as ssl_mod
 import threading
 from concurrent import futures
 from typing import Callable
@@ -64,8 +66,9 @@ class CallPort:
                  read_calls: frozenset[str], pool: futures.Executor, host: str, port: int,
                  tokens: tuple[str, ...] = (), max_connections: int = 1024,
                  idle_timeout: float = 60.0, max_in_flight: int = 256,
-                 mutations: Callable | None = None):
+                 mutations: Callable | None = None, ssl: "ssl_mod.SSLContext | None" = None):
         self._run_call = run_call
+        self._ssl = ssl  # TLS (security.tls_*): the same material as the gRPC ports
         # mutations(call_soon_threadsafe) -> an object whose start(call, answer) runs the
         # mutations among calls in the loop (the servicer's CallMutations)
         self._make_mutations = mutations
@@ -114,7 +117,8 @@ class CallPort:
             self._mutations = self._make_mutations(loop.call_soon_threadsafe)
         try:
             self._server = loop.run_until_complete(loop.create_server(
-                lambda: _Connection(self), self._host, self._port, reuse_address=True))
+                lambda: _Connection(self), self._host, self._port, reuse_address=True,
+                ssl=self._ssl, ssl_handshake_timeout=HELLO_TIMEOUT if self._ssl else None))
         except BaseException as e:  # noqa: BLE001 - reported to start()
             ready.set_exception(e)
             loop.close()

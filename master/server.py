@@ -12,7 +12,7 @@ import sys
 import threading
 
 from curvine.common import config as config_mod
-from curvine.common import auth, daemon, log as log_mod, metrics as metrics_mod, rpc, stacks
+from curvine.common import auth, daemon, log as log_mod, metrics as metrics_mod, rpc, stacks, tls
 from curvine.common.errors import ConfigError, CurvineError
 from curvine.common.security import CLIENT, WORKER, Security
 from curvine.journal import JournalError
@@ -138,17 +138,20 @@ CALL_PORT_CONNECTIONS_PER_SESSION = 4
 
 
 def _start_call_port(cfg, servicer: MasterServicer, security: Security) -> CallPort | None:
-    """The mounts' call port (master/call_port.py), unless it is off or TLS is on (it
-    has no TLS yet: mounts then keep the Calls stream).  OSError if it cannot bind."""
-    if not cfg.master.call_port or security.material is not None:
+    """The call port of mounts and path clients (master/call_port.py), unless it is
+    off; with TLS on it speaks TLS with the same material as the gRPC ports.  OSError
+    if it cannot bind."""
+    if not cfg.master.call_port:
         return None
+    material = security.material
     port = CallPort(servicer.run_call, READ_CALLS, servicer.call_pool, cfg.master.host,
                     cfg.master.call_port, tokens=security.accepted((CLIENT,)),
                     # a connection holds no thread (one protocol object in the loop),
                     # and a path client (a pod's connector) may open up to 4
                     max_connections=CALL_PORT_CONNECTIONS_PER_SESSION * cfg.master.max_sessions,
                     idle_timeout=float(cfg.master.stream_idle_timeout),
-                    mutations=servicer.mutations)
+                    mutations=servicer.mutations,
+                    ssl=tls.server_ssl_context(material) if material is not None else None)
     port.start()
     return port
 

@@ -8,7 +8,10 @@ daemons talk to each other with their certificates (workers register and heartbe
 a client with a certificate from the cluster's CA works, and clients without one or
 with one from another CA are refused.  Bad TLS configs stop a daemon at start with exit
 2 and one line naming the key.  ``LocalCluster(tls=True)`` (`curvine local up --tls`)
-makes its own CA and runs a mount over mutual TLS.
+makes its own CA and runs a mount over mutual TLS.  The master's call port speaks the
+same TLS: the mount's and the path client's calls go there (the master's counter
+moves), and in-process, a plaintext client, a client trusting another CA and (with
+mutual TLS) one without a certificate are refused by the port and fall back.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fs_helpers import log_text, wait_until
+from test_call_port_mounts import CONNECTED, _master_metric
+
+from curvine.client.call_port import BlockingCallPort, for_security
 from curvine.client.fs import CurvineFS
 from curvine.client.master_client import MasterClient
 from curvine.common import auth, rpc, tls
@@ -189,6 +196,19 @@ def test_cluster_runs_with_tls(make_cluster, tmp_path, pki):
         assert write_and_read_back(fs, files) == live  # blocks on both workers
     with open(os.path.join(c.mounts[0], "from-client.data"), "rb") as f:
         assert f.read() == files["/from-client.data"]
+
+    # The call port speaks TLS too: the mount is on it, and the path client's calls
+    # (the LMCache connector's) went there, not to the unary RPCs.
+    wait_until(lambda: CONNECTED in log_text(c.log_path("fuse", 0)), 20,
+               "the mount on the TLS call port")
+    before = _master_metric(c, "curvine_call_port_calls_total")
+    for i in range(5):
+        assert os.stat(os.path.join(c.mounts[0], f"kv{i}.data")).st_size > 0
+        assert not os.path.exists(os.path.join(c.mounts[0], f"nothing{i}.data"))
+    with CurvineFS(c.master_addr, cfg=cfg) as fs:
+        assert fs.exists("/kv1.data") and not fs.exists("/absent.data")
+        assert fs.master._port is not None and fs.master._port.calls >= 2
+    assert _master_metric(c, "curvine_call_port_calls_total") - before >= 5 + 2
 
     for role, i in (("master", 0), ("worker", 0), ("worker", 1)):
         address = c._proc(role, i).address
@@ -373,3 +393,117 @@ def test_local_cluster_with_tls(make_cluster):
     assert plaintext_code(c.master_addr, token) == grpc.StatusCode.UNAVAILABLE
     no_cert = client_security(c.token_file, os.path.join(d, "ca.pem"))  # mutual: no cert
     assert statfs_code(c.master_addr, no_cert) == grpc.StatusCode.UNAVAILABLE
+
+
+# -- the call port with TLS, in-process ---------------------------------------------
+@pytest.fixture
+def tls_port(tmp_path, pki):
+    """(master, start(client_auth) -> the port number of a CallPort with TLS)."""
+    from curvine.common.security import NO_SECURITY
+    from curvine.master.call_port import CallPort
+    from curvine.master.master import Master
+    from curvine.master.service import READ_CALLS, MasterServicer
+
+    cfg = Config()
+    cfg.master.meta_dir = str(tmp_path / "meta")
+    cfg.journal.dir = str(tmp_path / "journal")
+    m = Master(cfg, security=NO_SECURITY)
+    servicer = MasterServicer(m, call_threads=4)
+    ports = []
+
+    def start(client_auth: bool) -> int:
+        cert, key = pki["server"]
+        material = tls.load(SecurityConfig(tls_ca=pki["ca"], tls_cert=cert, tls_key=key,
+                                           tls_client_auth=client_auth))
+        p = CallPort(servicer.run_call, READ_CALLS, servicer.call_pool, "127.0.0.1", 0,
+                     mutations=servicer.mutations, ssl=tls.server_ssl_context(material))
+        p.start()
+        ports.append(p)
+        return p.port
+
+    yield m, start
+    for p in ports:
+        p.stop()
+    servicer.close()
+    m.close()
+
+
+def _lookup_on(client: BlockingCallPort, name: bytes):
+    return client.call("lookup", master_pb2.LookupRequest(parent=1, name=name))
+
+
+def test_call_port_with_tls(tls_port, pki):
+    import trio
+
+    from curvine.common.call_wire import PortDown
+    from curvine.common.ids import ROOT_INO
+    from curvine.fuse_client.call_port import CallPortClient
+
+    _, start = tls_port
+    port = start(client_auth=False)
+    ok = client_security("", pki["ca"])
+    # the mount's client (trio; TLS over memory buffers): mutations and reads, many
+    # frames each way through one TLS connection
+    pc = CallPortClient("127.0.0.1", port, "", timeout=10,
+                        tls=tls.client_ssl_context(ok.material), server_name="127.0.0.1")
+    made = {}
+
+    async def go():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pc.run)
+            with trio.fail_after(10):
+                await pc.connected.wait()
+            d = await pc.call(_prepared("mkdir", master_pb2.MkdirRequest(
+                parent=ROOT_INO, name=b"d", mode=0o755, request_id=b"r" * 16)))
+            made["d"] = d.inode.ino
+            names = [b"k%02d" % i for i in range(50)]
+            for n in names:
+                await pc.call(_prepared("create", master_pb2.CreateRequest(
+                    parent=d.inode.ino, name=n, mode=0o644, request_id=n * 6)))
+            found = await pc.call(_prepared("lookup_many", master_pb2.LookupManyRequest(
+                parent=d.inode.ino, names=names + [b"missing"])))
+            assert [r.HasField("inode") for r in found.results] == [True] * 50 + [False]
+            nursery.cancel_scope.cancel()
+
+    trio.run(go)
+    # the path client (blocking, ssl.SSLSocket) with the CA
+    bp = for_security("127.0.0.1", port, ok, timeout=10)
+    assert _lookup_on(bp, b"d").inode.ino == made["d"] and bp.calls == 1
+    bp.close()
+    # refused by TLS, so PortDown (the caller goes unary): a plaintext client, a client
+    # that trusts another CA, a client that expects another server name
+    for client in (BlockingCallPort("127.0.0.1", port, "", timeout=10),
+                   for_security("127.0.0.1", port, client_security("", pki["other_ca"]), 10),
+                   BlockingCallPort("127.0.0.1", port, "", timeout=10,
+                                    tls=tls.client_ssl_context(ok.material),
+                                    server_name="master.curvine.test")):
+        with pytest.raises(PortDown):
+            _lookup_on(client, b"d")
+        assert client.calls == 0
+        client.close()
+
+
+def test_call_port_with_mutual_tls(tls_port, pki):
+    from curvine.common.call_wire import PortDown
+
+    m, start = tls_port
+    port = start(client_auth=True)
+    d = m.mkdir(master_pb2.MkdirRequest(parent=1, name=b"d", mode=0o755,
+                                        request_id=b"m" * 16)).inode
+    member = for_security("127.0.0.1", port, client_security("", pki["ca"], pki["client"]), 10)
+    assert _lookup_on(member, b"d").inode.ino == d.ino
+    assert member.calls == 1
+    member.close()
+    for sec in (client_security("", pki["ca"]),  # no certificate
+                client_security("", pki["ca"], pki["other_client"])):  # another CA's
+        client = for_security("127.0.0.1", port, sec, 10)
+        with pytest.raises(PortDown):
+            _lookup_on(client, b"d")
+        assert client.calls == 0
+        client.close()
+
+
+def _prepared(op: str, request):
+    """A Prepared call of ``op`` whose reply is returned as it is."""
+    from curvine.client.master_client import Prepared
+    return Prepared(method=op, op=op, request=request, convert=lambda r: r)
