@@ -8,7 +8,8 @@ a. ``lookup``: 1, 4 and 16 client processes, each with its own channel (a pod's
    connector), look names up in one directory for ``seconds``; 3 of 4 miss.
 b. ``store``: the same processes store empty chunks: create ``<key>.tmp``, publish
    (CompleteFile), rename to ``<key>.data`` (three master calls, as LMCache's
-   connector makes through a mount).
+   connector makes through a mount); ``put``: the same chunks as curvine's connector
+   stores them (connector/store.py), one PutFile under ``<key>.data``.
 c. ``mount stat miss``: 1 and 8 processes stat missing names through mount A, each
    name once; then 1 process stats the same 256 missing names over and over.
 d. ``mount ops``: one process creates+closes, stats, lists and unlinks ``files``
@@ -67,6 +68,10 @@ def _client_loop(conf: str, what: str, parent: int, seconds: float, start, seed:
                     mc.lookup_or_none(parent, name)
                     i += 1
                 n += 32
+        elif what == "put":
+            while time.monotonic() < deadline:
+                mc.put_file(parent, b"k-%d-%d.data" % (seed, n), [], 0)
+                n += 1
         else:
             while time.monotonic() < deadline:
                 key = b"k-%d-%d" % (seed, n)
@@ -101,7 +106,8 @@ class MetaScale:
 
     def __init__(self, cluster: LocalCluster, plain_root: str, say: Callable[[str], None],
                  runs: int = 3, seconds: float = 5.0, files: int = 2000,
-                 moosefs_root: str | None = None):
+                 moosefs_root: str | None = None, clients: tuple[int, ...] = CLIENTS,
+                 mount_procs: tuple[int, ...] = MOUNT_PROCS):
         self.cluster = cluster
         self.plain_root = plain_root
         self.say = say
@@ -109,6 +115,8 @@ class MetaScale:
         self.seconds = seconds
         self.files = files
         self.moosefs_root = moosefs_root
+        self.clients = clients
+        self.mount_procs = mount_procs
         rows = cluster.status()
         self.master_pid = next(r["pid"] for r in rows if r["role"] == "master")
         fuse = [r for r in rows if r["role"] == "fuse"]
@@ -221,14 +229,15 @@ class MetaScale:
                 os.makedirs(os.path.join(self.mount, self.tag), exist_ok=True)
             for run in range(self.runs):
                 self.say(f"  run {run + 1}/{self.runs}")
-                for n in CLIENTS:
+                for n in self.clients:
                     self._measure(f"lookup x{n}", lambda: self._clients("lookup", look.ino, n))
-                for n in CLIENTS:
-                    store = mc.mkdir(top.ino, b"store-%d-%d" % (run, n))
-                    self._measure(f"store x{n}",
-                                  lambda: self._clients("store", store.ino, n))
+                for what in ("store", "put"):
+                    for n in self.clients:
+                        store = mc.mkdir(top.ino, b"%s-%d-%d" % (what.encode(), run, n))
+                        self._measure(f"{what} x{n}",
+                                      lambda: self._clients(what, store.ino, n))
                 if self.mount:
-                    for n in MOUNT_PROCS:
+                    for n in self.mount_procs:
                         self._measure(f"mount stat-miss x{n}", lambda: self._mount_stats(n))
                     self._measure("mount stat-same-miss x1",
                                   lambda: self._mount_stats(1, REPEATED_MISSES))

@@ -322,3 +322,35 @@ def test_smallio_workload_end_to_end(tmp_path):
     assert set(raw["workload_latency_ms"]["curvine"][0]) >= {"create", "rename", "stat"}
     assert [m for m in mounted_paths() if m.startswith(str(work))] == []
     assert os.listdir(work) == []
+
+
+@needs_fuse
+def test_meta_scale_measures_every_row_on_a_real_cluster(make_cluster, tmp_path):
+    """bench_meta_scale (issue 16) on a real cluster, small: every row is measured with
+    ops and master CPU, and what the store and put rows count was really made (the
+    names are in the namespace), so a loop that failed would not pass as a figure."""
+    from curvine.client.master_client import MasterClient
+    from curvine.devtools.bench_meta_scale import MetaScale
+
+    c = make_cluster(workers=1, mounts=1)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    ms = MetaScale(c, str(plain), lambda s: None, runs=1, seconds=0.5, files=40,
+                   clients=(1, 2), mount_procs=(1,))
+    medians = ms.run()
+    for what in ("lookup", "store", "put"):
+        for n in (1, 2):
+            assert medians[f"{what} x{n} ops/s"] > 0 and f"{what} x{n} master us/op" in medians
+    for row in ("mount stat-miss x1", "mount stat-same-miss x1", "mount create",
+                "mount unlink", "plain create"):
+        assert medians[f"{row} ops/s"] > 0, row
+    assert medians["mount listdir ms"] > 0
+    mc = MasterClient(c.master_addr, security=c.security)
+    try:
+        top = mc.lookup(1, ms.tag.encode())
+        for what, suffix in (("store", b".data"), ("put", b".data")):
+            d = mc.lookup(top.ino, b"%s-0-2" % what.encode())
+            names = [e.name for e in mc.listdir(d.ino)[0]]
+            assert names and all(n.endswith(suffix) for n in names), what
+    finally:
+        mc.close()
