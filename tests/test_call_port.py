@@ -2,8 +2,9 @@
 (fuse_client/call_port.py) and the path client's (client/call_port.py), against a real
 master served in-process: the same answers as the unary RPCs, the token checked, the
 connection cap, a client that takes no replies cut off, every pending call failed over
-(PortDown) when the port goes, and a path client's calls unary when the port cannot
-carry them."""
+(PortDown) when the port goes, a path client's calls unary when the port cannot
+carry them, and a mutation (run as steps in the port's loop) answered only after the
+revocation it needs while the port answers other calls."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ def served(tmp_path):
 
     def start_port(**kw) -> CallPort:
         kw.setdefault("tokens", (TOKEN,))
+        kw.setdefault("mutations", servicer.mutations)  # as the master serves it
         p = CallPort(servicer.run_call, READ_CALLS, servicer.call_pool, "127.0.0.1", 0, **kw)
         p.start()
         ports.append(p)
@@ -338,7 +340,7 @@ def test_the_master_closing_the_port_leaves_the_mount_working(served):
             pc.connected = trio.Event()
             again = await trio.to_thread.run_sync(
                 lambda: CallPort(port._run_call, READ_CALLS, port._pool, "127.0.0.1",
-                                 number, tokens=(TOKEN,)))
+                                 number, tokens=(TOKEN,), mutations=port._make_mutations))
             await trio.to_thread.run_sync(again.start)
             try:
                 with trio.fail_after(20):
@@ -509,3 +511,46 @@ def test_a_mounts_thread_calls_use_their_own_connections(served):
         assert bp.calls == 2
     finally:
         bp.close()
+
+
+def test_a_mutation_on_the_port_waits_for_the_revocation_it_needs(served):
+    """The port runs mutations as steps (master/steps.py): a rename whose source name
+    another session holds a lease on is answered only once that session acked the
+    invalidation; meanwhile the port answers other calls (no thread of it waits)."""
+    m, _, _, start_port = served
+    port = start_port()
+    holder = m.leases.open_session("holder")
+    f = m.create(master_pb2.CreateRequest(request_id=b"c" * 16, parent=ROOT_INO,
+                                          name=b"k.tmp", mode=0o644)).inode
+    leased = m.lookup_reply(master_pb2.LookupRequest(parent=ROOT_INO, name=b"k.tmp",
+                                                     miss_ok=True, session=holder.id))
+    assert leased.lease_ms > 0
+    bp = BlockingCallPort("127.0.0.1", port.port, TOKEN, timeout=20)
+    other = BlockingCallPort("127.0.0.1", port.port, TOKEN, timeout=20)
+    answered = threading.Event()
+
+    def rename():
+        bp.call("rename", master_pb2.RenameRequest(
+            request_id=b"r" * 16, parent=ROOT_INO, name=b"k.tmp", new_parent=ROOT_INO,
+            new_name=b"k.data"))
+        answered.set()
+
+    t = threading.Thread(target=rename)
+    t.start()
+    try:
+        event = holder.events.get(timeout=10)  # the invalidation, sent after the commit
+        assert [(k.parent, k.name) for k in event.names] == [(ROOT_INO, b"k.tmp")]
+        assert not answered.wait(0.5)  # held back until the holder acks
+        # the port goes on answering: a read and another mutation
+        got = other.call("lookup", master_pb2.LookupRequest(parent=ROOT_INO, name=b"k.data"))
+        assert got.inode.ino == f.ino  # committed, durable, only not yet acknowledged
+        other.call("mkdir", master_pb2.MkdirRequest(request_id=b"m" * 16, parent=ROOT_INO,
+                                                    name=b"d", mode=0o755))
+        assert not answered.is_set()
+        holder.ack(event.invalidate_id)
+        assert answered.wait(10)
+    finally:
+        holder.ack(1 << 30)
+        t.join(20)
+        bp.close()
+        other.close()
