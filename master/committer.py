@@ -6,6 +6,8 @@ earlier ones), appends their records to the journal, makes the journal durable w
 ONE fsync, and only then commits the LMDB transaction and answers the callers.  The
 batch grows while an fsync is running: that is the group commit.  Readers use their
 own LMDB read transactions and so never see a mutation that is not yet durable.
+A caller either waits (``submit``: unary RPCs, background rounds) or is called back
+once its batch is durable (``submit_async``: the call port's steps, master/steps.py).
 
 On start, records after LMDB's ``applied_seq`` are replayed through the same
 ``Namespace.apply``.
