@@ -156,10 +156,9 @@ class BlockingCallPort:
 
 def for_security(host: str, port: int, security, timeout: float) -> BlockingCallPort:
     """A BlockingCallPort with ``security``'s token, and its TLS when TLS is on."""
-    m = security.material
-    return BlockingCallPort(host, port, security.token, timeout,
-                            tls=tls.client_ssl_context(m) if m is not None else None,
-                            server_name=tls.server_name(m, host) if m is not None else "")
+    context, name = tls.client_side(security.material, host)
+    return BlockingCallPort(host, port, security.token, timeout, tls=context,
+                            server_name=name)
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:

@@ -219,9 +219,12 @@ def client_ssl_context(m: Material) -> ssl.SSLContext:
     return ctx
 
 
-def server_name(m: Material, host: str) -> str:
-    """The name a client checks in the server's certificate (as gRPC does)."""
-    return m.server_name or host
+def client_side(m: Material | None, host: str) -> tuple[ssl.SSLContext | None, str]:
+    """(client_ssl_context, the name to check in the server's certificate, as gRPC
+    does) of a call-port client dialling ``host``; (None, "") when TLS is off."""
+    if m is None:
+        return None, ""
+    return client_ssl_context(m), m.server_name or host
 
 
 def _load_chain(ctx: ssl.SSLContext, m: Material) -> None:

@@ -20,9 +20,9 @@ import stat
 import pyfuse3
 import trio
 
-from curvine.client.call_port import for_security as call_port_for
-from curvine.common import tls
+from curvine.client.call_port import BlockingCallPort
 from curvine.client.master_client import AccessReporter, MasterClient
+from curvine.common import tls
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, to_errno
 from curvine.common.ids import MIB
@@ -177,13 +177,13 @@ class Operations(pyfuse3.Operations):
             log.info("the master has no call port: namespace calls go on the stream")
             return
         host = self.cfg.cluster.master_addr.rpartition(":")[0].strip("[]")
-        security, timeout = self.master.security, float(self.cfg.cluster.rpc_timeout)
-        self.calls.thread_port = call_port_for(host, port, security, timeout)
-        m = security.material  # TLS on: the port speaks it too
-        self.calls.port = CallPortClient(
-            host, port, security.token, timeout,
-            tls=tls.client_ssl_context(m) if m is not None else None,
-            server_name=tls.server_name(m, host) if m is not None else "")
+        token, timeout = self.master.security.token, float(self.cfg.cluster.rpc_timeout)
+        # TLS on: the port speaks it too (one context for both clients)
+        context, name = tls.client_side(self.master.security.material, host)
+        self.calls.thread_port = BlockingCallPort(host, port, token, timeout, tls=context,
+                                                  server_name=name)
+        self.calls.port = CallPortClient(host, port, token, timeout, tls=context,
+                                         server_name=name)
         await self.calls.port.run()
 
     def stop_streams(self) -> None:

@@ -9,8 +9,8 @@ thread serves every connection: a read call (READ_CALLS) is answered in that thr
 a namespace mutation runs as steps (master/steps.py): checked in that thread, planned
 and made durable by the committer, answered in that thread again, with no thread
 waiting for the journal; the other calls go to the call pool.  Each connection is an
-asyncio.Protocol that parses frames as their
-bytes arrive (no task or stream reader per call).  The mount's client
+asyncio.Protocol that parses frames as their bytes arrive (no task or stream reader
+per call).  The mount's client
 (fuse_client/call_port.py) runs in its trio loop; the path client's
 (client/call_port.py: the LMCache connector, CLI commands) is blocking and pooled.
 

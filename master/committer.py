@@ -64,32 +64,28 @@ class _Latch:
         return self._lock.acquire(timeout=timeout)
 
 
-class _Then:
-    """In place of a _Latch for submit_async: calls ``fn(item)`` (in the committer)."""
-
-    __slots__ = ("fn", "item")
-
-    def __init__(self, fn: Callable[["_Item"], None], item: "_Item"):
-        self.fn = fn
-        self.item = item
-
-    def set(self) -> None:
-        try:
-            self.fn(self.item)
-        except Exception:  # noqa: BLE001 - one caller's bug must not stop the committer
-            log.exception("a mutation's completion callback failed")
-
-
 class _Item:
-    __slots__ = ("plan", "request_id", "done", "result", "error", "fx")
+    __slots__ = ("plan", "request_id", "done", "then", "result", "error", "fx")
 
     def __init__(self, plan: Plan, request_id: bytes, then: Callable | None = None):
         self.plan = plan
         self.request_id = request_id
-        self.done = _Latch() if then is None else _Then(then, self)
+        # submit waits on ``done``; submit_async's ``then(item)`` is called instead
+        self.done = _Latch() if then is None else None
+        self.then = then
         self.result: Any = None
         self.error: CurvineError | None = None
         self.fx: Effects | None = None  # what this mutation's record did
+
+    def finish(self) -> None:
+        """Its batch is durable (or failed): wake or call back its caller."""
+        if self.then is None:
+            self.done.set()
+            return
+        try:
+            self.then(self)
+        except Exception:  # noqa: BLE001 - one caller's bug must not stop the committer
+            log.exception("a mutation's completion callback failed")
 
 
 def record_type(entry: journal_pb2.JournalEntry) -> int:
@@ -280,7 +276,7 @@ class Committer:
             log.critical("journal commit failed, the master stops: %s", e)
             for it in items:
                 it.error = CurvineError(ErrorKind.UNAVAILABLE, "journal failure")
-                it.done.set()
+                it.finish()
             return
         if appended:
             self.applied_seq = self.journal.last_seq
@@ -291,7 +287,7 @@ class Committer:
             self.on_effects(batch_fx)
         finally:
             for it in items:
-                it.done.set()
+                it.finish()
 
     def _maybe_checkpoint(self) -> None:
         due = self.checkpoint_every and self.applied_seq - self._last_checkpoint_seq >= self.checkpoint_every

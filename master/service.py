@@ -357,23 +357,17 @@ def _failed(call_id: int, op: str, e: Exception) -> master_pb2.CallResult:
                                  error=f"internal error in {op}: {e}")
 
 
-# Call op -> the master's mutation as steps (master/steps.py), for CallMutations
-MUTATION_STEPS = {
-    "create": lambda m, r: Master.create.steps(m, r),
-    "mkdir": lambda m, r: Master.mkdir.steps(m, r),
-    "unlink": lambda m, r: Master.unlink.steps(m, r, rmdir=False),
-    "rmdir": lambda m, r: Master.unlink.steps(m, r, rmdir=True),
-    "rename": lambda m, r: Master.rename.steps(m, r),
-    "complete": lambda m, r: Master.complete.steps(m, r),
-    "put_file": lambda m, r: Master.put_file.steps(m, r),
-    "setattr": lambda m, r: Master.setattr.steps(m, r),
-    "symlink": lambda m, r: Master.symlink.steps(m, r),
-    "make_node": lambda m, r: Master.make_node.steps(m, r),
-    "link": lambda m, r: Master.link.steps(m, r),
-    "release_inode": lambda m, r: Master.release_inode.steps(m, r),
-    "set_xattr": lambda m, r: Master.set_xattr.steps(m, r),
-    "remove_xattr": lambda m, r: Master.remove_xattr.steps(m, r),
-}
+# Call ops that are the master's mutations (Master methods of the same name, made with
+# master/steps.py's @mutation), run as steps by CallMutations; rmdir is Master.unlink's
+MUTATION_OPS = frozenset(("create", "mkdir", "unlink", "rmdir", "rename", "complete",
+                          "put_file", "setattr", "symlink", "make_node", "link",
+                          "release_inode", "set_xattr", "remove_xattr"))
+
+
+def _mutation_steps(m: Master, op: str, req):
+    if op in ("unlink", "rmdir"):
+        return Master.unlink.steps(m, req, rmdir=op == "rmdir")
+    return getattr(Master, op).steps(m, req)
 
 
 class CallMutations:
@@ -384,14 +378,13 @@ class CallMutations:
     def __init__(self, master: Master, runner: StepRunner):
         self.m = master
         self.runner = runner
-        self._metrics = {op: metrics.MethodMetrics(CALL_METHODS[op][0]) for op in MUTATION_STEPS}
+        self._metrics = {op: metrics.MethodMetrics(CALL_METHODS[op][0]) for op in MUTATION_OPS}
 
     def start(self, call, answer) -> bool:
         """Start ``call`` if it is such a mutation; ``answer(CallResult)`` is called
         later in the loop thread.  False: not one (the caller runs it otherwise)."""
         op = call.WhichOneof("op")
-        steps = MUTATION_STEPS.get(op)
-        if steps is None:
+        if op not in MUTATION_OPS:
             return False
         field = CALL_METHODS[op][1]
         m = self._metrics[op]
@@ -407,7 +400,7 @@ class CallMutations:
                     else "INTERNAL")
             answer(_failed(call.id, op, error))
 
-        self.runner.start(steps(self.m, getattr(call, op)), done)
+        self.runner.start(_mutation_steps(self.m, op, getattr(call, op)), done)
         return True
 
 

@@ -118,13 +118,12 @@ class StepRunner:
         if item.error is not None:
             self._step(gen, done, None, item.error)
             return
-        fx = item.fx
-        if fx is not None and (fx.names or fx.inodes or fx.created):
-            wait = self.m.leases.revoke_begin(fx.names, fx.inodes, exclude=session,
-                                              created=fx.created)
-            if wait is not None:  # other mounts hold leases: wait for them off the loop
-                self._pool.submit(self._wait_then_step, wait, gen, done, item.result)
-                return
+        fx = item.fx  # None: a retry cache hit, nothing was changed now
+        wait = None if fx is None else self.m.leases.revoke_begin(
+            fx.names, fx.inodes, exclude=session, created=fx.created)
+        if wait is not None:  # other mounts hold leases: wait for them off the loop
+            self._pool.submit(self._wait_then_step, wait, gen, done, item.result)
+            return
         self._step(gen, done, item.result, None)
 
     # -- other threads --------------------------------------------------------------------
