@@ -246,10 +246,23 @@ class MasterClient:
     def _prep_listdir_leased(self, ino: int, start_after: bytes = b"",
                              limit: int = LISTDIR_PAGE) -> Prepared:
         """A page leased to this session, if one is up: (entries, has_more, lease ms of
-        the names and files' attributes; 0 without a session)."""
+        the names and files' attributes, lease ms of the whole listing; 0s without a
+        session).  A first page that is the whole directory may lease the listing."""
         return Prepared("ListDir", "listdir", master_pb2.ListDirRequest(
-            ino=ino, start_after=start_after, limit=limit, session=self.session),
-            lambda reply: (list(reply.entries), reply.has_more, reply.lease_ms))
+            ino=ino, start_after=start_after, limit=limit, session=self.session,
+            lease_listing=not start_after),
+            lambda reply: (list(reply.entries), reply.has_more, reply.lease_ms,
+                           reply.listing_lease_ms))
+
+    def _prep_listing(self, ino: int, limit: int) -> Prepared:
+        """The names of directory ``ino`` if it has at most ``limit``, with a lease on
+        that listing for this session: (names or None when there are more, lease ms;
+        0 without a session or when the master denies it)."""
+        return Prepared("ListDir", "listdir", master_pb2.ListDirRequest(
+            ino=ino, limit=limit, session=self.session, names_only=True,
+            lease_listing=True),
+            lambda reply: (None if reply.has_more else [e.name for e in reply.entries],
+                           reply.listing_lease_ms))
 
     def _prep_statfs(self) -> Prepared:
         return Prepared("StatFs", "statfs", master_pb2.StatFsRequest(), lambda reply: reply)

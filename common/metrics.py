@@ -129,7 +129,12 @@ FUSE_LOOKUPS = Counter(
     "Name lookups that reached this FUSE client, by result: hit = the name exists, "
     "miss = it does not (ENOENT; LMCache's miss path), error = anything else",
     ["result"], registry=None)
-FUSE_METRICS = (FUSE_LOOKUPS,)
+FUSE_LOOKUP_LOCAL = Counter(
+    "curvine_fuse_lookups_answered_locally",
+    "Misses (counted in curvine_fuse_lookups too) answered from a directory listing "
+    "leased to this mount, without asking the master",
+    registry=None)
+FUSE_METRICS = (FUSE_LOOKUPS, FUSE_LOOKUP_LOCAL)
 FUSE_LOOKUP_HIT = FUSE_LOOKUPS.labels(result="hit")
 FUSE_LOOKUP_MISS = FUSE_LOOKUPS.labels(result="miss")
 FUSE_LOOKUP_ERROR = FUSE_LOOKUPS.labels(result="error")

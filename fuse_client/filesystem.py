@@ -37,11 +37,13 @@ from curvine.client.master_client import LISTDIR_PAGE, AccessReporter, MasterCli
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, check_name, host_id
-from curvine.common.metrics import FUSE_LOOKUP_ERROR, FUSE_LOOKUP_HIT, FUSE_LOOKUP_MISS
+from curvine.common.metrics import (FUSE_LOOKUP_ERROR, FUSE_LOOKUP_HIT, FUSE_LOOKUP_LOCAL,
+                                    FUSE_LOOKUP_MISS)
 from curvine.proto import common_pb2, master_pb2
 
 from .calls import Calls
 from .kernel_cache import KernelCache
+from .listings import LISTING_MAX
 
 log = logging.getLogger(__name__)
 
@@ -284,6 +286,11 @@ class FileSystem:
             self.kernel.note_dirs(inode)
         else:
             check_name(name)
+            known = self.kernel.listings.absent(parent, name)
+            if known:  # a leased listing of parent has no such name (listings.py)
+                FUSE_LOOKUP_MISS.inc()
+                FUSE_LOOKUP_LOCAL.inc()
+                return Absent(known)
             # One RPC; a miss is a plain reply, not an error status (LMCache's miss path).
             sent = time.monotonic()
             try:
@@ -296,11 +303,25 @@ class FileSystem:
                 raise
             if inode is None:
                 FUSE_LOOKUP_MISS.inc()
+                if lease_ms and self.kernel.listings.missed(parent):
+                    await self._fetch_listing(parent)
                 return Absent(self.kernel.lease_ttl(lease_ms, sent))
             FUSE_LOOKUP_HIT.inc()
             self.kernel.note_dirs(inode)
             return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
         return self.attributes(inode)
+
+    async def _fetch_listing(self, parent: int) -> None:
+        """Ask for the leased listing of ``parent``, which keeps missing (listings.py)."""
+        listings = self.kernel.listings
+        generation, sent = listings.generation, time.monotonic()
+        names, lease_ms = None, 0
+        try:
+            names, lease_ms = await self.calls.run("listing", parent, LISTING_MAX)
+        except CurvineError as e:
+            log.debug("listing of %d not leased: %s", parent, e)
+        finally:
+            listings.fetched(parent, names, self.kernel.lease_ttl(lease_ms, sent), generation)
 
     async def getattr(self, ino: int) -> Attributes:
         cached = self.kernel.cached_dir(ino)
@@ -356,19 +377,26 @@ class FileSystem:
                     gid: int) -> Attributes:
         check_name(name)
         sent = time.monotonic()
-        inode, lease_ms, parent_node = await self.calls.run("mkdir", parent, name,
-                                                            mode & 0o7777, uid, gid)
+        with self.kernel.listings.changing(parent):
+            inode, lease_ms, parent_node = await self.calls.run("mkdir", parent, name,
+                                                                mode & 0o7777, uid, gid)
+        self.kernel.listings.added(parent, name)
         self.kernel.note_dirs(inode, parent_node)
         return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
 
     async def rmdir(self, parent: int, name: bytes) -> None:
         check_name(name)
-        self.kernel.note_dirs(await self.calls.run("rmdir", parent, name))
+        with self.kernel.listings.changing(parent):
+            parent_node = await self.calls.run("rmdir", parent, name)
+        self.kernel.listings.removed(parent, name)
+        self.kernel.note_dirs(parent_node)
 
     async def unlink(self, parent: int, name: bytes) -> None:
         check_name(name)
-        parent_node, held = await self.calls.run(
-            "unlink", parent, name, open_inos=await self._open_inos(parent, name))
+        with self.kernel.listings.changing(parent):
+            parent_node, held = await self.calls.run(
+                "unlink", parent, name, open_inos=await self._open_inos(parent, name))
+        self.kernel.listings.removed(parent, name)
         await self._note_held(held)
         self.kernel.note_dirs(parent_node)
 
@@ -427,17 +455,24 @@ class FileSystem:
             mine += [h.ino for h in self._write_handles.values()
                      if h.tgid == caller and h.fh in self._handles]
         opened = [] if exchange else await self._open_inos(new_parent, new_name)
-        *changed, held = await self.calls.run(
-            "rename", parent, name, new_parent, new_name, no_replace=no_replace,
-            require_published=True, writer_inos=mine, open_inos=opened, exchange=exchange)
+        with self.kernel.listings.changing(parent, new_parent):
+            *changed, held = await self.calls.run(
+                "rename", parent, name, new_parent, new_name, no_replace=no_replace,
+                require_published=True, writer_inos=mine, open_inos=opened,
+                exchange=exchange)
+        if not exchange:  # an exchange leaves both names in place
+            self.kernel.listings.removed(parent, name)
+            self.kernel.listings.added(new_parent, new_name)
         await self._note_held(held)
         self.kernel.note_dirs(*changed)
 
     async def link(self, ino: int, new_parent: int, new_name: bytes) -> Attributes:
         check_name(new_name)
         sent = time.monotonic()
-        inode, lease_ms, parent_node = await self.calls.run("link", ino, new_parent,
-                                                            new_name)
+        with self.kernel.listings.changing(new_parent):
+            inode, lease_ms, parent_node = await self.calls.run("link", ino, new_parent,
+                                                                new_name)
+        self.kernel.listings.added(new_parent, new_name)
         self.kernel.note_dirs(parent_node)
         return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
 
@@ -445,8 +480,10 @@ class FileSystem:
                       gid: int) -> Attributes:
         check_name(name)
         sent = time.monotonic()
-        inode, lease_ms, parent_node = await self.calls.run("symlink", parent, name,
-                                                            target, uid, gid)
+        with self.kernel.listings.changing(parent):
+            inode, lease_ms, parent_node = await self.calls.run("symlink", parent, name,
+                                                                target, uid, gid)
+        self.kernel.listings.added(parent, name)
         self.kernel.note_dirs(parent_node)
         self._remember_symlink(inode)
         return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
@@ -471,8 +508,10 @@ class FileSystem:
         """A FIFO, socket or device: metadata only (its I/O is the kernel's)."""
         check_name(name)
         sent = time.monotonic()
-        inode, lease_ms, parent_node = await self.calls.run(
-            "make_node", parent, name, kind, mode & 0o7777, rdev, uid, gid)
+        with self.kernel.listings.changing(parent):
+            inode, lease_ms, parent_node = await self.calls.run(
+                "make_node", parent, name, kind, mode & 0o7777, rdev, uid, gid)
+        self.kernel.listings.added(parent, name)
         self.kernel.note_dirs(parent_node)
         return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
 
@@ -506,8 +545,10 @@ class FileSystem:
                     gid: int) -> Attributes:
         """An empty regular file, published at once."""
         check_name(name)
-        inode, _, _ = await self.calls.run("create", parent, name, mode & 0o7777, uid, gid,
-                                           True)
+        with self.kernel.listings.changing(parent):
+            inode, _, _ = await self.calls.run("create", parent, name, mode & 0o7777, uid,
+                                               gid, True)
+        self.kernel.listings.added(parent, name)
         inode = await self.calls.run("complete", inode.ino, [], 0)
         return self.attributes(inode)
 
@@ -539,8 +580,10 @@ class FileSystem:
                      gid: int, pid: int) -> tuple[Opened, Attributes]:
         check_name(name)
         sent = time.monotonic()
-        inode, lease_ms, parent_node = await self.calls.run(
-            "create", parent, name, mode & 0o7777, uid, gid, bool(flags & os.O_EXCL))
+        with self.kernel.listings.changing(parent):
+            inode, lease_ms, parent_node = await self.calls.run(
+                "create", parent, name, mode & 0o7777, uid, gid, bool(flags & os.O_EXCL))
+        self.kernel.listings.added(parent, name)
         self.kernel.note_dirs(parent_node)
         # Normally a new, empty file.  If another client created the name meanwhile,
         # O_CREAT without O_TRUNC opens its content.
@@ -799,8 +842,13 @@ class FileSystem:
             # leased like lookups while the lease session is up (ls -l then stats from
             # the kernel); lease_ms 0 without one
             sent = time.monotonic()
-            page, more, lease_ms = await self.calls.run("listdir_leased", d.ino, d.after,
-                                                        LISTDIR_PAGE)
+            generation = self.kernel.listings.generation
+            page, more, lease_ms, listing_ms = await self.calls.run(
+                "listdir_leased", d.ino, d.after, LISTDIR_PAGE)
+            if listing_ms:  # the whole directory, leased: misses in it are answered here
+                self.kernel.listings.install(d.ino, [e.name for e in page],
+                                             self.kernel.lease_ttl(listing_ms, sent),
+                                             generation)
             ttl = self.kernel.lease_ttl(lease_ms, sent)
             until = time.monotonic() + ttl if ttl else 0.0
             d.entries.extend((e.name, e.inode, until) for e in page)

@@ -29,6 +29,7 @@ from curvine.common.errors import CurvineError
 from curvine.proto import common_pb2
 
 from .kernel import Epoch, fuse_device_fd
+from .listings import Listings
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,8 @@ class KernelCache:
         # fuse.attr_timeout after they were fetched: the staleness the kernel's own
         # cache always had.
         self._dir_attrs: OrderedDict[int, tuple[Inode, float]] = OrderedDict()
+        # whole listings leased to this mount: misses answered here (listings.py)
+        self.listings = Listings()
 
     # -- the lease session ----------------------------------------------------------
 
@@ -107,7 +110,11 @@ class KernelCache:
     def _invalidate(self, names, inodes) -> None:
         """The master revokes leases (session thread): drop the kernel's copies before
         the ack.  Every cached name goes (one lock-free epoch bump; a lookup in flight
-        is stale on arrival), plus the attributes of the inodes named."""
+        is stale on arrival), plus the attributes of the inodes named, and the listings
+        named (``(dir, b"")``, master/leases.py LISTING) before that."""
+        dirs = [p for p, n in names if not n]
+        if dirs:
+            self.listings.drop(dirs)
         with self._kernel_lock:
             if self._unmounting:
                 return
@@ -118,6 +125,7 @@ class KernelCache:
 
     def _drop_all(self) -> None:
         """The session is lost (session thread): drop every leased copy."""
+        self.listings.drop_all()
         self._invalidate((), list(self._leased_inodes))
 
     @staticmethod

@@ -15,6 +15,16 @@ target of a rename) revokes the leases on that name like one that removes it.
 Directories' attributes (mtime, nlink change with every create in them) are never
 leased: mounts cache them for the short ``fuse.attr_timeout`` as before.
 
+Listings.  The key (dir, ``LISTING``) stands for the set of names in a directory.  A
+mount that read a whole directory in one ListDir page may be granted a lease on it
+(``grant_listing``, for ``absent_time`` like a negative entry): until it is revoked
+the mount answers a lookup of a name it did not list with "absent", without asking.
+Every mutation that makes or removes a name in a directory revokes its listing from
+every holder but the mutating session, whose mount updates its own copy (its lease is
+kept).  A directory whose names changed in the last ``LISTING_QUIET`` seconds gets no
+listing lease: where other clients keep creating, a lease would only make each of
+their creates wait for a revocation.
+
 Races.  A read takes ``snapshot()`` before it opens its LMDB read transaction and
 calls ``grant()`` after; a revocation runs after its mutation is committed.  A read
 that saw the state before a mutation therefore started before that mutation's
@@ -50,6 +60,8 @@ MARGIN = 0.5  # seconds added to a lease before the master stops waiting for its
 PURGE_EVERY = 256  # grants between purges of expired leases
 
 NameKey = tuple  # (parent ino, name bytes)
+LISTING = b""  # (dir, LISTING): the set of names in dir (no name is empty)
+LISTING_QUIET = 2.0  # seconds without a name change before a directory's listing is leased
 
 
 class Session:
@@ -116,6 +128,7 @@ class LeaseTable:
         # the same for names made: only a lease on a name's absence is denied by them
         # (the maker's own lease on its new name is not)
         self._made_buckets = [0] * BUCKETS
+        self._changed: dict[int, float] = {}  # dir -> when a name in it last changed
         self._sessions: dict[int, Session] = {}
         self._gone_until: dict[int, float] = {}  # closed session -> when its leases end
         self._horizon = 0.0  # wall clock until which state_path says leases may exist
@@ -233,6 +246,16 @@ class LeaseTable:
             self._save_state()
         return int(term * 1000)
 
+    def grant_listing(self, sid: int, since: int, ino: int) -> int:
+        """Lease to ``sid`` the set of names of directory ``ino`` as read after
+        ``since`` (a whole listing); milliseconds, 0 when denied: as ``grant``, or the
+        directory's names changed less than LISTING_QUIET seconds ago."""
+        changed = self._changed.get(ino)
+        if changed is not None and time.monotonic() - changed < LISTING_QUIET:
+            self.stats["denied"] += 1
+            return 0
+        return self.grant(sid, since, [(ino, LISTING)], absent=True)
+
     def _purge(self, now: float) -> None:
         q = self._expiries
         while q and q[0][0] < now:
@@ -246,6 +269,9 @@ class LeaseTable:
                             del table[key]
         for sid in [s for s, t in self._gone_until.items() if t < now]:
             del self._gone_until[sid]
+        if len(self._changed) > PURGE_EVERY:
+            quiet = now - LISTING_QUIET
+            self._changed = {d: t for d, t in self._changed.items() if t > quiet}
 
     # ------------------------------------------------------------------ mutations
     def revoke(self, names: Iterable[NameKey], inodes: Iterable[int], exclude: int = 0,
@@ -267,9 +293,17 @@ class LeaseTable:
             return None
         now = time.monotonic()
         holders: dict[int, list] = {}  # sid -> [names, inodes, latest expiry]
+        # the listings of the directories whose names these are
+        listings = list({(k[0], LISTING) for k in names} | {(k[0], LISTING) for k in created})
         with self._lock:
             self._seq += 1
             seq = self._seq
+            changed = self._changed
+            for d, _ in listings:
+                changed[d] = now
+            if len(changed) > 4 * PURGE_EVERY and seq % PURGE_EVERY == 0:
+                self._purge(now)
+            names += listings
             for k in names:
                 self._buckets[hash(k) % BUCKETS] = seq
             for i in inodes:
@@ -280,6 +314,10 @@ class LeaseTable:
                                       (self._inodes, inodes, 1)):
                 for k in keys:
                     for sid, exp in (table.pop(k, None) or {}).items():
+                        if sid == exclude and slot == 0 and k[1] == LISTING and exp > now:
+                            # the mutating mount updates its own copy of the listing
+                            table.setdefault(k, {})[sid] = exp
+                            continue
                         if sid == exclude or exp <= now:
                             continue
                         h = holders.setdefault(sid, [[], [], 0.0])

@@ -229,11 +229,14 @@ class Master:
         node = self.getattr(req.ino)
         return master_pb2.InodeReply(inode=node, lease_ms=self._grant(req.session, since, node, None))
 
-    def listdir(self, ino: int, start_after: bytes, limit: int, session: int = 0
+    def listdir(self, ino: int, start_after: bytes, limit: int, session: int = 0,
+                names_only: bool = False, lease_listing: bool = False
                 ) -> master_pb2.ListDirReply:
         """A page of entries; with ``session`` the names listed, and the files'
         attributes, are leased to it as a lookup of each would lease them (so ``ls -l``
-        after a listing finds them in the mount's kernel)."""
+        after a listing finds them in the mount's kernel).  ``names_only``: names
+        alone, nothing leased but the listing.  ``lease_listing``: a first page that
+        holds the whole directory leases the listing too (LeaseTable.grant_listing)."""
         if limit > MAX_LIST:
             raise invalid("limit", f"at most {MAX_LIST}")
         if start_after:
@@ -248,10 +251,15 @@ class Master:
                 if len(entries) >= limit:
                     reply.has_more = True
                     break
+                if names_only:
+                    entries.add(name=name)
+                    continue
                 raw = self.store.get_inode_bytes(txn, child)
                 if raw is not None:  # parsed straight into the reply: no copy per entry
                     entries.add(name=name).inode.ParseFromString(raw)
-        if session and entries:
+        if session and lease_listing and not start_after and not reply.has_more:
+            reply.listing_lease_ms = self.leases.grant_listing(session, since, ino)
+        if session and entries and not names_only:
             reply.lease_ms = self.leases.grant(
                 session, since, [(ino, e.name) for e in entries],
                 _leasable(e.inode for e in entries))

@@ -103,7 +103,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     @handler
     def ListDir(self, req, ctx):
-        return self.m.listdir(check_ino(req.ino), req.start_after, req.limit, req.session)
+        return self.m.listdir(check_ino(req.ino), req.start_after, req.limit, req.session,
+                              req.names_only, req.lease_listing)
 
     @handler
     def StatFs(self, req, ctx):

@@ -284,16 +284,20 @@ class RemoveXattrRequest(_message.Message):
     def __init__(self, request_id: _Optional[bytes] = ..., ino: _Optional[int] = ..., name: _Optional[bytes] = ..., session: _Optional[int] = ...) -> None: ...
 
 class ListDirRequest(_message.Message):
-    __slots__ = ("ino", "start_after", "limit", "session")
+    __slots__ = ("ino", "start_after", "limit", "session", "names_only", "lease_listing")
     INO_FIELD_NUMBER: _ClassVar[int]
     START_AFTER_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    NAMES_ONLY_FIELD_NUMBER: _ClassVar[int]
+    LEASE_LISTING_FIELD_NUMBER: _ClassVar[int]
     ino: int
     start_after: bytes
     limit: int
     session: int
-    def __init__(self, ino: _Optional[int] = ..., start_after: _Optional[bytes] = ..., limit: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
+    names_only: bool
+    lease_listing: bool
+    def __init__(self, ino: _Optional[int] = ..., start_after: _Optional[bytes] = ..., limit: _Optional[int] = ..., session: _Optional[int] = ..., names_only: _Optional[bool] = ..., lease_listing: _Optional[bool] = ...) -> None: ...
 
 class DirEntry(_message.Message):
     __slots__ = ("name", "inode")
@@ -304,14 +308,16 @@ class DirEntry(_message.Message):
     def __init__(self, name: _Optional[bytes] = ..., inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ...) -> None: ...
 
 class ListDirReply(_message.Message):
-    __slots__ = ("entries", "has_more", "lease_ms")
+    __slots__ = ("entries", "has_more", "lease_ms", "listing_lease_ms")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     HAS_MORE_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    LISTING_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[DirEntry]
     has_more: bool
     lease_ms: int
-    def __init__(self, entries: _Optional[_Iterable[_Union[DirEntry, _Mapping]]] = ..., has_more: _Optional[bool] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+    listing_lease_ms: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[DirEntry, _Mapping]]] = ..., has_more: _Optional[bool] = ..., lease_ms: _Optional[int] = ..., listing_lease_ms: _Optional[int] = ...) -> None: ...
 
 class StatFsRequest(_message.Message):
     __slots__ = ()

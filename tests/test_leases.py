@@ -13,7 +13,8 @@ import pytest
 from curvine.common.config import Config
 from curvine.common.ids import ROOT_INO, new_request_id
 from curvine.common.security import NO_SECURITY
-from curvine.master.leases import LeaseTable
+from curvine.master import leases as leases_mod
+from curvine.master.leases import LISTING, LeaseTable
 from curvine.master.master import Master
 from curvine.proto import common_pb2, master_pb2
 
@@ -285,6 +286,64 @@ def test_a_listing_leases_its_names_and_files_like_lookups(tmp_path):
         m.close()
 
 
+def test_a_quiet_directorys_listing_is_leased_and_revoked_by_every_name_change(
+        tmp_path, monkeypatch):
+    """grant_listing: (dir, LISTING) is granted for absent_time unless a name in the
+    directory changed within LISTING_QUIET; any name made or removed there revokes it
+    from every holder but the mutating session (whose mount updates its copy)."""
+    t = LeaseTable(30.0, str(tmp_path / "leases.json"), absent_time=5.0)
+    a, b = t.open_session("a"), t.open_session("b")
+    seen_a = _acked(a)
+    assert t.grant_listing(a.id, t.snapshot(), 7) == 5_000
+    t.revoke([], [], exclude=b.id, created=[(7, b"x")])  # b makes 7/x
+    assert [(k.parent, k.name) for k in seen_a[-1].names] == [(7, LISTING)]
+    assert t.grant_listing(a.id, t.snapshot(), 7) == 0  # 7 changed just now: busy
+    assert t.grant_listing(a.id, t.snapshot(), 8) == 5_000  # other directories are quiet
+    monkeypatch.setattr(leases_mod, "LISTING_QUIET", 0.0)
+    since = t.snapshot()
+    t.revoke([(7, b"x")], [], exclude=b.id)  # b removes 7/x after a read the listing
+    assert t.grant_listing(a.id, since, 7) == 0  # what a read may be stale
+    assert t.grant_listing(a.id, t.snapshot(), 7) == 5_000
+    n = len(seen_a)
+    t.revoke([], [], exclude=a.id, created=[(7, b"y")])  # a's own change: kept, not sent
+    assert len(seen_a) == n
+    t.revoke([(7, b"y")], [], exclude=b.id)  # b's change: a's (kept) listing revoked
+    assert [(k.parent, k.name) for k in seen_a[-1].names] == [(7, LISTING)]
+    t.revoke([(7, b"z")], [], exclude=b.id)  # revoked already: nothing more to send
+    assert len(seen_a) == n + 1
+
+
+def test_listdir_leases_a_whole_quiet_directory_to_a_session(tmp_path, monkeypatch):
+    """ListDir(lease_listing) on a first page holding the whole directory leases its
+    listing; not a partial page, not without a session; names_only lists names alone."""
+    m = make_master(tmp_path)
+    try:
+        a, b = m.leases.open_session("a"), m.leases.open_session("b")
+        seen_b = _acked(b)
+        d = m.mkdir(master_pb2.MkdirRequest(request_id=new_request_id(), parent=ROOT_INO,
+                                            name=b"d", mode=0o755, session=a.id)).inode
+        for n in (b"f1", b"f2", b"f3"):
+            m.create(master_pb2.CreateRequest(request_id=new_request_id(), parent=d.ino,
+                                              name=n, mode=0o644, session=a.id))
+        assert m.listdir(d.ino, b"", 0, b.id, True, True).listing_lease_ms == 0  # busy
+        monkeypatch.setattr(leases_mod, "LISTING_QUIET", 0.0)
+        page = m.listdir(d.ino, b"", 0, b.id, names_only=True, lease_listing=True)
+        assert [e.name for e in page.entries] == [b"f1", b"f2", b"f3"]
+        assert not any(e.HasField("inode") for e in page.entries) and page.lease_ms == 0
+        assert page.listing_lease_ms == 5_000  # master.negative_lease_time
+        assert m.listdir(d.ino, b"", 2, b.id, True, True).listing_lease_ms == 0  # partial
+        assert m.listdir(d.ino, b"f1", 0, b.id, True, True).listing_lease_ms == 0  # later page
+        assert m.listdir(d.ino, b"", 0, 0, True, True).listing_lease_ms == 0  # no session
+        full = m.listdir(d.ino, b"", 0, b.id, lease_listing=True)  # a readdir's first page
+        assert full.listing_lease_ms == 5_000 and full.lease_ms == 30_000
+        # a PutFile (the connector's store) by a client without a session revokes it
+        m.put_file(master_pb2.PutFileRequest(request_id=new_request_id(), parent=d.ino,
+                                             name=b"k.data", mode=0o644))
+        assert (d.ino, LISTING) in [(k.parent, k.name) for k in seen_b[-1].names]
+    finally:
+        m.close()
+
+
 # --------------------------------------------------------------------------- real mounts
 
 def _conf(tmp_path, lease="60s"):
@@ -476,3 +535,72 @@ def test_a_listed_directory_is_stat_ed_from_the_kernel_and_kept_correct(make_clu
     with open(os.path.join(da, "f05"), "wb") as f:
         f.write(b"new version, longer")
     assert os.stat(os.path.join(db, "f05")).st_size == len(b"new version, longer")
+
+
+def test_a_quiet_directory_answers_misses_on_the_mount_and_sees_every_new_name(make_cluster):
+    """At the defaults: once a quiet directory keeps missing on B (or B lists it), B
+    answers a lookup of any name not there itself -- names it never asked about, with
+    the master stopped -- and still sees a name made there on A (a create, a rename onto
+    it: LMCache's publish, a hard link) as soon as that returns.  B's own creates,
+    renames and unlinks keep its copy right (checked with its kernel's dentries
+    dropped, so that the lookups reach the mount)."""
+    from curvine.fuse_client.listings import MISSES_BEFORE_LISTING
+    c = make_cluster(workers=1, mounts=2)
+    a, b = c.mounts
+    os.mkdir(os.path.join(a, "quiet"))
+    da, db = os.path.join(a, "quiet"), os.path.join(b, "quiet")
+    with open(os.path.join(da, "file"), "wb") as f:
+        f.write(b"12345")
+    open(os.path.join(da, "k.tmp"), "wb").close()
+    pid = _master_pid(c)
+    fresh = iter(range(1_000_000))
+    dir_fd = os.open(db, os.O_RDONLY | os.O_DIRECTORY)  # keeps the directory's dentry
+
+    def state(name):
+        try:
+            os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return "absent"
+        return "found"
+
+    def misses_until_listed():
+        time.sleep(leases_mod.LISTING_QUIET + 0.3)  # no name changed for that long
+        for _ in range(MISSES_BEFORE_LISTING + 1):
+            assert state(f"miss-{next(fresh)}") == "absent"
+
+    def answered_here(name=None, wait=5.0):
+        """What B answers with the master stopped: a miss from its listing, else
+        "still waiting" (for the master)."""
+        with _frozen(pid):
+            return _in_thread(lambda: state(name or f"never-asked-{next(fresh)}"), wait)
+
+    misses_until_listed()
+    assert answered_here() == "absent", "a leased listing should answer a new miss"
+
+    # B's own changes, each followed by lookups that reach the mount
+    open(os.path.join(db, "own1"), "wb").close()
+    os.rename(os.path.join(db, "own1"), os.path.join(db, "own2"))
+    open(os.path.join(db, "own3"), "wb").close()
+    os.unlink(os.path.join(db, "own3"))
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("2")  # the kernel forgets its dentries: lookups come to the mounts
+    assert answered_here("own1") == "absent" and answered_here("own3") == "absent"
+    assert answered_here("own2", 1.0) != "absent"  # listed: asked of the (stopped) master
+    assert state("own2") == "found" and state("file") == "found"
+
+    makers = [
+        ("c", lambda p: open(p, "wb").close()),
+        ("k.data", lambda p: os.rename(os.path.join(da, "k.tmp"), p)),
+        ("l", lambda p: os.link(os.path.join(da, "file"), p)),
+    ]
+    for i, (name, make) in enumerate(makers):
+        if i == 1:  # the other way to get a listing: a readdir of the whole directory
+            time.sleep(leases_mod.LISTING_QUIET + 0.3)
+            assert "file" in os.listdir(db)
+        else:
+            misses_until_listed()
+        assert answered_here() == "absent"
+        make(os.path.join(da, name))
+        assert state(name) == "found", f"{name} made on A, not seen on B"
+    assert os.stat(os.path.join(db, "l")).st_size == 5
+    os.close(dir_fd)

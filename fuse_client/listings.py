@@ -1,0 +1,164 @@
+"""Leased listings: directories whose every name this mount knows, so that a lookup of
+any other name is answered "absent" here, without a round trip to the master.
+
+The master leases a directory's listing (master/leases.py, "Listings") to a mount that
+read the whole directory in one page, unless its names changed in the last two
+seconds.  A mount asks for one when a directory keeps missing (``MISSES_BEFORE_LISTING``
+lookups of absent names in it), or gets one with the first page of a readdir that held
+the whole directory.  Until the lease runs out or the master revokes it (another client
+made or removed a name there: the session thread calls ``drop``), every miss in it is
+local; this mount's own creates, links, renames and unlinks update the copy (the
+master does not revoke the mutating mount's own listing).
+
+Threads: the trio thread reads and updates; the lease session's thread drops.  A drop
+bumps ``generation``, and so does each change this mount makes (before it is sent and
+when it is answered); a listing asked for before a bump is not installed: it may be
+older than the revocation the mount has acked, or than its own change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import OrderedDict
+
+MISSES_BEFORE_LISTING = 8  # misses in a directory before its listing is asked for
+LISTING_MAX = 4096  # names: a larger directory is not listed for this
+MAX_NAMES = 1 << 18  # names kept over all listings (then the oldest listings go)
+RETRY_AFTER = 10.0  # seconds before asking again for a listing denied or too large
+SAFETY = 0.2  # seconds a listing is used less than its lease
+
+
+class Listings:
+    """The leased listings of one mount (see the module's docstring)."""
+
+    def __init__(self, max_names: int = MAX_NAMES):
+        self.max_names = max_names
+        self._dirs: OrderedDict[int, tuple[set[bytes], float]] = OrderedDict()  # ino -> (names, until)
+        self._names = 0
+        self._misses: dict[int, int] = {}  # dir -> misses since its listing went
+        self._not_before: dict[int, float] = {}  # dir -> no listing asked before then
+        self._fetching: set[int] = set()
+        self._lock = threading.Lock()  # the session thread drops while the loop updates
+        self.generation = 0  # drops so far (session thread)
+        self.answered = 0  # lookups answered "absent" from a listing
+
+    # -- answers ------------------------------------------------------------------------
+
+    def absent(self, parent: int, name: bytes) -> float:
+        """Seconds ``name`` is known absent from ``parent`` (0: not known; ask)."""
+        entry = self._dirs.get(parent)
+        if entry is None or name in entry[0]:
+            return 0.0
+        left = entry[1] - time.monotonic()
+        if left <= 0:
+            self._forget(parent)
+            return 0.0
+        self.answered += 1
+        return left
+
+    def missed(self, parent: int) -> bool:
+        """The master said a name of ``parent`` is absent: True when its listing should
+        be asked for now (the caller then calls ``fetched``)."""
+        n = self._misses.get(parent, 0) + 1
+        if n < MISSES_BEFORE_LISTING or parent in self._fetching or parent in self._dirs:
+            self._misses[parent] = n
+            if len(self._misses) > 4 * LISTING_MAX:
+                self._misses.clear()
+            return False
+        self._misses.pop(parent, None)
+        retry = self._not_before.get(parent)
+        if retry is not None:
+            if time.monotonic() < retry:
+                return False
+            del self._not_before[parent]
+        self._fetching.add(parent)
+        return True
+
+    def fetched(self, parent: int, names: list[bytes] | None, lease: float,
+                generation: int) -> None:
+        """The listing of ``parent`` asked for when ``generation`` was current: its names
+        (None: too many), leased for ``lease`` seconds from when it was asked (0: denied)."""
+        self._fetching.discard(parent)
+        if names is None or lease <= SAFETY:
+            self._not_before[parent] = time.monotonic() + RETRY_AFTER
+            if len(self._not_before) > 4 * LISTING_MAX:
+                self._not_before.clear()
+            return
+        self.install(parent, names, lease, generation)
+
+    def install(self, parent: int, names: list[bytes], lease: float, generation: int) -> None:
+        """Keep ``names`` as all of ``parent``'s for ``lease`` seconds, unless a listing
+        was dropped since ``generation`` (then this one may be stale)."""
+        names = set(names)
+        with self._lock:
+            if generation != self.generation or lease <= SAFETY or len(names) > LISTING_MAX:
+                return
+            self._forget_locked(parent)
+            self._dirs[parent] = (names, time.monotonic() + lease - SAFETY)
+            self._names += len(names)
+            while self._names > self.max_names and self._dirs:
+                self._forget_locked(next(iter(self._dirs)))
+
+    def _forget(self, parent: int) -> None:
+        with self._lock:
+            self._forget_locked(parent)
+
+    def _forget_locked(self, parent: int) -> None:
+        entry = self._dirs.pop(parent, None)
+        if entry is not None:
+            self._names -= len(entry[0])
+
+    # -- this mount's own changes (trio thread) -------------------------------------------
+
+    def added(self, parent: int, name: bytes) -> None:
+        with self._lock:
+            entry = self._dirs.get(parent)
+            if entry is not None and name not in entry[0]:
+                entry[0].add(name)
+                self._names += 1
+
+    def removed(self, parent: int, name: bytes) -> None:
+        with self._lock:
+            entry = self._dirs.get(parent)
+            if entry is not None and name in entry[0]:
+                entry[0].discard(name)
+                self._names -= 1
+
+    @contextlib.contextmanager
+    def changing(self, *parents: int):
+        """Around a change this mount makes in ``parents`` (then ``added`` or
+        ``removed``): if it fails (or its outcome is unknown) their listings go.  A
+        listing asked for while the change was on its way is not installed: it may
+        have been read before the change, which then finds no copy to update."""
+        self._bump()
+        try:
+            yield
+        except BaseException:
+            for p in parents:
+                self._forget(p)
+            raise
+        finally:
+            self._bump()
+
+    def _bump(self) -> None:
+        with self._lock:
+            self.generation += 1
+
+    # -- revocations (lease session thread) ---------------------------------------------
+
+    def drop(self, parents) -> None:
+        with self._lock:
+            self.generation += 1
+            for p in parents:
+                self._forget_locked(p)
+
+    def drop_all(self) -> None:
+        with self._lock:
+            self.generation += 1
+            self._dirs.clear()
+            self._names = 0
+
+    def __len__(self) -> int:
+        return len(self._dirs)

@@ -1,0 +1,96 @@
+"""The mount's leased listings (fuse_client/listings.py): when a directory's listing is
+asked for, when a copy may be installed and used, and how this mount's own changes and
+the master's revocations keep it right."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from curvine.fuse_client import listings as listings_mod
+from curvine.fuse_client.listings import MISSES_BEFORE_LISTING, Listings
+
+
+def _ask(ls: Listings, parent: int) -> bool:
+    """Misses in ``parent`` until the listing is due; True when it became due."""
+    return any(ls.missed(parent) for _ in range(MISSES_BEFORE_LISTING))
+
+
+def test_a_directory_that_keeps_missing_is_listed_once_then_answered_here():
+    ls = Listings()
+    assert not any(ls.missed(7) for _ in range(MISSES_BEFORE_LISTING - 1))
+    assert ls.missed(7)  # the MISSES_BEFORE_LISTING-th miss
+    assert not _ask(ls, 7)  # already being fetched: not twice
+    gen = ls.generation
+    ls.fetched(7, [b"a", b"b"], 5.0, gen)
+    assert 4.0 < ls.absent(7, b"zzz") <= 5.0
+    assert ls.absent(7, b"a") == 0  # listed: ask (it exists)
+    assert ls.absent(8, b"zzz") == 0  # another directory: ask
+    assert ls.answered == 1
+    assert not _ask(ls, 7)  # held: nothing to fetch
+
+
+def test_a_denied_or_too_large_listing_is_not_asked_again_at_once(monkeypatch):
+    ls = Listings()
+    assert _ask(ls, 7)
+    ls.fetched(7, None, 5.0, ls.generation)  # more than LISTING_MAX names
+    assert ls.absent(7, b"x") == 0 and not _ask(ls, 7)
+    assert _ask(ls, 9)
+    ls.fetched(9, [b"a"], 0.0, ls.generation)  # denied (the directory is busy)
+    assert ls.absent(9, b"x") == 0 and not _ask(ls, 9)
+    monkeypatch.setattr(listings_mod, "RETRY_AFTER", 0.0)
+    assert _ask(ls, 8)
+    ls.fetched(8, None, 5.0, ls.generation)
+    assert _ask(ls, 8)  # retried once RETRY_AFTER passed
+
+
+def test_a_listing_read_before_a_drop_or_an_own_change_is_not_installed():
+    ls = Listings()
+    gen = ls.generation
+    ls.drop([99])  # a revocation (of any listing) while the listing was on its way
+    ls.install(7, [b"a"], 5.0, gen)
+    assert ls.absent(7, b"x") == 0
+    gen = ls.generation
+    with ls.changing(7):  # this mount creates a name in 7 meanwhile
+        pass
+    ls.added(7, b"new")
+    ls.install(7, [b"a"], 5.0, gen)  # read before the create: it would miss "new"
+    assert ls.absent(7, b"new") == 0 and ls.absent(7, b"x") == 0
+    ls.install(7, [b"a"], 5.0, ls.generation)
+    assert ls.absent(7, b"x") > 0
+
+
+def test_own_changes_update_the_copy_and_failures_drop_it():
+    ls = Listings()
+    ls.install(7, [b"a", b"b"], 5.0, ls.generation)
+    ls.install(8, [], 5.0, ls.generation)
+    with ls.changing(7):
+        pass
+    ls.added(7, b"c")
+    assert ls.absent(7, b"c") == 0
+    with ls.changing(7, 8):  # a rename of b from 7 to 8
+        pass
+    ls.removed(7, b"b")
+    ls.added(8, b"b")
+    assert ls.absent(7, b"b") > 0 and ls.absent(8, b"b") == 0
+    with pytest.raises(OSError):
+        with ls.changing(8):  # outcome unknown: the copy goes
+            raise OSError("timed out")
+    assert ls.absent(8, b"zzz") == 0 and ls.absent(7, b"zzz") > 0
+
+
+def test_revocations_expiry_and_the_size_bound():
+    ls = Listings(max_names=5)
+    ls.install(1, [b"a", b"b"], 5.0, ls.generation)
+    ls.install(2, [b"c", b"d"], 5.0, ls.generation)
+    ls.install(3, [b"e", b"f"], 5.0, ls.generation)  # 6 names > 5: the oldest goes
+    assert ls.absent(1, b"x") == 0 and ls.absent(2, b"x") > 0 and len(ls) == 2
+    ls.drop([2])
+    assert ls.absent(2, b"x") == 0 and ls.absent(3, b"x") > 0
+    ls.drop_all()
+    assert len(ls) == 0
+    ls.install(4, [], listings_mod.SAFETY + 0.05, ls.generation)
+    assert ls.absent(4, b"x") > 0
+    time.sleep(0.1)
+    assert ls.absent(4, b"x") == 0 and len(ls) == 0  # ran out
