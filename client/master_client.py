@@ -66,6 +66,10 @@ def _inode_lease_parent(reply: master_pb2.InodeReply) -> tuple[Inode, int, Inode
     return reply.inode, reply.lease_ms, _field(reply, "parent")
 
 
+def _mkdir_reply(reply: master_pb2.InodeReply) -> tuple[Inode, int, Inode | None, int]:
+    return reply.inode, reply.lease_ms, _field(reply, "parent"), reply.listing_lease_ms
+
+
 def _inode(reply: master_pb2.InodeReply) -> Inode:
     return reply.inode
 
@@ -177,6 +181,12 @@ class MasterClient:
         return Prepared("Mkdir", "mkdir", master_pb2.MkdirRequest(
             request_id=new_request_id(), parent=parent, name=name, mode=mode & 0o7777,
             uid=uid, gid=gid, session=self.session), _inode_lease_parent)
+
+    def _prep_mkdir_listed(self, parent: int, name: bytes, mode: int = 0o755, uid: int = 0,
+                           gid: int = 0) -> Prepared:
+        """mkdir for a mount: also the lease on the new directory's (empty) listing."""
+        prepared = self._prep_mkdir(parent, name, mode, uid, gid)
+        return prepared._replace(convert=_mkdir_reply)
 
     def _prep_create(self, parent: int, name: bytes, mode: int = 0o644, uid: int = 0,
                      gid: int = 0, exclusive: bool = False) -> Prepared:

@@ -110,7 +110,8 @@ class MasterConfig:
     lease_time: Duration = Duration(30.0)
     # how long a mount may cache a name's absence (a negative entry, fuse.negative_leases):
     # shorter, since a mount that dies holding one holds back the store of that name
-    # until it runs out; 0 = misses are never leased
+    # until it runs out; 0 = misses are never leased.  Also the term of a leased
+    # listing (a mount answers misses in a quiet directory itself: fuse_client/listings.py)
     negative_lease_time: Duration = Duration(5.0)
     max_sessions: int = 1024  # mounts with a lease session (each holds a server thread)
     # a Calls or Session stream whose client takes no reply this long is cancelled
@@ -175,7 +176,8 @@ class FuseConfig:
     entry_timeout: Duration = Duration(0.0)  # 0: a name made on another mount is seen at once
     leases: bool = True  # cache leased names and file attributes (master.lease_time)
     # with leases: also cache names the master said are absent, leased the same way
-    # (revoked by a create, link or rename of the name on any client)
+    # (revoked by a create, link or rename of the name on any client), and leased
+    # listings of quiet directories (misses there answered by the mount: listings.py)
     negative_leases: bool = True
     call_stream: bool = True  # namespace calls on one gRPC stream (else one unary RPC each)
     # namespace calls on the master's call port when it has one (master.call_port),

@@ -377,10 +377,15 @@ class FileSystem:
                     gid: int) -> Attributes:
         check_name(name)
         sent = time.monotonic()
-        with self.kernel.listings.changing(parent):
-            inode, lease_ms, parent_node = await self.calls.run("mkdir", parent, name,
-                                                                mode & 0o7777, uid, gid)
-        self.kernel.listings.added(parent, name)
+        listings = self.kernel.listings
+        with listings.changing(parent):
+            generation = listings.generation
+            inode, lease_ms, parent_node, listing_ms = await self.calls.run(
+                "mkdir_listed", parent, name, mode & 0o7777, uid, gid)
+            # the new directory is empty: misses there are answered here at once
+            listings.install(inode.ino, [], self.kernel.lease_ttl(listing_ms, sent),
+                             generation)
+        listings.added(parent, name)
         self.kernel.note_dirs(inode, parent_node)
         return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
 

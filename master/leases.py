@@ -21,9 +21,10 @@ mount that read a whole directory in one ListDir page may be granted a lease on 
 the mount answers a lookup of a name it did not list with "absent", without asking.
 Every mutation that makes or removes a name in a directory revokes its listing from
 every holder but the mutating session, whose mount updates its own copy (its lease is
-kept).  A directory whose names changed in the last ``LISTING_QUIET`` seconds gets no
-listing lease: where other clients keep creating, a lease would only make each of
-their creates wait for a revocation.
+kept).  A directory where another client made or removed a name in the last
+``LISTING_QUIET`` seconds gets no listing lease: where other clients keep creating, a
+lease would only make each of their creates wait for a revocation.  A mkdir's reply
+leases the new, empty directory's listing to its maker.
 
 Races.  A read takes ``snapshot()`` before it opens its LMDB read transaction and
 calls ``grant()`` after; a revocation runs after its mutation is committed.  A read
@@ -61,7 +62,7 @@ PURGE_EVERY = 256  # grants between purges of expired leases
 
 NameKey = tuple  # (parent ino, name bytes)
 LISTING = b""  # (dir, LISTING): the set of names in dir (no name is empty)
-LISTING_QUIET = 2.0  # seconds without a name change before a directory's listing is leased
+LISTING_QUIET = 2.0  # seconds without another client's name change before a listing lease
 
 
 class Session:
@@ -128,7 +129,8 @@ class LeaseTable:
         # the same for names made: only a lease on a name's absence is denied by them
         # (the maker's own lease on its new name is not)
         self._made_buckets = [0] * BUCKETS
-        self._changed: dict[int, float] = {}  # dir -> when a name in it last changed
+        # dir -> {session: when it last made or removed a name there} (0: no session)
+        self._changed: dict[int, dict[int, float]] = {}
         self._sessions: dict[int, Session] = {}
         self._gone_until: dict[int, float] = {}  # closed session -> when its leases end
         self._horizon = 0.0  # wall clock until which state_path says leases may exist
@@ -248,12 +250,15 @@ class LeaseTable:
 
     def grant_listing(self, sid: int, since: int, ino: int) -> int:
         """Lease to ``sid`` the set of names of directory ``ino`` as read after
-        ``since`` (a whole listing); milliseconds, 0 when denied: as ``grant``, or the
-        directory's names changed less than LISTING_QUIET seconds ago."""
+        ``since`` (a whole listing); milliseconds, 0 when denied: as ``grant``, or
+        another client made or removed a name there less than LISTING_QUIET seconds
+        ago (changes by ``sid`` itself cost no revocation: its mount updates its copy)."""
         changed = self._changed.get(ino)
-        if changed is not None and time.monotonic() - changed < LISTING_QUIET:
-            self.stats["denied"] += 1
-            return 0
+        if changed:
+            recent = time.monotonic() - LISTING_QUIET
+            if any(t > recent for s, t in list(changed.items()) if s != sid or not sid):
+                self.stats["denied"] += 1
+                return 0
         return self.grant(sid, since, [(ino, LISTING)], absent=True)
 
     def _purge(self, now: float) -> None:
@@ -271,7 +276,8 @@ class LeaseTable:
             del self._gone_until[sid]
         if len(self._changed) > PURGE_EVERY:
             quiet = now - LISTING_QUIET
-            self._changed = {d: t for d, t in self._changed.items() if t > quiet}
+            self._changed = {d: by for d, by in self._changed.items()
+                             if any(t > quiet for t in by.values())}
 
     # ------------------------------------------------------------------ mutations
     def revoke(self, names: Iterable[NameKey], inodes: Iterable[int], exclude: int = 0,
@@ -300,7 +306,13 @@ class LeaseTable:
             seq = self._seq
             changed = self._changed
             for d, _ in listings:
-                changed[d] = now
+                by = changed.get(d)
+                if by is None:
+                    changed[d] = {exclude: now}
+                else:
+                    by[exclude] = now
+                    if len(by) > 64:  # many clients change it: forget the old changes
+                        changed[d] = {c: t for c, t in by.items() if t > now - LISTING_QUIET}
             if len(changed) > 4 * PURGE_EVERY and seq % PURGE_EVERY == 0:
                 self._purge(now)
             names += listings

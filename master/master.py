@@ -343,7 +343,11 @@ class Master:
         check_ino(req.parent, "parent")
         since = self.leases.snapshot()
         value = yield Submit(lambda t: self.ns.plan_mkdir(t, req), req.request_id, req.session)
-        return self._inode_reply(value, req.session, since, (req.parent, req.name))
+        reply = self._inode_reply(value, req.session, since, (req.parent, req.name))
+        if req.session and not isinstance(value, RetryHit):  # (a retry's may not be empty)
+            reply.listing_lease_ms = self.leases.grant_listing(req.session, since,
+                                                               reply.inode.ino)
+        return reply
 
     @mutation
     def create(self, req) -> master_pb2.InodeReply:

@@ -8,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class InodeReply(_message.Message):
-    __slots__ = ("inode", "lease_ms", "parent")
+    __slots__ = ("inode", "lease_ms", "parent", "listing_lease_ms")
     INODE_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
+    LISTING_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     inode: _common_pb2.Inode
     lease_ms: int
     parent: _common_pb2.Inode
-    def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., lease_ms: _Optional[int] = ..., parent: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ...) -> None: ...
+    listing_lease_ms: int
+    def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., lease_ms: _Optional[int] = ..., parent: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., listing_lease_ms: _Optional[int] = ...) -> None: ...
 
 class ParentReply(_message.Message):
     __slots__ = ("parent", "new_parent", "moved", "held")

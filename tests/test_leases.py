@@ -297,13 +297,21 @@ def test_a_quiet_directorys_listing_is_leased_and_revoked_by_every_name_change(
     assert t.grant_listing(a.id, t.snapshot(), 7) == 5_000
     t.revoke([], [], exclude=b.id, created=[(7, b"x")])  # b makes 7/x
     assert [(k.parent, k.name) for k in seen_a[-1].names] == [(7, LISTING)]
-    assert t.grant_listing(a.id, t.snapshot(), 7) == 0  # 7 changed just now: busy
+    assert t.grant_listing(a.id, t.snapshot(), 7) == 0  # b changed 7 just now: busy
+    assert t.grant_listing(b.id, t.snapshot(), 7) == 5_000  # for b itself it is not
     assert t.grant_listing(a.id, t.snapshot(), 8) == 5_000  # other directories are quiet
+    t.revoke([], [], exclude=a.id, created=[(8, b"mine")])  # a's own change in 8...
+    assert t.grant_listing(a.id, t.snapshot(), 8) == 5_000  # ...does not make 8 busy for a
+    assert t.grant_listing(b.id, t.snapshot(), 8) == 0  # but does for b
+    t.revoke([], [], created=[(9, b"x")])  # a client without a session (0)
+    assert t.grant_listing(0, t.snapshot(), 9) == 0
+    assert t.grant_listing(a.id, t.snapshot(), 9) == 0
     monkeypatch.setattr(leases_mod, "LISTING_QUIET", 0.0)
     since = t.snapshot()
     t.revoke([(7, b"x")], [], exclude=b.id)  # b removes 7/x after a read the listing
     assert t.grant_listing(a.id, since, 7) == 0  # what a read may be stale
     assert t.grant_listing(a.id, t.snapshot(), 7) == 5_000
+    seen_b = _acked(b)
     n = len(seen_a)
     t.revoke([], [], exclude=a.id, created=[(7, b"y")])  # a's own change: kept, not sent
     assert len(seen_a) == n
@@ -311,6 +319,9 @@ def test_a_quiet_directorys_listing_is_leased_and_revoked_by_every_name_change(
     assert [(k.parent, k.name) for k in seen_a[-1].names] == [(7, LISTING)]
     t.revoke([(7, b"z")], [], exclude=b.id)  # revoked already: nothing more to send
     assert len(seen_a) == n + 1
+    # b's listing of 7 (granted above) went with a's change, not with b's own
+    assert [ev for ev in seen_b if (7, LISTING) in [(k.parent, k.name) for k in ev.names]] \
+        == seen_b[:1] and len(seen_b) == 1
 
 
 def test_listdir_leases_a_whole_quiet_directory_to_a_session(tmp_path, monkeypatch):
@@ -326,6 +337,18 @@ def test_listdir_leases_a_whole_quiet_directory_to_a_session(tmp_path, monkeypat
             m.create(master_pb2.CreateRequest(request_id=new_request_id(), parent=d.ino,
                                               name=n, mode=0o644, session=a.id))
         assert m.listdir(d.ino, b"", 0, b.id, True, True).listing_lease_ms == 0  # busy
+        # a's own creates do not make it busy for a; a mkdir leases its new directory
+        assert m.listdir(d.ino, b"", 0, a.id, True, True).listing_lease_ms == 5_000
+        sub = m.mkdir(master_pb2.MkdirRequest(request_id=new_request_id(), parent=d.ino,
+                                              name=b"sub", mode=0o755, session=b.id))
+        assert sub.listing_lease_ms == 5_000
+        m.unlink(master_pb2.UnlinkRequest(request_id=new_request_id(), parent=d.ino,
+                                          name=b"sub", session=b.id), rmdir=True)
+        assert m.mkdir(master_pb2.MkdirRequest(request_id=new_request_id(), parent=d.ino,
+                                               name=b"nosession", mode=0o755)
+                       ).listing_lease_ms == 0
+        m.unlink(master_pb2.UnlinkRequest(request_id=new_request_id(), parent=d.ino,
+                                          name=b"nosession"), rmdir=True)
         monkeypatch.setattr(leases_mod, "LISTING_QUIET", 0.0)
         page = m.listdir(d.ino, b"", 0, b.id, names_only=True, lease_listing=True)
         assert [e.name for e in page.entries] == [b"f1", b"f2", b"f3"]
@@ -603,4 +626,17 @@ def test_a_quiet_directory_answers_misses_on_the_mount_and_sees_every_new_name(m
         make(os.path.join(da, name))
         assert state(name) == "found", f"{name} made on A, not seen on B"
     assert os.stat(os.path.join(db, "l")).st_size == 5
+    os.close(dir_fd)
+
+    # a directory B makes is leased to B with the mkdir, and B's own creates there
+    # keep it so: every miss in it is answered on B at once (what a create's lookup
+    # of its new name is); A's create there is seen at once as well
+    os.mkdir(os.path.join(db, "fresh"))
+    dir_fd = os.open(os.path.join(db, "fresh"), os.O_RDONLY | os.O_DIRECTORY)
+    assert answered_here() == "absent"
+    for i in range(20):
+        open(os.path.join(db, "fresh", f"f{i}"), "wb").close()
+    assert answered_here() == "absent" and answered_here("f3", 1.0) != "absent"
+    open(os.path.join(da, "fresh", "from-a"), "wb").close()
+    assert state("from-a") == "found"
     os.close(dir_fd)
