@@ -598,8 +598,13 @@ class FileSystem:
         # returns (release publishes the empty version for the rename guard).  A
         # published one is replaced at close (rule 1: this handle's version).
         unpublished = inode.state != COMPLETE
-        (writer, recorded), tgid = await self._run(self._writer_and_tgid, inode.ino, empty,
-                                                   not unpublished, pid)
+        if empty and self._block_size is not None:
+            # no master call to make: no thread hop (the /proc read never waits on a disk)
+            (writer, recorded), tgid = self._writer_and_tgid(inode.ino, True,
+                                                             not unpublished, pid)
+        else:
+            (writer, recorded), tgid = await self._run(self._writer_and_tgid, inode.ino,
+                                                       empty, not unpublished, pid)
         page_cache = flags & os.O_ACCMODE == os.O_RDWR
         h = self._add(inode.ino, State.NEW if unpublished else State.WRITING, writer=writer,
                       inode=inode, tgid=tgid, page_cache=page_cache, recorded_open=recorded)
@@ -722,7 +727,10 @@ class FileSystem:
                     await self._publish_empty(h.ino, h.writer.mtime_ns or h.inode.mtime_ns)
             finally:
                 self._write_handles.pop(fh, None)
-                await self._run(h.close)
+                if h.reader is None and h.writer is not None and h.writer.untouched:
+                    h.close()  # nothing to wait for: no thread hop
+                else:
+                    await self._run(h.close)
                 self._access.closed(*h.recorded_open)
 
     def _add(self, ino: int, state: State, **kwargs) -> Handle:
