@@ -266,8 +266,8 @@ class MasterClient:
 
     def _prep_listing(self, ino: int, limit: int) -> Prepared:
         """The names of directory ``ino`` if it has at most ``limit``, with a lease on
-        that listing for this session: (names or None when there are more, lease ms;
-        0 without a session or when the master denies it)."""
+        that listing for this session: (names or None when there are more or the
+        directory is busy, lease ms; 0 without a session or when the master denies it)."""
         return Prepared("ListDir", "listdir", master_pb2.ListDirRequest(
             ino=ino, limit=limit, session=self.session, names_only=True,
             lease_listing=True),

@@ -26,7 +26,7 @@ from collections import OrderedDict
 MISSES_BEFORE_LISTING = 8  # misses in a directory before its listing is asked for
 LISTING_MAX = 4096  # names: a larger directory is not listed for this
 MAX_NAMES = 1 << 18  # names kept over all listings (then the oldest listings go)
-RETRY_AFTER = 10.0  # seconds before asking again for a listing denied or too large
+RETRY_AFTER = 30.0  # seconds before asking again for a listing denied or too large
 SAFETY = 0.2  # seconds a listing is used less than its lease
 
 

@@ -253,13 +253,19 @@ class LeaseTable:
         ``since`` (a whole listing); milliseconds, 0 when denied: as ``grant``, or
         another client made or removed a name there less than LISTING_QUIET seconds
         ago (changes by ``sid`` itself cost no revocation: its mount updates its copy)."""
-        changed = self._changed.get(ino)
-        if changed:
-            recent = time.monotonic() - LISTING_QUIET
-            if any(t > recent for s, t in list(changed.items()) if s != sid or not sid):
-                self.stats["denied"] += 1
-                return 0
+        if self.busy(ino, sid):
+            self.stats["denied"] += 1
+            return 0
         return self.grant(sid, since, [(ino, LISTING)], absent=True)
+
+    def busy(self, ino: int, sid: int) -> bool:
+        """Another client than ``sid`` made or removed a name in ``ino`` less than
+        LISTING_QUIET seconds ago: its listing would not be leased to ``sid``."""
+        changed = self._changed.get(ino)
+        if not changed:
+            return False
+        recent = time.monotonic() - LISTING_QUIET
+        return any(t > recent for s, t in list(changed.items()) if s != sid or not sid)
 
     def _purge(self, now: float) -> None:
         q = self._expiries

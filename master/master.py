@@ -243,6 +243,11 @@ class Master:
             check_name(start_after, "start_after")
         limit = limit or DEFAULT_LIST
         reply = master_pb2.ListDirReply()
+        if names_only and lease_listing and self.leases.busy(ino, session):
+            # names asked for only to be leased, which a busy directory is not: do
+            # not scan it (LMCache's directories, where every pod keeps storing)
+            reply.has_more = True
+            return reply
         since = self.leases.snapshot()
         with self.store.read() as txn:
             self.ns.directory(txn, ino, "ino")

@@ -336,7 +336,8 @@ def test_listdir_leases_a_whole_quiet_directory_to_a_session(tmp_path, monkeypat
         for n in (b"f1", b"f2", b"f3"):
             m.create(master_pb2.CreateRequest(request_id=new_request_id(), parent=d.ino,
                                               name=n, mode=0o644, session=a.id))
-        assert m.listdir(d.ino, b"", 0, b.id, True, True).listing_lease_ms == 0  # busy
+        busy = m.listdir(d.ino, b"", 0, b.id, True, True)  # a just made names there
+        assert busy.listing_lease_ms == 0 and busy.has_more and not busy.entries  # not read
         # a's own creates do not make it busy for a; a mkdir leases its new directory
         assert m.listdir(d.ino, b"", 0, a.id, True, True).listing_lease_ms == 5_000
         sub = m.mkdir(master_pb2.MkdirRequest(request_id=new_request_id(), parent=d.ino,
@@ -466,14 +467,25 @@ def test_cached_names_stay_correct_across_mounts(make_cluster, tmp_path):
 
 
 def test_mounts_drop_leases_when_the_master_restarts(make_cluster, tmp_path):
-    c = make_cluster(workers=1, mounts=2, conf=_conf(tmp_path))
+    """Names, absences and listings B holds are all dropped when the master is
+    SIGKILLed: each change A makes after the restart is seen on B.  (Leases of 60 s,
+    absences and listings included, so that a copy B kept across the restart would
+    still be in use when A's change returns.)"""
+    conf = tmp_path / "leases.toml"
+    conf.write_text('[master]\nlease_time = "60s"\nnegative_lease_time = "60s"\n')
+    c = make_cluster(workers=1, mounts=2, conf=str(conf))
     a, b = c.mounts
     with open(os.path.join(a, "f"), "wb") as f:
         f.write(b"x")
     assert os.stat(os.path.join(b, "f")).st_size == 1  # B leases f
     with pytest.raises(FileNotFoundError):
         os.stat(os.path.join(b, "g"))  # and g's absence
+    os.mkdir(os.path.join(b, "q"))  # and the listing of q (empty), with the mkdir
+    with pytest.raises(FileNotFoundError):
+        os.stat(os.path.join(b, "q", "x"))  # answered on B
     c.restart("master")
+    open(os.path.join(a, "q", "x"), "wb").close()
+    assert os.path.exists(os.path.join(b, "q", "x"))
     os.unlink(os.path.join(a, "f"))  # waits until B dropped (or its lease ran out)
     with pytest.raises(FileNotFoundError):
         os.stat(os.path.join(b, "f"))
