@@ -253,19 +253,26 @@ def test_a_miss_is_leased_on_request_and_revoked_by_whatever_makes_the_name(tmp_
         m.close()
 
 
+def _sessions_and_files(m: Master, names):
+    """Sessions a and b (b's invalidations acked and recorded), and a directory d in
+    which a made the files ``names``: (a, b, b's invalidations, d, {name: ino})."""
+    a, b = m.leases.open_session("a"), m.leases.open_session("b")
+    seen_b = _acked(b)
+    d = m.mkdir(master_pb2.MkdirRequest(request_id=new_request_id(), parent=ROOT_INO,
+                                        name=b"d", mode=0o755, session=a.id)).inode
+    files = {n: m.create(master_pb2.CreateRequest(
+        request_id=new_request_id(), parent=d.ino, name=n, mode=0o644,
+        session=a.id)).inode.ino for n in names}
+    return a, b, seen_b, d, files
+
+
 def test_a_listing_leases_its_names_and_files_like_lookups(tmp_path):
     """ListDir with a session leases the names listed and the files' attributes (the
     mount's ls -l then stats from its kernel); an unlink and a publish by another
     mount revoke them; without a session nothing is leased."""
     m = make_master(tmp_path)
     try:
-        a, b = m.leases.open_session("a"), m.leases.open_session("b")
-        seen_b = _acked(b)
-        d = m.mkdir(master_pb2.MkdirRequest(request_id=new_request_id(), parent=ROOT_INO,
-                                            name=b"d", mode=0o755, session=a.id)).inode
-        files = {n: m.create(master_pb2.CreateRequest(
-            request_id=new_request_id(), parent=d.ino, name=n, mode=0o644,
-            session=a.id)).inode.ino for n in (b"f1", b"f2")}
+        a, b, seen_b, d, files = _sessions_and_files(m, (b"f1", b"f2"))
         m.mkdir(master_pb2.MkdirRequest(request_id=new_request_id(), parent=d.ino,
                                         name=b"sub", mode=0o755, session=a.id))
         assert m.listdir(d.ino, b"", 0).lease_ms == 0
@@ -329,13 +336,7 @@ def test_listdir_leases_a_whole_quiet_directory_to_a_session(tmp_path, monkeypat
     listing; not a partial page, not without a session; names_only lists names alone."""
     m = make_master(tmp_path)
     try:
-        a, b = m.leases.open_session("a"), m.leases.open_session("b")
-        seen_b = _acked(b)
-        d = m.mkdir(master_pb2.MkdirRequest(request_id=new_request_id(), parent=ROOT_INO,
-                                            name=b"d", mode=0o755, session=a.id)).inode
-        for n in (b"f1", b"f2", b"f3"):
-            m.create(master_pb2.CreateRequest(request_id=new_request_id(), parent=d.ino,
-                                              name=n, mode=0o644, session=a.id))
+        a, b, seen_b, d, _ = _sessions_and_files(m, (b"f1", b"f2", b"f3"))
         busy = m.listdir(d.ino, b"", 0, b.id, True, True)  # a just made names there
         assert busy.listing_lease_ms == 0 and busy.has_more and not busy.entries  # not read
         # a's own creates do not make it busy for a; a mkdir leases its new directory
@@ -494,17 +495,24 @@ def test_mounts_drop_leases_when_the_master_restarts(make_cluster, tmp_path):
     assert os.stat(os.path.join(b, "g")).st_size == 1
 
 
+def _two_mounts_and_a_file(make_cluster, name):
+    """A cluster at the defaults with mounts A and B, and directory ``name`` holding
+    ``file`` (5 bytes) made on A: (cluster, the directory on A, the same on B)."""
+    c = make_cluster(workers=1, mounts=2)
+    a, b = c.mounts
+    os.mkdir(os.path.join(a, name))
+    da, db = os.path.join(a, name), os.path.join(b, name)
+    with open(os.path.join(da, "file"), "wb") as f:
+        f.write(b"12345")
+    return c, da, db
+
+
 def test_a_miss_is_cached_until_the_name_is_made_on_another_mount(make_cluster):
     """At the defaults (leases of 30 s, fuse.negative_leases on): a mount answers a
     repeated miss from its kernel (the master stopped meanwhile), and every way of
     making that name on the other mount -- create, mkdir, symlink, mkfifo, link, rename
     onto it (LMCache's publish) -- is seen by stat there as soon as it returns."""
-    c = make_cluster(workers=1, mounts=2)
-    a, b = c.mounts
-    os.mkdir(os.path.join(a, "neg"))
-    da, db = os.path.join(a, "neg"), os.path.join(b, "neg")
-    with open(os.path.join(da, "file"), "wb") as f:
-        f.write(b"12345")
+    c, da, db = _two_mounts_and_a_file(make_cluster, "neg")
     names = ["c", "d", "s", "p", "l", "k.data"]
     for n in names:
         with pytest.raises(FileNotFoundError):
@@ -580,12 +588,7 @@ def test_a_quiet_directory_answers_misses_on_the_mount_and_sees_every_new_name(m
     renames and unlinks keep its copy right (checked with its kernel's dentries
     dropped, so that the lookups reach the mount)."""
     from curvine.fuse_client.listings import MISSES_BEFORE_LISTING
-    c = make_cluster(workers=1, mounts=2)
-    a, b = c.mounts
-    os.mkdir(os.path.join(a, "quiet"))
-    da, db = os.path.join(a, "quiet"), os.path.join(b, "quiet")
-    with open(os.path.join(da, "file"), "wb") as f:
-        f.write(b"12345")
+    c, da, db = _two_mounts_and_a_file(make_cluster, "quiet")
     open(os.path.join(da, "k.tmp"), "wb").close()
     pid = _master_pid(c)
     fresh = iter(range(1_000_000))
