@@ -655,3 +655,60 @@ def test_a_quiet_directory_answers_misses_on_the_mount_and_sees_every_new_name(m
     open(os.path.join(da, "fresh", "from-a"), "wb").close()
     assert state("from-a") == "found"
     os.close(dir_fd)
+
+
+def test_names_made_on_one_mount_while_another_answers_misses_from_a_listing(make_cluster):
+    """At the defaults, concurrently: A creates (and later unlinks) names in
+    directories B made -- B holds their listings from its mkdirs -- while B's threads
+    stat those names without pause and B creates names of its own there.  Every name
+    whose create returned on A is found by every later stat on B until its unlink
+    starts, and every name whose unlink returned is gone; B's own names are always
+    found."""
+    c = make_cluster(workers=1, mounts=2)
+    a, b = c.mounts
+    errors: list = []
+    for round_ in range(4):
+        os.mkdir(os.path.join(b, f"r{round_}"))  # B: listing of r<round> leased
+        da, db = os.path.join(a, f"r{round_}"), os.path.join(b, f"r{round_}")
+        # f0 .. f<made>: created (returned); f0 .. f<unlinking>: unlink started;
+        # f0 .. f<gone>: unlink returned
+        made, unlinking, gone = -1, -1, -1
+        stop = threading.Event()
+
+        def watch():
+            while not stop.is_set() and not errors:
+                m, u, g = made, unlinking, gone
+                for i in range(u + 1, m + 1):
+                    if not os.path.exists(os.path.join(db, f"f{i}")) and i > unlinking:
+                        errors.append(f"round {round_}: f{i} made on A, missing on B")
+                for i in range(0, g + 1, 7):
+                    if os.path.exists(os.path.join(db, f"f{i}")):
+                        errors.append(f"round {round_}: f{i} unlinked on A, still on B")
+
+        def own():
+            for i in range(30):
+                p = os.path.join(db, f"own{i}")
+                open(p, "wb").close()
+                if not os.path.exists(p):
+                    errors.append(f"round {round_}: B's own {p} missing")
+                if stop.is_set():
+                    return
+
+        threads = [threading.Thread(target=watch) for _ in range(2)]
+        threads.append(threading.Thread(target=own))
+        for t in threads:
+            t.start()
+        try:
+            for i in range(40):
+                open(os.path.join(da, f"f{i}"), "wb").close()
+                made = i
+            for i in range(20):
+                unlinking = i
+                os.unlink(os.path.join(da, f"f{i}"))
+                gone = i
+        finally:
+            time.sleep(0.2)
+            stop.set()
+            for t in threads:
+                t.join(30)
+        assert not errors, errors[:5]
