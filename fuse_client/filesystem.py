@@ -183,7 +183,8 @@ class Listing:
 
 
 def _tgid(pid: int) -> int:
-    """The process (thread group) of a request's thread id."""
+    """The process (thread group) of a request's thread id.  Read from /proc, which
+    never waits on a disk: called in the trio loop."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             for line in f:
@@ -456,7 +457,7 @@ class FileSystem:
         # version release has yet to publish (so `touch a; mv a b` works at once).
         mine = [h.ino for h in self._write_handles.values() if h.state is State.CLOSED_EMPTY]
         if self._writers:
-            caller = await self._run(_tgid, pid)
+            caller = _tgid(pid)  # a /proc read: never waits on a disk, so no thread hop
             mine += [h.ino for h in self._write_handles.values()
                      if h.tgid == caller and h.fh in self._handles]
         opened = [] if exchange else await self._open_inos(new_parent, new_name)
@@ -598,13 +599,8 @@ class FileSystem:
         # returns (release publishes the empty version for the rename guard).  A
         # published one is replaced at close (rule 1: this handle's version).
         unpublished = inode.state != COMPLETE
-        if empty and self._block_size is not None:
-            # no master call to make: no thread hop (the /proc read never waits on a disk)
-            (writer, recorded), tgid = self._writer_and_tgid(inode.ino, True,
-                                                             not unpublished, pid)
-        else:
-            (writer, recorded), tgid = await self._run(self._writer_and_tgid, inode.ino,
-                                                       empty, not unpublished, pid)
+        writer, recorded = await self._new_writer(inode.ino, empty, not unpublished)
+        tgid = _tgid(pid)
         page_cache = flags & os.O_ACCMODE == os.O_RDWR
         h = self._add(inode.ino, State.NEW if unpublished else State.WRITING, writer=writer,
                       inode=inode, tgid=tgid, page_cache=page_cache, recorded_open=recorded)
@@ -646,8 +642,8 @@ class FileSystem:
             return Opened(h.fh, direct_io=False, keep_cache=keep)
         truncate = bool(flags & os.O_TRUNC)
         # an emptied file is published at close even without writes
-        (writer, recorded), tgid = await self._run(self._writer_and_tgid, ino, truncate,
-                                                   truncate, pid)
+        writer, recorded = await self._new_writer(ino, truncate, truncate)
+        tgid = _tgid(pid)
         # O_RDWR: through the page cache, so that mmap works (O_WRONLY cannot map);
         # O_WRONLY (LMCache's writers) keeps direct_io: one request per buffer, no copy
         page_cache = flags & os.O_ACCMODE == os.O_RDWR
@@ -758,28 +754,25 @@ class FileSystem:
             self._versions.popitem(last=False)
         return same
 
-    def _writer_and_tgid(self, ino: int, truncate: bool, changed: bool, pid: int):
-        """The handle's writer and the caller's process, in one thread hop."""
-        return self._new_writer(ino, truncate, changed), _tgid(pid)
-
-    def _new_writer(self, ino: int, truncate: bool, changed: bool,
-                    ) -> tuple[FileWriter, tuple[int, int]]:
+    async def _new_writer(self, ino: int, truncate: bool, changed: bool,
+                          ) -> tuple[FileWriter, tuple[int, int]]:
         """A private version of ``ino``: empty, or starting from its current blocks;
         ``changed``: published at close even without writes.  Also the (session, open
         id) its open is recorded with at the master: while it is open, blocks another
         writer's version drops stay readable and publishable by this one (at GetBlocks,
-        or with a truncated start at its first publish).  Runs in a thread."""
+        or with a truncated start at its first publish).  In the loop: its master
+        calls go on the call port, and making a writer does no I/O."""
         blocks, workers = [], {}
         session, open_id = self.master.session, self._access.new_open_id()
         if not truncate:
-            inode, blocks, workers = self.calls.from_thread("get_blocks", ino, session,
-                                                            open_id, write=True)
+            inode, blocks, workers = await self.calls.run("get_blocks", ino, session,
+                                                          open_id, write=True)
             if inode.type == DIRECTORY:
                 self._access.closed(session, open_id)
                 raise CurvineError(ErrorKind.IS_DIR, f"inode {ino} is a directory")
         if self._block_size is None:
             # Block lengths must not exceed the master's block size.
-            fs = self.calls.from_thread("statfs")
+            fs = await self.calls.run("statfs")
             self._block_size = fs.block_size or self.cfg.cluster.block_size
             self._local_worker.note(fs.workers)  # where first blocks go
         writer = FileWriter(self.master, ino, self._block_size, blocks, self.host,
