@@ -11,7 +11,11 @@ b. ``store``: the same processes store empty chunks: create ``<key>.tmp``, publi
    connector makes through a mount); ``put``: the same chunks as curvine's connector
    stores them (connector/store.py), one PutFile under ``<key>.data``.
 c. ``mount stat miss``: 1 and 8 processes stat missing names through mount A, each
-   name once; then 1 process stats the same 256 missing names over and over.
+   name once; then 1 process stats the same 256 missing names over and over.  The
+   directory is quiet, so the mount soon holds its listing and answers the misses
+   itself (fuse_client/listings.py); ``stat-miss-busy x1`` is the same while another
+   client creates a name there every 0.2 s, so that every miss asks the master (as in
+   LMCache's directories, where every pod keeps storing).
 d. ``mount ops``: one process creates+closes, stats, lists and unlinks ``files``
    files through mount A, beside the plain directory and MooseFS (when mounted).
 
@@ -101,6 +105,33 @@ def _stat_loop(root: str, seconds: float, repeat: int, start, seed: int, out) ->
     out.put(n)
 
 
+def _busy_loop(conf: str, parent: int, seconds: float, start, seed: int, out) -> None:
+    """Another client (no session) makes a name in ``parent`` every 0.2 s: the
+    directory is never quiet, so no mount gets its listing leased."""
+    from curvine.client.master_client import MasterClient
+    from curvine.common import config as config_mod
+    from curvine.common.security import Security
+
+    cfg = config_mod.load(conf)
+    mc = MasterClient(cfg.cluster.master_addr, timeout=30, wait=10,
+                      security=Security.load(cfg), call_port=cfg.client.call_port)
+    n = 0
+    try:
+        start.wait()
+        deadline = time.monotonic() + seconds + 1.0
+        while time.monotonic() < deadline:
+            mc.create(parent, b"busy-%d-%d" % (seed, n))
+            n += 1
+            time.sleep(0.2)
+    finally:
+        mc.close()
+        out.put(0)  # made names are not the measure
+
+
+def _stat_or_busy(role: str, *args) -> None:
+    (_busy_loop if role == "busy" else _stat_loop)(*args)
+
+
 class MetaScale:
     """Runs a-d on ``cluster`` (its master and fuse processes measured) ``runs`` times."""
 
@@ -163,9 +194,16 @@ class MetaScale:
         return self._processes(_client_loop, lambda i: (self.cluster.client_conf, what,
                                                         parent, self.seconds), n)
 
-    def _mount_stats(self, n: int, repeat: int = 0) -> int:
+    def _mount_stats(self, n: int, repeat: int = 0, busy_parent: int = 0) -> int:
+        """``busy_parent``: the inode of the directory (as seen by the master), which
+        one more process keeps making names in meanwhile."""
         root = os.path.join(self.mount, self.tag)
-        return self._processes(_stat_loop, lambda i: (root, self.seconds, repeat), n)
+        if not busy_parent:
+            return self._processes(_stat_loop, lambda i: (root, self.seconds, repeat), n)
+        conf = self.cluster.client_conf
+        return self._processes(
+            _stat_or_busy, lambda i: (("busy", conf, busy_parent, self.seconds) if i == n
+                                      else ("stat", root, self.seconds, repeat)), n + 1)
 
     # -- d ----------------------------------------------------------------------------
     def _fs_ops(self, side: str, root: str) -> None:
@@ -241,6 +279,8 @@ class MetaScale:
                         self._measure(f"mount stat-miss x{n}", lambda: self._mount_stats(n))
                     self._measure("mount stat-same-miss x1",
                                   lambda: self._mount_stats(1, REPEATED_MISSES))
+                    self._measure("mount stat-miss-busy x1",
+                                  lambda: self._mount_stats(1, busy_parent=top.ino))
                     self._fs_ops("curvine", os.path.join(self.mount, self.tag))
                 self._fs_ops("plain", self.plain_root)
                 if self.moosefs_root:

@@ -341,13 +341,15 @@ def test_meta_scale_measures_every_row_on_a_real_cluster(make_cluster, tmp_path)
     for what in ("lookup", "store", "put"):
         for n in (1, 2):
             assert medians[f"{what} x{n} ops/s"] > 0 and f"{what} x{n} master us/op" in medians
-    for row in ("mount stat-miss x1", "mount stat-same-miss x1", "mount create",
-                "mount unlink", "plain create"):
+    for row in ("mount stat-miss x1", "mount stat-same-miss x1", "mount stat-miss-busy x1",
+                "mount create", "mount unlink", "plain create"):
         assert medians[f"{row} ops/s"] > 0, row
     assert medians["mount listdir ms"] > 0
     mc = MasterClient(c.master_addr, security=c.security)
     try:
         top = mc.lookup(1, ms.tag.encode())
+        # the busy row's other client made names in the directory the mount stat'ed
+        assert any(e.name.startswith(b"busy-") for e in mc.listdir(top.ino)[0])
         for what, suffix in (("store", b".data"), ("put", b".data")):
             d = mc.lookup(top.ino, b"%s-0-2" % what.encode())
             names = [e.name for e in mc.listdir(d.ino)[0]]
