@@ -118,6 +118,10 @@ class Operations(pyfuse3.Operations):
     """curvine as a FUSE file system."""
 
     supports_dot_lookup = True
+    # a symlink's target never changes (and inode numbers are never reused): the
+    # kernel may keep it in its page cache (scripts/pyfuse3/cache-symlinks.patch)
+    # instead of sending a READLINK each time a path goes through the link
+    enable_cache_symlinks = True
 
     def __init__(self, cfg: Config, master: MasterClient):
         """``master``: the mount's client of the master (made with its security by

@@ -134,6 +134,30 @@ def test_symlink_is_seen_by_the_other_mount(fs):
     assert stat.S_ISLNK(os.lstat(os.path.join(b, "ln")).st_mode)
 
 
+def test_the_kernel_keeps_a_symlinks_target(fs, types_cluster):
+    """A symlink's target, once read, stays in the kernel (FUSE_CAP_CACHE_SYMLINKS,
+    scripts/pyfuse3/cache-symlinks.patch): reading it again needs no request to the
+    mount, which is stopped (SIGSTOP) meanwhile."""
+    _, b, _ = fs
+    os.symlink("f", os.path.join(b, "ln"))
+    assert os.readlink(os.path.join(b, "ln")) == "f"  # the READLINK: now in the kernel
+    pid = next(r["pid"] for r in types_cluster.status()
+               if r["role"] == "fuse" and r["mount"] == types_cluster.mounts[1])
+    box: dict = {}
+    th = threading.Thread(target=lambda: box.setdefault(
+        "target", os.readlink(os.path.join(b, "ln"))), daemon=True)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        th.start()
+        th.join(5.0)
+        answered_while_stopped = not th.is_alive()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    th.join(10.0)
+    assert answered_while_stopped, "the second readlink waited for the (stopped) mount"
+    assert box.get("target") == "f"
+
+
 # --------------------------------------------------------------------------- hard links
 
 def _hard_links(root: str):

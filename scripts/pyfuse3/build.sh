@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Build pyfuse3 3.5.0 with fallocate.patch (adds Operations.fallocate, wired to the
 # FUSE lowlevel fallocate op; stock pyfuse3 leaves it NULL, so every fallocate(2)
-# on a mount fails with EOPNOTSUPP) and install it into a venv.
+# on a mount fails with EOPNOTSUPP) and cache-symlinks.patch (adds
+# Operations.enable_cache_symlinks: the kernel keeps symlink targets in its page cache,
+# FUSE_CAP_CACHE_SYMLINKS, instead of a READLINK request per path walk through a
+# symlink) and install it into a venv.
 #
 #   scripts/pyfuse3/build.sh [VENV]     (VENV defaults to the repository's .venv)
 #
@@ -18,20 +21,24 @@ py="$venv/bin/python"
 
 VERSION=3.5.0
 SHA256=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
-PATCH="$here/fallocate.patch"
+PATCHES=("$here/fallocate.patch" "$here/cache-symlinks.patch")
 # pip list / pip freeze show this local version for the patched build.
-LOCAL_VERSION="$VERSION+curvine.fallocate"
+LOCAL_VERSION="$VERSION+curvine.fallocate.symlinks"
 
 die() { echo "pyfuse3/build.sh: $*" >&2; exit 1; }
 
 [ -x "$py" ] || die "no python at $py (create the venv first, e.g. scripts/setup.sh)"
 
-# Patched = the Python class has the handler AND the compiled extension has the
-# C callback (a build from the shipped, stale __init__.c would have only the former).
+# Patched = this build's version (both patches are applied before the .pyx is
+# cythonized) AND the compiled extension has the fallocate callback (a build from the
+# shipped, stale __init__.c would not; Cython keeps no plain string to check for the
+# symlink flag).
 is_patched() {
-  "$py" - <<'EOF' 2>/dev/null
-import sys, pyfuse3
-ok = hasattr(pyfuse3.Operations, "fallocate")
+  LOCAL_VERSION="$LOCAL_VERSION" "$py" - <<'EOF' 2>/dev/null
+import importlib.metadata, os, sys, pyfuse3
+ok = (importlib.metadata.version("pyfuse3") == os.environ["LOCAL_VERSION"]
+      and hasattr(pyfuse3.Operations, "fallocate")
+      and hasattr(pyfuse3.Operations, "enable_cache_symlinks"))
 if ok:
     with open(pyfuse3.__file__, "rb") as f:
         ok = b"fuse_fallocate_async" in f.read()
@@ -77,7 +84,9 @@ fi
 
 tar -xzf "$sdist" -C "$work"
 src="$work/pyfuse3-$VERSION"
-patch -d "$src" -p1 --forward --quiet <"$PATCH" >>"$log" 2>&1 || fail "fallocate.patch does not apply"
+for p in "${PATCHES[@]}"; do
+  patch -d "$src" -p1 --forward --quiet <"$p" >>"$log" 2>&1 || fail "$(basename "$p") does not apply"
+done
 # The sdist ships a pre-generated __init__.c; setuptools compiles that instead of the
 # .pyx whenever Cython is missing, and Cython skips a .c newer than its sources.
 # Without it the build must cythonize the patched .pyx (or fail loudly).
@@ -87,5 +96,5 @@ SETUPTOOLS_SCM_PRETEND_VERSION_FOR_PYFUSE3="$LOCAL_VERSION" \
   "$py" -m pip install --no-deps --force-reinstall --no-cache-dir "$src" >>"$log" 2>&1 ||
   fail "building pyfuse3 failed"
 
-is_patched || fail "installed pyfuse3 still has no fallocate handler"
+is_patched || fail "installed pyfuse3 still lacks the patches"
 echo "pyfuse3/build.sh: built and installed pyfuse3 $LOCAL_VERSION into $venv in $((SECONDS - start))s"
