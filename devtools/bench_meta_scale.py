@@ -72,6 +72,15 @@ def _client_loop(conf: str, what: str, parent: int, seconds: float, start, seed:
                     mc.lookup_or_none(parent, name)
                     i += 1
                 n += 32
+        elif what == "busy":
+            # another client (no session) makes a name in ``parent`` every 0.2 s: the
+            # directory is never quiet, so no mount gets its listing leased; its names
+            # are not the measure
+            while time.monotonic() < deadline + 1.0:
+                mc.create(parent, b"busy-%d-%d" % (seed, n))
+                n += 1
+                time.sleep(0.2)
+            n = 0
         elif what == "put":
             while time.monotonic() < deadline:
                 mc.put_file(parent, b"k-%d-%d.data" % (seed, n), [], 0)
@@ -105,31 +114,12 @@ def _stat_loop(root: str, seconds: float, repeat: int, start, seed: int, out) ->
     out.put(n)
 
 
-def _busy_loop(conf: str, parent: int, seconds: float, start, seed: int, out) -> None:
-    """Another client (no session) makes a name in ``parent`` every 0.2 s: the
-    directory is never quiet, so no mount gets its listing leased."""
-    from curvine.client.master_client import MasterClient
-    from curvine.common import config as config_mod
-    from curvine.common.security import Security
-
-    cfg = config_mod.load(conf)
-    mc = MasterClient(cfg.cluster.master_addr, timeout=30, wait=10,
-                      security=Security.load(cfg), call_port=cfg.client.call_port)
-    n = 0
-    try:
-        start.wait()
-        deadline = time.monotonic() + seconds + 1.0
-        while time.monotonic() < deadline:
-            mc.create(parent, b"busy-%d-%d" % (seed, n))
-            n += 1
-            time.sleep(0.2)
-    finally:
-        mc.close()
-        out.put(0)  # made names are not the measure
-
-
-def _stat_or_busy(role: str, *args) -> None:
-    (_busy_loop if role == "busy" else _stat_loop)(*args)
+def _stat_or_client(role: str, *args) -> None:
+    """One process of a row that mixes stat loops and a client loop."""
+    if role == "client":
+        _client_loop(*args)
+    else:
+        _stat_loop(*args)
 
 
 class MetaScale:
@@ -202,8 +192,9 @@ class MetaScale:
             return self._processes(_stat_loop, lambda i: (root, self.seconds, repeat), n)
         conf = self.cluster.client_conf
         return self._processes(
-            _stat_or_busy, lambda i: (("busy", conf, busy_parent, self.seconds) if i == n
-                                      else ("stat", root, self.seconds, repeat)), n + 1)
+            _stat_or_client, lambda i: (("client", conf, "busy", busy_parent, self.seconds)
+                                        if i == n else ("stat", root, self.seconds, repeat)),
+            n + 1)
 
     # -- d ----------------------------------------------------------------------------
     def _fs_ops(self, side: str, root: str) -> None:
