@@ -379,30 +379,27 @@ class FileSystem:
         check_name(name)
         sent = time.monotonic()
         listings = self.kernel.listings
-        with listings.changing(parent):
+        with listings.adding(parent, name):
             generation = listings.generation
             inode, lease_ms, parent_node, listing_ms = await self.calls.run(
                 "mkdir_listed", parent, name, mode & 0o7777, uid, gid)
             # the new directory is empty: misses there are answered here at once
             listings.install(inode.ino, [], self.kernel.lease_ttl(listing_ms, sent),
                              generation)
-        listings.added(parent, name)
         self.kernel.note_dirs(inode, parent_node)
         return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
 
     async def rmdir(self, parent: int, name: bytes) -> None:
         check_name(name)
-        with self.kernel.listings.changing(parent):
+        with self.kernel.listings.removing(parent, name):
             parent_node = await self.calls.run("rmdir", parent, name)
-        self.kernel.listings.removed(parent, name)
         self.kernel.note_dirs(parent_node)
 
     async def unlink(self, parent: int, name: bytes) -> None:
         check_name(name)
-        with self.kernel.listings.changing(parent):
+        with self.kernel.listings.removing(parent, name):
             parent_node, held = await self.calls.run(
                 "unlink", parent, name, open_inos=await self._open_inos(parent, name))
-        self.kernel.listings.removed(parent, name)
         await self._note_held(held)
         self.kernel.note_dirs(parent_node)
 
@@ -475,10 +472,9 @@ class FileSystem:
     async def link(self, ino: int, new_parent: int, new_name: bytes) -> Attributes:
         check_name(new_name)
         sent = time.monotonic()
-        with self.kernel.listings.changing(new_parent):
+        with self.kernel.listings.adding(new_parent, new_name):
             inode, lease_ms, parent_node = await self.calls.run("link", ino, new_parent,
                                                                 new_name)
-        self.kernel.listings.added(new_parent, new_name)
         self.kernel.note_dirs(parent_node)
         return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
 
@@ -486,10 +482,9 @@ class FileSystem:
                       gid: int) -> Attributes:
         check_name(name)
         sent = time.monotonic()
-        with self.kernel.listings.changing(parent):
+        with self.kernel.listings.adding(parent, name):
             inode, lease_ms, parent_node = await self.calls.run("symlink", parent, name,
                                                                 target, uid, gid)
-        self.kernel.listings.added(parent, name)
         self.kernel.note_dirs(parent_node)
         self._remember_symlink(inode)
         return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
@@ -514,10 +509,9 @@ class FileSystem:
         """A FIFO, socket or device: metadata only (its I/O is the kernel's)."""
         check_name(name)
         sent = time.monotonic()
-        with self.kernel.listings.changing(parent):
+        with self.kernel.listings.adding(parent, name):
             inode, lease_ms, parent_node = await self.calls.run(
                 "make_node", parent, name, kind, mode & 0o7777, rdev, uid, gid)
-        self.kernel.listings.added(parent, name)
         self.kernel.note_dirs(parent_node)
         return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
 
@@ -551,10 +545,9 @@ class FileSystem:
                     gid: int) -> Attributes:
         """An empty regular file, published at once."""
         check_name(name)
-        with self.kernel.listings.changing(parent):
+        with self.kernel.listings.adding(parent, name):
             inode, _, _ = await self.calls.run("create", parent, name, mode & 0o7777, uid,
                                                gid, True)
-        self.kernel.listings.added(parent, name)
         inode = await self.calls.run("complete", inode.ino, [], 0)
         return self.attributes(inode)
 
@@ -586,10 +579,9 @@ class FileSystem:
                      gid: int, pid: int) -> tuple[Opened, Attributes]:
         check_name(name)
         sent = time.monotonic()
-        with self.kernel.listings.changing(parent):
+        with self.kernel.listings.adding(parent, name):
             inode, lease_ms, parent_node = await self.calls.run(
                 "create", parent, name, mode & 0o7777, uid, gid, bool(flags & os.O_EXCL))
-        self.kernel.listings.added(parent, name)
         self.kernel.note_dirs(parent_node)
         # Normally a new, empty file.  If another client created the name meanwhile,
         # O_CREAT without O_TRUNC opens its content.

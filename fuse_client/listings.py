@@ -142,6 +142,21 @@ class Listings:
         finally:
             self._bump()
 
+    @contextlib.contextmanager
+    def adding(self, parent: int, name: bytes):
+        """Around this mount's change that makes ``name`` in ``parent``: ``changing``,
+        then ``added`` once it succeeded."""
+        with self.changing(parent):
+            yield
+        self.added(parent, name)
+
+    @contextlib.contextmanager
+    def removing(self, parent: int, name: bytes):
+        """The same for a change that removes ``name`` from ``parent``."""
+        with self.changing(parent):
+            yield
+        self.removed(parent, name)
+
     def _bump(self) -> None:
         with self._lock:
             self.generation += 1

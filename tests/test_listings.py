@@ -94,3 +94,17 @@ def test_revocations_expiry_and_the_size_bound():
     assert ls.absent(4, b"x") > 0
     time.sleep(0.1)
     assert ls.absent(4, b"x") == 0 and len(ls) == 0  # ran out
+
+
+def test_adding_and_removing_update_the_copy_only_when_the_change_succeeds():
+    ls = Listings()
+    ls.install(7, [b"a"], 5.0, ls.generation)
+    with ls.adding(7, b"new"):
+        pass
+    with ls.removing(7, b"a"):
+        pass
+    assert ls.absent(7, b"new") == 0 and ls.absent(7, b"a") > 0
+    with pytest.raises(OSError):
+        with ls.adding(7, b"failed"):
+            raise OSError("EEXIST")
+    assert ls.absent(7, b"failed") == 0 and ls.absent(7, b"x") == 0  # the copy went
