@@ -11,11 +11,11 @@ stat and lstat.
 
 Errors a race explains (ENOENT: another process removed the name first; EEXIST,
 ENOTEMPTY, EISDIR, ENOTDIR, ELOOP: the name changed type; EINVAL: readlink of a
-non-symlink or a directory moved into itself; EPERM from link() of a name that is a
-directory) are *expected* and counted per errno name.  Anything else (EIO, ESTALE,
-ENOSYS, EOPNOTSUPP, EPERM of a link or symlink of a non-directory, an exception that is
-not an OSError, a process that dies, a hang past ``timeout``) goes to *unexpected*,
-with the operation and path.  The sequence of operations is a function of ``seed``
+non-symlink or a directory moved into itself; EPERM from link() of a name that was a
+directory before or after the call, or changed during it) are *expected* and counted
+per errno name.  Anything else (EIO, ESTALE, ENOSYS, EOPNOTSUPP, EPERM of a link of a
+name that stayed one file, an exception that is not an OSError, a process that dies, a
+hang past ``timeout``) goes to *unexpected*, with the operation and path.  The sequence of operations is a function of ``seed``
 (process i uses ``Random(f"{seed}/{i}")``); what each finds depends on the races.
 
 ``WorkloadResult.latency`` has the wall time of every operation by its name (count,
@@ -29,7 +29,6 @@ unexpected happened.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import errno
 import json
@@ -211,15 +210,28 @@ class _Proc:
     def link(self) -> str:
         src, dst = self.file_name(), self.file_name()
         self._at(src, dst)
+        before = self._identity(src)
         try:
             os.link(self._path(src), self._path(dst), follow_symlinks=False)
         except PermissionError:
-            # link() of a directory is EPERM by POSIX: expected if src is one now
-            with contextlib.suppress(OSError):
-                if stat.S_ISDIR(os.lstat(self._path(src)).st_mode):
-                    raise _Expected("EPERM") from None
+            # link() of a directory is EPERM by POSIX. A race explains it when src was a
+            # directory just before or just after the call, or was not the same
+            # non-directory across it (another process changed the name meanwhile: it
+            # may have been a directory when link() looked). Only a name that stayed the
+            # same file throughout makes EPERM unexpected.
+            after = self._identity(src)
+            if before != after or before is None or before[1]:
+                raise _Expected("EPERM") from None
             raise
         return f"{src} -> {dst}"
+
+    def _identity(self, rel: str) -> tuple[int, bool] | None:
+        """(inode, is a directory) of the name now, None if it is absent."""
+        try:
+            st = os.lstat(self._path(rel))
+        except OSError:
+            return None
+        return st.st_ino, stat.S_ISDIR(st.st_mode)
 
     def symlink(self) -> str:
         rel = self.file_name()

@@ -24,7 +24,7 @@ from curvine.devtools.local import ClusterError, LocalCluster
 
 LAYERS = {
     "unit": {"test_connector_naming", "test_journal", "test_listings", "test_mounts", "test_pod_fork",
-             "test_proto"},
+             "test_posix_workload", "test_proto"},
     "services": {"test_calls", "test_call_port", "test_fuse_ops", "test_fuzz", "test_keepalive", "test_master",
                  "test_master_put", "test_master_posix", "test_security", "test_data_port"},
     "daemons": {
