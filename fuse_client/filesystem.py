@@ -33,7 +33,7 @@ import trio
 from curvine.client.domain_socket import LocalSockets
 from curvine.client.file_reader import FileReader
 from curvine.client.file_writer import FileWriter, LocalWorker
-from curvine.client.master_client import LISTDIR_PAGE, AccessReporter, MasterClient
+from curvine.client.master_client import AccessReporter, MasterClient
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, check_name, host_id
@@ -57,6 +57,9 @@ OPEN_INOS_SENT = 1024  # open inodes listed in an unlink/rename; more: the targe
 XATTR_PREFIX = b"user."  # the only namespace stored (others: ENODATA / EOPNOTSUPP)
 XATTR_VALUE_MAX = 65536
 READDIR_BATCH = 64  # listing entries made into attributes per step of a readdir
+# entries per ListDir of a readdir: a directory of up to LISTING_MAX names comes in one
+# page, so that its listing can be leased with it (and kept by the kernel, listings.py)
+READDIR_PAGE = LISTING_MAX
 # writes up to this size into a block held in memory are copied in the trio loop
 # (~10 us for 64 KiB) rather than queued for a thread
 WRITE_NOW_MAX = 128 * 1024
@@ -842,7 +845,7 @@ class FileSystem:
             sent = time.monotonic()
             generation = self.kernel.listings.generation
             page, more, lease_ms, listing_ms = await self.calls.run(
-                "listdir_leased", d.ino, d.after, LISTDIR_PAGE)
+                "listdir_leased", d.ino, d.after, READDIR_PAGE)
             if listing_ms:  # the whole directory, leased: misses in it are answered here
                 self.kernel.listings.install(d.ino, [e.name for e in page],
                                              self.kernel.lease_ttl(listing_ms, sent),

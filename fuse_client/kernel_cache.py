@@ -113,8 +113,7 @@ class KernelCache:
         is stale on arrival), plus the attributes of the inodes named, and the listings
         named (``(dir, b"")``, master/leases.py LISTING) before that."""
         dirs = [p for p, n in names if not n]
-        if dirs:
-            self.listings.drop(dirs)
+        self._invalidate_dirs(self.listings.drop(dirs) if dirs else ())
         with self._kernel_lock:
             if self._unmounting:
                 return
@@ -125,8 +124,20 @@ class KernelCache:
 
     def _drop_all(self) -> None:
         """The session is lost (session thread): drop every leased copy."""
-        self.listings.drop_all()
+        self._invalidate_dirs(self.listings.drop_all())
         self._invalidate((), list(self._leased_inodes))
+
+    def _invalidate_dirs(self, dirs) -> None:
+        """Drop the entries the kernel keeps of these directories (listings.py)."""
+        with self._kernel_lock:
+            if self._unmounting:
+                return
+            for ino in dirs:
+                try:
+                    pyfuse3.invalidate_inode(ino, attr_only=False)
+                except OSError as e:
+                    if e.errno != errno.ENOENT:
+                        raise
 
     @staticmethod
     def _forget_attrs(ino: int) -> None:

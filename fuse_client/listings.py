@@ -10,6 +10,14 @@ made or removed a name there: the session thread calls ``drop``), every miss in 
 local; this mount's own creates, links, renames and unlinks update the copy (the
 master does not revoke the mutating mount's own listing).
 
+The kernel keeps a leased directory's entries too (``opendir``): an opendir made while
+the listing is held asks the kernel to cache what it reads (FOPEN_CACHE_DIR), and one
+made under the same lease as the previous opendir lets it keep that cache
+(FOPEN_KEEP_CACHE), so a second ``ls`` of a quiet directory needs no request at all.
+An opendir without the lease, or under a newer one, lets the kernel drop its copy
+first; a revocation drops it at once (``drop`` returns the directories to invalidate).
+This mount's own changes go through the kernel, which then drops its copy itself.
+
 Threads: the trio thread reads and updates; the lease session's thread drops.  A drop
 bumps ``generation``, and so does each change this mount makes (before it is sent and
 when it is answered); a listing asked for before a bump is not installed: it may be
@@ -28,6 +36,7 @@ LISTING_MAX = 4096  # names: a larger directory is not listed for this
 MAX_NAMES = 1 << 18  # names kept over all listings (then the oldest listings go)
 RETRY_AFTER = 30.0  # seconds before asking again for a listing denied or too large
 SAFETY = 0.2  # seconds a listing is used less than its lease
+KERNEL_RECORDS = 4 * LISTING_MAX  # directories whose entries the kernel may keep
 
 
 class Listings:
@@ -35,11 +44,17 @@ class Listings:
 
     def __init__(self, max_names: int = MAX_NAMES):
         self.max_names = max_names
-        self._dirs: OrderedDict[int, tuple[set[bytes], float]] = OrderedDict()  # ino -> (names, until)
+        # ino -> (names, until, serial); serial: which lease (one per install)
+        self._dirs: OrderedDict[int, tuple[set[bytes], float, int]] = OrderedDict()
+        self._serial = 0
         self._names = 0
         self._misses: dict[int, int] = {}  # dir -> misses since its listing went
         self._not_before: dict[int, float] = {}  # dir -> no listing asked before then
         self._fetching: set[int] = set()
+        # dir -> serial of the lease held at its last opendir, which let the kernel
+        # cache its entries: the kernel's copy is from that lease (or from before a
+        # drop, which then invalidated it)
+        self._kernel: dict[int, int] = {}
         self._lock = threading.Lock()  # the session thread drops while the loop updates
         self.generation = 0  # drops so far (session thread)
         self.answered = 0  # lookups answered "absent" from a listing
@@ -57,6 +72,21 @@ class Listings:
             return 0.0
         self.answered += 1
         return left
+
+    def opendir(self, parent: int) -> tuple[bool, bool]:
+        """(cache_readdir, keep_cache) for an opendir of ``parent``: cache what the
+        kernel reads while the listing is leased, and keep that cache while the lease
+        it was read under still holds."""
+        with self._lock:
+            entry = self._dirs.get(parent)
+            if entry is None or entry[1] <= time.monotonic():
+                self._kernel.pop(parent, None)
+                return False, False
+            keep = self._kernel.get(parent) == entry[2]
+            self._kernel[parent] = entry[2]
+            if len(self._kernel) > KERNEL_RECORDS:  # records of listings long gone
+                self._kernel = {parent: entry[2]}
+            return True, keep
 
     def missed(self, parent: int) -> bool:
         """The master said a name of ``parent`` is absent: True when its listing should
@@ -95,8 +125,18 @@ class Listings:
         with self._lock:
             if generation != self.generation or lease <= SAFETY or len(names) > LISTING_MAX:
                 return
+            now = time.monotonic()
+            old = self._dirs.get(parent)
+            if old is not None and old[1] > now:
+                # a renewal: the new lease began before the old one ended and nothing
+                # was revoked in between (generation), so what the kernel keeps from
+                # under the old lease stays good: same serial
+                serial = old[2]
+            else:
+                self._serial += 1
+                serial = self._serial
             self._forget_locked(parent)
-            self._dirs[parent] = (names, time.monotonic() + lease - SAFETY)
+            self._dirs[parent] = (names, now + lease - SAFETY, serial)
             self._names += len(names)
             while self._names > self.max_names and self._dirs:
                 self._forget_locked(next(iter(self._dirs)))
@@ -163,17 +203,22 @@ class Listings:
 
     # -- revocations (lease session thread) ---------------------------------------------
 
-    def drop(self, parents) -> None:
+    def drop(self, parents) -> list[int]:
+        """Revoked listings go; returns those of them the kernel may hold entries of
+        (the caller invalidates them before the revocation is acknowledged)."""
         with self._lock:
             self.generation += 1
             for p in parents:
                 self._forget_locked(p)
+            return [p for p in parents if self._kernel.pop(p, None) is not None]
 
-    def drop_all(self) -> None:
+    def drop_all(self) -> list[int]:
         with self._lock:
             self.generation += 1
             self._dirs.clear()
             self._names = 0
+            cached, self._kernel = list(self._kernel), {}
+            return cached
 
     def __len__(self) -> int:
         return len(self._dirs)

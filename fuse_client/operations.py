@@ -345,7 +345,11 @@ class Operations(pyfuse3.Operations):
 
     @_fuse_op
     async def opendir(self, inode, ctx):
-        return self.fs.opendir(inode)
+        # while this mount holds the directory's listing the kernel may keep its
+        # entries (listings.py): a second listing is answered without a request
+        cache, keep = self.kernel.listings.opendir(inode)
+        return pyfuse3.FileInfo(fh=self.fs.opendir(inode), cache_readdir=cache,
+                                keep_cache=keep)
 
     @_fuse_op
     async def readdir(self, fh, start_id, token):

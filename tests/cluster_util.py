@@ -59,6 +59,16 @@ def metric_samples(http_port: int, name: str) -> list:
             if s.name == name]
 
 
+def master_calls(cluster, method: str) -> float:
+    """How many ``method`` calls the master of ``cluster`` has answered (any status; the
+    call port's are counted with the RPCs)."""
+    import urllib.parse
+    url = next(r for r in cluster.status() if r["role"] == "master")["metrics"]
+    return sum(s.value for s in metric_samples(urllib.parse.urlsplit(url).port,
+                                               "curvine_rpc_server_handled_total")
+               if s.labels.get("method") == method)
+
+
 def tracebacks_in_logs(cluster, tail_lines: int = 40) -> list[str]:
     """For each daemon log of ``cluster`` that contains a traceback: its name and tail."""
     from curvine.devtools.local import log_tail

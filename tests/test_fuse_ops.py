@@ -990,6 +990,8 @@ class Fields:
 
 
 def test_ops_readdir_pages_large_directories(cluster, monkeypatch):
+    from curvine.fuse_client import filesystem as fs_mod
+    monkeypatch.setattr(fs_mod, "READDIR_PAGE", 1000)  # 2,500 entries: three master pages
     master = cluster.client
     n = 2500
     for i in range(n):
@@ -1007,7 +1009,7 @@ def test_ops_readdir_pages_large_directories(cluster, monkeypatch):
     monkeypatch.setattr(ops_mod.pyfuse3, "readdir_reply", reply)
 
     async def go():
-        fh = await ops.opendir(1, Ctx())
+        fh = (await ops.opendir(1, Ctx())).fh
         off = 0
         while True:
             token = []

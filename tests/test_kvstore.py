@@ -18,11 +18,10 @@ import hashlib
 import os
 import signal
 import time
-import urllib.parse
 
 import pytest
 
-from cluster_util import metric_samples, wait_for
+from cluster_util import master_calls, wait_for
 from curvine.common.errors import CurvineError
 from curvine.common.ids import MIB
 from curvine.connector.store import KVStore
@@ -39,18 +38,6 @@ def _conf(tmp_path, **extra) -> str:
         text += f"[{section}]\n" + "".join(f"{line}\n" for line in lines)
     path.write_text(text)
     return str(path)
-
-
-def _master_port(c) -> int:
-    url = next(r for r in c.status() if r["role"] == "master")["metrics"]
-    return urllib.parse.urlsplit(url).port
-
-
-def master_calls(c, method: str) -> float:
-    """How many ``method`` RPCs the master has answered (any status)."""
-    return sum(s.value for s in metric_samples(_master_port(c),
-                                               "curvine_rpc_server_handled_total")
-               if s.labels.get("method") == method)
 
 
 def block_files(c) -> list[str]:

@@ -657,6 +657,85 @@ def test_a_quiet_directory_answers_misses_on_the_mount_and_sees_every_new_name(m
     os.close(dir_fd)
 
 
+def test_a_quiet_directory_is_listed_from_the_kernel_and_every_change_is_seen(make_cluster):
+    """At the defaults: while B holds a quiet directory's listing, B's kernel keeps its
+    entries, so repeated listings send the master nothing; yet every name made or
+    removed on A (create, LMCache's rename onto a name, link, symlink, mkdir, unlink,
+    rmdir, rename away) is in or out of B's next listing at once, and so are B's own
+    changes.  A change made on A after B's lease ran out (no revocation reaches B then)
+    is seen too: B's next opendir does not let its kernel keep the old entries."""
+    from cluster_util import master_calls
+    c, da, db = _two_mounts_and_a_file(make_cluster, "ls")
+    for i in range(50):
+        open(os.path.join(da, f"f{i}"), "wb").close()
+    expected = {"file"} | {f"f{i}" for i in range(50)}
+
+    def listed_from_the_kernel():
+        """B lists 3 times (the first leases the listing, the second fills the kernel's
+        copy), then 5 more: those must send no ListDir."""
+        time.sleep(leases_mod.LISTING_QUIET + 0.3)
+        for _ in range(3):
+            assert set(os.listdir(db)) == expected
+        before = master_calls(c, "ListDir")
+        for _ in range(5):
+            assert set(os.listdir(db)) == expected
+        return master_calls(c, "ListDir") - before
+
+    assert listed_from_the_kernel() == 0, "repeated listings of a leased directory"
+
+    def on_a(what, name, fn, gone=None):
+        fn(os.path.join(da, name))
+        if gone:
+            expected.discard(gone)
+        if what == "make":
+            expected.add(name)
+        else:
+            expected.discard(name)
+        assert set(os.listdir(db)) == expected, f"B's listing after A's {fn.__name__} {name}"
+
+    def create(p):
+        open(p, "wb").close()
+
+    def publish(p):  # LMCache: <key>.tmp renamed onto <key>.data (which exists)
+        create(os.path.join(da, "k.tmp"))
+        os.rename(os.path.join(da, "k.tmp"), p)
+
+    steps = [
+        ("make", "c", create, None),
+        ("make", "k.data", create, None),
+        ("make", "k.data", publish, None),
+        ("make", "l", lambda p: os.link(os.path.join(da, "file"), p), None),
+        ("make", "s", lambda p: os.symlink("file", p), None),
+        ("make", "d", os.mkdir, None),
+        ("remove", "d", os.rmdir, None),
+        ("remove", "c", os.unlink, None),
+        ("make", "moved", lambda p: os.rename(os.path.join(da, "f0"), p), "f0"),
+        ("remove", "f1", lambda p: os.rename(p, os.path.join(da, "..", "away")), None),
+    ]
+    for what, name, fn, gone in steps:
+        assert listed_from_the_kernel() == 0
+        on_a(what, name, fn, gone)
+
+    # B's own changes: its kernel drops its copy itself
+    assert listed_from_the_kernel() == 0
+    for name in ("own1", "own2"):
+        create(os.path.join(db, name))
+        expected.add(name)
+        assert set(os.listdir(db)) == expected
+    os.rename(os.path.join(db, "own1"), os.path.join(db, "own3"))
+    expected = (expected - {"own1"}) | {"own3"}
+    os.unlink(os.path.join(db, "own2"))
+    expected.discard("own2")
+    assert set(os.listdir(db)) == expected
+
+    # a change after B's lease ran out: the master has nobody to revoke from
+    assert listed_from_the_kernel() == 0
+    time.sleep(float(Config().master.negative_lease_time) + 1.0)  # the default: 5 s
+    create(os.path.join(da, "late"))
+    expected.add("late")
+    assert set(os.listdir(db)) == expected, "a name made after B's lease ran out"
+
+
 def test_names_made_on_one_mount_while_another_answers_misses_from_a_listing(make_cluster):
     """At the defaults, concurrently: A creates (and later unlinks) names in
     directories B made -- B holds their listings from its mkdirs -- while B's threads

@@ -108,3 +108,26 @@ def test_adding_and_removing_update_the_copy_only_when_the_change_succeeds():
         with ls.adding(7, b"failed"):
             raise OSError("EEXIST")
     assert ls.absent(7, b"failed") == 0 and ls.absent(7, b"x") == 0  # the copy went
+
+
+def test_the_kernel_keeps_a_directorys_entries_only_under_one_unbroken_lease(monkeypatch):
+    """opendir's (cache_readdir, keep_cache): cache while the listing is held; keep the
+    cache only when the previous opendir was under the same lease (a renewal before
+    the end counts as the same); a drop names the directories to invalidate."""
+    ls = Listings()
+    assert ls.opendir(7) == (False, False)  # no listing: the kernel neither caches nor keeps
+    ls.install(7, [b"a"], 5.0, ls.generation)
+    assert ls.opendir(7) == (True, False)  # fills its cache under this lease
+    assert ls.opendir(7) == (True, True)  # and keeps it
+    ls.install(7, [b"a"], 5.0, ls.generation)  # renewed before it ran out
+    assert ls.opendir(7) == (True, True)
+    assert ls.drop([7, 8]) == [7]  # revoked: the kernel's copy of 7 must go
+    ls.install(7, [b"a"], 5.0, ls.generation)
+    assert ls.opendir(7) == (True, False)  # a new lease: what the kernel has is older
+    assert ls.opendir(7) == (True, True)
+    now = time.monotonic()
+    monkeypatch.setattr(listings_mod.time, "monotonic", lambda: now + 10)
+    assert ls.opendir(7) == (False, False)  # ran out: no revocation reaches us now
+    ls.install(7, [b"a"], 5.0, ls.generation)  # a lease after a gap is a new one
+    assert ls.opendir(7) == (True, False)
+    assert ls.drop_all() == [7] and ls.opendir(7) == (False, False)

@@ -4,7 +4,9 @@
 # on a mount fails with EOPNOTSUPP) and cache-symlinks.patch (adds
 # Operations.enable_cache_symlinks: the kernel keeps symlink targets in its page cache,
 # FUSE_CAP_CACHE_SYMLINKS, instead of a READLINK request per path walk through a
-# symlink) and install it into a venv.
+# symlink) and cache-readdir.patch (Operations.opendir may return a FileInfo whose
+# cache_readdir and keep_cache let the kernel keep a directory's entries: FOPEN_CACHE_DIR,
+# FOPEN_KEEP_CACHE) and install it into a venv.
 #
 #   scripts/pyfuse3/build.sh [VENV]     (VENV defaults to the repository's .venv)
 #
@@ -21,24 +23,24 @@ py="$venv/bin/python"
 
 VERSION=3.5.0
 SHA256=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
-PATCHES=("$here/fallocate.patch" "$here/cache-symlinks.patch")
+PATCHES=("$here/fallocate.patch" "$here/cache-symlinks.patch" "$here/cache-readdir.patch")
 # pip list / pip freeze show this local version for the patched build.
-LOCAL_VERSION="$VERSION+curvine.fallocate.symlinks"
+LOCAL_VERSION="$VERSION+curvine.fallocate.symlinks.readdir"
 
 die() { echo "pyfuse3/build.sh: $*" >&2; exit 1; }
 
 [ -x "$py" ] || die "no python at $py (create the venv first, e.g. scripts/setup.sh)"
 
-# Patched = this build's version (both patches are applied before the .pyx is
-# cythonized) AND the compiled extension has the fallocate callback (a build from the
-# shipped, stale __init__.c would not; Cython keeps no plain string to check for the
-# symlink flag).
+# Patched = this build's version (the patches are applied before the .pyx is
+# cythonized) AND the compiled extension has the fallocate callback and FileInfo's
+# cache_readdir (a build from the shipped, stale __init__.c would have neither).
 is_patched() {
   LOCAL_VERSION="$LOCAL_VERSION" "$py" - <<'EOF' 2>/dev/null
 import importlib.metadata, os, sys, pyfuse3
 ok = (importlib.metadata.version("pyfuse3") == os.environ["LOCAL_VERSION"]
       and hasattr(pyfuse3.Operations, "fallocate")
-      and hasattr(pyfuse3.Operations, "enable_cache_symlinks"))
+      and hasattr(pyfuse3.Operations, "enable_cache_symlinks")
+      and hasattr(pyfuse3.FileInfo(), "cache_readdir"))
 if ok:
     with open(pyfuse3.__file__, "rb") as f:
         ok = b"fuse_fallocate_async" in f.read()
