@@ -145,17 +145,27 @@ class MetaScale:
         self.fuse_pid = fuse[0]["pid"] if fuse else None
         self.tag = f"meta-scale-{os.getpid()}-{secrets.token_hex(3)}"
         self.figures: dict[str, list[float]] = {}
+        self._window = None  # the (begin, end) snapshots _processes marked for _measure
         self.ctx = multiprocessing.get_context("spawn")
 
     def _add(self, key: str, value: float) -> None:
         self.figures.setdefault(key, []).append(value)
 
+    def _snapshot(self) -> tuple[float, float, float]:
+        """(now, master CPU seconds, mount CPU seconds)."""
+        return (time.perf_counter(), _cpu(self.master_pid),
+                _cpu(self.fuse_pid) if self.fuse_pid else 0.0)
+
     def _measure(self, key: str, run: Callable[[], int]) -> None:
-        m0, f0 = _cpu(self.master_pid), _cpu(self.fuse_pid) if self.fuse_pid else 0.0
-        t0 = time.perf_counter()
+        """Rate and CPU per operation of ``run()``, over the window it ran in: all of
+        it, or what ``_processes`` marked (from the start signal to the last count, so
+        that starting interpreters is neither time nor CPU of the operations)."""
+        self._window = None
+        begin = self._snapshot()
         ops = run()
-        wall = time.perf_counter() - t0
-        m1, f1 = _cpu(self.master_pid), _cpu(self.fuse_pid) if self.fuse_pid else 0.0
+        begin, (t1, m1, f1) = self._window or (begin, self._snapshot())
+        t0, m0, f0 = begin
+        wall = t1 - t0
         self._add(f"{key} ops/s", ops / wall)
         if ops:
             self._add(f"{key} master us/op", (m1 - m0) / ops * 1e6)
@@ -163,9 +173,11 @@ class MetaScale:
                 self._add(f"{key} mount us/op", (f1 - f0) / ops * 1e6)
 
     # -- a, b -------------------------------------------------------------------------
-    def _processes(self, target, args: Callable[[int], tuple], n: int) -> int:
+    def _processes(self, target, args: Callable[[int], tuple], n: int, helpers: int = 0) -> int:
         """``n`` processes of ``target(*args(i), start, seed, out)``, started together
-        once all are up; the operations they counted."""
+        once all are up; the operations they counted.  The measured window ends with
+        the counts of all but ``helpers`` of them (a helper runs on after the others
+        and counts nothing: the busy directory's maker)."""
         start, out = self.ctx.Event(), self.ctx.Queue()
         procs = [self.ctx.Process(target=target, daemon=True,
                                   args=(*args(i), start, i * 1_000_003 + secrets.randbelow(1 << 20),
@@ -174,8 +186,11 @@ class MetaScale:
         for p in procs:
             p.start()
         time.sleep(1.0 + 0.1 * n)  # interpreters up, channels made
+        begin = self._snapshot()
         start.set()
-        total = sum(out.get(timeout=self.seconds + 120) for _ in procs)
+        total = sum(out.get(timeout=self.seconds + 120) for _ in range(n - helpers))
+        self._window = (begin, self._snapshot())
+        total += sum(out.get(timeout=self.seconds + 120) for _ in range(helpers))
         for p in procs:
             p.join(30)
         return total
@@ -194,7 +209,7 @@ class MetaScale:
         return self._processes(
             _stat_or_client, lambda i: (("client", conf, "busy", busy_parent, self.seconds)
                                         if i == n else ("stat", root, self.seconds, repeat)),
-            n + 1)
+            n + 1, helpers=1)
 
     # -- d ----------------------------------------------------------------------------
     def _fs_ops(self, side: str, root: str) -> None:
