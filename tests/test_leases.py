@@ -739,10 +739,12 @@ def test_a_quiet_directory_is_listed_from_the_kernel_and_every_change_is_seen(ma
 def test_names_made_on_one_mount_while_another_answers_misses_from_a_listing(make_cluster):
     """At the defaults, concurrently: A creates (and later unlinks) names in
     directories B made -- B holds their listings from its mkdirs -- while B's threads
-    stat those names without pause and B creates names of its own there.  Every name
-    whose create returned on A is found by every later stat on B until its unlink
-    starts, and every name whose unlink returned is gone; B's own names are always
-    found."""
+    stat those names without pause, list the directory without pause and create names
+    of their own there.  Every name whose create returned on A is found by every later
+    stat and listing on B until its unlink starts, and every name whose unlink returned
+    is gone; B's own names are always found.  Then, once the directory has been quiet
+    long enough for B to hold its listing again (and its kernel to keep the entries), A
+    makes one more name and removes one: B's next listings show both changes."""
     c = make_cluster(workers=1, mounts=2)
     a, b = c.mounts
     errors: list = []
@@ -764,19 +766,45 @@ def test_names_made_on_one_mount_while_another_answers_misses_from_a_listing(mak
                     if os.path.exists(os.path.join(db, f"f{i}")):
                         errors.append(f"round {round_}: f{i} unlinked on A, still on B")
 
+        own_made = -1
+
         def own():
+            nonlocal own_made
             for i in range(30):
                 p = os.path.join(db, f"own{i}")
                 open(p, "wb").close()
+                own_made = i
                 if not os.path.exists(p):
                     errors.append(f"round {round_}: B's own {p} missing")
                 if stop.is_set():
                     return
 
+        late: dict[str, bool] = {}  # the quiet phase's changes: name -> there (returned)
+
+        def lists():
+            while not stop.is_set() and not errors:
+                m, g, o, before = made, gone, own_made, dict(late)
+                names = set(os.listdir(db))
+                u = unlinking  # after the listing: an unlink begun meanwhile may show
+                for i in range(u + 1, m + 1):
+                    if f"f{i}" not in names:
+                        errors.append(f"round {round_}: f{i} made on A, not listed on B")
+                for i in range(g + 1):
+                    if f"f{i}" in names:
+                        errors.append(f"round {round_}: f{i} unlinked on A, listed on B")
+                for i in range(o + 1):
+                    if f"own{i}" not in names:
+                        errors.append(f"round {round_}: B's own own{i} not listed")
+                for name, there in before.items():
+                    if (name in names) != there:
+                        errors.append(f"round {round_}: {name} {'not ' if there else ''}"
+                                      "listed on B after A's change returned")
+
         threads = [threading.Thread(target=watch) for _ in range(2)]
-        threads.append(threading.Thread(target=own))
+        threads += [threading.Thread(target=own), threading.Thread(target=lists)]
         for t in threads:
             t.start()
+        open(os.path.join(da, f"stay{round_}"), "wb").close()  # removed in the quiet phase
         try:
             for i in range(40):
                 open(os.path.join(da, f"f{i}"), "wb").close()
@@ -785,6 +813,12 @@ def test_names_made_on_one_mount_while_another_answers_misses_from_a_listing(mak
                 unlinking = i
                 os.unlink(os.path.join(da, f"f{i}"))
                 gone = i
+            time.sleep(leases_mod.LISTING_QUIET + 0.5)  # quiet: B lists from its kernel
+            open(os.path.join(da, f"late{round_}"), "wb").close()
+            late[f"late{round_}"] = True
+            os.unlink(os.path.join(da, f"stay{round_}"))
+            late[f"stay{round_}"] = False
+            time.sleep(0.3)
         finally:
             time.sleep(0.2)
             stop.set()
