@@ -837,6 +837,10 @@ class FileSystem:
                           n: int = READDIR_BATCH) -> list[tuple[bytes, Attributes]]:
         """Up to ``n`` entries of the listing from entry ``i`` (loaded from the master
         page by page); [] past the last.  A readdir request takes a few dozen."""
+        if i == 0 and d.entries:
+            # a rewind (rewinddir, or lseek to 0): POSIX wants the directory as it is
+            # now, as a new opendir would read it, not this handle's first reading
+            d.entries, d.after, d.done = [], b"", False
         while i >= len(d.entries):
             if d.done:
                 return []

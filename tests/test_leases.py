@@ -736,6 +736,28 @@ def test_a_quiet_directory_is_listed_from_the_kernel_and_every_change_is_seen(ma
     assert set(os.listdir(db)) == expected, "a name made after B's lease ran out"
 
 
+def test_a_rewound_directory_handle_lists_the_directory_as_it_is_now(make_cluster):
+    """POSIX rewinddir: the stream then refers to the directory's current state.  B
+    keeps a directory handle open (os.listdir of a descriptor rewinds it each time)
+    while A makes and removes names; each listing is the directory then.  Once with
+    a cold handle, once after B's kernel keeps the entries of the leased directory."""
+    c, da, db = _two_mounts_and_a_file(make_cluster, "rewind")
+    fd = os.open(db, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert os.listdir(fd) == ["file"]
+        open(os.path.join(da, "x"), "wb").close()
+        assert sorted(os.listdir(fd)) == ["file", "x"]
+        time.sleep(leases_mod.LISTING_QUIET + 0.3)
+        for _ in range(3):  # leased, then kept by B's kernel (new opendirs)
+            assert sorted(os.listdir(db)) == ["file", "x"]
+        assert sorted(os.listdir(fd)) == ["file", "x"]
+        os.unlink(os.path.join(da, "x"))
+        open(os.path.join(da, "y"), "wb").close()
+        assert sorted(os.listdir(fd)) == ["file", "y"]
+    finally:
+        os.close(fd)
+
+
 def test_names_made_on_one_mount_while_another_answers_misses_from_a_listing(make_cluster):
     """At the defaults, concurrently: A creates (and later unlinks) names in
     directories B made -- B holds their listings from its mkdirs -- while B's threads
