@@ -856,14 +856,27 @@ class FileSystem:
                                              generation)
             ttl = self.kernel.lease_ttl(lease_ms, sent)
             until = time.monotonic() + ttl if ttl else 0.0
-            d.entries.extend((e.name, e.inode, until) for e in page)
-            self.kernel.note_dirs(*(e.inode for e in page if e.inode.type == DIRECTORY))
+            entries, dirs = d.entries, []
+            for e in page:  # one pass: a listing has thousands
+                inode = e.inode
+                entries.append((e.name, inode, until))
+                if inode.type == DIRECTORY:
+                    dirs.append(inode)
+            self.kernel.note_dirs(*dirs)
             if page:
                 d.after = page[-1].name
             d.done = not more or not page
         now = time.monotonic()
-        return [(name, self.attributes(inode, lease=max(0.0, until - now)))
-                for name, inode, until in d.entries[i:i + n]]
+        writers, timeouts = self._writers, self.kernel.timeouts
+        batch = []
+        for name, inode, until in d.entries[i:i + n]:
+            lease = until - now if until > now else 0.0
+            if inode.ino in writers:  # written here: its size is this mount's
+                batch.append((name, self.attributes(inode, lease=lease)))
+            else:  # what attributes() gives a file nobody writes here, without its lookups
+                batch.append((name, Attributes(inode, inode.size,
+                                               *timeouts(inode, lease, False))))
+        return batch
 
     def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)

@@ -232,12 +232,14 @@ class LeaseTable:
                 self.stats["denied"] += 1
                 return 0
             exp = now + term
-            table = self._names
-            for k in names:
-                table.setdefault(k, {})[sid] = exp
-            table = self._inodes
-            for i in inodes:
-                table.setdefault(i, {})[sid] = exp
+            for table, keys in ((self._names, names), (self._inodes, inodes)):
+                get = table.get
+                for k in keys:  # (no setdefault: it would make a dict per key)
+                    holders = get(k)
+                    if holders is None:
+                        table[k] = {sid: exp}
+                    else:
+                        holders[sid] = exp
             # one expiry record per grant (a listing grants thousands of keys at once)
             self._expiries.append((exp, names, inodes, sid))
             self.stats["granted"] += 1

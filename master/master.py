@@ -249,6 +249,8 @@ class Master:
             reply.has_more = True
             return reply
         since = self.leases.snapshot()
+        keys: list[tuple[int, bytes]] = []  # the names listed, and the files among them:
+        files: list[int] = []  # leased to the session (see _leasable)
         with self.store.read() as txn:
             self.ns.directory(txn, ino, "ino")
             entries = reply.entries
@@ -261,13 +263,15 @@ class Master:
                     continue
                 raw = self.store.get_inode_bytes(txn, child)
                 if raw is not None:  # parsed straight into the reply: no copy per entry
-                    entries.add(name=name).inode.ParseFromString(raw)
+                    node = entries.add(name=name).inode
+                    node.ParseFromString(raw)
+                    keys.append((ino, name))
+                    if node.type == FILE:
+                        files.append(child)
         if session and lease_listing and not start_after and not reply.has_more:
             reply.listing_lease_ms = self.leases.grant_listing(session, since, ino)
-        if session and entries and not names_only:
-            reply.lease_ms = self.leases.grant(
-                session, since, [(ino, e.name) for e in entries],
-                _leasable(e.inode for e in entries))
+        if session and keys:
+            reply.lease_ms = self.leases.grant(session, since, keys, files)
         return reply
 
     @property
