@@ -356,8 +356,8 @@ def test_meta_scale_measures_every_row_on_a_real_cluster(make_cluster, tmp_path)
             names = [e.name for e in mc.iterdir(d.ino)]
             assert names and all(n.endswith(suffix) for n in names), what
             # the rate counts the 0.5 s the clients ran, not the 1.2 s their
-            # interpreters took to start
+            # interpreters took to start (counted, the window would be >= 1.7 s)
             window = len(names) / medians[f"{what} x2 ops/s"]
-            assert 0.45 < window < 1.1, f"{what}: {len(names)} made in a {window:.2f} s window"
+            assert 0.45 < window < 1.5, f"{what}: {len(names)} made in a {window:.2f} s window"
     finally:
         mc.close()
