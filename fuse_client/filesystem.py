@@ -234,6 +234,9 @@ class FileSystem:
         # inodes being opened here, whose handle does not exist yet (the open's thread
         # hop): an unlink or rename meanwhile must hold them like open ones
         self._opening: collections.Counter[int] = collections.Counter()
+        # of those, the opens for writing (see _open: a reader opened meanwhile must
+        # not go through the page cache)
+        self._write_opening: collections.Counter[int] = collections.Counter()
         # held inodes whose ReleaseInode is on its way: an open of one (the kernel may
         # still know the inode) waits for it and then finds it gone, a clean ENOENT
         self._releasing: dict[int, trio.Event] = {}
@@ -629,21 +632,29 @@ class FileSystem:
             self._access.note(ino)
             keep = node.state == COMPLETE and self._remember_version(ino, node.version)
             h = self._add(ino, State.READING, reader=reader, inode=node, recorded_open=recorded)
-            if self._writers.get(ino):
-                # This mount also writes the inode: its O_TRUNC opens and direct
-                # writes set the kernel's file size, which would cut this reader's
-                # version short.  Without the page cache the size does not matter.
+            if self._writers.get(ino) or self._write_opening[ino]:
+                # This mount also writes the inode (or is opening it to write): its
+                # O_TRUNC opens and direct writes set the kernel's file size, which
+                # would cut this reader's version short (the kernel drops the GETATTR
+                # answers that race with writes).  Without the page cache the size
+                # does not matter.
                 return Opened(h.fh, direct_io=True, keep_cache=False)
             return Opened(h.fh, direct_io=False, keep_cache=keep)
         truncate = bool(flags & os.O_TRUNC)
         # an emptied file is published at close even without writes
-        writer, recorded = await self._new_writer(ino, truncate, truncate)
-        tgid = _tgid(pid)
-        # O_RDWR: through the page cache, so that mmap works (O_WRONLY cannot map);
-        # O_WRONLY (LMCache's writers) keeps direct_io: one request per buffer, no copy
-        page_cache = flags & os.O_ACCMODE == os.O_RDWR
-        h = self._add(ino, State.WRITING, writer=writer, tgid=tgid, page_cache=page_cache,
-                      recorded_open=recorded)
+        self._write_opening[ino] += 1
+        try:
+            writer, recorded = await self._new_writer(ino, truncate, truncate)
+            tgid = _tgid(pid)
+            # O_RDWR: through the page cache, so that mmap works (O_WRONLY cannot map);
+            # O_WRONLY (LMCache's writers) keeps direct_io: one request per buffer
+            page_cache = flags & os.O_ACCMODE == os.O_RDWR
+            h = self._add(ino, State.WRITING, writer=writer, tgid=tgid,
+                          page_cache=page_cache, recorded_open=recorded)
+        finally:
+            self._write_opening[ino] -= 1
+            if not self._write_opening[ino]:
+                del self._write_opening[ino]
         return Opened(h.fh, direct_io=not page_cache, keep_cache=False)
 
     async def read(self, h: Handle, off: int, size: int):
