@@ -15,8 +15,9 @@ non-symlink or a directory moved into itself; EPERM from link() of a name that w
 directory before or after the call, or changed during it) are *expected* and counted
 per errno name.  Anything else (EIO, ESTALE, ENOSYS, EOPNOTSUPP, EPERM of a link of a
 name that stayed one file, an exception that is not an OSError, a process that dies, a
-hang past ``timeout``) goes to *unexpected*, with the operation and path.  The sequence of operations is a function of ``seed``
-(process i uses ``Random(f"{seed}/{i}")``); what each finds depends on the races.
+hang past ``timeout``) goes to *unexpected*, with the operation and path.  The sequence
+of operations is a function of ``seed`` (process i uses ``Random(f"{seed}/{i}")``);
+what each finds depends on the races.
 
 ``WorkloadResult.latency`` has the wall time of every operation by its name (count,
 total, p50, p99, max in ms): which operations a file system is slow at.

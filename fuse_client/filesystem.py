@@ -234,8 +234,8 @@ class FileSystem:
         # inodes being opened here, whose handle does not exist yet (the open's thread
         # hop): an unlink or rename meanwhile must hold them like open ones
         self._opening: collections.Counter[int] = collections.Counter()
-        # of those, the opens for writing (see _open: a reader opened meanwhile must
-        # not go through the page cache)
+        # of those, the opens for writing (a reader opened meanwhile must not go
+        # through the page cache: _open)
         self._write_opening: collections.Counter[int] = collections.Counter()
         # held inodes whose ReleaseInode is on its way: an open of one (the kernel may
         # still know the inode) waits for it and then finds it gone, a clean ENOENT
@@ -252,14 +252,17 @@ class FileSystem:
                    lease: float = 0.0) -> Attributes:
         """``lease``: seconds the master leased the name (and a file's attributes) to
         this mount, else the configured timeouts apply."""
+        writing = bool(self._writers.get(inode.ino))
         if size is None:
             size = inode.size
-            pc = self._page_cache_writer(inode.ino)
+            # only a writer here shows another size (one dict lookup for the rest: a
+            # listing makes thousands of these)
+            pc = self._page_cache_writer(inode.ino) if writing else None
             if pc is not None:
                 # The kernel reads this mount's O_RDWR handles through its page cache,
                 # up to the size it is told: theirs, as a local file system would.
                 size = pc.size
-            elif inode.type != DIRECTORY and inode.state != COMPLETE:
+            elif writing and inode.type != DIRECTORY and inode.state != COMPLETE:
                 # Nothing is published yet (readers see an empty file): show the size
                 # this mount is writing, as a local file system would.  Once a version
                 # is published its size is reported, never a writer's partial one, or
@@ -267,8 +270,7 @@ class FileSystem:
                 w = self.writer_of(inode.ino)
                 if w is not None:
                     size = w.size
-        entry_timeout, attr_timeout = self.kernel.timeouts(
-            inode, lease, writing=bool(self._writers.get(inode.ino)))
+        entry_timeout, attr_timeout = self.kernel.timeouts(inode, lease, writing=writing)
         return Attributes(inode, size, entry_timeout, attr_timeout)
 
     def _open_snapshot(self, ino: int) -> Attributes | None:
@@ -617,10 +619,17 @@ class FileSystem:
         releasing = self._releasing.get(ino)
         if releasing is not None:
             await releasing.wait()
+        writing = flags & os.O_ACCMODE != os.O_RDONLY
         self._opening[ino] += 1
+        if writing:
+            self._write_opening[ino] += 1
         try:
             return await self._open(ino, flags, pid)
         finally:
+            if writing:
+                self._write_opening[ino] -= 1
+                if not self._write_opening[ino]:
+                    del self._write_opening[ino]
             self._opening[ino] -= 1
             if not self._opening[ino]:
                 del self._opening[ino]
@@ -642,19 +651,13 @@ class FileSystem:
             return Opened(h.fh, direct_io=False, keep_cache=keep)
         truncate = bool(flags & os.O_TRUNC)
         # an emptied file is published at close even without writes
-        self._write_opening[ino] += 1
-        try:
-            writer, recorded = await self._new_writer(ino, truncate, truncate)
-            tgid = _tgid(pid)
-            # O_RDWR: through the page cache, so that mmap works (O_WRONLY cannot map);
-            # O_WRONLY (LMCache's writers) keeps direct_io: one request per buffer
-            page_cache = flags & os.O_ACCMODE == os.O_RDWR
-            h = self._add(ino, State.WRITING, writer=writer, tgid=tgid,
-                          page_cache=page_cache, recorded_open=recorded)
-        finally:
-            self._write_opening[ino] -= 1
-            if not self._write_opening[ino]:
-                del self._write_opening[ino]
+        writer, recorded = await self._new_writer(ino, truncate, truncate)
+        tgid = _tgid(pid)
+        # O_RDWR: through the page cache, so that mmap works (O_WRONLY cannot map);
+        # O_WRONLY (LMCache's writers) keeps direct_io: one request per buffer, no copy
+        page_cache = flags & os.O_ACCMODE == os.O_RDWR
+        h = self._add(ino, State.WRITING, writer=writer, tgid=tgid, page_cache=page_cache,
+                      recorded_open=recorded)
         return Opened(h.fh, direct_io=not page_cache, keep_cache=False)
 
     async def read(self, h: Handle, off: int, size: int):
@@ -878,16 +881,8 @@ class FileSystem:
                 d.after = page[-1].name
             d.done = not more or not page
         now = time.monotonic()
-        writers, timeouts = self._writers, self.kernel.timeouts
-        batch = []
-        for name, inode, until in d.entries[i:i + n]:
-            lease = until - now if until > now else 0.0
-            if inode.ino in writers:  # written here: its size is this mount's
-                batch.append((name, self.attributes(inode, lease=lease)))
-            else:  # what attributes() gives a file nobody writes here, without its lookups
-                batch.append((name, Attributes(inode, inode.size,
-                                               *timeouts(inode, lease, False))))
-        return batch
+        return [(name, self.attributes(inode, lease=until - now if until > now else 0.0))
+                for name, inode, until in d.entries[i:i + n]]
 
     def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)

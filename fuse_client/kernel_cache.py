@@ -107,42 +107,35 @@ class KernelCache:
         finally:
             link.close()
 
-    def _invalidate(self, names, inodes) -> None:
+    def _invalidate(self, names, inodes, listed=None) -> None:
         """The master revokes leases (session thread): drop the kernel's copies before
         the ack.  Every cached name goes (one lock-free epoch bump; a lookup in flight
         is stale on arrival), plus the attributes of the inodes named, and the listings
-        named (``(dir, b"")``, master/leases.py LISTING) before that."""
-        dirs = [p for p, n in names if not n]
-        self._invalidate_dirs(self.listings.drop(dirs) if dirs else ())
+        named (``(dir, b"")``, master/leases.py LISTING) before that, with the entries
+        the kernel keeps of those directories (``listed``: already dropped, these)."""
+        if listed is None:
+            dirs = [p for p, n in names if not n]
+            listed = self.listings.drop(dirs) if dirs else ()
         with self._kernel_lock:
             if self._unmounting:
                 return
             self._epoch.bump()
+            for ino in listed:
+                self._notify_inval(ino, attr_only=False)
             for ino in inodes:
                 self._leased_inodes.pop(ino, None)
-                self._forget_attrs(ino)
+                self._notify_inval(ino, attr_only=True)
 
     def _drop_all(self) -> None:
         """The session is lost (session thread): drop every leased copy."""
-        self._invalidate_dirs(self.listings.drop_all())
-        self._invalidate((), list(self._leased_inodes))
-
-    def _invalidate_dirs(self, dirs) -> None:
-        """Drop the entries the kernel keeps of these directories (listings.py)."""
-        with self._kernel_lock:
-            if self._unmounting:
-                return
-            for ino in dirs:
-                try:
-                    pyfuse3.invalidate_inode(ino, attr_only=False)
-                except OSError as e:
-                    if e.errno != errno.ENOENT:
-                        raise
+        self._invalidate((), list(self._leased_inodes), self.listings.drop_all())
 
     @staticmethod
-    def _forget_attrs(ino: int) -> None:
+    def _notify_inval(ino: int, attr_only: bool) -> None:
+        """Drop the kernel's attributes of ``ino`` (and, unless ``attr_only``, its
+        cached pages: a directory's entries)."""
         try:
-            pyfuse3.invalidate_inode(ino, attr_only=True)
+            pyfuse3.invalidate_inode(ino, attr_only=attr_only)
         except OSError as e:
             if e.errno != errno.ENOENT:  # ENOENT: the kernel has no such inode cached
                 raise
@@ -191,7 +184,7 @@ class KernelCache:
             with self._kernel_lock:
                 if not self._unmounting:
                     self._leased_inodes.pop(ino, None)
-                    self._forget_attrs(ino)
+                    self._notify_inval(ino, attr_only=True)
 
     # -- directory attributes ---------------------------------------------------------
 
