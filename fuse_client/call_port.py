@@ -24,6 +24,7 @@ import itertools
 import logging
 import socket
 import ssl
+import time
 
 import outcome
 import trio
@@ -38,6 +39,7 @@ from curvine.proto import master_pb2
 log = logging.getLogger(__name__)
 
 RECV_SIZE = 1 << 20
+EXPIRY_CHECK = 0.5  # seconds between checks for calls past their deadline
 
 
 class CallPortClient:
@@ -57,7 +59,8 @@ class CallPortClient:
         self._sock: socket.socket | None = None  # set while connected (non-blocking)
         self._out = bytearray()  # frames the socket did not take yet
         self._out_ready = trio.Event()
-        self._pending: dict[int, object] = {}  # id -> trio Task or Future
+        # id -> (trio Task or Future, monotonic deadline, method)
+        self._pending: dict[int, tuple] = {}
         self._ids = itertools.count(1)
         self._trio_token: trio.lowlevel.TrioToken | None = None
         self._scope: trio.CancelScope | None = None
@@ -73,18 +76,17 @@ class CallPortClient:
         self._send(cid, prepared)
         if self._sock is None:
             raise PortDown()
-        self._pending[cid] = trio.lowlevel.current_task()
+        # The deadline is kept with the call and enforced by _expire: a cancel scope
+        # per call cost ~15 us of the loop's CPU (about a fifth of a call's).
+        self._pending[cid] = (trio.lowlevel.current_task(),
+                              time.monotonic() + self.timeout, prepared.method)
 
         def abort(_raise_cancel):
             if self._pending.pop(cid, None) is None:
                 return trio.lowlevel.Abort.FAILED  # its result is on the way
             return trio.lowlevel.Abort.SUCCEEDED
 
-        with trio.move_on_after(self.timeout) as scope:
-            result = await trio.lowlevel.wait_task_rescheduled(abort)
-        if scope.cancelled_caught:
-            raise self._timeout(prepared)
-        return reply_of(result)
+        return reply_of(await trio.lowlevel.wait_task_rescheduled(abort))
 
     def call_blocking(self, prepared: Prepared):
         token = self._trio_token
@@ -111,12 +113,26 @@ class CallPortClient:
         if self._sock is None:
             waiter.set_result(outcome.Error(PortDown()))
             return
-        self._pending[cid] = waiter
+        self._pending[cid] = (waiter, time.monotonic() + self.timeout, prepared.method)
         self._send(cid, prepared)
 
     def _timeout(self, prepared: Prepared) -> CurvineError:
-        return CurvineError(ErrorKind.TIMEOUT, f"{prepared.method}: no answer within "
+        return self._timeout_error(prepared.method)
+
+    def _timeout_error(self, method: str) -> CurvineError:
+        return CurvineError(ErrorKind.TIMEOUT, f"{method}: no answer within "
                                                f"{self.timeout:.0f}s (call port)")
+
+    async def _expire(self) -> None:
+        """Fail the calls past their deadline (checked every EXPIRY_CHECK seconds, so a
+        call may wait that much longer than the timeout)."""
+        while True:
+            await trio.sleep(EXPIRY_CHECK)
+            now = time.monotonic()
+            late = [cid for cid, (_, deadline, _) in self._pending.items() if deadline <= now]
+            for cid in late:
+                waiter, _, method = self._pending.pop(cid)
+                _wake(waiter, outcome.Error(self._timeout_error(method)))
 
     def _send(self, cid: int, prepared: Prepared) -> None:
         data = master_pb2.Call(id=cid, **{prepared.op: prepared.request}).SerializeToString()
@@ -188,6 +204,7 @@ class CallPortClient:
                 try:
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(self._flush, sock)
+                        nursery.start_soon(self._expire)
                         try:
                             await self._read(sock)
                         except (OSError, trio.ClosedResourceError) as e:
@@ -277,9 +294,9 @@ class CallPortClient:
             del buf[:pos]
 
     def _resolve(self, cid: int, value: outcome.Outcome) -> None:
-        waiter = self._pending.pop(cid, None)
-        if waiter is not None:  # else it timed out or was cancelled meanwhile
-            _wake(waiter, value)
+        pending = self._pending.pop(cid, None)
+        if pending is not None:  # else it timed out or was cancelled meanwhile
+            _wake(pending[0], value)
 
     def _down(self) -> None:
         """The connection is gone: every pending call fails over."""
@@ -290,7 +307,7 @@ class CallPortClient:
             sock.close()
         self._out.clear()
         pending, self._pending = self._pending, {}
-        for waiter in pending.values():
+        for waiter, _, _ in pending.values():
             _wake(waiter, outcome.Error(PortDown()))
 
 

@@ -493,6 +493,52 @@ def test_a_path_client_call_the_master_does_not_answer_times_out(served_addr):
         silent.close()
 
 
+def test_a_mount_call_the_master_does_not_answer_times_out(served):
+    """The mount's client on a port that takes the hello and then never answers: a
+    call from the loop and one from a thread each end with TIMEOUT soon after their
+    deadline (the expiry check), not a hang; the connection stays up for others."""
+    m, client, _, _ = served
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    held = []
+
+    def accept():
+        conn, _ = silent.accept()
+        held.append(conn)
+        _recv(conn, HELLO.size + len(TOKEN))
+        conn.sendall(ANSWER.pack(MAGIC, 0))
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    pc = CallPortClient("127.0.0.1", silent.getsockname()[1], TOKEN, timeout=1.0)
+    prepared = client.prepare("getattr", ROOT_INO)
+    took = []
+
+    async def go():
+        async with trio.open_nursery() as nursery:
+            await _connected(pc, nursery)
+            for call in (lambda: pc.call(prepared),
+                         lambda: trio.to_thread.run_sync(pc.call_blocking, prepared)):
+                t0 = time.monotonic()
+                with pytest.raises(CurvineError) as e:
+                    with trio.fail_after(10):
+                        await call()
+                assert e.value.kind == ErrorKind.TIMEOUT
+                assert "GetAttr" in str(e.value)
+                took.append(time.monotonic() - t0)
+            assert pc._sock is not None and not pc._pending
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(go)
+    finally:
+        for c in held:
+            c.close()
+        silent.close()
+    assert all(0.9 <= s < 3.0 for s in took), took
+
+
 def test_a_mounts_thread_calls_use_their_own_connections(served):
     """Calls.from_thread (a writer publishing at close) goes on the blocking client's
     connections when the mount has one, without the trio loop; with the port gone it
