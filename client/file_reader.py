@@ -710,10 +710,25 @@ class BlockFetcher:
 
     def close(self) -> None:
         with self._lock:
-            self._closed = True
-            sources = [*self._files.values(), *self._fetches.values()]
-            self._files.clear()
-            self._fetches.clear()
+            self._close_locked()
+
+    def close_nowait(self) -> bool:
+        """``close`` if nothing holds the fetcher's lock now (False: nothing done).
+        Closing is descriptors and stream cancels, none of which waits: the mount does
+        it in its loop, without a thread hop."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._close_locked()
+        finally:
+            self._lock.release()
+        return True
+
+    def _close_locked(self) -> None:
+        self._closed = True
+        sources = [*self._files.values(), *self._fetches.values()]
+        self._files.clear()
+        self._fetches.clear()
         for source in sources:
             source.close()
 
@@ -825,3 +840,7 @@ class FileReader:
 
     def close(self) -> None:
         self._fetcher.close()
+
+    def close_nowait(self) -> bool:
+        """``close`` without waiting for another thread (False: nothing done)."""
+        return self._fetcher.close_nowait()

@@ -318,6 +318,25 @@ class FileWriter:
             self._cur = None
             self._fetcher.close()
 
+    def close_nowait(self) -> bool:
+        """``close`` when it is only bookkeeping: no other thread holds the writer and no
+        buffer is left to release (the usual state after a publish).  False: nothing
+        done; call ``close`` from a thread."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if (self._cur is not None or self._uploading is not None
+                    or any(ext.buf is not None for ext in self._extents)):
+                return False
+            if not self._fetcher.close_nowait():
+                return False
+            self._closed = True
+            self._behind.close()
+            self._extents.clear()
+            return True
+        finally:
+            self._lock.release()
+
     # -- the block being written ------------------------------------------------
 
     def _check_open(self) -> None:

@@ -173,6 +173,16 @@ class Handle:
         if self.reader is not None:
             self.reader.close()
 
+    def close_nowait(self) -> bool:
+        """``close`` if it need not wait for another thread nor do disk I/O (a reader,
+        or a writer whose version is published); False: call ``close`` from a thread."""
+        if self.writer is None:
+            return self.reader.close_nowait()
+        if self.writer.untouched:  # e.g. a create closed without writes: holds nothing
+            self.writer.close()
+            return True
+        return self.writer.close_nowait()
+
 
 @dataclass
 class Listing:
@@ -732,9 +742,7 @@ class FileSystem:
                     await self._publish_empty(h.ino, h.writer.mtime_ns or h.inode.mtime_ns)
             finally:
                 self._write_handles.pop(fh, None)
-                if h.reader is None and h.writer is not None and h.writer.untouched:
-                    h.close()  # nothing to wait for: no thread hop
-                else:
+                if not h.close_nowait():  # most handles close here, without a thread hop
                     await self._run(h.close)
                 self._access.closed(*h.recorded_open)
 
