@@ -5,8 +5,8 @@ Why a second transport: through gRPC's sync server and client every call costs
 several thread hand-offs on each side (the client's request iterator and channel
 threads, the server's reader and response generator) -- most of the ~0.9 ms of master
 CPU and ~0.3 ms of mount CPU per call measured in issue 16.  Here one asyncio loop
-thread serves every connection: a read call (READ_CALLS) is answered in that thread;
-a namespace mutation runs as steps (master/steps.py): checked in that thread, planned
+thread serves every connection: a read call (READ_CALLS) is answered in that thread,
+and so is an AddBlock that need not wait (``run_nowait``); a namespace mutation runs as steps (master/steps.py): checked in that thread, planned
 and made durable by the committer, answered in that thread again, with no thread
 waiting for the journal; the other calls go to the call pool.  Each connection is an
 asyncio.Protocol that parses frames as their bytes arrive (no task or stream reader
@@ -66,8 +66,12 @@ class CallPort:
                  read_calls: frozenset[str], pool: futures.Executor, host: str, port: int,
                  tokens: tuple[str, ...] = (), max_connections: int = 1024,
                  idle_timeout: float = 60.0, max_in_flight: int = 256,
-                 mutations: Callable | None = None, ssl: "ssl_mod.SSLContext | None" = None):
+                 mutations: Callable | None = None, ssl: "ssl_mod.SSLContext | None" = None,
+                 run_nowait: Callable[[master_pb2.Call], master_pb2.CallResult | None]
+                 | None = None):
         self._run_call = run_call
+        # run_nowait(call): its result if it need not wait, else None (then the pool)
+        self._run_nowait = run_nowait
         self._ssl = ssl  # TLS (security.tls_*): the same material as the gRPC ports
         # mutations(call_soon_threadsafe) -> an object whose start(call, answer) runs the
         # mutations among calls in the loop (the servicer's CallMutations)
@@ -263,6 +267,11 @@ class _Connection(asyncio.Protocol):
                 if call.WhichOneof("op") in port._read_calls:
                     self._send(port._run_call(call))
                     continue
+                if port._run_nowait is not None:
+                    result = port._run_nowait(call)
+                    if result is not None:
+                        self._send(result)
+                        continue
                 self.in_flight += 1
                 if port._mutations is None or not port._mutations.start(call, self._answered):
                     port._pool.submit(self._pooled, call)

@@ -53,6 +53,10 @@ def _leasable(nodes) -> list[int]:
     return [n.ino for n in nodes if n.type == FILE]
 
 
+class WouldBlock(Exception):
+    """A call asked not to wait (``wait=False``) would have to: run it where it may."""
+
+
 class Master:
     def __init__(self, cfg: Config, meta_dir: str | None = None, journal_dir: str | None = None,
                  *, security: Security):
@@ -551,7 +555,11 @@ class Master:
         return master_pb2.PutFileReply(inode=node)
 
     # ------------------------------------------------------------------ blocks
-    def add_block(self, req: master_pb2.AddBlockRequest) -> master_pb2.AddBlockReply:
+    def add_block(self, req: master_pb2.AddBlockRequest,
+                  wait: bool = True) -> master_pb2.AddBlockReply:
+        """A new block for ``req.ino`` (or a put) and its workers.  ``wait`` False:
+        raise WouldBlock instead of waiting, for the call port's loop thread, when the
+        block id needs a journal record or no worker has room (eviction)."""
         if req.ino == 0 and req.put_parent:  # for PutFile: no inode yet
             with self.store.read() as txn:
                 node = self.ns.directory(txn, check_ino(req.put_parent, "put_parent"))
@@ -570,12 +578,14 @@ class Master:
         replicas = node.replicas or self.cfg.cluster.replicas
         size = req.size_hint or self.block_size
         exclude = set(req.exclude_workers)
-        block_id = self._allocate_block_id()
+        block_id = self._allocate_block_id(wait)
 
         def place():
             return self.registry.choose(replicas, req.client_host_id, size, exclude, block_id)
 
         workers = place()
+        if not workers and not wait:
+            raise WouldBlock()
         if not workers:
             if not self.registry.alive_ids():
                 raise CurvineError(ErrorKind.UNAVAILABLE, "no live workers")
@@ -590,9 +600,11 @@ class Master:
         token = block_tokens.mint(self.block_key, block_id, block_tokens.WRITE)
         return master_pb2.AddBlockReply(block_id=block_id, workers=workers, block_token=token)
 
-    def _allocate_block_id(self) -> int:
+    def _allocate_block_id(self, wait: bool = True) -> int:
         with self._alloc_lock:
             if self._next_block >= self._reserved:
+                if not wait:
+                    raise WouldBlock()
                 upto = max(self._reserved, self._next_block) + BLOCK_ID_CHUNK
 
                 def plan(txn):

@@ -150,7 +150,7 @@ def _start_call_port(cfg, servicer: MasterServicer, security: Security) -> CallP
                     # and a path client (a pod's connector) may open up to 4
                     max_connections=CALL_PORT_CONNECTIONS_PER_SESSION * cfg.master.max_sessions,
                     idle_timeout=float(cfg.master.stream_idle_timeout),
-                    mutations=servicer.mutations,
+                    mutations=servicer.mutations, run_nowait=servicer.run_call_nowait,
                     ssl=tls.server_ssl_context(material) if material is not None else None)
     port.start()
     return port

@@ -18,7 +18,7 @@ from curvine.common.stream_guard import IdleStreams
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
 from . import report
-from .master import Master
+from .master import Master, WouldBlock
 from .steps import StepRunner
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ MAX_CALLS_IN_FLIGHT = 256
 # answered on the stream's reader thread: reads that never wait for a lock or the
 # journal (the others go to the call pool, so a slow one holds up no other call)
 READ_CALLS = frozenset(("lookup", "getattr", "listdir", "statfs", "get_xattr", "list_xattr",
-                        "lookup_many"))
+                        "lookup_many", "get_blocks"))  # get_blocks: records an open in memory
 # Call field -> (the unary RPC it stands for, its CallResult field)
 CALL_METHODS = {
     "lookup": ("Lookup", "inode"), "getattr": ("GetAttr", "inode"),
@@ -306,6 +306,21 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def run_call(self, call) -> master_pb2.CallResult:
         """One Call (the call port's entry)."""
         return self._run_call(call)
+
+    def run_call_nowait(self, call) -> master_pb2.CallResult | None:
+        """One Call answered at once if it need not wait (the call port's loop thread);
+        None: run it with ``run_call`` where it may wait.  AddBlock waits only for a
+        journal record every BLOCK_ID_CHUNK ids, or for eviction when no worker has room;
+        a pool thread's hand-off both ways would cost more than the call itself."""
+        if call.WhichOneof("op") != "add_block":
+            return None
+        try:
+            reply = self.m.add_block(call.add_block, wait=False)
+        except WouldBlock:
+            return None
+        except Exception as e:  # noqa: BLE001 - converted for the caller
+            return _failed(call.id, "add_block", e)
+        return master_pb2.CallResult(id=call.id, block=reply)
 
     def _run_call(self, call) -> master_pb2.CallResult:
         """One Call, by the same code as its unary RPC (the handler's undecorated body)."""

@@ -9,6 +9,7 @@ revocation it needs while the port answers other calls."""
 from __future__ import annotations
 
 import socket
+from concurrent import futures
 import struct
 import threading
 import time
@@ -30,7 +31,7 @@ from curvine.common.call_wire import ANSWER, FRAME, HELLO, MAGIC
 from curvine.master.call_port import CallPort
 from curvine.master.master import Master
 from curvine.master.service import READ_CALLS, MasterServicer
-from curvine.proto import master_pb2, master_pb2_grpc
+from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
 TOKEN = "call-port-test-token"
 
@@ -53,6 +54,7 @@ def served(tmp_path):
     def start_port(**kw) -> CallPort:
         kw.setdefault("tokens", (TOKEN,))
         kw.setdefault("mutations", servicer.mutations)  # as the master serves it
+        kw.setdefault("run_nowait", servicer.run_call_nowait)
         p = CallPort(servicer.run_call, READ_CALLS, servicer.call_pool, "127.0.0.1", 0, **kw)
         p.start()
         ports.append(p)
@@ -491,6 +493,46 @@ def test_a_path_client_call_the_master_does_not_answer_times_out(served_addr):
         for c in held:
             c.close()
         silent.close()
+
+
+def test_add_block_is_answered_in_the_loop_unless_it_must_wait(served):
+    """AddBlock on the port: answered in the loop thread while the pool is busy; one
+    that needs a journal record for its block id (or finds no worker) goes to the pool
+    and is answered there, the same as the unary RPC."""
+    m, client, servicer, _ = served
+    wid = m.register_worker(common_pb2.WorkerInfo(
+        uuid="w1", host_id="h1", address="127.0.0.1:1", data_dirs=["/d"],
+        capacity=1 << 40)).worker_id
+    m.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=1 << 40, used=0))
+    f = client.create(ROOT_INO, b"blocks")
+    client.add_block(f.ino, "h1")  # the first id reserves a chunk of them (a record)
+    gate = threading.Event()
+    pool = futures.ThreadPoolExecutor(1)
+    pool.submit(gate.wait, 30)  # the pool's one thread is taken
+    port = CallPort(servicer.run_call, READ_CALLS, pool, "127.0.0.1", 0, tokens=(TOKEN,),
+                    mutations=servicer.mutations, run_nowait=servicer.run_call_nowait)
+    port.start()
+    bp = BlockingCallPort("127.0.0.1", port.port, TOKEN, timeout=5)
+    req = master_pb2.AddBlockRequest(ino=f.ino, client_host_id="h1")
+    try:
+        first = bp.call("add_block", req)
+        assert [w.worker_id for w in first.workers] == [wid] and first.block_token
+        # the reserved ids are used up: this one waits for a journal record, in the pool
+        m._next_block = m._reserved
+        got = []
+        t = threading.Thread(target=lambda: got.append(bp.call("add_block", req)))
+        t.start()
+        t.join(0.5)
+        assert t.is_alive() and not got  # the pool is busy: not answered in the loop
+        gate.set()
+        t.join(10)
+        assert got and got[0].block_id > first.block_id
+        assert bp.call("add_block", req).block_id == got[0].block_id + 1  # the loop again
+    finally:
+        gate.set()
+        bp.close()
+        port.stop()
+        pool.shutdown()
 
 
 def test_a_mount_call_the_master_does_not_answer_times_out(served):
