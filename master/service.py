@@ -61,6 +61,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._call_pool = futures.ThreadPoolExecutor(max_workers=call_threads,
                                                      thread_name_prefix="call")
         self.lookups = report.LookupCounts()  # for the Report RPC
+        self._add_block_metrics = metrics.MethodMetrics("AddBlock")  # run_call_nowait's
 
     @handler
     def Lookup(self, req, ctx):
@@ -314,12 +315,18 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         a pool thread's hand-off both ways would cost more than the call itself."""
         if call.WhichOneof("op") != "add_block":
             return None
+        m = self._add_block_metrics  # counted as the unary RPC and the pool path are
+        started = time.perf_counter()
         try:
             reply = self.m.add_block(call.add_block, wait=False)
         except WouldBlock:
             return None
         except Exception as e:  # noqa: BLE001 - converted for the caller
+            m.duration.observe(time.perf_counter() - started)
+            m.error(status_code(e.kind).name if isinstance(e, CurvineError) else "INTERNAL")
             return _failed(call.id, "add_block", e)
+        m.duration.observe(time.perf_counter() - started)
+        m.ok.inc()
         return master_pb2.CallResult(id=call.id, block=reply)
 
     def _run_call(self, call) -> master_pb2.CallResult:
