@@ -8,11 +8,12 @@ revocation it needs while the port answers other calls."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
-from concurrent import futures
 import struct
 import threading
 import time
+from concurrent import futures
 
 import pytest
 import trio
@@ -464,6 +465,26 @@ def test_a_path_client_call_the_master_does_not_answer_times_out(served_addr):
     """A call port that takes the hello and then never answers: the call ends with
     TIMEOUT at its deadline (not a hang), as a gRPC deadline would."""
     m, unary, servicer, start_port = served_addr
+    with _silent_port(token=b"") as number:
+
+        class Fixed:
+            port = number
+
+        mc = _port_client(servicer, Fixed, token="")
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(CurvineError) as e:
+                mc.lookup_many(ROOT_INO, [b"x"], timeout=1.0)
+            assert e.value.kind == ErrorKind.TIMEOUT
+            assert time.monotonic() - t0 < 5
+        finally:
+            mc.close()
+
+
+@contextlib.contextmanager
+def _silent_port(token: bytes):
+    """A call port (its number) that takes one client's hello with ``token``, accepts
+    it and then never answers."""
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(4)
@@ -472,24 +493,13 @@ def test_a_path_client_call_the_master_does_not_answer_times_out(served_addr):
     def accept():
         conn, _ = silent.accept()
         held.append(conn)
-        _recv(conn, HELLO.size)
+        _recv(conn, HELLO.size + len(token))
         conn.sendall(ANSWER.pack(MAGIC, 0))
 
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-
-    class Fixed:
-        port = silent.getsockname()[1]
-
-    mc = _port_client(servicer, Fixed, token="")
+    threading.Thread(target=accept, daemon=True).start()
     try:
-        t0 = time.monotonic()
-        with pytest.raises(CurvineError) as e:
-            mc.lookup_many(ROOT_INO, [b"x"], timeout=1.0)
-        assert e.value.kind == ErrorKind.TIMEOUT
-        assert time.monotonic() - t0 < 5
+        yield silent.getsockname()[1]
     finally:
-        mc.close()
         for c in held:
             c.close()
         silent.close()
@@ -540,24 +550,11 @@ def test_a_mount_call_the_master_does_not_answer_times_out(served):
     call from the loop and one from a thread each end with TIMEOUT soon after their
     deadline (the expiry check), not a hang; the connection stays up for others."""
     m, client, _, _ = served
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(4)
-    held = []
-
-    def accept():
-        conn, _ = silent.accept()
-        held.append(conn)
-        _recv(conn, HELLO.size + len(TOKEN))
-        conn.sendall(ANSWER.pack(MAGIC, 0))
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    pc = CallPortClient("127.0.0.1", silent.getsockname()[1], TOKEN, timeout=1.0)
     prepared = client.prepare("getattr", ROOT_INO)
     took = []
 
-    async def go():
+    async def go(number):
+        pc = CallPortClient("127.0.0.1", number, TOKEN, timeout=1.0)
         async with trio.open_nursery() as nursery:
             await _connected(pc, nursery)
             for call in (lambda: pc.call(prepared),
@@ -572,12 +569,8 @@ def test_a_mount_call_the_master_does_not_answer_times_out(served):
             assert pc._sock is not None and not pc._pending
             nursery.cancel_scope.cancel()
 
-    try:
-        trio.run(go)
-    finally:
-        for c in held:
-            c.close()
-        silent.close()
+    with _silent_port(TOKEN.encode()) as number:
+        trio.run(go, number)
     assert all(0.9 <= s < 3.0 for s in took), took
 
 
