@@ -4,8 +4,9 @@ A heartbeat comes once a second; a pod writes 1-2 GB/s.  Space that eviction (or
 unlink) freed must be usable at once, so one thread of the master calls each worker's
 ``DeleteBlocks`` (with a write token per block, minted with the master's block key)
 within ``GATHER`` seconds of deletes being queued, and records the worker's answer:
-from then on those bytes are free in the master's account (master/workers.py).  Deletes that cannot be
-delivered go back to their queue and reach the worker with a later heartbeat reply.
+from then on those bytes are free in the master's account (master/workers.py).
+Deletes that cannot be delivered go back to their queue and reach the worker with a
+later heartbeat reply.
 
 The calls carry the worker token (the master's ``Security.as_worker()``), the
 credential of the daemons' calls to each other.
