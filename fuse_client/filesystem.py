@@ -364,15 +364,15 @@ class FileSystem:
                       mtime_ns: int | None = None) -> Attributes:
         """Change what is given (None: unchanged).  A size goes to the writer of the
         handle ``fh`` (else the last-used one of ``ino`` here), if any."""
-        w = self.writer_of(ino, fh)
+        h = self._write_handle(ino, fh)
+        w = h.writer if h is not None else None
         shown = None
         changes = {}
         if size is not None:
-            if w is not None:
-                await self._run(w.truncate, size)
+            if w is not None and await self._truncate_version(h, size):
                 shown = w.size
             else:
-                changes["size"] = size
+                changes["size"] = size  # the published file's
         if mode is not None:
             changes["mode"] = mode & 0o7777
         if uid is not None:
@@ -391,6 +391,19 @@ class FileSystem:
             node = await self.calls.run("getattr_unleased", ino)
         self.kernel.note_dirs(node)
         return self.attributes(node, shown)
+
+    async def _truncate_version(self, h: Handle, size: int) -> bool:
+        """Truncate ``h``'s version (published at its close); False when that handle
+        was closed meanwhile: a truncate by path (another process's handle was the
+        last-used one) racing with that handle's release.  Its last publish may then
+        predate the truncate, so the caller truncates the published file instead."""
+        try:
+            await self._run(h.writer.truncate, size)
+        except CurvineError as e:
+            if e.kind != ErrorKind.STALE:  # STALE: the writer was closed first
+                raise
+            return False
+        return self._handles.get(h.fh) is h
 
     async def mkdir(self, parent: int, name: bytes, mode: int, uid: int,
                     gid: int) -> Attributes:
@@ -583,15 +596,19 @@ class FileSystem:
         return None
 
     def writer_of(self, ino: int, fh: int | None = None) -> FileWriter | None:
-        """The write handle ``fh`` if given, else the last-used one of ``ino`` here."""
+        """The write handle ``fh``'s writer if given, else the last-used one of ``ino``
+        here."""
+        h = self._write_handle(ino, fh)
+        return h.writer if h is not None else None
+
+    def _write_handle(self, ino: int, fh: int | None = None) -> Handle | None:
         if fh is not None:
             h = self._handles.get(fh)
             if h is not None and h.writer is not None:
-                return h.writer
+                return h
         fhs = self._writers.get(ino)
         # a handle being released is out of _handles while it publishes
-        h = self._handles.get(fhs[-1]) if fhs else None
-        return h.writer if h is not None else None
+        return self._handles.get(fhs[-1]) if fhs else None
 
     async def create(self, parent: int, name: bytes, mode: int, flags: int, uid: int,
                      gid: int, pid: int) -> tuple[Opened, Attributes]:
