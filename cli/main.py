@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -100,5 +101,22 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
 
 
+def run() -> None:
+    """The ``curvine`` command: ``main`` then an immediate exit.  A gRPC stream object
+    finalized at interpreter exit takes its call's lock, which a daemon thread of the
+    stream (block readahead, grpc's own) may hold when finalization stops it: the
+    process then never exits (seen as a ``curvine fs get`` that printed the file and
+    hung).  Nothing is left to do once ``main`` has returned, so the output is flushed
+    and the process ends without finalization."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can reach it
+            pass
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

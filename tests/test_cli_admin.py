@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from cluster_util import wait_for
 from curvine.journal.segment import FRAME_HEADER_SIZE, HEADER_SIZE, SegmentReader, parse_segment_name
 
@@ -307,3 +309,43 @@ def test_journal_dump_verify_checkpoint(make_cluster, tmp_path):
     assert ok("fs", "get", "/a/b/f", "-", *m, binary=True).stdout == b"x" * 1000
     assert ok("fs", "ls", "/", *m).stdout.split() == ["a/", "after/"]
     ok("journal", "verify", "--journal-dir", jdir)
+
+
+EXIT_HANG = """
+import atexit, sys, threading, time
+from curvine.cli import main as cli
+
+lock = threading.Lock()
+
+
+def hold():  # a daemon thread that holds a lock when the process exits
+    lock.acquire()
+    time.sleep(60)
+
+
+threading.Thread(target=hold, daemon=True).start()
+time.sleep(0.2)
+# exit-time work that waits for it, as a gRPC stream finalized at exit waits for its
+# call's lock (or concurrent.futures' atexit join waits for a stuck pool thread)
+atexit.register(lock.acquire)
+cli.main = lambda argv=None: 3
+cli.run() if sys.argv[1] == "run" else sys.exit(cli.main())
+"""
+
+
+def test_the_cli_exits_without_finalization():
+    """`curvine` (cli.main.run) ends the process once main returns, with main's exit
+    code and its output flushed: exit-time work that waits for a lock a stopped daemon
+    thread holds cannot keep it alive (how `curvine fs get` once printed the file and
+    never exited: a gRPC stream finalized at exit).  The same script ending through
+    sys.exit hangs, which shows the test can fail."""
+    r = subprocess.run([sys.executable, "-c", EXIT_HANG, "run"], timeout=30,
+                       capture_output=True)
+    assert r.returncode == 3, r.stderr
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, "-c", EXIT_HANG, "sys.exit"], timeout=3,
+                       capture_output=True)
+    import tomllib
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    assert scripts["curvine"] == "curvine.cli.main:run"  # the installed command
