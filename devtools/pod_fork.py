@@ -187,7 +187,8 @@ def popen(argv: list[str], cwd: str, env: dict[str, str], stdout, base_env: dict
 # --------------------------------------------------------------------------- server
 
 def serve(path: str, preload) -> dict | None:
-    """Import ``preload``, then accept pods until SIGTERM; returns (in a forked child
+    """Import ``preload``, then accept pods until SIGTERM or until the process that
+    started the server exits; returns (in a forked child
     only) the pod's request, with its output descriptor as ``"fd"``.  One thread:
     children are reaped between accepts, and their statuses sent back on their
     connections."""
@@ -202,8 +203,11 @@ def serve(path: str, preload) -> dict | None:
     listener.listen(64)
     os.rename(tmp, path)  # the path appears once the server accepts
     children: dict[int, socket.socket] = {}
+    parent = os.getppid()
     try:
-        while not stop:
+        # until SIGTERM, or until the process that started this server is gone (a
+        # pytest-xdist worker may end without its atexit functions, which close it)
+        while not stop and os.getppid() == parent:
             with contextlib.suppress(InterruptedError):
                 ready, _, _ = select.select([listener], [], [], 0.05)
             if ready:

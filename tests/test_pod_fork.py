@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -91,3 +92,26 @@ def test_a_status_sent_with_the_pid_is_not_lost():
     finally:
         theirs.close()
         ours.close()
+
+
+def test_the_server_ends_with_the_process_that_started_it(tmp_path):
+    """A server whose starter exits without closing it (os._exit: no atexit functions,
+    as a pytest-xdist worker may end) stops by itself instead of staying behind."""
+    starter = (
+        "import os, sys\n"
+        "from curvine.devtools import pod_fork\n"
+        "s = pod_fork.ForkServer(dict(os.environ), preload=('json',))\n"
+        "print(s._proc.pid, flush=True)\n"
+        "os._exit(0)\n")
+    r = subprocess.run([sys.executable, "-c", starter], capture_output=True, timeout=60,
+                       cwd=str(tmp_path))
+    pid = int(r.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail(f"the fork server {pid} outlived the process that started it")
