@@ -111,13 +111,6 @@ class FileWriter:
         """True while the version has a change that is not published."""
         return self._changes != self._published_changes
 
-    @property
-    def untouched(self) -> bool:
-        """Never changed, and holding no block: ``close`` then takes no lock another
-        thread may hold and does no I/O (a FUSE create closed without writes)."""
-        return (self._changes == 0 and not self._extents and self._cur is None
-                and self._uploading is None)
-
     def discard(self) -> None:
         """Forget the unpublished change without publishing it (the file was unlinked
         while being written)."""

@@ -105,7 +105,7 @@ class CallPortClient:
                 token.run_sync_soon(self._pending.pop, cid, None)
             except trio.RunFinishedError:
                 pass
-            raise self._timeout(prepared) from None
+            raise self._timeout(prepared.method) from None
         return reply_of(result.unwrap())
 
     def _submit(self, cid: int, waiter: concurrent.futures.Future, prepared: Prepared) -> None:
@@ -116,10 +116,7 @@ class CallPortClient:
         self._pending[cid] = (waiter, time.monotonic() + self.timeout, prepared.method)
         self._send(cid, prepared)
 
-    def _timeout(self, prepared: Prepared) -> CurvineError:
-        return self._timeout_error(prepared.method)
-
-    def _timeout_error(self, method: str) -> CurvineError:
+    def _timeout(self, method: str) -> CurvineError:
         return CurvineError(ErrorKind.TIMEOUT, f"{method}: no answer within "
                                                f"{self.timeout:.0f}s (call port)")
 
@@ -132,7 +129,7 @@ class CallPortClient:
             late = [cid for cid, (_, deadline, _) in self._pending.items() if deadline <= now]
             for cid in late:
                 waiter, _, method = self._pending.pop(cid)
-                _wake(waiter, outcome.Error(self._timeout_error(method)))
+                _wake(waiter, outcome.Error(self._timeout(method)))
 
     def _send(self, cid: int, prepared: Prepared) -> None:
         data = master_pb2.Call(id=cid, **{prepared.op: prepared.request}).SerializeToString()

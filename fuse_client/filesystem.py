@@ -178,9 +178,6 @@ class Handle:
         or a writer whose version is published); False: call ``close`` from a thread."""
         if self.writer is None:
             return self.reader.close_nowait()
-        if self.writer.untouched:  # e.g. a create closed without writes: holds nothing
-            self.writer.close()
-            return True
         return self.writer.close_nowait()
 
 
