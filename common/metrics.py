@@ -157,6 +157,14 @@ class MethodMetrics:
             child = self._errors[code] = RPC_HANDLED.labels(method=self.method, code=code)
         child.inc()
 
+    def finished(self, started: float, code: str = "OK") -> None:
+        """One call, begun at ``started`` (time.perf_counter), ended with status ``code``."""
+        self.duration.observe(time.perf_counter() - started)
+        if code == "OK":
+            self.ok.inc()
+        else:
+            self.error(code)
+
 
 def registry(groups: Iterable[Iterable] = (), collectors: Iterable = ()) -> CollectorRegistry:
     """A daemon's registry: the metric groups it updates, its scrape-time collectors,

@@ -122,11 +122,7 @@ def stream_handler(fn: Callable) -> Callable:
             log.exception("%s failed", fn.__name__)
             abort(context, CurvineError(ErrorKind.IO, f"internal error in {fn.__name__}: {e}"))
         finally:
-            m.duration.observe(time.perf_counter() - started)
-            if code == "OK":
-                m.ok.inc()
-            else:
-                m.error(code)
+            m.finished(started, code)
 
     return wrapper
 
@@ -141,16 +137,13 @@ def _timed(fn: Callable) -> Callable:
         try:
             reply = fn(self, request, context)
         except CurvineError as e:
-            m.duration.observe(time.perf_counter() - started)
-            m.error(status_code(e.kind).name)
+            m.finished(started, status_code(e.kind).name)
             raise
         except BaseException as e:
-            m.duration.observe(time.perf_counter() - started)
-            m.error(_abort_code(context, e) if isinstance(e, grpc.RpcError) or _is_abort(e)
-                    else "INTERNAL")
+            m.finished(started, _abort_code(context, e)
+                       if isinstance(e, grpc.RpcError) or _is_abort(e) else "INTERNAL")
             raise
-        m.duration.observe(time.perf_counter() - started)
-        m.ok.inc()
+        m.finished(started)
         return reply
 
     return timed

@@ -322,11 +322,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         except WouldBlock:
             return None
         except Exception as e:  # noqa: BLE001 - converted for the caller
-            m.duration.observe(time.perf_counter() - started)
-            m.error(status_code(e.kind).name if isinstance(e, CurvineError) else "INTERNAL")
+            m.finished(started, _status(e))
             return _failed(call.id, "add_block", e)
-        m.duration.observe(time.perf_counter() - started)
-        m.ok.inc()
+        m.finished(started)
         return master_pb2.CallResult(id=call.id, block=reply)
 
     def _run_call(self, call) -> master_pb2.CallResult:
@@ -369,6 +367,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def Checkpoint(self, req, ctx):
         remaining = ctx.time_remaining() if ctx is not None else None
         return report.checkpoint_now(self.m, remaining)
+
+
+def _status(e: Exception) -> str:
+    """The status code a failed call is counted under in the per-method metrics."""
+    return status_code(e.kind).name if isinstance(e, CurvineError) else "INTERNAL"
 
 
 def _failed(call_id: int, op: str, e: Exception) -> master_pb2.CallResult:
@@ -414,13 +417,11 @@ class CallMutations:
         started = time.perf_counter()
 
         def done(reply, error) -> None:
-            m.duration.observe(time.perf_counter() - started)
             if error is None:
-                m.ok.inc()
+                m.finished(started)
                 answer(master_pb2.CallResult(id=call.id, **{field: reply}))
                 return
-            m.error(status_code(error.kind).name if isinstance(error, CurvineError)
-                    else "INTERNAL")
+            m.finished(started, _status(error))
             answer(_failed(call.id, op, error))
 
         self.runner.start(_mutation_steps(self.m, op, getattr(call, op)), done)
