@@ -437,7 +437,7 @@ def _cmd_stat(args, parser) -> int:
             if args.json:
                 d = _inode_dict(node, path=path)
                 d["blocks"] = [{"block_id": b.block_id, "length": b.length,
-                                "checksum": b.checksum,
+                                "checksum": b.checksum, "inline": bool(b.data),
                                 "workers": [workers[w].address if w in workers else str(w)
                                             for w in b.worker_ids]} for b in blocks]
                 print(json.dumps(d))
@@ -461,8 +461,9 @@ def _cmd_stat(args, parser) -> int:
             for i, b in enumerate(blocks):
                 where = ", ".join(f"{w}@{shown(workers[w].address)}" if w in workers else str(w)
                                   for w in b.worker_ids)
+                none = "the master (inline)" if b.data else "no worker (hole)"
                 print(f" Block {i}: id {b.block_id}  length {b.length}  "
-                      f"crc32 {b.checksum:08x}  on {where or 'no worker (hole)'}")
+                      f"crc32 {b.checksum:08x}  on {where or none}")
     return 0
 
 

@@ -245,7 +245,8 @@ def _format(rec, as_json: bool) -> str:
 
 def _fields(msg) -> dict:
     """The fields set in ``msg`` as JSON values: integers as numbers, enums by name,
-    request ids as hex, names as text (bytes that are not UTF-8 as \\xNN escapes)."""
+    request ids as hex, names as text (bytes that are not UTF-8 as \\xNN escapes),
+    inline file data as its size."""
     out = {}
     for fd, value in msg.ListFields():
         out[fd.name] = ([_value(fd, v) for v in value] if _repeated(fd)
@@ -264,6 +265,8 @@ def _value(fd, v):
         ev = fd.enum_type.values_by_number.get(v)
         return ev.name if ev is not None else v
     if fd.type == fd.TYPE_BYTES:
+        if fd.name == "data":  # a small file's bytes (inline): their size, not them
+            return f"<{len(v)} bytes>"
         return v.hex() if fd.name == "request_id" else v.decode("utf-8", "backslashreplace")
     return v
 

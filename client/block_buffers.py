@@ -511,6 +511,50 @@ def unplaced_buffer(capacity: int, uploader: Uploader) -> BlockBuffer:
     return StagingFileBuffer(capacity, fd, "", 0, w, [], data_dir=data_dir)
 
 
+class SmallBuffer(MemoryBuffer):
+    """The first block of a version while the file may still be published inline
+    (at most ``limit`` bytes, master.inline_max: its bytes go in CompleteFile): memory,
+    no staging file.  A change that takes it past ``limit`` moves its bytes to the
+    buffer the block would have had otherwise (``unplaced_buffer``)."""
+
+    __slots__ = ("limit", "_uploader")
+
+    def __init__(self, capacity: int, limit: int, uploader: Uploader):
+        super().__init__(capacity, checksum=True)
+        self.limit = limit
+        self._uploader = uploader
+
+    def write(self, rel: int, data) -> BlockBuffer:
+        if rel + len(data) > self.limit:
+            return self._outgrown().write(rel, data)
+        return super().write(rel, data)
+
+    def zero_extend(self, size: int) -> BlockBuffer:
+        if size > self.limit:
+            return self._outgrown().zero_extend(size)
+        return super().zero_extend(size)
+
+    def _outgrown(self) -> BlockBuffer:
+        buf = unplaced_buffer(self.capacity, self._uploader)
+        try:
+            if len(self):
+                buf = buf.write(0, self.view())
+        except BaseException:
+            buf.release()
+            raise
+        self.release()
+        return buf
+
+
+def first_buffer(capacity: int, inline_max: int, uploader: Uploader) -> BlockBuffer:
+    """The first block of a version, before its size is known: memory while it may
+    stay inline (``inline_max``: master.inline_max, 0 = never), else
+    ``unplaced_buffer``."""
+    if inline_max:
+        return SmallBuffer(capacity, inline_max, uploader)
+    return unplaced_buffer(capacity, uploader)
+
+
 def placed_buffer(capacity: int, size_hint: int, uploader: Uploader) -> BlockBuffer:
     """A buffer for a new block (``size_hint`` bytes expected, 0 = a whole block): a
     staging file of the local worker when the master places the block there, else

@@ -1,7 +1,8 @@
 """The extent map of one version of a file being written.
 
 The version is a list of extents covering [0, size) without gaps: uploaded blocks
-(immutable, reusable from the base version), holes (block id 0, never written) and
+(immutable, reusable from the base version; or inline: block id 0 with its bytes in
+``Block.data``), holes (block id 0 without data, never written) and
 buffers (blocks being written: ``block_buffers``).  The map keeps the size and the
 extents in step; which buffer is written and when one is uploaded is the writer's.
 """
@@ -40,7 +41,8 @@ class Extent:
 
     @property
     def is_hole(self) -> bool:
-        return self.buf is None and self.block.block_id == 0
+        """Never written: reads as zeros (block id 0 without inline data)."""
+        return self.buf is None and self.block.block_id == 0 and not self.block.data
 
     def stored(self, block: Block) -> None:
         """The buffer is ``block`` on the workers now: let its bytes go."""

@@ -506,8 +506,8 @@ class BlockFetcher:
         size = max(0, min(size, block.length - offset))
         if size == 0:
             return b""
-        if block.block_id == 0:
-            return zeros(size)
+        if block.block_id == 0:  # inline data (kept by the master), or a hole
+            return memoryview(block.data)[offset:offset + size] if block.data else zeros(size)
         source = self._source(block)
         data = source.read(offset, size)
         if data is None:  # the local file failed: a replica's copy
@@ -750,6 +750,9 @@ class FileReader:
             self._starts.append(pos)
             pos += b.length
         self.size = pos
+        # a small file's bytes came with its blocks (Block.data): served from here
+        self._inline = {i: memoryview(b.data) for i, b in enumerate(self.blocks)
+                        if not b.block_id and b.length and b.data}
         self._fetcher = BlockFetcher(workers, short_circuit, timeout, readahead, local_dirs,
                                      security=security)
         self._ahead_done: set[int] = set()  # next blocks already asked for (_ahead)
@@ -787,8 +790,11 @@ class FileReader:
         end = min(self.size, offset + size)
         i = self._block_at(offset)
         b, start = self.blocks[i], self._starts[i]
-        if end > start + b.length or not b.block_id:
+        if end > start + b.length:
             return None
+        if not b.block_id:
+            inline = self._inline.get(i)
+            return inline[offset - start:end - start] if inline is not None else None
         data = self._fetcher.read_nowait(b, offset - start, end - offset, out)
         if data is not None:
             self._ahead(i, end - start, background=True)
@@ -828,8 +834,12 @@ class FileReader:
                 i += 1
                 continue
             n = min(end, start + b.length) - offset
-            parts.append(self._fetcher.read(b, offset - start, n))  # all n: within the block
-            self._ahead(i, offset - start + n, background=False)
+            inline = self._inline.get(i)
+            if inline is not None:
+                parts.append(inline[offset - start:offset - start + n])
+            else:
+                parts.append(self._fetcher.read(b, offset - start, n))  # all n: in the block
+                self._ahead(i, offset - start + n, background=False)
             offset += n
             i += 1
         return join(parts)

@@ -18,6 +18,7 @@ its workers: ``uploader``; writes queued without blocking (write-behind):
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
@@ -26,7 +27,7 @@ from curvine.common.ids import check_file_size
 from curvine.proto import common_pb2
 
 from . import block_client
-from .block_buffers import LocalWorker, MemoryBuffer, placed_buffer, unplaced_buffer
+from .block_buffers import LocalWorker, MemoryBuffer, SmallBuffer, first_buffer, placed_buffer
 from .extents import Extent, ExtentMap
 from .file_reader import BlockFetcher, join
 from .uploader import Uploader
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from .domain_socket import LocalSockets
 
 __all__ = ["FileWriter", "LocalWorker"]
+
+log = logging.getLogger(__name__)
 
 Block = common_pb2.Block
 Inode = common_pb2.Inode
@@ -52,7 +55,9 @@ class FileWriter:
     call of ``publish``, ``complete(ino, blocks, size, mtime_ns=, abandoned=)``
     (None: ``master.complete_file``); ``add_block``: the AddBlock call of uploads
     (None: ``master.add_block``); ``sockets``: the local workers' domain sockets, where
-    staging files are adopted when there is one."""
+    staging files are adopted when there is one; ``inline_max``: a version of at most
+    this many bytes is published inline (its bytes in CompleteFile, kept by the
+    master: StatFs ``inline_max``; 0 = never), with no block and no worker."""
 
     def __init__(self, master, ino: int, block_size: int, base_blocks: Iterable[Block],
                  host_id: str, *, workers: Mapping[int, WorkerInfo] | None = None,
@@ -61,7 +66,7 @@ class FileWriter:
                  local_dirs: "block_client.LocalDirs | Iterable[str] | None" = None,
                  changed: bool = False, complete: Callable[..., Inode] | None = None,
                  add_block: Callable[..., tuple] | None = None,
-                 sockets: "LocalSockets | None" = None):
+                 sockets: "LocalSockets | None" = None, inline_max: int = 0):
         self.master = master
         self.ino = ino
         self.block_size = block_size
@@ -86,6 +91,7 @@ class FileWriter:
         # The bytes this writer will store, if the caller knows (0: not known, as for a
         # FUSE writer): then even the first block is placed at its first byte.
         self.size_hint = size_hint
+        self.inline_max = min(inline_max, block_size)
         self._uploader = Uploader(master, ino, host_id, self._fetcher,
                                   local_worker or LocalWorker(host_id, dirs), dirs, timeout,
                                   add_block, sockets)
@@ -142,7 +148,9 @@ class FileWriter:
         try:
             ext = self._cur
             exts = self._extents
-            if (self._closed or ext is None or type(ext.buf) is not MemoryBuffer
+            buf = ext.buf if ext is not None else None
+            if (self._closed or ext is None or not (type(buf) is MemoryBuffer or type(buf)
+                                                    is SmallBuffer and offset + n <= buf.limit)
                     or not ext.start <= offset <= min(ext.end, exts.size)
                     or offset + n > exts.capacity_end(ext) or not self._behind.idle()):
                 return False
@@ -260,18 +268,67 @@ class FileWriter:
         with self._lock:
             self._settle()
             for ext in self._extents:
+                if ext.buf is None and not ext.block.block_id and ext.block.data:
+                    # a base version's inline bytes: a version stored on workers keeps
+                    # none (the master bounds a file's inline bytes by inline_max)
+                    ext.buf = MemoryBuffer(self.block_size).write(0, ext.block.data)
                 if ext.buf is not None:
                     ext.stored(self._uploader.upload(ext.buf))
                     if ext is self._cur:
                         self._cur = None
             return [e.block for e in self._extents]
 
+    def _inline_version(self) -> list[Block] | None:
+        """The version as inline blocks (bytes in Block.data) and holes, if it fits
+        ``inline_max`` and every byte is here (in memory, inline already or a hole);
+        else None.  The caller holds _lock and has settled the writes."""
+        exts = self._extents
+        if not self.inline_max or not exts or exts.size > self.inline_max:
+            return None
+        blocks = []
+        for ext in exts:
+            if ext.buf is not None:
+                n = len(ext.buf)
+                if n:
+                    blocks.append(Block(block_id=0, length=n, data=bytes(ext.buf.read(0, n))))
+            elif ext.block.block_id:
+                return None  # on workers: stays there (a file stored before it was small)
+            else:
+                blocks.append(ext.block)
+        return blocks
+
     def publish(self) -> Inode:
         """Make this version the file's content (CompleteFile); returns the new Inode.
 
-        The writer then continues from the published blocks as its base."""
+        A version of at most ``inline_max`` bytes goes inline in the call itself (no
+        block, no worker); when the master's inline space is full (NO_SPACE) it is
+        stored on workers instead, as any other.  The writer then continues from the
+        published blocks as its base."""
         with self._lock:
-            blocks = self.blocks()
+            self._settle()
+            inline = self._inline_version()
+            if inline is not None:
+                try:
+                    inode = self._complete_version(inline)
+                except CurvineError as e:
+                    if e.kind != ErrorKind.NO_SPACE:
+                        raise
+                    log.info("inode %d: the master keeps no more inline data (%s); "
+                             "storing this file on workers", self.ino, e)
+                    self.inline_max = 0
+                else:
+                    stored = iter(inline)
+                    for ext in self._extents:
+                        block = next(stored) if ext.length else None
+                        if ext.buf is not None and block is not None:
+                            ext.stored(block)
+                    self._cur = None
+                    return inode
+            return self._complete_version(self.blocks())
+
+    def _complete_version(self, blocks: list[Block]) -> Inode:
+        """CompleteFile with ``blocks`` (the caller holds _lock)."""
+        with self._lock:
             seen = self._changes  # writes queued from here on are not in this version
             published = {b.block_id for b in blocks if b.block_id}
             complete = self._complete or self.master.complete_file
@@ -373,9 +430,9 @@ class FileWriter:
             elif ext is not None and off >= exts.capacity_end(ext):
                 ext = None
             if ext is None:
-                if off == 0 and not self.size_hint:
-                    # placed once its size is known
-                    buf = unplaced_buffer(self.block_size, self._uploader)
+                if off == 0 and (not self.size_hint or self.size_hint <= self.inline_max):
+                    # placed once its size is known (memory while it may stay inline)
+                    buf = first_buffer(self.block_size, self.inline_max, self._uploader)
                 else:
                     hint = min(max(self.size_hint - off, 0), self.block_size)
                     buf = placed_buffer(self.block_size, hint, self._uploader)
@@ -403,7 +460,7 @@ class FileWriter:
         elif ext.buf is None:
             buf = MemoryBuffer(max(self.block_size, ext.block.length))
             try:
-                if ext.block.block_id:
+                if ext.block.block_id or ext.block.data:  # on workers, or inline
                     buf.write(0, self._fetcher.read_all(ext.block))
                 else:
                     buf.zero_extend(ext.block.length)

@@ -58,6 +58,7 @@ class CurvineFS:
         # shared by this client's writers
         self._local_worker = LocalWorker(self.host, self.local_dirs)
         self._block_size: int | None = None
+        self._inline_max = 0  # the master's (StatFs), with the block size
 
     def __enter__(self) -> "CurvineFS":
         return self
@@ -164,7 +165,9 @@ class CurvineFS:
 
     def block_size(self) -> int:
         if self._block_size is None:
-            self._block_size = self.master.statfs().block_size or self.cfg.cluster.block_size
+            fs = self.master.statfs()
+            self._inline_max = fs.inline_max
+            self._block_size = fs.block_size or self.cfg.cluster.block_size
         return self._block_size
 
     def open_reader(self, path: str | bytes) -> FileReader:
@@ -206,7 +209,8 @@ class CurvineFS:
         return FileWriter(self.master, node.ino, self.block_size(), [], self.host,
                           short_circuit=self.cfg.client.short_circuit,
                           timeout=self.cfg.cluster.rpc_timeout, size_hint=size_hint,
-                          local_worker=self._local_worker, local_dirs=self.local_dirs)
+                          local_worker=self._local_worker, local_dirs=self.local_dirs,
+                          inline_max=self._inline_max)
 
     def write_bytes(self, path: str | bytes, data: bytes, mode: int = 0o644) -> Inode:
         w = self.open_writer(path, mode, size_hint=len(data))

@@ -120,6 +120,11 @@ class MasterConfig:
     # how long one may take before it is given up and tried again
     replication_max_inflight: int = 4
     replication_timeout: Duration = Duration(120.0)
+    # small files keep their bytes in the master's metadata (Block.data), published in
+    # one journaled call with no worker involved: files up to inline_max bytes (0 = none,
+    # at most block_size), all of them together up to inline_capacity
+    inline_max: Size = Size(256 << 10)
+    inline_capacity: Size = Size(1 << 30)
 
 
 @dataclass
@@ -379,6 +384,8 @@ def _problems(cfg: Config):
         yield (("master.worker_lost_after", "worker.heartbeat_interval"),
                f"a worker is declared lost after {m.worker_lost_after:g}s, which must be "
                f"longer than its heartbeat interval ({w.heartbeat_interval:g}s)")
+    if m.inline_max > (1 << 20):
+        yield ("master.inline_max",), f"must be at most 1MiB (0 = none), got {int(m.inline_max)}"
     if m.replication_max_inflight < 1:
         yield ("master.replication_max_inflight",), "must be at least 1"
     for key in _PORTS:

@@ -346,9 +346,12 @@ class KVStore:
                     verify: bool) -> None:
         """Bytes [skip, skip + len(targets)) of ``block`` into ``targets``."""
         n = sum(len(t) for t in targets)
-        if block.block_id == 0:  # a hole
+        if block.block_id == 0:  # inline data (kept by the master), or a hole
+            data = memoryview(block.data) if block.data else None
+            pos = skip
             for t in targets:
-                t[:] = bytes(len(t))
+                t[:] = data[pos:pos + len(t)] if data is not None else bytes(len(t))
+                pos += len(t)
             return
         # the prefix nobody wants is read too when small, so the crc covers the block
         prefix = bytearray(skip) if verify and 0 < skip <= VERIFY_PREFIX_MAX else None

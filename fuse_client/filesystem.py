@@ -229,6 +229,7 @@ class FileSystem:
         self._dirs: dict[int, Listing] = {}
         self._versions: OrderedDict[int, int] = OrderedDict()  # ino -> version last opened
         self._block_size: int | None = None  # the master's, asked for at the first write
+        self._inline_max = 0  # the master's, with the block size
         self._local_worker = LocalWorker(self.host)  # shared by this mount's writers
         # the local workers' domain sockets: writers' staging files are adopted there
         self._sockets = (LocalSockets(cfg.client.domain_socket_dir,
@@ -661,7 +662,7 @@ class FileSystem:
 
     async def _open(self, ino: int, flags: int, pid: int) -> Opened:
         if flags & os.O_ACCMODE == os.O_RDONLY:
-            node, reader, recorded = await self._run(self._new_reader, ino)
+            node, reader, recorded = await self._new_reader(ino)
             self._access.note(ino)
             keep = node.state == COMPLETE and self._remember_version(ino, node.version)
             h = self._add(ino, State.READING, reader=reader, inode=node, recorded_open=recorded)
@@ -804,6 +805,7 @@ class FileSystem:
         if self._block_size is None:
             # Block lengths must not exceed the master's block size.
             fs = await self.calls.run("statfs")
+            self._inline_max = fs.inline_max  # small files' bytes go to the master
             self._block_size = fs.block_size or self.cfg.cluster.block_size
             self._local_worker.note(fs.workers)  # where first blocks go
         writer = FileWriter(self.master, ino, self._block_size, blocks, self.host,
@@ -811,19 +813,29 @@ class FileSystem:
                             timeout=self.cfg.cluster.rpc_timeout,
                             local_worker=self._local_worker, changed=changed,
                             complete=functools.partial(self._complete, open_id=open_id),
-                            add_block=self._add_block, sockets=self._sockets)
+                            add_block=self._add_block, sockets=self._sockets,
+                            inline_max=self._inline_max)
         return writer, (session, open_id)
 
-    def _new_reader(self, ino: int) -> tuple[Inode, FileReader, tuple[int, int]]:
+    async def _new_reader(self, ino: int) -> tuple[Inode, FileReader, tuple[int, int]]:
         session, open_id = self.master.session, self._access.new_open_id()
-        inode, blocks, workers = self.calls.from_thread("get_blocks", ino, session, open_id)
+        inode, blocks, workers = await self.calls.run("get_blocks", ino, session, open_id)
         if inode.type == DIRECTORY:
             self._access.closed(session, open_id)
             raise CurvineError(ErrorKind.IS_DIR, f"inode {ino} is a directory")
-        reader = FileReader(blocks, workers, short_circuit=self.cfg.client.short_circuit,
-                            timeout=self.cfg.cluster.rpc_timeout,
-                            readahead=self.cfg.client.readahead_blocks,
-                            security=self.master.security)
+        make = functools.partial(FileReader, blocks, workers,
+                                 short_circuit=self.cfg.client.short_circuit,
+                                 timeout=self.cfg.cluster.rpc_timeout,
+                                 readahead=self.cfg.client.readahead_blocks,
+                                 security=self.master.security)
+        # A file on workers: the reader opens its local block files and starts their
+        # readahead, in a thread.  A small file's bytes came with its blocks (inline)
+        # and an empty one has none: nothing to open, made here.
+        try:
+            reader = await self._run(make) if any(b.block_id for b in blocks) else make()
+        except BaseException:
+            self._access.closed(session, open_id)  # nothing was opened
+            raise
         return inode, reader, (session, open_id)
 
     async def _publish(self, h: Handle) -> None:

@@ -543,7 +543,10 @@ class Capacity:
                 with self._lock:
                     if self._is_open(ino, now):
                         continue
-                for b in store.get_blocks(txn, ino):
+                blocks = store.get_blocks(txn, ino)
+                if not any(b.block_id for b in blocks) and any(b.data for b in blocks):
+                    continue  # inline (master.inline_capacity bounds those): frees no worker
+                for b in blocks:
                     if b.block_id:
                         for w in b.worker_ids:
                             if w in live:

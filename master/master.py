@@ -284,7 +284,8 @@ class Master:
         return self.call_port_server.port if self.call_port_server is not None else 0
 
     def statfs(self) -> master_pb2.StatFsReply:
-        reply = master_pb2.StatFsReply(block_size=self.block_size, call_port=self.call_port)
+        reply = master_pb2.StatFsReply(block_size=self.block_size, call_port=self.call_port,
+                                       inline_max=self.ns.inline_max)
         for info, alive in self.registry.snapshot():
             reply.workers.append(info)
             if alive:

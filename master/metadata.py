@@ -71,7 +71,9 @@ class Metadata:
             raise
         try:
             ns = Namespace(store, RetryCache(cfg.master.retry_cache_entries),
-                           int(cfg.cluster.block_size))
+                           int(cfg.cluster.block_size),
+                           inline_max=min(int(cfg.master.inline_max), int(cfg.cluster.block_size)),
+                           inline_capacity=int(cfg.master.inline_capacity))
             committer = Committer(store, journal, ns, on_effects, checkpoint_root(meta_dir),
                                   cfg.journal.checkpoint_every)
             with store.read() as txn:

@@ -103,6 +103,7 @@ def collectors(master) -> list[metrics.Collector]:
     def namespace():
         with master.store.read() as txn:
             inodes = master.store.get_u64(txn, b"inode_count")
+            inline = master.store.inline_bytes(txn)
         files, dirs = ns_counts.get(inodes)
         yield GaugeMetricFamily("curvine_namespace_inodes",
                                 "Inodes in the namespace (files, directories, links)",
@@ -111,6 +112,9 @@ def collectors(master) -> list[metrics.Collector]:
                                 "the last scan of the inodes; see the README)", value=files)
         yield GaugeMetricFamily("curvine_namespace_directories", "Directories in the "
                                 "namespace (from the last scan of the inodes)", value=dirs)
+        yield GaugeMetricFamily("curvine_namespace_inline_bytes", "Bytes of small files kept "
+                                "inline by the master (at most master.inline_capacity)",
+                                value=inline)
 
     def pool():
         snapshot = master.registry.snapshot()

@@ -22,7 +22,7 @@ from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.common.ids import MAX_FILE_BLOCKS, ROOT_INO, check_file_size, check_ino, check_name
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
-from .store import Store
+from .store import Store, inline_size
 
 FILE = common_pb2.FILE
 DIRECTORY = common_pb2.DIRECTORY
@@ -93,10 +93,15 @@ def not_a_file(node: common_pb2.Inode) -> CurvineError:
 
 
 class Namespace:
-    def __init__(self, store: Store, retry: RetryCache, block_size: int):
+    def __init__(self, store: Store, retry: RetryCache, block_size: int,
+                 inline_max: int = 0, inline_capacity: int = 0):
         self.store = store
         self.retry = retry
         self.block_size = block_size
+        # small files' bytes kept in their block list (Block.data): at most inline_max
+        # per file, inline_capacity in all (checked when planned, not at replay)
+        self.inline_max = inline_max
+        self.inline_capacity = inline_capacity
 
     # ------------------------------------------------------------------ reads
     def inode(self, txn, ino: int, field_name: str = "ino") -> common_pb2.Inode:
@@ -415,6 +420,7 @@ class Namespace:
             return None, None  # another writer published a version already: keep it
         self._check_blocks(txn, req.blocks, req.size, node.ino, block_ids_reserved,
                            allocated_here, freed)
+        self._check_inline_room(txn, req.blocks, node.ino)
         rec = journal_pb2.CompleteRecord(request_id=req.request_id, ino=node.ino,
                                          blocks=req.blocks, size=req.size,
                                          mtime_ns=req.mtime_ns or now_ns())
@@ -430,6 +436,7 @@ class Namespace:
         if existing is not None:
             return None, (True, self.inode(txn, existing))
         self._check_blocks(txn, req.blocks, req.size, 0, block_ids_reserved, allocated_here)
+        self._check_inline_room(txn, req.blocks, 0)
         node = self._new_inode(txn, parent, name, FILE, req.mode, req.uid, req.gid)
         node.state = common_pb2.COMPLETE
         node.size = req.size
@@ -447,7 +454,7 @@ class Namespace:
         ``size``."""
         if len(blocks) > MAX_FILE_BLOCKS:
             raise invalid("blocks", "too many blocks")
-        total = 0
+        total = inline = 0
         seen = set()
         for i, b in enumerate(blocks):
             if b.length == 0 or b.length > self.block_size:
@@ -456,7 +463,13 @@ class Namespace:
             if b.block_id == 0:
                 if b.worker_ids:
                     raise invalid(f"blocks[{i}].worker_ids", "a hole has no locations")
+                if b.data and len(b.data) != b.length:
+                    raise invalid(f"blocks[{i}].data", f"{len(b.data)} bytes inline, "
+                                                       f"length {b.length}")
+                inline += len(b.data)
                 continue
+            if b.data:
+                raise invalid(f"blocks[{i}].data", "a block on workers has no inline data")
             if b.block_id in seen:
                 raise invalid(f"blocks[{i}].block_id", "listed twice")
             seen.add(b.block_id)
@@ -480,6 +493,20 @@ class Namespace:
                     raise invalid(f"blocks[{i}].worker_ids", f"unknown worker {wid}")
         if total != size:
             raise invalid("size", f"{size} differs from the sum of block lengths {total}")
+        if inline > self.inline_max:
+            raise invalid("blocks", f"{inline} bytes inline, more than master.inline_max "
+                                    f"({self.inline_max})")
+
+    def _check_inline_room(self, txn, blocks, ino: int) -> None:
+        """A version with inline data fits in master.inline_capacity (NO_SPACE: the
+        writer stores it on workers instead)."""
+        new = inline_size(blocks)
+        if not new:
+            return
+        old = inline_size(self.store.get_blocks(txn, ino)) if ino else 0
+        if self.store.inline_bytes(txn) + new - old > self.inline_capacity:
+            raise CurvineError(ErrorKind.NO_SPACE, "inline data: master.inline_capacity "
+                                                   f"({self.inline_capacity}) is full")
 
     # ------------------------------------------------------------------ apply
     def remember(self, entry: journal_pb2.JournalEntry) -> None:
@@ -748,6 +775,8 @@ class Namespace:
             if pos + b.length > size:
                 keep.length = size - pos
                 keep.checksum = 0  # the stored block is longer; its checksum no longer applies
+                if keep.data:
+                    keep.data = keep.data[:keep.length]
             new.append(keep)
             pos += keep.length
         while pos < size:  # extend with holes

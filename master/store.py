@@ -9,9 +9,12 @@ Key schema (all integers fixed-width big-endian, so LMDB's byte order is numeric
               b"block_ids_reserved"               u64: block ids below this may be in use
               b"inode_count"                      u64: inodes in the namespace
               b"format"                           u32: schema version (1)
+              b"inline_bytes"                     u64: bytes of inline data (Block.data)
+                                                  in every file's block list
     inode     ino u64                             Inode (protobuf)
     dentry    parent ino u64 + name bytes         child ino u64
     fblocks   ino u64                             BlockList (protobuf): the file's blocks
+                                                  (a small file's bytes inline: Block.data)
     block     block id u64                        ino u64 owning the block
     wblock    worker id u32 + block id u64        b"" (index: blocks located on a worker)
     worker    worker id u32                       WorkerInfo (protobuf): registrations
@@ -52,6 +55,7 @@ U32 = struct.Struct(">I")
 U64 = struct.Struct(">Q")
 WBLOCK = struct.Struct(">IQ")
 FORMAT = 1
+INLINE_BYTES = b"inline_bytes"
 
 _DBS = ("meta", "inode", "dentry", "fblocks", "block", "wblock", "worker", "writer", "links",
         "held", "xattr")
@@ -59,6 +63,11 @@ _DBS = ("meta", "inode", "dentry", "fblocks", "block", "wblock", "worker", "writ
 
 def k64(n: int) -> bytes:
     return U64.pack(n)
+
+
+def inline_size(blocks) -> int:
+    """Bytes kept inline (Block.data) in ``blocks``."""
+    return sum(len(b.data) for b in blocks if not b.block_id)
 
 
 class Store:
@@ -169,11 +178,20 @@ class Store:
         return list(bl.blocks)
 
     def put_blocks(self, txn, ino: int, blocks: list[common_pb2.Block]) -> None:
+        """The one writer of ``fblocks``: it also keeps the total of inline bytes."""
+        old = self.get_blocks(txn, ino)
+        delta = inline_size(blocks) - inline_size(old)
+        if delta:
+            self.put_u64(txn, INLINE_BYTES, self.get_u64(txn, INLINE_BYTES) + delta)
         if not blocks:
             txn.delete(k64(ino), db=self.db["fblocks"])
             return
         txn.put(k64(ino), common_pb2.BlockList(blocks=blocks).SerializeToString(),
                 db=self.db["fblocks"])
+
+    def inline_bytes(self, txn) -> int:
+        """Bytes of inline data the namespace holds (master.inline_capacity bounds it)."""
+        return self.get_u64(txn, INLINE_BYTES)
 
     def block_owner(self, txn, block_id: int) -> int | None:
         v = txn.get(k64(block_id), db=self.db["block"])

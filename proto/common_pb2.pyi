@@ -76,18 +76,20 @@ class Inode(_message.Message):
     def __init__(self, ino: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., nlink: _Optional[int] = ..., state: _Optional[_Union[FileState, str]] = ..., ttl_ms: _Optional[int] = ..., version: _Optional[int] = ..., parent: _Optional[int] = ..., replicas: _Optional[int] = ..., name: _Optional[bytes] = ..., symlink_target: _Optional[bytes] = ..., rdev: _Optional[int] = ...) -> None: ...
 
 class Block(_message.Message):
-    __slots__ = ("block_id", "length", "checksum", "worker_ids", "token")
+    __slots__ = ("block_id", "length", "checksum", "worker_ids", "token", "data")
     BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
     block_id: int
     length: int
     checksum: int
     worker_ids: _containers.RepeatedScalarFieldContainer[int]
     token: bytes
-    def __init__(self, block_id: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., worker_ids: _Optional[_Iterable[int]] = ..., token: _Optional[bytes] = ...) -> None: ...
+    data: bytes
+    def __init__(self, block_id: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ..., worker_ids: _Optional[_Iterable[int]] = ..., token: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class BlockList(_message.Message):
     __slots__ = ("blocks",)

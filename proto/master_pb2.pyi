@@ -326,7 +326,7 @@ class StatFsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatFsReply(_message.Message):
-    __slots__ = ("capacity", "used", "files", "live_workers", "block_size", "workers", "call_port")
+    __slots__ = ("capacity", "used", "files", "live_workers", "block_size", "workers", "call_port", "inline_max")
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
@@ -334,6 +334,7 @@ class StatFsReply(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     CALL_PORT_FIELD_NUMBER: _ClassVar[int]
+    INLINE_MAX_FIELD_NUMBER: _ClassVar[int]
     capacity: int
     used: int
     files: int
@@ -341,7 +342,8 @@ class StatFsReply(_message.Message):
     block_size: int
     workers: _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]
     call_port: int
-    def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., files: _Optional[int] = ..., live_workers: _Optional[int] = ..., block_size: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ..., call_port: _Optional[int] = ...) -> None: ...
+    inline_max: int
+    def __init__(self, capacity: _Optional[int] = ..., used: _Optional[int] = ..., files: _Optional[int] = ..., live_workers: _Optional[int] = ..., block_size: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ..., call_port: _Optional[int] = ..., inline_max: _Optional[int] = ...) -> None: ...
 
 class GetBlocksRequest(_message.Message):
     __slots__ = ("ino", "session", "open_id", "write")

@@ -31,7 +31,7 @@ LAYERS = {
         "test_auth", "test_bench", "test_call_port_mounts", "test_bigdir", "test_block_garbage", "test_block_tokens",
         "test_capacity", "test_capacity_defaults", "test_cli_admin", "test_client_trust",
         "test_config", "test_connector", "test_crash", "test_deploy", "test_domain_socket", "test_fio", "test_fs_lmcache",
-        "test_fs_posix", "test_fs_posix_types", "test_fs_stress", "test_random_io",
+        "test_fs_posix", "test_fs_posix_types", "test_fs_stress", "test_inline_files", "test_random_io",
         "test_journal_hardening", "test_kvstore", "test_leases", "test_lmcache",
         "test_local_cli", "test_master_guards", "test_master_outage", "test_metrics",
         "test_permissions", "test_private_files", "test_replicas", "test_roles",

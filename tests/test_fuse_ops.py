@@ -513,6 +513,7 @@ def test_stream_survives_a_worker_error_mid_stream(cluster, block_calls):
 
 def test_stream_with_every_worker_down_is_a_clean_error_at_close(cluster):
     master = cluster.client
+    cluster.master.ns.inline_max = 0  # a file kept inline needs no worker (a test below)
     ops = make_ops(master)
     ops.cfg.client.short_circuit = False
 

@@ -309,19 +309,20 @@ def test_a_writer_that_pauses_past_the_idle_timeout_still_publishes(make_cluster
     used to exclude it, and the master had no other: ENOSPC and the data lost)."""
     fs, http_port = remote_client(make_cluster, tmp_path)
     with fs:
-        w = fs.open_writer("/slow.data", size_hint=2000)  # placed (and streamed) at once
+        # placed (and streamed) at once; past master.inline_max, so kept on a worker
+        w = fs.open_writer("/slow.data", size_hint=600_000)
         try:
-            w.write(0, b"a" * 1000)
+            w.write(0, b"a" * 300_000)
             deadline = time.monotonic() + DEADLINE
             while (cancelled_idle(http_port).get("WriteBlock", 0) < 1
                    and time.monotonic() < deadline):
                 time.sleep(0.1)
             assert cancelled_idle(http_port).get("WriteBlock") == 1  # the stream was cut
-            w.write(1000, b"b" * 1000)
+            w.write(300_000, b"b" * 300_000)
             w.publish()
         finally:
             w.close()
-        assert fs.read_bytes("/slow.data") == b"a" * 1000 + b"b" * 1000
+        assert fs.read_bytes("/slow.data") == b"a" * 300_000 + b"b" * 300_000
 
 
 def test_a_reader_that_pauses_past_the_idle_timeout_reads_on(make_cluster, tmp_path,
