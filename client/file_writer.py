@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, NamedTuple
 
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import check_file_size
@@ -45,6 +45,15 @@ Inode = common_pb2.Inode
 WorkerInfo = common_pb2.WorkerInfo
 
 _ZEROS = memoryview(bytes(1 << 20))  # written by allocate(zero=True), 1 MiB at a time
+
+
+class InlineVersion(NamedTuple):
+    """A version taken to publish inline from an event loop (``inline_nowait``)."""
+
+    blocks: list[Block]  # inline blocks and holes
+    size: int
+    mtime_ns: int
+    seen: int  # the writer's change count when taken
 
 
 class FileWriter:
@@ -313,18 +322,65 @@ class FileWriter:
                 except CurvineError as e:
                     if e.kind != ErrorKind.NO_SPACE:
                         raise
-                    log.info("inode %d: the master keeps no more inline data (%s); "
-                             "storing this file on workers", self.ino, e)
-                    self.inline_max = 0
+                    self.no_inline_room(e)
                 else:
-                    stored = iter(inline)
-                    for ext in self._extents:
-                        block = next(stored) if ext.length else None
-                        if ext.buf is not None and block is not None:
-                            ext.stored(block)
-                    self._cur = None
+                    self._stored_inline(inline)
                     return inode
             return self._complete_version(self.blocks())
+
+    def no_inline_room(self, e: CurvineError) -> None:
+        """The master refused inline bytes (NO_SPACE: master.inline_capacity is
+        full): this writer stores every later version on workers."""
+        log.info("inode %d: the master keeps no more inline data (%s); storing this file "
+                 "on workers", self.ino, e)
+        self.inline_max = 0
+
+    def inline_nowait(self) -> InlineVersion | None:
+        """The version to publish inline, taken without waiting (the lock free, no
+        queued or blocking write, no upload, no block allocated since the last
+        publish), for a caller in an event loop that makes the CompleteFile call itself
+        and then calls ``inline_published``.  None: publish with ``flush`` from a
+        thread."""
+        if not self.dirty or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if (self._closed or self._uploading is not None or self._uploader.allocated
+                    or not self._behind.idle()):
+                return None
+            blocks = self._inline_version()
+            if blocks is None:
+                return None
+            return InlineVersion(blocks, self._extents.size, self.mtime_ns, self._changes)
+        finally:
+            self._lock.release()
+
+    def inline_published(self, version: InlineVersion) -> None:
+        """``version`` (from ``inline_nowait``) is the file's content now.  If nothing
+        changed since it was taken, the writer is clean and its buffers give way to the
+        inline blocks; otherwise it stays dirty (its later changes are published next).
+        Never waits."""
+        with self._change_lock:
+            if self._changes != version.seen:
+                return
+            self._published_changes = version.seen
+            self.mtime_ns = 0
+        if not self._lock.acquire(blocking=False):
+            return  # the buffers stay (a thread has the writer): nothing is lost
+        try:
+            if self._changes == version.seen and not self._closed:  # no change since
+                self._stored_inline(version.blocks)
+        finally:
+            self._lock.release()
+
+    def _stored_inline(self, blocks: list[Block]) -> None:
+        """The published inline ``blocks`` (from ``_inline_version``) replace the
+        buffers they were copied from."""
+        stored = iter(blocks)
+        for ext in self._extents:
+            block = next(stored) if ext.length else None
+            if ext.buf is not None and block is not None:
+                ext.stored(block)
+        self._cur = None
 
     def _complete_version(self, blocks: list[Block]) -> Inode:
         """CompleteFile with ``blocks`` (the caller holds _lock)."""

@@ -110,6 +110,11 @@ class Uploader:
         ``published``: for the publish to hand back."""
         return sorted(self._allocated - published)
 
+    @property
+    def allocated(self) -> bool:
+        """Some block was allocated since the last publish."""
+        return bool(self._allocated)
+
     def forget_allocated(self) -> None:
         """A publish took the allocated blocks (or handed them back)."""
         self._allocated.clear()

@@ -842,7 +842,22 @@ class FileSystem:
         if not h.publish_due:
             return
         try:
-            inode = await self._run(self._flush_writer, h)
+            inline = h.writer.inline_nowait()
+            if inline is not None:  # a small file: one CompleteFile, from the loop
+                try:
+                    inode = await self.calls.run("complete", h.ino, inline.blocks,
+                                                 inline.size, inline.mtime_ns,
+                                                 open_id=h.recorded_open[1])
+                except CurvineError as e:
+                    if e.kind != ErrorKind.NO_SPACE:
+                        raise
+                    h.writer.no_inline_room(e)  # stored on workers instead, below
+                    inline = None
+                else:
+                    h.writer.inline_published(inline)
+                    self.kernel.forget_published(h.ino)
+            if inline is None:
+                inode = await self._run(self._flush_writer, h)
             if inode is not None:
                 h.published(inode)
         except CurvineError as e:

@@ -1347,3 +1347,29 @@ def test_ops_empty_close_publishes_with_the_creation_mtime(cluster, completes):
     assert attr.st_mtime_ns > 0  # the time the master gave the file at its creation
     assert [(r.ino, r.size, r.mtime_ns, r.if_unpublished) for r in completes] == [
         (attr.st_ino, 0, attr.st_mtime_ns, True)]
+
+
+def test_a_small_file_is_published_inline_until_the_master_has_no_room(cluster):
+    """A version of at most master.inline_max is published with its bytes in
+    CompleteFile (no AddBlock); when the master's inline space is full (NO_SPACE) the
+    same close stores it on a worker instead, and the file reads the same either way."""
+    master = cluster.client
+    adds = tap(cluster.master, "add_block")
+    ops = make_ops(master)
+    data = os.urandom(5000)
+
+    async def store(name: bytes) -> int:
+        fi, attr = await ops.create(1, name, 0o100644, os.O_WRONLY | os.O_CREAT, Ctx())
+        await ops.write(fi.fh, 0, data)
+        await ops.flush(fi.fh)
+        await ops.release(fi.fh)
+        return attr.st_ino
+
+    inline = run(store, b"inline")
+    assert [(b.block_id, b.data) for b in blocks_of(master, inline)] == [(0, data)]
+    assert not adds
+    cluster.master.ns.inline_capacity = 4999  # full for these 5000 bytes
+    stored = run(store, b"stored")
+    [block] = blocks_of(master, stored)
+    assert block.block_id and not block.data and block.worker_ids and adds
+    assert published(master, inline) == published(master, stored) == data
