@@ -155,19 +155,34 @@ class FileWriter:
         if n == 0 or offset < 0 or not self._lock.acquire(blocking=False):
             return False
         try:
-            ext = self._cur
             exts = self._extents
+            if self._closed or not self._behind.idle():
+                return False
+            ext = self._cur if self._cur is not None else self._small_extent_nowait(offset, n)
             buf = ext.buf if ext is not None else None
-            if (self._closed or ext is None or not (type(buf) is MemoryBuffer or type(buf)
+            if (ext is None or not (type(buf) is MemoryBuffer or type(buf)
                                                     is SmallBuffer and offset + n <= buf.limit)
                     or not ext.start <= offset <= min(ext.end, exts.size)
-                    or offset + n > exts.capacity_end(ext) or not self._behind.idle()):
+                    or offset + n > exts.capacity_end(ext)):
                 return False
             exts.write(ext, offset - ext.start, data)
         finally:
             self._lock.release()
         self._changed()
         return True
+
+    def _small_extent_nowait(self, offset: int, n: int) -> Extent | None:
+        """For ``write_now`` with no buffer in memory: the extent a write of ``n`` at
+        ``offset`` goes to, made the buffer being written here when that is only a copy
+        (a file that stays within inline_max and has no block on workers: its inline
+        bytes or a hole into memory, or its first buffer); else None."""
+        exts = self._extents
+        if (self._uploading is not None or not self.inline_max or offset > exts.size
+                or max(offset + n, exts.size) > self.inline_max
+                or offset == exts.size and exts and exts[-1].is_hole  # a placed block next
+                or any(e.buf is None and e.block.block_id for e in exts)):
+            return None
+        return self._buffer_at(offset)
 
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> int:
         with self._behind.blocking():
