@@ -132,6 +132,9 @@ class JournalConfig:
     dir: str = "/var/lib/curvine/journal"
     segment_size: Size = Size(64 << 20)
     checkpoint_every: int = 1_000_000  # records between automatic checkpoints (0 = never)
+    # journal bytes that make a checkpoint due too (small files' bytes are in the
+    # records: master.inline_max); 0 = never
+    checkpoint_bytes: Size = Size(4 << 30)
     fsync: bool = True
 
 

@@ -95,7 +95,8 @@ def record_type(entry: journal_pb2.JournalEntry) -> int:
 class Committer:
     def __init__(self, store: Store, journal: Journal, ns: Namespace,
                  on_effects: Callable[[Effects], None], checkpoint_root: str,
-                 checkpoint_every: int = 1_000_000, max_batch: int = 4096):
+                 checkpoint_every: int = 1_000_000, max_batch: int = 4096,
+                 checkpoint_bytes: int = 0):
         self.store = store
         self.journal = journal
         self.ns = ns
@@ -105,6 +106,10 @@ class Committer:
         self.on_applied: Callable[[Effects], None] | None = None
         self.checkpoint_root = checkpoint_root
         self.checkpoint_every = checkpoint_every
+        # journal bytes written since the last checkpoint that make one due as well
+        # (small files' bytes travel in the records: master.inline_max); 0 = never
+        self.checkpoint_bytes = checkpoint_bytes
+        self._last_checkpoint_bytes = 0
         self.max_batch = max_batch
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -290,7 +295,10 @@ class Committer:
                 it.finish()
 
     def _maybe_checkpoint(self) -> None:
-        due = self.checkpoint_every and self.applied_seq - self._last_checkpoint_seq >= self.checkpoint_every
+        due = (self.checkpoint_every
+               and self.applied_seq - self._last_checkpoint_seq >= self.checkpoint_every
+               or self.checkpoint_bytes and self.journal.stats["bytes"]
+               - self._last_checkpoint_bytes >= self.checkpoint_bytes)
         if not (due or self._checkpoint_requested.is_set()):
             return
         self._checkpoint_requested.clear()
@@ -307,6 +315,7 @@ class Committer:
         path = write_checkpoint(self.store.env, self.checkpoint_root, seq)
         retired = self.journal.retire(seq)
         self._last_checkpoint_seq = seq
+        self._last_checkpoint_bytes = self.journal.stats["bytes"]
         log.info("checkpoint at seq %d in %.2fs (%s), %d journal segments retired",
                  seq, time.monotonic() - started, path, retired)
         return path

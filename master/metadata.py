@@ -75,7 +75,8 @@ class Metadata:
                            inline_max=min(int(cfg.master.inline_max), int(cfg.cluster.block_size)),
                            inline_capacity=int(cfg.master.inline_capacity))
             committer = Committer(store, journal, ns, on_effects, checkpoint_root(meta_dir),
-                                  cfg.journal.checkpoint_every)
+                                  cfg.journal.checkpoint_every,
+                                  checkpoint_bytes=int(cfg.journal.checkpoint_bytes))
             with store.read() as txn:
                 on_effects(Effects(workers=list(store.workers(txn))))
             replayed = _replay(committer, journal)

@@ -118,6 +118,25 @@ def test_inline_capacity_bounds_the_bytes_and_frees_with_the_files(tmp_path):
         m.close()
 
 
+def test_journal_bytes_make_a_checkpoint_due(tmp_path):
+    """Inline bytes travel in the journal records, so journal.checkpoint_bytes (not
+    only checkpoint_every records) makes a checkpoint due, and the restart from it
+    keeps every byte."""
+    m = make_master(tmp_path, checkpoint_bytes=200 * KIB)
+    try:
+        f = create(m, ROOT_INO, b"f")
+        for i in range(5):  # 5 versions of 60 KiB: ~300 KiB of records
+            complete_inline(m, f.ino, bytes([i]) * 60 * KIB)
+        assert m.committer._last_checkpoint_seq > 0  # one was taken on the way
+    finally:
+        m.close()
+    m = make_master(tmp_path)
+    try:
+        assert content(m, f.ino) == bytes([4]) * 60 * KIB
+    finally:
+        m.close()
+
+
 # ------------------------------------------------------------------ through mounts
 
 def test_small_files_through_mounts_need_no_worker_and_survive_a_master_kill(make_cluster):
