@@ -437,7 +437,7 @@ def _cmd_stat(args, parser) -> int:
             if args.json:
                 d = _inode_dict(node, path=path)
                 d["blocks"] = [{"block_id": b.block_id, "length": b.length,
-                                "checksum": b.checksum, "inline": bool(b.data),
+                                "checksum": b.checksum, "inline": b.HasField("data"),
                                 "workers": [workers[w].address if w in workers else str(w)
                                             for w in b.worker_ids]} for b in blocks]
                 print(json.dumps(d))
@@ -461,7 +461,7 @@ def _cmd_stat(args, parser) -> int:
             for i, b in enumerate(blocks):
                 where = ", ".join(f"{w}@{shown(workers[w].address)}" if w in workers else str(w)
                                   for w in b.worker_ids)
-                none = "the master (inline)" if b.data else "no worker (hole)"
+                none = "the master (inline)" if b.HasField("data") else "no worker (hole)"
                 print(f" Block {i}: id {b.block_id}  length {b.length}  "
                       f"crc32 {b.checksum:08x}  on {where or none}")
     return 0

@@ -42,7 +42,7 @@ class Extent:
     @property
     def is_hole(self) -> bool:
         """Never written: reads as zeros (block id 0 without inline data)."""
-        return self.buf is None and self.block.block_id == 0 and not self.block.data
+        return self.buf is None and self.block.block_id == 0 and not self.block.HasField("data")
 
     def stored(self, block: Block) -> None:
         """The buffer is ``block`` on the workers now: let its bytes go."""

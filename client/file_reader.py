@@ -507,7 +507,7 @@ class BlockFetcher:
         if size == 0:
             return b""
         if block.block_id == 0:  # inline data (kept by the master), or a hole
-            return memoryview(block.data)[offset:offset + size] if block.data else zeros(size)
+            return memoryview(block.data)[offset:offset + size] if block.HasField("data") else zeros(size)
         source = self._source(block)
         data = source.read(offset, size)
         if data is None:  # the local file failed: a replica's copy
@@ -752,7 +752,7 @@ class FileReader:
         self.size = pos
         # a small file's bytes came with its blocks (Block.data): served from here
         self._inline = {i: memoryview(b.data) for i, b in enumerate(self.blocks)
-                        if not b.block_id and b.length and b.data}
+                        if not b.block_id and b.length and b.HasField("data")}
         self._fetcher = BlockFetcher(workers, short_circuit, timeout, readahead, local_dirs,
                                      security=security)
         self._ahead_done: set[int] = set()  # next blocks already asked for (_ahead)

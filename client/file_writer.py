@@ -292,7 +292,7 @@ class FileWriter:
         with self._lock:
             self._settle()
             for ext in self._extents:
-                if ext.buf is None and not ext.block.block_id and ext.block.data:
+                if ext.buf is None and not ext.block.block_id and ext.block.HasField("data"):
                     # a base version's inline bytes: a version stored on workers keeps
                     # none (the master bounds a file's inline bytes by inline_max)
                     ext.buf = MemoryBuffer(self.block_size).write(0, ext.block.data)
@@ -531,7 +531,7 @@ class FileWriter:
         elif ext.buf is None:
             buf = MemoryBuffer(max(self.block_size, ext.block.length))
             try:
-                if ext.block.block_id or ext.block.data:  # on workers, or inline
+                if ext.block.block_id or ext.block.HasField("data"):  # workers, inline
                     buf.write(0, self._fetcher.read_all(ext.block))
                 else:
                     buf.zero_extend(ext.block.length)

@@ -347,7 +347,7 @@ class KVStore:
         """Bytes [skip, skip + len(targets)) of ``block`` into ``targets``."""
         n = sum(len(t) for t in targets)
         if block.block_id == 0:  # inline data (kept by the master), or a hole
-            data = memoryview(block.data) if block.data else None
+            data = memoryview(block.data) if block.HasField("data") else None
             pos = skip
             for t in targets:
                 t[:] = data[pos:pos + len(t)] if data is not None else bytes(len(t))

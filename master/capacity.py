@@ -544,7 +544,7 @@ class Capacity:
                     if self._is_open(ino, now):
                         continue
                 blocks = store.get_blocks(txn, ino)
-                if not any(b.block_id for b in blocks) and any(b.data for b in blocks):
+                if not any(b.block_id for b in blocks) and any(b.HasField("data") for b in blocks):
                     continue  # inline (master.inline_capacity bounds those): frees no worker
                 for b in blocks:
                     if b.block_id:

@@ -463,12 +463,13 @@ class Namespace:
             if b.block_id == 0:
                 if b.worker_ids:
                     raise invalid(f"blocks[{i}].worker_ids", "a hole has no locations")
-                if b.data and len(b.data) != b.length:
-                    raise invalid(f"blocks[{i}].data", f"{len(b.data)} bytes inline, "
-                                                       f"length {b.length}")
-                inline += len(b.data)
+                if b.HasField("data"):
+                    n = len(b.data)
+                    if n != b.length:
+                        raise invalid(f"blocks[{i}].data", f"{n} bytes inline, length {b.length}")
+                    inline += n
                 continue
-            if b.data:
+            if b.HasField("data"):
                 raise invalid(f"blocks[{i}].data", "a block on workers has no inline data")
             if b.block_id in seen:
                 raise invalid(f"blocks[{i}].block_id", "listed twice")
@@ -575,7 +576,8 @@ class Namespace:
             s.del_link(txn, node.ino, parent, name)
         for name, _ in s.xattrs(txn, node.ino):
             s.del_xattr(txn, node.ino, name)
-        for b in s.get_blocks(txn, node.ino):
+        old = s.get_blocks(txn, node.ino)
+        for b in old:
             if b.block_id:
                 s.unindex_block(txn, b)
                 if keep_for_opens:
@@ -583,7 +585,7 @@ class Namespace:
                                        for w in b.worker_ids)
                 else:
                     fx.freed.extend((w, b.block_id, b.length) for w in b.worker_ids)
-        s.put_blocks(txn, node.ino, [])
+        s.put_blocks(txn, node.ino, [], old)
         s.del_writer(txn, node.ino)
         s.del_held(txn, node.ino)
         s.del_inode(txn, node.ino)
@@ -783,7 +785,7 @@ class Namespace:
             n = min(size - pos, self.block_size)
             new.append(common_pb2.Block(block_id=0, length=n))
             pos += n
-        s.put_blocks(txn, node.ino, new)
+        s.put_blocks(txn, node.ino, new, old)
 
     def _apply_complete(self, txn, rec, fx: Effects) -> None:
         s = self.store
@@ -794,7 +796,8 @@ class Namespace:
                     fx.freed.extend((w, b.block_id, b.length) for w in b.worker_ids)
             return
         new_ids = {b.block_id for b in rec.blocks if b.block_id}
-        for b in s.get_blocks(txn, node.ino):
+        old = s.get_blocks(txn, node.ino)
+        for b in old:
             if b.block_id:
                 s.unindex_block(txn, b)
                 if b.block_id not in new_ids:
@@ -803,7 +806,7 @@ class Namespace:
         for b in rec.blocks:
             if b.block_id:
                 s.index_block(txn, b, node.ino)
-        s.put_blocks(txn, node.ino, list(rec.blocks))
+        s.put_blocks(txn, node.ino, list(rec.blocks), old)
         fx.inodes.append(node.ino)
         node.size = rec.size
         node.state = common_pb2.COMPLETE
@@ -819,7 +822,7 @@ class Namespace:
         for b in rec.blocks:
             if b.block_id:
                 s.index_block(txn, b, rec.inode.ino)
-        s.put_blocks(txn, rec.inode.ino, list(rec.blocks))
+        s.put_blocks(txn, rec.inode.ino, list(rec.blocks), old=[])  # a new inode
         fx.completed.extend(b.block_id for b in rec.blocks if b.block_id)
 
     # ------------------------------------------------------------------ capacity
@@ -911,7 +914,7 @@ class Namespace:
                 if b.block_id == block_id and rec.worker_id in b.worker_ids:
                     b.worker_ids.remove(rec.worker_id)
                     lost = lost or not b.worker_ids
-            s.put_blocks(txn, ino, blocks)
+            s.put_blocks(txn, ino, blocks, old=blocks)  # locations only: inline bytes as they were
             node = s.get_inode(txn, ino)
             if lost and node is not None:
                 # The last replica is gone: remove every name, so readers get a clean miss.
@@ -965,7 +968,7 @@ class Namespace:
                     b.worker_ids.append(rec.worker_id)
                     s.index_block(txn, common_pb2.Block(block_id=block_id,
                                                         worker_ids=[rec.worker_id]), ino)
-            s.put_blocks(txn, ino, blocks)
+            s.put_blocks(txn, ino, blocks, old=blocks)  # locations only
 
 
 _S_IFMT = {FILE: stat.S_IFREG, DIRECTORY: stat.S_IFDIR, SYMLINK: stat.S_IFLNK,

@@ -66,8 +66,9 @@ def k64(n: int) -> bytes:
 
 
 def inline_size(blocks) -> int:
-    """Bytes kept inline (Block.data) in ``blocks``."""
-    return sum(len(b.data) for b in blocks if not b.block_id)
+    """Bytes kept inline (Block.data) in ``blocks`` (their lengths: a block's data is
+    checked to be its length when published; read without copying the bytes)."""
+    return sum(b.length for b in blocks if not b.block_id and b.HasField("data"))
 
 
 class Store:
@@ -177,9 +178,12 @@ class Store:
         bl.ParseFromString(v)
         return list(bl.blocks)
 
-    def put_blocks(self, txn, ino: int, blocks: list[common_pb2.Block]) -> None:
-        """The one writer of ``fblocks``: it also keeps the total of inline bytes."""
-        old = self.get_blocks(txn, ino)
+    def put_blocks(self, txn, ino: int, blocks: list[common_pb2.Block],
+                   old: list[common_pb2.Block] | None = None) -> None:
+        """The one writer of ``fblocks``: it also keeps the total of inline bytes.
+        ``old``: the blocks stored now, if the caller has just read them."""
+        if old is None:
+            old = self.get_blocks(txn, ino)
         delta = inline_size(blocks) - inline_size(old)
         if delta:
             self.put_u64(txn, INLINE_BYTES, self.get_u64(txn, INLINE_BYTES) + delta)
