@@ -82,6 +82,23 @@ def close_channels() -> None:
         calls.channel.close()
 
 
+RECONNECT_WAIT = 2.0  # seconds a failed connection may take to come back for one retry
+
+
+def _ready_again(calls: _WorkerCalls, e: grpc.RpcError, timeout: float) -> bool:
+    """Whether a call that failed UNAVAILABLE is worth one more try: its channel is
+    ready again within RECONNECT_WAIT.  A worker back from a restart is refused at
+    once while the channel still waits out its reconnect backoff from the outage
+    (up to 1 s, common/rpc.py); a worker that stays down costs this wait once."""
+    if e.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    try:
+        grpc.channel_ready_future(calls.channel).result(timeout=min(RECONNECT_WAIT, timeout))
+    except grpc.FutureTimeoutError:
+        return False
+    return True
+
+
 def _error(worker: WorkerInfo, e: grpc.RpcError) -> CurvineError:
     err = from_rpc_error(e)
     return CurvineError(err.kind, f"worker {worker.address}: {err.message}")
@@ -125,12 +142,16 @@ def write_block(worker: WorkerInfo, block_id: int, data: bytes | bytearray | mem
     crc32 before finalising; any failure leaves no block."""
     _check(block_id)
     view = memoryview(data).cast("B")
-    result: dict = {}
-    try:
-        reply = _calls(worker.address, security).write(
-            _write_requests(block_id, view, result, token), timeout=timeout)
-    except grpc.RpcError as e:
-        raise _error(worker, e) from None
+    calls = _calls(worker.address, security)
+    for attempt in range(2):
+        result: dict = {}
+        try:
+            reply = calls.write(_write_requests(block_id, view, result, token),
+                                timeout=timeout)
+            break
+        except grpc.RpcError as e:
+            if attempt or not _ready_again(calls, e, timeout):
+                raise _error(worker, e) from None
     crc = result.get("crc")
     if reply.length != len(view) or reply.checksum != crc:
         raise CurvineError(ErrorKind.CHECKSUM,

@@ -208,9 +208,10 @@ class InprocWorker:
             raise AssertionError(f"worker {self.address} did not register: "
                                  f"{self.link.last_failure}")
 
-    def serve(self) -> None:
+    def serve(self, drop_channels: bool = True) -> None:
         """Serve (again, on the same port).  Clients' channels to it backed off while it
-        was away: they are dropped, so that the next call connects at once."""
+        was away: they are dropped (``drop_channels``), so that the next call connects
+        at once."""
         restart = self.port != 0
         # clients, and the master's deletes (as a worker), call it
         server = rpc.make_server(16, security=NO_SECURITY, accept=(CLIENT, WORKER))
@@ -218,7 +219,7 @@ class InprocWorker:
         self.port = rpc.bind(server, LOOPBACK, self.port, NO_SECURITY)
         server.start()
         self._server = server
-        if restart:
+        if restart and drop_channels:
             block_client.close_channels()
 
     def stop_serving(self) -> None:

@@ -1373,3 +1373,38 @@ def test_a_small_file_is_published_inline_until_the_master_has_no_room(cluster):
     [block] = blocks_of(master, stored)
     assert block.block_id and not block.data and block.worker_ids and adds
     assert published(master, inline) == published(master, stored) == data
+
+
+def test_a_block_write_right_after_a_worker_restart_waits_out_the_backoff(cluster,
+                                                                         monkeypatch, request):
+    """A worker back from a restart is refused at once by a client channel still in its
+    reconnect backoff from the outage: the write waits for the channel once
+    (block_client._ready_again) instead of failing (seen in CI: a put right after both
+    workers restarted failed UNAVAILABLE).  A 3 s backoff makes the window certain."""
+    from curvine.common import rpc
+    monkeypatch.setattr(rpc, "CHANNEL_OPTIONS", [
+        (k, 3000 if k in ("grpc.initial_reconnect_backoff_ms", "grpc.min_reconnect_backoff_ms",
+                          "grpc.max_reconnect_backoff_ms") else v)
+        for k, v in rpc.CHANNEL_OPTIONS])
+    block_client.close_channels()  # channels made with these options...
+    request.addfinalizer(block_client.close_channels)  # ...and none left for later tests
+    master = cluster.client
+    w = cluster.workers[0]
+    info = next(i for i in master.statfs().workers if i.worker_id == w.worker_id)
+
+    def write(data: bytes) -> tuple[int, int]:
+        r = master.add_block(new_file(master, os.urandom(4).hex().encode()), "test-host")
+        return block_client.write_block(info, r[0], data, timeout=30, token=r[2],
+                                        security=NO_SECURITY)
+
+    assert write(b"a" * 100)[0] == 100
+    w.stop_serving()
+    monkeypatch.setattr(block_client, "RECONNECT_WAIT", 0.0, raising=False)  # backoff starts
+    with pytest.raises(CurvineError) as e:
+        write(b"b" * 100)
+    assert e.value.kind == ErrorKind.UNAVAILABLE
+    w.serve(drop_channels=False)  # back, while the channel backs off for 3 s
+    monkeypatch.setattr(block_client, "RECONNECT_WAIT", 10.0, raising=False)
+    t0 = time.monotonic()
+    assert write(b"c" * 100)[0] == 100
+    assert time.monotonic() - t0 < 10
