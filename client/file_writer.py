@@ -160,8 +160,8 @@ class FileWriter:
                 return False
             ext = self._cur if self._cur is not None else self._small_extent_nowait(offset, n)
             buf = ext.buf if ext is not None else None
-            if (ext is None or not (type(buf) is MemoryBuffer or type(buf)
-                                                    is SmallBuffer and offset + n <= buf.limit)
+            if (ext is None or not (type(buf) is MemoryBuffer or type(buf) is SmallBuffer
+                                    and offset - ext.start + n <= buf.limit)
                     or not ext.start <= offset <= min(ext.end, exts.size)
                     or offset + n > exts.capacity_end(ext)):
                 return False
@@ -177,9 +177,10 @@ class FileWriter:
         (a file that stays within inline_max and has no block on workers: its inline
         bytes or a hole into memory, or its first buffer); else None."""
         exts = self._extents
+        after_hole = offset == exts.size and exts and exts[-1].is_hole
         if (self._uploading is not None or not self.inline_max or offset > exts.size
                 or max(offset + n, exts.size) > self.inline_max
-                or offset == exts.size and exts and exts[-1].is_hole  # a placed block next
+                or after_hole and self.size_hint  # a placed block (AddBlock) would come next
                 or any(e.buf is None and e.block.block_id for e in exts)):
             return None
         return self._buffer_at(offset)
@@ -504,6 +505,10 @@ class FileWriter:
                 if off == 0 and (not self.size_hint or self.size_hint <= self.inline_max):
                     # placed once its size is known (memory while it may stay inline)
                     buf = first_buffer(self.block_size, self.inline_max, self._uploader)
+                elif off < self.inline_max and not self.size_hint:
+                    # after a hole in a file that may stay inline: memory too, placed
+                    # only if it outgrows inline_max (no AddBlock for a small file)
+                    buf = first_buffer(self.block_size, self.inline_max - off, self._uploader)
                 else:
                     hint = min(max(self.size_hint - off, 0), self.block_size)
                     buf = placed_buffer(self.block_size, hint, self._uploader)

@@ -421,10 +421,12 @@ class Namespace:
         self._check_blocks(txn, req.blocks, req.size, node.ino, block_ids_reserved,
                            allocated_here, freed)
         self._check_inline_room(txn, req.blocks, node.ino)
-        rec = journal_pb2.CompleteRecord(request_id=req.request_id, ino=node.ino,
-                                         blocks=req.blocks, size=req.size,
-                                         mtime_ns=req.mtime_ns or now_ns())
-        return journal_pb2.JournalEntry(complete=rec), None
+        entry = journal_pb2.JournalEntry()  # filled in place: the blocks are copied once
+        rec = entry.complete
+        rec.request_id, rec.ino, rec.size = req.request_id, node.ino, req.size
+        rec.mtime_ns = req.mtime_ns or now_ns()
+        rec.blocks.extend(req.blocks)
+        return entry, None
 
     def plan_put(self, txn, req: master_pb2.PutFileRequest, block_ids_reserved: int,
                  allocated_here=lambda block_id: True):
