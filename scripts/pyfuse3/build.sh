@@ -6,7 +6,10 @@
 # FUSE_CAP_CACHE_SYMLINKS, instead of a READLINK request per path walk through a
 # symlink) and cache-readdir.patch (Operations.opendir may return a FileInfo whose
 # cache_readdir and keep_cache let the kernel keep a directory's entries: FOPEN_CACHE_DIR,
-# FOPEN_KEEP_CACHE) and install it into a venv.
+# FOPEN_KEEP_CACHE) and read-queued.patch (the FUSE device is non-blocking and the
+# session loop reads a request already queued at once, waiting for readability only
+# when there is none: no trio scheduler pass and epoll registration per request) and
+# install it into a venv.
 #
 #   scripts/pyfuse3/build.sh [VENV]     (VENV defaults to the repository's .venv)
 #
@@ -23,9 +26,10 @@ py="$venv/bin/python"
 
 VERSION=3.5.0
 SHA256=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
-PATCHES=("$here/fallocate.patch" "$here/cache-symlinks.patch" "$here/cache-readdir.patch")
+PATCHES=("$here/fallocate.patch" "$here/cache-symlinks.patch" "$here/cache-readdir.patch"
+         "$here/read-queued.patch")
 # pip list / pip freeze show this local version for the patched build.
-LOCAL_VERSION="$VERSION+curvine.fallocate.symlinks.readdir"
+LOCAL_VERSION="$VERSION+curvine.fallocate.symlinks.readdir.readqueued"
 
 die() { echo "pyfuse3/build.sh: $*" >&2; exit 1; }
 
@@ -43,7 +47,8 @@ ok = (importlib.metadata.version("pyfuse3") == os.environ["LOCAL_VERSION"]
       and hasattr(pyfuse3.FileInfo(), "cache_readdir"))
 if ok:
     with open(pyfuse3.__file__, "rb") as f:
-        ok = b"fuse_fallocate_async" in f.read()
+        binary = f.read()
+    ok = b"fuse_fallocate_async" in binary and hasattr(pyfuse3, "_curvine_read_queued")
 sys.exit(0 if ok else 1)
 EOF
 }
