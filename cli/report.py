@@ -49,6 +49,7 @@ def report_dict(r: master_pb2.ReportReply, master: str) -> dict:
         "files_with_data": r.files_with_data,
         "blocks": r.blocks,
         "block_replicas": r.block_locations,
+        "inline_bytes": r.inline_bytes,
         "under_replicated_blocks": r.under_replicated_blocks,
         "copies_in_flight": r.copies_in_flight,
         "replication_scan_done": r.replication_scanned,
@@ -109,7 +110,8 @@ def print_report(d: dict) -> None:
                   f"{_age(age if age is not None else -1)}")
     print()
     print(f"Namespace: {d['inodes']} inodes (files and directories), {d['files_with_data']} "
-          f"files with data, {d['blocks']} blocks, {d['block_replicas']} block replicas")
+          f"files with data, {d['blocks']} blocks, {d['block_replicas']} block replicas, "
+          f"{human_size(d['inline_bytes'])}B of small files inline at the master")
     scan = "" if d["replication_scan_done"] else " (start-up scan not done yet: incomplete)"
     print(f"Replication: {d['under_replicated_blocks']} under-replicated blocks, "
           f"{d['copies_in_flight']} copies in flight{scan}")

@@ -71,6 +71,7 @@ def build(master, lookups: LookupCounts) -> master_pb2.ReportReply:
         reply.blocks = txn.stat(store.db["block"])["entries"]
         reply.block_locations = txn.stat(store.db["wblock"])["entries"]
         reply.applied_seq = store.get_u64(txn, b"applied_seq")
+        reply.inline_bytes = store.inline_bytes(txn)
     reply.under_replicated_blocks = rep.under_replicated_blocks
     reply.copies_in_flight = rep.copies_in_flight
     reply.replication_scanned = rep.scanned

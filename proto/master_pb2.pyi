@@ -779,7 +779,7 @@ class WorkerReport(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., host_id: _Optional[str] = ..., state: _Optional[str] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., blocks: _Optional[int] = ..., heartbeat_age: _Optional[float] = ...) -> None: ...
 
 class ReportReply(_message.Message):
-    __slots__ = ("workers", "inodes", "files_with_data", "blocks", "block_locations", "under_replicated_blocks", "copies_in_flight", "replication_scanned", "capacity", "lookup_hits", "lookup_misses", "lease_stats", "lease_sessions", "applied_seq", "journal_first_seq", "checkpoint_seq", "uptime")
+    __slots__ = ("workers", "inodes", "files_with_data", "blocks", "block_locations", "under_replicated_blocks", "copies_in_flight", "replication_scanned", "capacity", "lookup_hits", "lookup_misses", "lease_stats", "lease_sessions", "applied_seq", "journal_first_seq", "checkpoint_seq", "uptime", "inline_bytes")
     class LeaseStatsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -804,6 +804,7 @@ class ReportReply(_message.Message):
     JOURNAL_FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_SEQ_FIELD_NUMBER: _ClassVar[int]
     UPTIME_FIELD_NUMBER: _ClassVar[int]
+    INLINE_BYTES_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerReport]
     inodes: int
     files_with_data: int
@@ -821,7 +822,8 @@ class ReportReply(_message.Message):
     journal_first_seq: int
     checkpoint_seq: int
     uptime: float
-    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerReport, _Mapping]]] = ..., inodes: _Optional[int] = ..., files_with_data: _Optional[int] = ..., blocks: _Optional[int] = ..., block_locations: _Optional[int] = ..., under_replicated_blocks: _Optional[int] = ..., copies_in_flight: _Optional[int] = ..., replication_scanned: _Optional[bool] = ..., capacity: _Optional[_Union[CapacityStatusReply, _Mapping]] = ..., lookup_hits: _Optional[int] = ..., lookup_misses: _Optional[int] = ..., lease_stats: _Optional[_Mapping[str, int]] = ..., lease_sessions: _Optional[int] = ..., applied_seq: _Optional[int] = ..., journal_first_seq: _Optional[int] = ..., checkpoint_seq: _Optional[int] = ..., uptime: _Optional[float] = ...) -> None: ...
+    inline_bytes: int
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerReport, _Mapping]]] = ..., inodes: _Optional[int] = ..., files_with_data: _Optional[int] = ..., blocks: _Optional[int] = ..., block_locations: _Optional[int] = ..., under_replicated_blocks: _Optional[int] = ..., copies_in_flight: _Optional[int] = ..., replication_scanned: _Optional[bool] = ..., capacity: _Optional[_Union[CapacityStatusReply, _Mapping]] = ..., lookup_hits: _Optional[int] = ..., lookup_misses: _Optional[int] = ..., lease_stats: _Optional[_Mapping[str, int]] = ..., lease_sessions: _Optional[int] = ..., applied_seq: _Optional[int] = ..., journal_first_seq: _Optional[int] = ..., checkpoint_seq: _Optional[int] = ..., uptime: _Optional[float] = ..., inline_bytes: _Optional[int] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ()

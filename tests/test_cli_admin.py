@@ -204,6 +204,7 @@ def test_fs_commands_report_and_a_lost_worker(make_cluster, tmp_path):
     assert rep["inodes"] == 4  # /, data, big.bin, renamed.txt
     # renamed.txt's 14 bytes are kept inline by the master (master.inline_max): no block
     assert rep["files_with_data"] == 2 and rep["blocks"] == 1 and rep["block_replicas"] == 2
+    assert rep["inline_bytes"] == 14
     assert rep["under_replicated_blocks"] == 0
     assert rep["lookup_hits"] > 0 and rep["lookup_misses"] > 0  # the /nope lookups
     assert {"evicted_files", "expired_files", "orphans_removed"} <= set(rep["evictions"])
