@@ -507,7 +507,9 @@ class BlockFetcher:
         if size == 0:
             return b""
         if block.block_id == 0:  # inline data (kept by the master), or a hole
-            return memoryview(block.data)[offset:offset + size] if block.HasField("data") else zeros(size)
+            if block.HasField("data"):
+                return memoryview(block.data)[offset:offset + size]
+            return zeros(size)
         source = self._source(block)
         data = source.read(offset, size)
         if data is None:  # the local file failed: a replica's copy

@@ -779,7 +779,7 @@ class Namespace:
             if pos + b.length > size:
                 keep.length = size - pos
                 keep.checksum = 0  # the stored block is longer; its checksum no longer applies
-                if keep.data:
+                if keep.HasField("data"):  # (presence without copying the bytes)
                     keep.data = keep.data[:keep.length]
             new.append(keep)
             pos += keep.length
