@@ -85,18 +85,31 @@ def close_channels() -> None:
 RECONNECT_WAIT = 2.0  # seconds a failed connection may take to come back for one retry
 
 
-def _ready_again(calls: _WorkerCalls, e: grpc.RpcError, timeout: float) -> bool:
-    """Whether a call that failed UNAVAILABLE is worth one more try: its channel is
-    ready again within RECONNECT_WAIT.  A worker back from a restart is refused at
-    once while the channel still waits out its reconnect backoff from the outage
-    (up to 1 s, common/rpc.py); a worker that stays down costs this wait once."""
-    if e.code() != grpc.StatusCode.UNAVAILABLE:
-        return False
+def wait_ready(worker: WorkerInfo, timeout: float | None = None, *,
+               security: Security) -> bool:
+    """Wait up to ``timeout`` seconds (default RECONNECT_WAIT) for this process's channel to ``worker`` to be
+    connected; whether it is.  A worker back from a restart is refused at once while
+    the channel still waits out its reconnect backoff from the outage (up to 1 s,
+    common/rpc.py): a call that failed UNAVAILABLE is worth one more try after this."""
+    return _wait_ready(_calls(worker.address, security),
+                       RECONNECT_WAIT if timeout is None else timeout)
+
+
+def _wait_ready(calls: _WorkerCalls, timeout: float) -> bool:
     try:
-        grpc.channel_ready_future(calls.channel).result(timeout=min(RECONNECT_WAIT, timeout))
+        grpc.channel_ready_future(calls.channel).result(timeout=timeout)
     except grpc.FutureTimeoutError:
         return False
     return True
+
+
+def _ready_again(calls: _WorkerCalls, e: grpc.RpcError, timeout: float) -> bool:
+    """Whether a call that failed UNAVAILABLE is worth one more try: its channel is
+    ready again within RECONNECT_WAIT (see wait_ready); a worker that stays down costs
+    this wait once."""
+    if e.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    return _wait_ready(calls, min(RECONNECT_WAIT, timeout))
 
 
 def _error(worker: WorkerInfo, e: grpc.RpcError) -> CurvineError:
@@ -261,14 +274,16 @@ def read_block(worker: WorkerInfo, block_id: int, offset: int, length: int,
                timeout: float = 30.0, token: bytes = b"", *, security: Security) -> bytes:
     """[offset, offset+length) of a block (length 0 = to the end), in one bytes object."""
     _check(block_id, offset, length)
-    stream = _calls(worker.address, security).read(
-        worker_pb2.ReadBlockRequest(block_id=block_id, offset=offset, length=length,
-                                    token=token),
-        timeout=timeout)
-    try:
-        parts = list(stream)  # memoryviews into the received messages
-    except grpc.RpcError as e:
-        raise _error(worker, e) from None
+    calls = _calls(worker.address, security)
+    request = worker_pb2.ReadBlockRequest(block_id=block_id, offset=offset, length=length,
+                                          token=token)
+    for attempt in range(2):
+        try:
+            parts = list(calls.read(request, timeout=timeout))  # views into the messages
+            break
+        except grpc.RpcError as e:
+            if attempt or not _ready_again(calls, e, timeout):
+                raise _error(worker, e) from None
     data = b"".join(parts)  # the one copy
     if length and len(data) != length:
         raise CurvineError(ErrorKind.IO, f"worker {worker.address}: block {block_id:016x}: "

@@ -688,6 +688,11 @@ class BlockFetcher:
                     # Every replica once, plus one more try (a transient failure).
                     if attempts > len(block.worker_ids):
                         raise self._no_replica(block, e) from None
+                    if attempts == len(block.worker_ids) and e.kind == ErrorKind.UNAVAILABLE:
+                        # the last try: a worker just back from a restart is refused
+                        # while this process's channel to it waits out its reconnect
+                        # backoff; wait (bounded) for that instead of failing the read
+                        block_client.wait_ready(f.worker, security=self.security)
             finally:
                 f.lock.release()
 

@@ -208,10 +208,10 @@ class InprocWorker:
             raise AssertionError(f"worker {self.address} did not register: "
                                  f"{self.link.last_failure}")
 
-    def serve(self, drop_channels: bool = True) -> None:
-        """Serve (again, on the same port).  Clients' channels to it backed off while it
-        was away: they are dropped (``drop_channels``), so that the next call connects
-        at once."""
+    def serve(self, drop_channels: bool = False) -> None:
+        """Serve (again, on the same port).  Clients' channels to it are in their
+        reconnect backoff from the outage, as a real client's would be (the client waits
+        that out: block_client.wait_ready); ``drop_channels`` closes them instead."""
         restart = self.port != 0
         # clients, and the master's deletes (as a worker), call it
         server = rpc.make_server(16, security=NO_SECURITY, accept=(CLIENT, WORKER))

@@ -1403,8 +1403,47 @@ def test_a_block_write_right_after_a_worker_restart_waits_out_the_backoff(cluste
     with pytest.raises(CurvineError) as e:
         write(b"b" * 100)
     assert e.value.kind == ErrorKind.UNAVAILABLE
-    w.serve(drop_channels=False)  # back, while the channel backs off for 3 s
+    w.serve()  # back, while the channel backs off for 3 s
     monkeypatch.setattr(block_client, "RECONNECT_WAIT", 10.0, raising=False)
     t0 = time.monotonic()
     assert write(b"c" * 100)[0] == 100
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_block_read_right_after_a_worker_restart_waits_out_the_backoff(cluster,
+                                                                        monkeypatch, request):
+    """The same for a reader of a block whose only replica is on the restarted worker:
+    the read's last try waits for the channel (FileReader._fetched, wait_ready) instead
+    of failing EIO while the channel backs off."""
+    from curvine.common import rpc
+    monkeypatch.setattr(rpc, "CHANNEL_OPTIONS", [
+        (k, 3000 if k in ("grpc.initial_reconnect_backoff_ms", "grpc.min_reconnect_backoff_ms",
+                          "grpc.max_reconnect_backoff_ms") else v)
+        for k, v in rpc.CHANNEL_OPTIONS])
+    block_client.close_channels()
+    request.addfinalizer(block_client.close_channels)
+    master = cluster.client
+    data = rand_bytes(random.Random(9), BS + 7)
+    ino = _publish_bytes(master, data, name=b"restarted")
+    inode, blocks, ws = master.get_blocks(ino)
+    [worker_id] = {w for b in blocks for w in b.worker_ids}
+    w = cluster.worker(worker_id)
+
+    def read() -> bytes:
+        r = FileReader(blocks, ws, short_circuit=False, security=NO_SECURITY)
+        try:
+            return bytes(r.read(0, len(data)))
+        finally:
+            r.close()
+
+    assert read() == data
+    w.stop_serving()
+    monkeypatch.setattr(block_client, "RECONNECT_WAIT", 0.0, raising=False)  # backoff starts
+    with pytest.raises(CurvineError) as e:
+        read()
+    assert e.value.kind == ErrorKind.UNAVAILABLE
+    w.serve()  # back, while the channel backs off for 3 s
+    monkeypatch.setattr(block_client, "RECONNECT_WAIT", 10.0, raising=False)
+    t0 = time.monotonic()
+    assert read() == data
     assert time.monotonic() - t0 < 10
