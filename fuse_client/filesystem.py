@@ -929,9 +929,34 @@ class FileSystem:
             if page:
                 d.after = page[-1].name
             d.done = not more or not page
+        return self._listed(d.entries[i:i + n])
+
+    def _listed(self, items: list[tuple[bytes, Inode, float]]
+                ) -> list[tuple[bytes, Attributes]]:
+        """``attributes`` of listed entries, the timeouts worked out once per lease (a
+        listing makes thousands: ~1 us each instead of ~3)."""
         now = time.monotonic()
-        return [(name, self.attributes(inode, lease=until - now if until > now else 0.0))
-                for name, inode, until in d.entries[i:i + n]]
+        writers = self._writers
+        out = []
+        last_until, leased = None, []
+        for name, inode, until in items:
+            if until != last_until:
+                if leased:
+                    self.kernel.lease_inodes(leased, lease)
+                    leased = []
+                last_until, lease = until, until - now if until > now else 0.0
+                entry_timeout, file_attr, dir_attr = self.kernel.leased_timeouts(lease)
+            if writers.get(inode.ino):  # the size this mount writes (attributes)
+                out.append((name, self.attributes(inode, lease=lease)))
+            elif inode.type == DIRECTORY:
+                out.append((name, Attributes(inode, inode.size, entry_timeout, dir_attr)))
+            else:
+                out.append((name, Attributes(inode, inode.size, entry_timeout, file_attr)))
+                if lease > 0:
+                    leased.append(inode.ino)
+        if leased:
+            self.kernel.lease_inodes(leased, lease)
+        return out
 
     def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)

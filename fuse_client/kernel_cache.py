@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from typing import Iterable
 
 import pyfuse3
 
@@ -154,22 +155,34 @@ class KernelCache:
         """(entry_timeout, attr_timeout) of an answer about ``inode``; ``lease``: seconds
         the master leased the name (and a file's attributes) to this mount, else the
         configured timeouts apply; ``writing``: this mount writes the file."""
+        entry_timeout, file_attr, dir_attr = self.leased_timeouts(lease)
+        # a directory's attributes change with every entry: never leased; nor the
+        # size of a file this mount writes (the file system layer computes it)
+        if inode.type == DIRECTORY or writing:
+            return entry_timeout, dir_attr
+        if lease > 0:
+            self.lease_inode(inode.ino, lease)
+        return entry_timeout, file_attr
+
+    def leased_timeouts(self, lease: float) -> tuple[float, float, float]:
+        """(entry_timeout, a file's attr_timeout, a directory's attr_timeout) of answers
+        leased for ``lease`` seconds (0: not leased, the configured timeouts).  The
+        caller notes the files' leases (lease_inode, lease_inodes)."""
         entry_timeout = self.cfg.fuse.entry_timeout
         attr_timeout = self.cfg.fuse.attr_timeout
         if lease > 0:
-            entry_timeout = max(lease, entry_timeout)
-            # a directory's attributes change with every entry: never leased; nor the
-            # size of a file this mount writes (the file system layer computes it)
-            if inode.type != DIRECTORY and not writing:
-                attr_timeout = max(lease, attr_timeout)
-                self.lease_inode(inode.ino, lease)
-        return entry_timeout, attr_timeout
+            return max(lease, entry_timeout), max(lease, attr_timeout), attr_timeout
+        return entry_timeout, attr_timeout, attr_timeout
 
     def lease_inode(self, ino: int, lease: float) -> None:
         """The kernel keeps the attributes of ``ino`` for ``lease`` seconds."""
+        self.lease_inodes((ino,), lease)
+
+    def lease_inodes(self, inos: Iterable[int], lease: float) -> None:
+        """The kernel keeps the attributes of ``inos`` for ``lease`` seconds."""
         now = time.monotonic()
         leased = self._leased_inodes
-        leased[ino] = now + lease
+        leased.update(dict.fromkeys(inos, now + lease))
         if len(leased) > self._prune_leased_at:  # forget expired ones now and then
             for i, t in list(leased.items()):  # only this thread adds entries
                 if t < now:

@@ -22,6 +22,7 @@ from curvine.common.ids import check_ino, check_name
 from curvine.common.security import Security
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
+from . import listing
 from .capacity import PUT_BLOCK_TTL, Capacity
 from .committer import RetryHit
 from .deleter import DeletePusher
@@ -253,29 +254,28 @@ class Master:
             reply.has_more = True
             return reply
         since = self.leases.snapshot()
-        keys: list[tuple[int, bytes]] = []  # the names listed, and the files among them:
-        files: list[int] = []  # leased to the session (see _leasable)
         with self.store.read() as txn:
             self.ns.directory(txn, ino, "ino")
-            entries = reply.entries
-            for name, child in self.store.list_dir(txn, ino, start_after):
-                if len(entries) >= limit:
-                    reply.has_more = True
-                    break
-                if names_only:
+            if names_only:
+                entries = reply.entries
+                for name, _child in self.store.list_dir(txn, ino, start_after):
+                    if len(entries) >= limit:
+                        reply.has_more = True
+                        break
                     entries.add(name=name)
-                    continue
-                raw = self.store.get_inode_bytes(txn, child)
-                if raw is not None:  # parsed straight into the reply: no copy per entry
-                    node = entries.add(name=name).inode
-                    node.ParseFromString(raw)
-                    keys.append((ino, name))
-                    if node.type == FILE:
-                        files.append(child)
+                names: list[bytes] = []
+                files: list[int] = []
+            else:
+                # the stored inodes framed as the reply's entries, parsed in one call
+                encoded, names, files, reply.has_more = listing.read_page(
+                    txn, self.store.db["dentry"], self.store.db["inode"], ino,
+                    start_after, limit)
+                reply.MergeFromString(encoded)
         if session and lease_listing and not start_after and not reply.has_more:
             reply.listing_lease_ms = self.leases.grant_listing(session, since, ino)
-        if session and keys:
-            reply.lease_ms = self.leases.grant(session, since, keys, files)
+        if session and names:  # the names listed, and the files' attributes
+            reply.lease_ms = self.leases.grant(session, since, [(ino, n) for n in names],
+                                               files)
         return reply
 
     @property
