@@ -341,6 +341,9 @@ class FileSystem:
             listings.fetched(parent, names, self.kernel.lease_ttl(lease_ms, sent), generation)
 
     async def getattr(self, ino: int) -> Attributes:
+        published = self.kernel.take_published(ino)
+        if published is not None:  # this mount's publish, still leased: as the master
+            return self.attributes(published[0], lease=published[1])
         cached = self.kernel.cached_dir(ino)
         if cached is not None:
             node, left = cached
@@ -384,7 +387,8 @@ class FileSystem:
             if w is not None:
                 w.mtime_ns = mtime_ns  # kept when the handle publishes
         if changes:
-            node = await self.calls.run("setattr", ino, **changes)
+            with self.kernel.changing(ino):
+                node = await self.calls.run("setattr", ino, **changes)
         else:
             node = await self.calls.run("getattr_unleased", ino)
         self.kernel.note_dirs(node)
@@ -426,7 +430,7 @@ class FileSystem:
 
     async def unlink(self, parent: int, name: bytes) -> None:
         check_name(name)
-        with self.kernel.listings.removing(parent, name):
+        with self.kernel.listings.removing(parent, name), self.kernel.changing((parent, name)):
             parent_node, held = await self.calls.run(
                 "unlink", parent, name, open_inos=await self._open_inos(parent, name))
         await self._note_held(held)
@@ -487,7 +491,8 @@ class FileSystem:
             mine += [h.ino for h in self._write_handles.values()
                      if h.tgid == caller and h.fh in self._handles]
         opened = [] if exchange else await self._open_inos(new_parent, new_name)
-        with self.kernel.listings.changing(parent, new_parent):
+        with (self.kernel.listings.changing(parent, new_parent),
+              self.kernel.changing((parent, name), (new_parent, new_name))):
             *changed, held = await self.calls.run(
                 "rename", parent, name, new_parent, new_name, no_replace=no_replace,
                 require_published=True, writer_inos=mine, open_inos=opened,
@@ -501,7 +506,7 @@ class FileSystem:
     async def link(self, ino: int, new_parent: int, new_name: bytes) -> Attributes:
         check_name(new_name)
         sent = time.monotonic()
-        with self.kernel.listings.adding(new_parent, new_name):
+        with self.kernel.listings.adding(new_parent, new_name), self.kernel.changing(ino):
             inode, lease_ms, parent_node = await self.calls.run("link", ino, new_parent,
                                                                 new_name)
         self.kernel.note_dirs(parent_node)
@@ -557,7 +562,8 @@ class FileSystem:
             raise CurvineError(ErrorKind.NOT_SUPPORTED, "only user.* attributes are stored")
         if len(value) > XATTR_VALUE_MAX:
             raise CurvineError(ErrorKind.TOO_BIG, "attribute value too large")
-        await self.calls.run("set_xattr", ino, name, value)
+        with self.kernel.changing(ino):  # its ctime
+            await self.calls.run("set_xattr", ino, name, value)
 
     async def listxattr(self, ino: int) -> list[bytes]:
         return await self.calls.run("list_xattr", ino)
@@ -565,7 +571,8 @@ class FileSystem:
     async def removexattr(self, ino: int, name: bytes) -> None:
         if not name.startswith(XATTR_PREFIX):
             raise CurvineError(ErrorKind.NO_DATA, "no such attribute")
-        await self.calls.run("remove_xattr", ino, name)
+        with self.kernel.changing(ino):
+            await self.calls.run("remove_xattr", ino, name)
 
     async def statfs(self) -> master_pb2.StatFsReply:
         return await self.calls.run("statfs")
@@ -844,6 +851,7 @@ class FileSystem:
         try:
             inline = h.writer.inline_nowait()
             if inline is not None:  # a small file: one CompleteFile, from the loop
+                sent = time.monotonic()
                 try:
                     inode = await self.calls.run("complete", h.ino, inline.blocks,
                                                  inline.size, inline.mtime_ns,
@@ -855,7 +863,7 @@ class FileSystem:
                     inline = None
                 else:
                     h.writer.inline_published(inline)
-                    self.kernel.forget_published(h.ino)
+                    self.kernel.forget_published(h.ino, inode, sent)
             if inline is None:
                 inode = await self._run(self._flush_writer, h)
             if inode is not None:
@@ -871,9 +879,10 @@ class FileSystem:
     def _flush_writer(self, h: Handle) -> Inode | None:
         """Publish (in a thread), then forget the kernel's leased attributes of the
         old version."""
+        sent = time.monotonic()
         inode = h.writer.flush()
         if inode is not None:
-            self.kernel.forget_published(h.ino)
+            self.kernel.forget_published(h.ino, inode, sent)
         return inode
 
     async def _publish_empty(self, ino: int, mtime_ns: int = 0) -> None:

@@ -15,6 +15,7 @@ master does not revoke from the writer itself.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import threading
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 Inode = common_pb2.Inode
 DIRECTORY = common_pb2.DIRECTORY
 
+# seconds a change by this mount is remembered: a publish that took longer is not kept
+# for GETATTR (forget_published)
+CHANGE_MEMORY = 30.0
 LEASE_SAFETY = 0.2  # seconds the kernel's copy expires before the master's lease
 DIR_CACHE = 100_000  # directories whose attributes this mount keeps (fuse.attr_timeout)
 
@@ -50,6 +54,14 @@ class KernelCache:
         self._leases: LeaseSession | None = None
         self._epoch: Epoch | None = None
         self._leased_inodes: dict[int, float] = {}  # ino -> when the kernel's copy expires
+        # ino -> (the version this mount published, when its lease expires): the next
+        # GETATTR needs no master call (forget_published, take_published)
+        self._published: dict[int, tuple[Inode, float]] = {}
+        self._published_names: dict[tuple[int, bytes], int] = {}  # its one name -> ino
+        # inode or (parent, name) -> when this mount last began or ended changing it at
+        # the master (changing): a publish sent before that may not reflect the change
+        self._changed: dict = {}
+        self._prune_changed_at = 4096
         self._kernel_lock = threading.Lock()  # notifications vs unmount (pyfuse3.close)
         self._unmounting = False
         self._prune_leased_at = 4096
@@ -125,10 +137,14 @@ class KernelCache:
                 self._notify_inval(ino, attr_only=False)
             for ino in inodes:
                 self._leased_inodes.pop(ino, None)
+                self._drop_published(ino)
                 self._notify_inval(ino, attr_only=True)
 
     def _drop_all(self) -> None:
         """The session is lost (session thread): drop every leased copy."""
+        with self._kernel_lock:
+            self._published.clear()
+            self._published_names.clear()
         self._invalidate((), list(self._leased_inodes), self.listings.drop_all())
 
     @staticmethod
@@ -189,15 +205,77 @@ class KernelCache:
                     leased.pop(i, None)
             self._prune_leased_at = 2 * len(leased) + 4096
 
-    def forget_published(self, ino: int) -> None:
-        """A handle here published ``ino`` (in its thread): this mount's kernel may hold
-        leased attributes of the old version, which the master does not revoke from the
-        writer itself."""
-        if ino in self._leased_inodes:
-            with self._kernel_lock:
-                if not self._unmounting:
-                    self._leased_inodes.pop(ino, None)
-                    self._notify_inval(ino, attr_only=True)
+    def forget_published(self, ino: int, inode: Inode | None = None,
+                         sent: float = 0.0) -> None:
+        """A handle here published ``ino`` (in its thread, or the loop): this mount's
+        kernel may hold leased attributes of the old version, which the master does not
+        revoke from the writer itself.
+
+        ``inode``: the version just published, ``sent``: when the publish was sent.  The
+        kernel's next GETATTR of it is answered from that version (take_published)
+        instead of by the master, while the lease lasts, unless this mount began or
+        ended a change of the inode or of its name since (changing); another client's
+        change revokes the lease.  Only for a file with one name (a change by another
+        of its names could not be told)."""
+        with self._kernel_lock:
+            expiry = self._leased_inodes.pop(ino, None)
+            self._drop_published(ino)
+            if expiry is None or self._unmounting:
+                return
+            self._notify_inval(ino, attr_only=True)
+            if (inode is None or inode.nlink != 1 or not inode.parent
+                    or time.monotonic() - sent > CHANGE_MEMORY):
+                return
+            name = (inode.parent, inode.name)
+            changed = self._changed
+            if changed.get(ino, 0.0) >= sent or changed.get(name, 0.0) >= sent:
+                return
+            self._published[ino] = (inode, expiry)
+            self._published_names[name] = ino
+
+    def _drop_published(self, ino: int) -> None:
+        entry = self._published.pop(ino, None)
+        if entry is not None:
+            self._published_names.pop((entry[0].parent, entry[0].name), None)
+
+    def take_published(self, ino: int) -> tuple[Inode, float] | None:
+        """The version of ``ino`` this mount published last (forget_published), if the
+        lease still holds: (inode, seconds left).  Once."""
+        if ino not in self._published:
+            return None
+        with self._kernel_lock:
+            entry = self._published.get(ino)
+            self._drop_published(ino)
+        if entry is None:
+            return None
+        left = entry[1] - time.monotonic()
+        return (entry[0], left) if left > 0 else None
+
+    @contextlib.contextmanager
+    def changing(self, *keys: int | tuple[int, bytes]):
+        """This mount changes these inodes and names (parent, name) at the master: a kept
+        published version of them is stale, and so is a publish on its way meanwhile."""
+        self._note_changes(keys)
+        try:
+            yield
+        finally:
+            self._note_changes(keys)
+
+    def _note_changes(self, keys) -> None:
+        now = time.monotonic()
+        with self._kernel_lock:
+            changed = self._changed
+            for key in keys:
+                changed[key] = now
+                ino = key if isinstance(key, int) else self._published_names.get(key)
+                if ino is not None:
+                    self._drop_published(ino)
+            if len(changed) > self._prune_changed_at:  # forget old ones now and then
+                old = now - CHANGE_MEMORY
+                for key, t in list(changed.items()):
+                    if t < old:
+                        del changed[key]
+                self._prune_changed_at = 2 * len(changed) + 4096
 
     # -- directory attributes ---------------------------------------------------------
 

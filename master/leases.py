@@ -334,8 +334,11 @@ class LeaseTable:
                                       (self._inodes, inodes, 1)):
                 for k in keys:
                     for sid, exp in (table.pop(k, None) or {}).items():
-                        if sid == exclude and slot == 0 and k[1] == LISTING and exp > now:
-                            # the mutating mount updates its own copy of the listing
+                        if sid == exclude and exp > now and (slot == 1 or k[1] == LISTING):
+                            # the mutating mount keeps its own copy current: the listing
+                            # it updates, the attributes its reply gave it (a version it
+                            # published: fuse_client/kernel_cache.py forget_published);
+                            # still its lease, revoked by others' changes
                             table.setdefault(k, {})[sid] = exp
                             continue
                         if sid == exclude or exp <= now:

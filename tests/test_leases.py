@@ -847,3 +847,59 @@ def test_names_made_on_one_mount_while_another_answers_misses_from_a_listing(mak
             for t in threads:
                 t.join(30)
         assert not errors, errors[:5]
+
+
+def test_a_version_published_here_is_stat_ed_from_the_mount_and_kept_correct(make_cluster):
+    """At the defaults: the stat after a write and close on the writing mount is
+    answered by that mount from the version it published (the master stopped
+    meanwhile: no GetAttr), and what changes the file afterwards is seen at once: an
+    unlink of an open file (nlink 0), a rename (ctime), a link (nlink 2), and a new
+    version from another mount (KernelCache.forget_published, take_published)."""
+    c = make_cluster(workers=1, mounts=2)
+    a, b = c.mounts
+    os.mkdir(os.path.join(a, "pub"))
+    pa, pb = os.path.join(a, "pub", "f"), os.path.join(b, "pub", "f")
+    with open(pa, "wb") as f:
+        f.write(b"x" * 1000)
+    with _frozen(_master_pid(c)):
+        st = _in_thread(lambda: os.stat(pa))
+    assert not isinstance(st, str) and st.st_size == 1000, st
+
+    # a publish (fsync), then an unlink of the open file: its attributes go
+    fd = os.open(pa, os.O_RDWR)
+    try:
+        os.write(fd, b"y" * 10)
+        os.fsync(fd)
+        os.unlink(pa)
+        assert os.fstat(fd).st_nlink == 0
+    finally:
+        os.close(fd)
+
+    # a publish, then a rename: the ctime the master set with the rename
+    with open(pa, "wb") as f:
+        f.write(b"z" * 20)
+    fd = os.open(pa, os.O_RDWR)
+    try:
+        os.write(fd, b"w")
+        os.fsync(fd)  # kept for the next GETATTR...
+        time.sleep(0.01)
+        before = time.time_ns()
+        os.rename(pa, pa + ".2")  # ...until this
+        assert os.fstat(fd).st_ctime_ns >= before
+        # a publish, then a link: two names
+        os.write(fd, b"v")
+        os.fsync(fd)
+        os.link(pa + ".2", pa + ".3")
+        assert os.fstat(fd).st_nlink == 2
+    finally:
+        os.close(fd)
+
+    # a version published here, then one from another mount: that one is seen
+    with open(pa, "wb") as f:
+        f.write(b"a" * 5)
+    assert os.stat(pa).st_size == 5
+    with open(pb, "wb") as f:
+        f.write(b"b" * 7)
+    assert os.stat(pa).st_size == 7
+    with open(pa, "rb") as f:
+        assert f.read() == b"b" * 7
