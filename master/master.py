@@ -426,8 +426,10 @@ class Master:
     def link(self, req: master_pb2.LinkRequest) -> master_pb2.InodeReply:
         check_ino(req.ino)
         check_ino(req.new_parent, "new_parent")
-        since = self.leases.snapshot()
         value = yield Submit(lambda t: self.ns.plan_link(t, req), req.request_id, req.session)
+        # the inode is read after the link (whose own revocation of its attributes would
+        # deny a lease snapshotted before it): the lease covers this read
+        since = self.leases.snapshot()
         node = self.getattr(value.ino if isinstance(value, RetryHit) else req.ino)
         return self._inode_reply(node, req.session, since, (req.new_parent, req.new_name))
 

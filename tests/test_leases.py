@@ -191,6 +191,30 @@ def test_master_revokes_what_a_mutation_changed(tmp_path):
         m.close()
 
 
+def test_a_mutating_mount_keeps_its_attribute_lease_and_a_new_link_is_leased(tmp_path):
+    """The mount that publishes has the new version in its reply: the master keeps its
+    lease on the attributes (that mount answers its next GETATTR from the reply), so
+    another mount's change still revokes it.  A link's reply is leased to its maker
+    (the link's own revocation of the inode does not deny it)."""
+    m = make_master(tmp_path)
+    try:
+        a, b = m.leases.open_session("a"), m.leases.open_session("b")
+        ino = m.create(master_pb2.CreateRequest(request_id=new_request_id(), parent=ROOT_INO,
+                                                name=b"f", mode=0o644, session=a.id)).inode.ino
+        seen_a = _acked(a)
+        m.complete(master_pb2.CompleteFileRequest(request_id=new_request_id(), ino=ino, size=0,
+                                                  session=a.id))
+        assert not seen_a  # its own publish: nothing to drop
+        m.setattr(master_pb2.SetAttrRequest(request_id=new_request_id(), ino=ino,
+                                            mode=0o600, session=b.id))
+        assert [list(ev.inodes) for ev in seen_a] == [[ino]]
+        link = m.link(master_pb2.LinkRequest(request_id=new_request_id(), ino=ino,
+                                             new_parent=ROOT_INO, new_name=b"g", session=a.id))
+        assert link.lease_ms == 30_000 and link.inode.nlink == 2
+    finally:
+        m.close()
+
+
 def test_a_miss_is_leased_on_request_and_revoked_by_whatever_makes_the_name(tmp_path):
     """lease_miss: a miss is leased (a mount's negative entry); create, mkdir, symlink,
     mknod, link, a rename onto the name and PutFile (the connector's, no session)
