@@ -134,7 +134,12 @@ FUSE_LOOKUP_LOCAL = Counter(
     "Misses (counted in curvine_fuse_lookups too) answered from a directory listing "
     "leased to this mount, without asking the master",
     registry=None)
-FUSE_METRICS = (FUSE_LOOKUPS, FUSE_LOOKUP_LOCAL)
+FUSE_GETATTR_LOCAL = Counter(
+    "curvine_fuse_getattrs_answered_locally",
+    "Attribute requests answered from the version this mount had just published, under "
+    "its lease, without asking the master",
+    registry=None)
+FUSE_METRICS = (FUSE_LOOKUPS, FUSE_LOOKUP_LOCAL, FUSE_GETATTR_LOCAL)
 FUSE_LOOKUP_HIT = FUSE_LOOKUPS.labels(result="hit")
 FUSE_LOOKUP_MISS = FUSE_LOOKUPS.labels(result="miss")
 FUSE_LOOKUP_ERROR = FUSE_LOOKUPS.labels(result="error")

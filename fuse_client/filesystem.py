@@ -37,8 +37,8 @@ from curvine.client.master_client import AccessReporter, MasterClient
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, check_name, host_id
-from curvine.common.metrics import (FUSE_LOOKUP_ERROR, FUSE_LOOKUP_HIT, FUSE_LOOKUP_LOCAL,
-                                    FUSE_LOOKUP_MISS)
+from curvine.common.metrics import (FUSE_GETATTR_LOCAL, FUSE_LOOKUP_ERROR, FUSE_LOOKUP_HIT,
+                                    FUSE_LOOKUP_LOCAL, FUSE_LOOKUP_MISS)
 from curvine.proto import common_pb2, master_pb2
 
 from .calls import Calls
@@ -343,6 +343,7 @@ class FileSystem:
     async def getattr(self, ino: int) -> Attributes:
         published = self.kernel.take_published(ino)
         if published is not None:  # this mount's publish, still leased: as the master
+            FUSE_GETATTR_LOCAL.inc()
             return self.attributes(published[0], lease=published[1])
         cached = self.kernel.cached_dir(ino)
         if cached is not None:
