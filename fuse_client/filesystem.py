@@ -310,6 +310,7 @@ class FileSystem:
                 return Absent(known)
             # One RPC; a miss is a plain reply, not an error status (LMCache's miss path).
             sent = time.monotonic()
+            generation = self.kernel.listings.generation
             try:
                 # a miss leased too (fuse.negative_leases): only with a lease session,
                 # which runs only where the kernel's epoch expires negative entries
@@ -320,9 +321,12 @@ class FileSystem:
                 raise
             if inode is None:
                 FUSE_LOOKUP_MISS.inc()
+                ttl = self.kernel.lease_ttl(lease_ms, sent)
+                if ttl:  # the kernel keeps it, and may still ask again (listings.py)
+                    self.kernel.listings.missing(parent, name, ttl, generation)
                 if lease_ms and self.kernel.listings.missed(parent):
                     await self._fetch_listing(parent)
-                return Absent(self.kernel.lease_ttl(lease_ms, sent))
+                return Absent(ttl)
             FUSE_LOOKUP_HIT.inc()
             self.kernel.note_dirs(inode)
             return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
@@ -492,6 +496,7 @@ class FileSystem:
             mine += [h.ino for h in self._write_handles.values()
                      if h.tgid == caller and h.fh in self._handles]
         opened = [] if exchange else await self._open_inos(new_parent, new_name)
+        self.kernel.listings.making(new_parent, new_name)
         with (self.kernel.listings.changing(parent, new_parent),
               self.kernel.changing((parent, name), (new_parent, new_name))):
             *changed, held = await self.calls.run(

@@ -128,7 +128,7 @@ class KernelCache:
         the kernel keeps of those directories (``listed``: already dropped, these)."""
         if listed is None:
             dirs = [p for p, n in names if not n]
-            listed = self.listings.drop(dirs) if dirs else ()
+            listed = self.listings.drop(dirs, [k for k in names if k[1]]) if names else ()
         with self._kernel_lock:
             if self._unmounting:
                 return

@@ -18,6 +18,14 @@ An opendir without the lease, or under a newer one, lets the kernel drop its cop
 first; a revocation drops it at once (``drop`` returns the directories to invalidate).
 This mount's own changes go through the kernel, which then drops its copy itself.
 
+Single names too: a miss the master leased to this mount (a negative entry the kernel
+keeps, fuse.negative_leases) is remembered (``missing``) until the lease ends, the
+mount makes the name itself (``making``, ``adding``) or a revocation names it
+(``drop``).  The kernel asks again for a name it holds as absent when it is a rename's
+target or before an O_EXCL create (fuse_dentry_revalidate); that lookup is answered
+here as well: LMCache's ``<key>.tmp -> <key>.data`` after its ``stat`` of the key
+costs no master lookup.
+
 Threads: the trio thread reads and updates; the lease session's thread drops.  A drop
 bumps ``generation``, and so does each change this mount makes (before it is sent and
 when it is answered); a listing asked for before a bump is not installed: it may be
@@ -37,6 +45,7 @@ MAX_NAMES = 1 << 18  # names kept over all listings (then the oldest listings go
 RETRY_AFTER = 30.0  # seconds before asking again for a listing denied or too large
 SAFETY = 0.2  # seconds a listing is used less than its lease
 KERNEL_RECORDS = 4 * LISTING_MAX  # directories whose entries the kernel may keep
+MAX_MISSING = 1 << 16  # leased absences of single names kept (Listings.missing)
 
 
 class Listings:
@@ -58,20 +67,48 @@ class Listings:
         self._lock = threading.Lock()  # the session thread drops while the loop updates
         self.generation = 0  # drops so far (session thread)
         self.answered = 0  # lookups answered "absent" from a listing
+        # (dir, name) -> until when the master leased its absence to this mount (a miss
+        # the kernel keeps as a negative entry): the lookups the kernel makes anyway
+        # (of a rename's target, before an O_EXCL create) are answered here too
+        self._missing: dict[tuple[int, bytes], float] = {}
 
     # -- answers ------------------------------------------------------------------------
 
     def absent(self, parent: int, name: bytes) -> float:
         """Seconds ``name`` is known absent from ``parent`` (0: not known; ask)."""
         entry = self._dirs.get(parent)
-        if entry is None or name in entry[0]:
-            return 0.0
-        left = entry[1] - time.monotonic()
-        if left <= 0:
+        if entry is not None:
+            if name in entry[0]:
+                return 0.0
+            left = entry[1] - time.monotonic()
+            if left > 0:
+                self.answered += 1
+                return left
             self._forget(parent)
+        until = self._missing.get((parent, name))
+        if until is None:
+            return 0.0
+        left = until - time.monotonic()
+        if left <= 0:
+            self._missing.pop((parent, name), None)
             return 0.0
         self.answered += 1
         return left
+
+    def missing(self, parent: int, name: bytes, lease: float, generation: int) -> None:
+        """The master leased the absence of ``name`` from ``parent`` for ``lease`` seconds
+        to a lookup sent when ``generation`` was current (unless a revocation or a
+        change of this mount came since, that answer is kept)."""
+        with self._lock:
+            if generation != self.generation or lease <= SAFETY:
+                return
+            missing = self._missing
+            if len(missing) >= MAX_MISSING:  # expired ones go, else all
+                now = time.monotonic()
+                self._missing = missing = {k: t for k, t in missing.items() if t > now}
+                if len(missing) >= MAX_MISSING // 2:
+                    missing.clear()
+            missing[(parent, name)] = time.monotonic() + lease - SAFETY
 
     def opendir(self, parent: int) -> tuple[bool, bool]:
         """(cache_readdir, keep_cache) for an opendir of ``parent``: cache what the
@@ -186,9 +223,15 @@ class Listings:
     def adding(self, parent: int, name: bytes):
         """Around this mount's change that makes ``name`` in ``parent``: ``changing``,
         then ``added`` once it succeeded."""
+        self.making(parent, name)
         with self.changing(parent):
             yield
         self.added(parent, name)
+
+    def making(self, parent: int, name: bytes) -> None:
+        """This mount is about to make ``name`` in ``parent``: its absence is not known
+        any more (whatever the change's outcome)."""
+        self._missing.pop((parent, name), None)
 
     @contextlib.contextmanager
     def removing(self, parent: int, name: bytes):
@@ -203,11 +246,14 @@ class Listings:
 
     # -- revocations (lease session thread) ---------------------------------------------
 
-    def drop(self, parents) -> list[int]:
-        """Revoked listings go; returns those of them the kernel may hold entries of
-        (the caller invalidates them before the revocation is acknowledged)."""
+    def drop(self, parents, names=()) -> list[int]:
+        """Revoked listings go, and the absences of revoked ``names`` (dir, name);
+        returns the listings the kernel may hold entries of (the caller invalidates
+        them before the revocation is acknowledged)."""
         with self._lock:
             self.generation += 1
+            for key in names:
+                self._missing.pop(key, None)
             for p in parents:
                 self._forget_locked(p)
             return [p for p in parents if self._kernel.pop(p, None) is not None]
@@ -216,6 +262,7 @@ class Listings:
         with self._lock:
             self.generation += 1
             self._dirs.clear()
+            self._missing.clear()
             self._names = 0
             cached, self._kernel = list(self._kernel), {}
             return cached

@@ -937,3 +937,43 @@ def test_a_version_published_here_is_stat_ed_from_the_mount_and_kept_correct(mak
     assert os.stat(pa).st_size == 7
     with open(pa, "rb") as f:
         assert f.read() == b"b" * 7
+
+
+def _fuse_metric(c, index: int, name: str) -> float:
+    import urllib.request
+    url = next(r["metrics"] for r in c.status() if r["role"] == "fuse" and r["index"] == index)
+    with urllib.request.urlopen(url, timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def test_a_leased_miss_is_answered_on_the_mount_when_the_kernel_asks_again(make_cluster):
+    """At the defaults, in a directory whose listing this mount does not hold (made on
+    the other mount): the lookup the kernel makes anyway of a rename's target it knows
+    to be absent (LMCache's <key>.tmp -> <key>.data) is answered by the mount
+    (listings.py, Listings.missing), and a name the other mount makes is seen at once."""
+    c = make_cluster(workers=1, mounts=2)
+    a, b = c.mounts
+    os.mkdir(os.path.join(b, "kv"))
+    da, db = os.path.join(a, "kv"), os.path.join(b, "kv")
+    local = "curvine_fuse_lookups_answered_locally_total"
+    with pytest.raises(FileNotFoundError):
+        os.stat(os.path.join(da, "k.data"))  # a miss the master leases to A
+    with open(os.path.join(da, "k.tmp"), "wb") as f:
+        f.write(b"x")
+    before = _fuse_metric(c, 0, local)
+    os.rename(os.path.join(da, "k.tmp"), os.path.join(da, "k.data"))
+    assert _fuse_metric(c, 0, local) == before + 1
+    assert os.stat(os.path.join(db, "k.data")).st_size == 1
+    # absences A knows, then made on B: A sees them at once, however it asks
+    for name in ("n1", "n2"):
+        with pytest.raises(FileNotFoundError):
+            os.stat(os.path.join(da, name))
+    for name in ("n1", "n2"):
+        with open(os.path.join(db, name), "wb") as f:
+            f.write(b"12")
+    assert os.stat(os.path.join(da, "n1")).st_size == 2
+    with pytest.raises(FileExistsError):
+        os.open(os.path.join(da, "n2"), os.O_WRONLY | os.O_CREAT | os.O_EXCL)

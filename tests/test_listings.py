@@ -131,3 +131,27 @@ def test_the_kernel_keeps_a_directorys_entries_only_under_one_unbroken_lease(mon
     ls.install(7, [b"a"], 5.0, ls.generation)  # a lease after a gap is a new one
     assert ls.opendir(7) == (True, False)
     assert ls.drop_all() == [7] and ls.opendir(7) == (False, False)
+
+
+def test_a_single_leased_absence_is_answered_here_until_made_or_revoked():
+    """A miss the master leased (the kernel keeps it as a negative entry) is answered
+    here when the kernel asks again anyway (a rename's target, an O_EXCL create),
+    until this mount makes the name, a revocation names it, or the lease ends; one
+    asked for before a drop or an own change is not kept."""
+    ls = Listings()
+    gen = ls.generation
+    ls.missing(7, b"k.data", 5.0, gen)
+    assert 4.0 < ls.absent(7, b"k.data") <= 5.0
+    assert ls.absent(7, b"other") == 0 and ls.absent(8, b"k.data") == 0
+    with ls.adding(7, b"k.data"):  # made here: known no more, whatever the outcome
+        assert ls.absent(7, b"k.data") == 0
+    ls.missing(7, b"k.data", 5.0, gen)  # asked before that change: not kept
+    assert ls.absent(7, b"k.data") == 0
+    ls.missing(7, b"a", 5.0, ls.generation)
+    ls.missing(7, b"b", 5.0, ls.generation)
+    ls.drop([], [(7, b"a")])  # a revocation of that name (another client made it)
+    assert ls.absent(7, b"a") == 0 and ls.absent(7, b"b") > 0
+    ls.missing(7, b"c", 0.1, ls.generation)  # too short a lease to use
+    assert ls.absent(7, b"c") == 0
+    ls.drop_all()
+    assert ls.absent(7, b"b") == 0
