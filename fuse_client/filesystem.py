@@ -345,7 +345,7 @@ class FileSystem:
             listings.fetched(parent, names, self.kernel.lease_ttl(lease_ms, sent), generation)
 
     async def getattr(self, ino: int) -> Attributes:
-        published = self.kernel.take_published(ino)
+        published = self.kernel.published(ino)
         if published is not None:  # this mount's publish, still leased: as the master
             FUSE_GETATTR_LOCAL.inc()
             return self.attributes(published[0], lease=published[1])
@@ -831,6 +831,13 @@ class FileSystem:
         return writer, (session, open_id)
 
     async def _new_reader(self, ino: int) -> tuple[Inode, FileReader, tuple[int, int]]:
+        published = self.kernel.published_version(ino)
+        if published is not None:
+            # a small file this mount published, its bytes at hand and its lease held:
+            # no GetBlocks (nor an open recorded at the master: no worker holds a block
+            # of it, and the bytes are in this reader's memory)
+            inode, blocks = published
+            return inode, FileReader(blocks, {}, security=self.master.security), (0, 0)
         session, open_id = self.master.session, self._access.new_open_id()
         inode, blocks, workers = await self.calls.run("get_blocks", ino, session, open_id)
         if inode.type == DIRECTORY:
@@ -869,7 +876,7 @@ class FileSystem:
                     inline = None
                 else:
                     h.writer.inline_published(inline)
-                    self.kernel.forget_published(h.ino, inode, sent)
+                    self.kernel.forget_published(h.ino, inode, sent, inline.blocks)
             if inline is None:
                 inode = await self._run(self._flush_writer, h)
             if inode is not None:

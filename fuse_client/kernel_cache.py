@@ -54,9 +54,10 @@ class KernelCache:
         self._leases: LeaseSession | None = None
         self._epoch: Epoch | None = None
         self._leased_inodes: dict[int, float] = {}  # ino -> when the kernel's copy expires
-        # ino -> (the version this mount published, when its lease expires): the next
-        # GETATTR needs no master call (forget_published, take_published)
-        self._published: dict[int, tuple[Inode, float]] = {}
+        # ino -> (the version this mount published, when its lease expires, its blocks
+        # if all inline): a GETATTR or a reader's open of it needs no master call
+        # (forget_published, published, published_version)
+        self._published: dict[int, tuple[Inode, float, list | None]] = {}
         self._published_names: dict[tuple[int, bytes], int] = {}  # its one name -> ino
         # inode or (parent, name) -> when this mount last began or ended changing it at
         # the master (changing): a publish sent before that may not reflect the change
@@ -206,14 +207,16 @@ class KernelCache:
             self._prune_leased_at = 2 * len(leased) + 4096
 
     def forget_published(self, ino: int, inode: Inode | None = None,
-                         sent: float = 0.0) -> None:
+                         sent: float = 0.0, inline: list | None = None) -> None:
         """A handle here published ``ino`` (in its thread, or the loop): this mount's
         kernel may hold leased attributes of the old version, which the master does not
         revoke from the writer itself.
 
-        ``inode``: the version just published, ``sent``: when the publish was sent.  The
-        kernel's next GETATTR of it is answered from that version (take_published)
-        instead of by the master, while the lease lasts, unless this mount began or
+        ``inode``: the version just published, ``sent``: when the publish was sent,
+        ``inline``: its blocks when all of them are inline (kept by the master, none on
+        workers).  The kernel's GETATTRs of it are answered from that version
+        (``published``), and a reader opens those blocks (``published_version``),
+        instead of asking the master, while the lease lasts, unless this mount began or
         ended a change of the inode or of its name since (changing); another client's
         change revokes the lease.  Only for a file with one name (a change by another
         of its names could not be told)."""
@@ -230,7 +233,9 @@ class KernelCache:
             changed = self._changed
             if changed.get(ino, 0.0) >= sent or changed.get(name, 0.0) >= sent:
                 return
-            self._published[ino] = (inode, expiry)
+            if inline is not None and sum(b.length for b in inline) != inode.size:
+                inline = None
+            self._published[ino] = (inode, expiry, inline)
             self._published_names[name] = ino
 
     def _drop_published(self, ino: int) -> None:
@@ -238,18 +243,26 @@ class KernelCache:
         if entry is not None:
             self._published_names.pop((entry[0].parent, entry[0].name), None)
 
-    def take_published(self, ino: int) -> tuple[Inode, float] | None:
+    def published(self, ino: int) -> tuple[Inode, float] | None:
         """The version of ``ino`` this mount published last (forget_published), if the
-        lease still holds: (inode, seconds left).  Once."""
-        if ino not in self._published:
-            return None
-        with self._kernel_lock:
-            entry = self._published.get(ino)
-            self._drop_published(ino)
+        lease still holds: (inode, seconds left)."""
+        entry = self._published.get(ino)
         if entry is None:
             return None
         left = entry[1] - time.monotonic()
-        return (entry[0], left) if left > 0 else None
+        if left <= 0:
+            with self._kernel_lock:
+                if self._published.get(ino) is entry:
+                    self._drop_published(ino)
+            return None
+        return entry[0], left
+
+    def published_version(self, ino: int) -> tuple[Inode, list] | None:
+        """That version and its blocks, when all of them are inline: (inode, blocks)."""
+        entry = self._published.get(ino)
+        if entry is None or entry[2] is None or entry[1] <= time.monotonic():
+            return None
+        return entry[0], entry[2]
 
     @contextlib.contextmanager
     def changing(self, *keys: int | tuple[int, bytes]):

@@ -893,11 +893,34 @@ def test_a_version_published_here_is_stat_ed_from_the_mount_and_kept_correct(mak
                     return float(line.split()[1])
         return 0.0
 
+    master_url = next(r["metrics"] for r in c.status() if r["role"] == "master")
+
+    def get_blocks() -> float:
+        import urllib.request
+        with urllib.request.urlopen(master_url, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith('curvine_rpc_server_duration_seconds_count{method="GetBlocks"}'):
+                    return float(line.split()[1])
+        return 0.0
+
     before = answered_locally()
     with open(pa, "wb") as f:
         f.write(b"x" * 1000)
     assert os.stat(pa).st_size == 1000
     assert answered_locally() == before + 1
+    # a reader of that small file opens the bytes this mount published: no GetBlocks
+    calls = get_blocks()
+    with open(pa, "rb") as f:
+        assert f.read() == b"x" * 1000
+    assert get_blocks() == calls
+    with open(pb, "rb") as f:  # the other mount asks the master
+        assert f.read() == b"x" * 1000
+    assert get_blocks() == calls + 1
+    # a truncate here (by path) drops the kept version: the reader gets zeros
+    os.truncate(pa, 0)
+    os.truncate(pa, 1000)
+    with open(pa, "rb") as f:
+        assert f.read() == bytes(1000)
 
     # a publish (fsync), then an unlink of the open file: its attributes go
     fd = os.open(pa, os.O_RDWR)
