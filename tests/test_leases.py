@@ -921,6 +921,15 @@ def test_a_version_published_here_is_stat_ed_from_the_mount_and_kept_correct(mak
     os.truncate(pa, 1000)
     with open(pa, "rb") as f:
         assert f.read() == bytes(1000)
+    # a writer of a small file published here starts from those bytes (an append)
+    with open(pa, "wb") as f:
+        f.write(b"p" * 100)
+    calls = get_blocks()
+    with open(pa, "ab") as f:
+        f.write(b"q" * 10)
+    assert get_blocks() == calls
+    with open(pb, "rb") as f:
+        assert f.read() == b"p" * 100 + b"q" * 10
 
     # a publish (fsync), then an unlink of the open file: its attributes go
     fd = os.open(pa, os.O_RDWR)
@@ -960,6 +969,10 @@ def test_a_version_published_here_is_stat_ed_from_the_mount_and_kept_correct(mak
     assert os.stat(pa).st_size == 7
     with open(pa, "rb") as f:
         assert f.read() == b"b" * 7
+    with open(pa, "ab") as f:  # from that version, not the one kept here
+        f.write(b"c")
+    with open(pb, "rb") as f:
+        assert f.read() == b"b" * 7 + b"c"
 
 
 def _fuse_metric(c, index: int, name: str) -> float:
