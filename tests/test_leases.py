@@ -873,35 +873,47 @@ def test_names_made_on_one_mount_while_another_answers_misses_from_a_listing(mak
         assert not errors, errors[:5]
 
 
+def _sessions_up(c, n: int, timeout: float = 30.0) -> None:
+    """Wait until the master has the lease sessions of ``n`` mounts (a mount opens its
+    session just after it starts; lookups before that are not leased)."""
+    from cluster_util import metric_samples
+    import urllib.parse
+    url = next(r for r in c.status() if r["role"] == "master")["metrics"]
+    port = urllib.parse.urlsplit(url).port
+    deadline = time.monotonic() + timeout
+    while sum(s.value for s in metric_samples(port, "curvine_lease_sessions")) < n:
+        assert time.monotonic() < deadline, f"{n} lease sessions not up in {timeout}s"
+        time.sleep(0.05)
+
+
+def _fuse_metric(c, index: int, name: str) -> float:
+    import urllib.request
+    url = next(r["metrics"] for r in c.status() if r["role"] == "fuse" and r["index"] == index)
+    with urllib.request.urlopen(url, timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return 0.0
+
+
 def test_a_version_published_here_is_stat_ed_from_the_mount_and_kept_correct(make_cluster):
     """At the defaults: the stat after a write and close on the writing mount is
     answered by that mount from the version it published (its counter of such
     answers moves by one), and what changes the file afterwards is seen at once: an
     unlink of an open file (nlink 0), a rename (ctime), a link (nlink 2), and a new
-    version from another mount (KernelCache.forget_published, take_published)."""
+    version from another mount (KernelCache.forget_published, published)."""
     c = make_cluster(workers=1, mounts=2)
     a, b = c.mounts
+    _sessions_up(c, 2)
     os.mkdir(os.path.join(a, "pub"))
     pa, pb = os.path.join(a, "pub", "f"), os.path.join(b, "pub", "f")
-    url = next(r["metrics"] for r in c.status() if r["role"] == "fuse" and r["index"] == 0)
+    from cluster_util import master_calls
 
     def answered_locally() -> float:
-        import urllib.request
-        with urllib.request.urlopen(url, timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith("curvine_fuse_getattrs_answered_locally_total "):
-                    return float(line.split()[1])
-        return 0.0
-
-    master_url = next(r["metrics"] for r in c.status() if r["role"] == "master")
+        return _fuse_metric(c, 0, "curvine_fuse_getattrs_answered_locally_total")
 
     def get_blocks() -> float:
-        import urllib.request
-        with urllib.request.urlopen(master_url, timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith('curvine_rpc_server_duration_seconds_count{method="GetBlocks"}'):
-                    return float(line.split()[1])
-        return 0.0
+        return master_calls(c, "GetBlocks")
 
     before = answered_locally()
     with open(pa, "wb") as f:
@@ -975,16 +987,6 @@ def test_a_version_published_here_is_stat_ed_from_the_mount_and_kept_correct(mak
         assert f.read() == b"b" * 7 + b"c"
 
 
-def _fuse_metric(c, index: int, name: str) -> float:
-    import urllib.request
-    url = next(r["metrics"] for r in c.status() if r["role"] == "fuse" and r["index"] == index)
-    with urllib.request.urlopen(url, timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return 0.0
-
-
 def test_a_leased_miss_is_answered_on_the_mount_when_the_kernel_asks_again(make_cluster):
     """At the defaults, in a directory whose listing this mount does not hold (made on
     the other mount): the lookup the kernel makes anyway of a rename's target it knows
@@ -992,6 +994,7 @@ def test_a_leased_miss_is_answered_on_the_mount_when_the_kernel_asks_again(make_
     (listings.py, Listings.missing), and a name the other mount makes is seen at once."""
     c = make_cluster(workers=1, mounts=2)
     a, b = c.mounts
+    _sessions_up(c, 2)
     os.mkdir(os.path.join(b, "kv"))
     da, db = os.path.join(a, "kv"), os.path.join(b, "kv")
     local = "curvine_fuse_lookups_answered_locally_total"
