@@ -136,6 +136,10 @@ class KernelCache:
             self._epoch.bump()
             for ino in listed:
                 self._notify_inval(ino, attr_only=False)
+            for key in names:  # a kept version under a revoked name goes too
+                ino = self._published_names.get(key)
+                if ino is not None:
+                    self._drop_published(ino)
             for ino in inodes:
                 self._leased_inodes.pop(ino, None)
                 self._drop_published(ino)
