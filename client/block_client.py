@@ -87,10 +87,11 @@ RECONNECT_WAIT = 2.0  # seconds a failed connection may take to come back for on
 
 def wait_ready(worker: WorkerInfo, timeout: float | None = None, *,
                security: Security) -> bool:
-    """Wait up to ``timeout`` seconds (default RECONNECT_WAIT) for this process's channel to ``worker`` to be
-    connected; whether it is.  A worker back from a restart is refused at once while
-    the channel still waits out its reconnect backoff from the outage (up to 1 s,
-    common/rpc.py): a call that failed UNAVAILABLE is worth one more try after this."""
+    """Wait up to ``timeout`` seconds (default RECONNECT_WAIT) for this process's channel
+    to ``worker`` to be connected; whether it is.  A worker back from a restart is
+    refused at once while the channel still waits out its reconnect backoff from the
+    outage (up to 1 s, common/rpc.py): a call that failed UNAVAILABLE is worth one more
+    try after this."""
     return _wait_ready(_calls(worker.address, security),
                        RECONNECT_WAIT if timeout is None else timeout)
 

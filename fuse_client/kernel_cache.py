@@ -45,6 +45,15 @@ LEASE_SAFETY = 0.2  # seconds the kernel's copy expires before the master's leas
 DIR_CACHE = 100_000  # directories whose attributes this mount keeps (fuse.attr_timeout)
 
 
+def _forget_before(table: dict, before: float) -> int:
+    """Drop the entries of ``table`` (key -> a monotonic time) older than ``before``;
+    returns the size at which to do it again."""
+    for key, t in list(table.items()):
+        if t < before:
+            table.pop(key, None)
+    return 2 * len(table) + 4096
+
+
 class KernelCache:
     """The kernel's cached names and attributes of one mount, and their leases."""
 
@@ -205,10 +214,7 @@ class KernelCache:
         leased = self._leased_inodes
         leased.update(dict.fromkeys(inos, now + lease))
         if len(leased) > self._prune_leased_at:  # forget expired ones now and then
-            for i, t in list(leased.items()):  # only this thread adds entries
-                if t < now:
-                    leased.pop(i, None)
-            self._prune_leased_at = 2 * len(leased) + 4096
+            self._prune_leased_at = _forget_before(leased, now)  # (only this thread adds)
 
     def forget_published(self, ino: int, inode: Inode | None = None,
                          sent: float = 0.0, inline: list | None = None) -> None:
@@ -288,11 +294,7 @@ class KernelCache:
                 if ino is not None:
                     self._drop_published(ino)
             if len(changed) > self._prune_changed_at:  # forget old ones now and then
-                old = now - CHANGE_MEMORY
-                for key, t in list(changed.items()):
-                    if t < old:
-                        del changed[key]
-                self._prune_changed_at = 2 * len(changed) + 4096
+                self._prune_changed_at = _forget_before(changed, now - CHANGE_MEMORY)
 
     # -- directory attributes ---------------------------------------------------------
 

@@ -9,11 +9,10 @@ parsed into the reply in one call, in C.
 """
 from __future__ import annotations
 
-import struct
-
 from curvine.proto import common_pb2
 
-_U64 = struct.Struct(">Q")
+from .store import U64
+
 _TAG_ENTRY = b"\x0a"  # ListDirReply.entries: field 1, length-delimited
 _TAG_NAME = b"\x0a"  # DirEntry.name: field 1, length-delimited
 _TAG_INODE = b"\x12"  # DirEntry.inode: field 2, length-delimited
@@ -54,33 +53,20 @@ def inode_type(raw: bytes) -> int:
     return 0
 
 
-def read_page(txn, dentry_db, inode_db, parent: int, start_after: bytes, limit: int
+def read_page(txn, store, parent: int, start_after: bytes, limit: int
               ) -> tuple[bytes, list[bytes], list[int], bool]:
     """Up to ``limit`` entries of directory ``parent`` after ``start_after``:
     (the encoded entries, ready for ``ListDirReply.MergeFromString``, their names, the
     inode numbers of the regular files among them, whether more follow)."""
-    prefix = _U64.pack(parent)
-    cur = txn.cursor(db=dentry_db)
     parts: list[bytes] = []
     names: list[bytes] = []
     files: list[int] = []
-    if not cur.set_range(prefix + start_after):
-        return b"", names, files, False
-    get = txn.get
-    for key, child in cur:  # the dentry's value is the child's inode key
-        if not key.startswith(prefix):
-            break
-        name = key[8:]
-        if name == start_after:  # only the first can be (set_range is >=)
-            continue
+    for name, key, raw in store.list_dir_records(txn, parent, start_after):
         if len(names) >= limit:
             return b"".join(parts), names, files, True
-        raw = get(child, db=inode_db)
-        if raw is None:
-            continue
         body = b"".join((_TAG_NAME, varint(len(name)), name, _TAG_INODE, varint(len(raw)), raw))
         parts.append(_TAG_ENTRY + varint(len(body)) + body)
         names.append(name)
         if inode_type(raw) == _FILE:
-            files.append(_U64.unpack(child)[0])
+            files.append(U64.unpack(key)[0])
     return b"".join(parts), names, files, False

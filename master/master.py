@@ -268,8 +268,7 @@ class Master:
             else:
                 # the stored inodes framed as the reply's entries, parsed in one call
                 encoded, names, files, reply.has_more = listing.read_page(
-                    txn, self.store.db["dentry"], self.store.db["inode"], ino,
-                    start_after, limit)
+                    txn, self.store, ino, start_after, limit)
                 reply.MergeFromString(encoded)
         if session and lease_listing and not start_after and not reply.has_more:
             reply.listing_lease_ms = self.leases.grant_listing(session, since, ino)

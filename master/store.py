@@ -111,10 +111,6 @@ class Store:
         txn.put(key, U64.pack(value), db=self.db["meta"])
 
     # -- inodes --------------------------------------------------------------------
-    def get_inode_bytes(self, txn, ino: int) -> bytes | None:
-        """The encoded Inode (for a reply to parse straight into: a listing)."""
-        return txn.get(k64(ino), db=self.db["inode"])
-
     def get_inode(self, txn, ino: int) -> common_pb2.Inode | None:
         v = txn.get(k64(ino), db=self.db["inode"])
         if v is None:
@@ -141,6 +137,21 @@ class Store:
         txn.delete(k64(parent) + name, db=self.db["dentry"])
 
     def list_dir(self, txn, parent: int, start_after: bytes = b"") -> Iterator[tuple[bytes, int]]:
+        for name, key in self._dentries(txn, parent, start_after):
+            yield name, U64.unpack(key)[0]
+
+    def list_dir_records(self, txn, parent: int, start_after: bytes = b""
+                         ) -> Iterator[tuple[bytes, bytes, bytes]]:
+        """(name, the child's inode key, its encoded Inode) of each entry, in name order:
+        a listing frames the records as they are, without parsing them (listing.py)."""
+        get, inodes = txn.get, self.db["inode"]
+        for name, key in self._dentries(txn, parent, start_after):
+            raw = get(key, db=inodes)
+            if raw is not None:
+                yield name, key, raw
+
+    def _dentries(self, txn, parent: int, start_after: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """(name, the child's inode key: k64 of its number) after ``start_after``."""
         prefix = k64(parent)
         cur = txn.cursor(db=self.db["dentry"])
         if not cur.set_range(prefix + start_after):
@@ -151,7 +162,7 @@ class Store:
             name = key[8:]
             if start_after and name == start_after:
                 continue
-            yield name, U64.unpack(val)[0]
+            yield name, val
 
     def _prefixed(self, txn, db: str, prefix: bytes, values: bool = False) -> Iterator:
         """Keys (without ``prefix``) of ``db`` that start with it, in order; with
