@@ -63,6 +63,9 @@ READDIR_PAGE = LISTING_MAX
 # writes up to this size into a block held in memory are copied in the trio loop
 # (~10 us for 64 KiB) rather than queued for a thread
 WRITE_NOW_MAX = 128 * 1024
+# an open that empties a file (O_TRUNC) waits at most this long for other processes'
+# page-cache readers of it here to close (FileSystem._wait_for_cached_readers)
+CACHED_READERS_WAIT = 2.0
 
 # fallocate(2) modes (linux/falloc.h)
 FALLOC_FL_KEEP_SIZE = 0x01
@@ -136,8 +139,11 @@ class Handle:
     # file is not evicted until release reports it closed
     recorded_open: tuple[int, int] = (0, 0)
     # a writer opened O_RDWR: it goes through the kernel's page cache (not direct_io),
-    # so that mmap works; the kernel then takes the file's size from this handle
+    # so that mmap works; the kernel then takes the file's size from this handle.  A
+    # reader: the kernel reads its version through the page cache, up to the kernel's
+    # size of the inode
     page_cache: bool = False
+    pid: int = 0  # the thread that opened it (readers; _tgid finds its process)
 
     @property
     def size(self) -> int:
@@ -248,6 +254,8 @@ class FileSystem:
         # held inodes whose ReleaseInode is on its way: an open of one (the kernel may
         # still know the inode) waits for it and then finds it gone, a clean ENOENT
         self._releasing: dict[int, trio.Event] = {}
+        # ino -> set when one of its page-cache readers closes (_wait_for_cached_readers)
+        self._reader_closed: dict[int, trio.Event] = {}
         self._symlinks: OrderedDict[int, bytes] = OrderedDict()  # ino -> target
         # a writer's publish and its uploads' AddBlock, from their threads: on the
         # Calls route like every master call
@@ -642,6 +650,8 @@ class FileSystem:
         page_cache = flags & os.O_ACCMODE == os.O_RDWR
         h = self._add(inode.ino, State.NEW if unpublished else State.WRITING, writer=writer,
                       inode=inode, tgid=tgid, page_cache=page_cache, recorded_open=recorded)
+        if flags & os.O_TRUNC:  # an existing file, emptied by this open
+            await self._wait_for_cached_readers(inode.ino, tgid)
         ttl = self.kernel.lease_ttl(lease_ms, sent)
         attrs = self.attributes(inode, lease=ttl)
         if ttl and unpublished:
@@ -678,14 +688,18 @@ class FileSystem:
             node, reader, recorded = await self._new_reader(ino)
             self._access.note(ino)
             keep = node.state == COMPLETE and self._remember_version(ino, node.version)
-            h = self._add(ino, State.READING, reader=reader, inode=node, recorded_open=recorded)
             if self._writers.get(ino) or self._write_opening[ino]:
                 # This mount also writes the inode (or is opening it to write): its
                 # O_TRUNC opens and direct writes set the kernel's file size, which
                 # would cut this reader's version short (the kernel drops the GETATTR
                 # answers that race with writes).  Without the page cache the size
                 # does not matter.
+                h = self._add(ino, State.READING, reader=reader, inode=node,
+                              recorded_open=recorded)
                 return Opened(h.fh, direct_io=True, keep_cache=False)
+            # A writer opened later waits for it if it empties the file (O_TRUNC).
+            h = self._add(ino, State.READING, reader=reader, inode=node, recorded_open=recorded,
+                          page_cache=True, pid=pid)
             return Opened(h.fh, direct_io=False, keep_cache=keep)
         truncate = bool(flags & os.O_TRUNC)
         # an emptied file is published at close even without writes
@@ -696,7 +710,34 @@ class FileSystem:
         page_cache = flags & os.O_ACCMODE == os.O_RDWR
         h = self._add(ino, State.WRITING, writer=writer, tgid=tgid, page_cache=page_cache,
                       recorded_open=recorded)
+        if truncate:
+            await self._wait_for_cached_readers(ino, tgid)
         return Opened(h.fh, direct_io=not page_cache, keep_cache=False)
+
+    async def _wait_for_cached_readers(self, ino: int, tgid: int) -> None:
+        """Before an open that empties ``ino`` (O_TRUNC) returns: wait, at most
+        CACHED_READERS_WAIT, until the page-cache readers of ``ino`` that other
+        processes opened here have closed.
+
+        On that open's reply the kernel sets its size of the inode to 0 for the whole
+        mount, and reads through the page cache stop at that size: a reader of the
+        published version would get a short file (DESIGN consistency rule 1).  Readers
+        opened from now on get direct_io (``_open``), which the size does not cut.
+        The caller's own process is not waited for (it could be the one holding the
+        reader open): it sees its truncation, as on a local file system."""
+        others = [h for h in self._of_inode.get(ino, {}).values()
+                  if h.reader is not None and h.page_cache]
+        others = [h for h in others if _tgid(h.pid) != tgid]  # /proc reads: rarely any
+        if not others:
+            return
+        with trio.move_on_after(CACHED_READERS_WAIT) as waited:
+            while any(h.fh in self._handles for h in others):
+                closed = self._reader_closed.setdefault(ino, trio.Event())
+                await closed.wait()
+        if waited.cancelled_caught:
+            log.info("inode %d: opened to be emptied while another process still reads it "
+                     "here after %.0f s; that reader may now see a short file", ino,
+                     CACHED_READERS_WAIT)
 
     async def read(self, h: Handle, off: int, size: int):
         if h.writer is not None:
@@ -748,6 +789,10 @@ class FileSystem:
         h = self._handles.pop(fh, None)
         if h is None:
             return
+        if h.page_cache and h.reader is not None:
+            closed = self._reader_closed.pop(h.ino, None)
+            if closed is not None:
+                closed.set()
         try:
             await self._publish(h)
         finally:

@@ -16,9 +16,13 @@ import errno
 import os
 import random
 import stat
+import subprocess
+import sys
 import time
 
 import pytest
+
+from curvine.fuse_client import filesystem
 
 from cluster_util import module_cluster, tracebacks_in_logs
 from fs_helpers import MIB, errname, errno_of, read_all, sha256
@@ -219,6 +223,69 @@ def test_read_through_handle_of_unlinked_file(fs):
     finally:
         os.close(fd)
     assert not os.path.exists(os.path.join(a, "victim2"))
+
+
+_TRUNCATING_WRITER = """
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)
+opened = time.monotonic()
+os.write(fd, b"new")
+os.close(fd)
+print(opened)
+"""
+
+
+def test_reader_keeps_its_version_when_another_process_empties_the_file(fs):
+    """DESIGN consistency rule 1 on one mount: a reader of a published file reads
+    all of that version although another process here opens the file with O_TRUNC
+    while it reads (LMCache's writers of one key open the same <key>.tmp so).  That
+    open sets the kernel's size of the inode to 0 for the whole mount, so the mount
+    holds it until the reader, which reads through the page cache, has closed.  A
+    local file system shows the reader the truncation instead; so does the mount to
+    the truncating process itself."""
+    a, _, local = fs
+    data = random.Random(5).randbytes(6 * MIB + 4321)
+    path = os.path.join(a, "chunk")
+    _write_on(path, data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = bytearray(os.read(fd, MIB))
+        writer = subprocess.Popen([sys.executable, "-c", _TRUNCATING_WRITER, path],
+                                  stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)  # the writer's open is on its way (held by the mount)
+        while chunk := os.read(fd, MIB):
+            got += chunk
+        assert len(got) == len(data), (
+            f"the reader got {len(got)} of {len(data)} bytes after another process's "
+            f"O_TRUNC open")
+        assert bytes(got) == data
+        closed = time.monotonic()
+    finally:
+        os.close(fd)
+    out, _ = writer.communicate(timeout=60)
+    assert writer.returncode == 0
+    assert float(out) >= closed, "the emptying open returned before the reader closed"
+    assert read_all(path) == b"new"
+
+    # The truncating process's own reader sees the truncation, as on a local file
+    # system, and its open does not wait for itself.
+    for root in (local, a):
+        p = os.path.join(root, "own")
+        _write_on(p, data)
+        rfd = os.open(p, os.O_RDONLY)
+        try:
+            first = os.read(rfd, 4096)
+            t0 = time.monotonic()
+            wfd = os.open(p, os.O_WRONLY | os.O_TRUNC)
+            waited = time.monotonic() - t0
+            os.close(wfd)
+            rest = os.read(rfd, MIB)
+        finally:
+            os.close(rfd)
+        assert first == data[:4096]
+        assert rest == b"", f"{root}: a reader read past its own process's truncation"
+        assert waited < filesystem.CACHED_READERS_WAIT, (
+            f"{root}: the O_TRUNC open waited {waited:.1f}s for its own process's reader")
 
 
 # --------------------------------------------------------------------------- behaviour
