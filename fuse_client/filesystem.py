@@ -687,16 +687,20 @@ class FileSystem:
         if flags & os.O_ACCMODE == os.O_RDONLY:
             node, reader, recorded = await self._new_reader(ino)
             self._access.note(ino)
-            keep = node.state == COMPLETE and self._remember_version(ino, node.version)
-            if self._writers.get(ino) or self._write_opening[ino]:
+            if (self._writers.get(ino) or self._write_opening[ino]
+                    or self._cached_readers_of_another_version(ino, node.version)):
                 # This mount also writes the inode (or is opening it to write): its
                 # O_TRUNC opens and direct writes set the kernel's file size, which
                 # would cut this reader's version short (the kernel drops the GETATTR
                 # answers that race with writes).  Without the page cache the size
-                # does not matter.
+                # does not matter.  Or a reader here still reads an older version
+                # through the page cache: one page cache cannot hold both versions
+                # (each reader would be served the other's pages).  Not remembered as
+                # the version in the page cache (_remember_version): it is not.
                 h = self._add(ino, State.READING, reader=reader, inode=node,
                               recorded_open=recorded)
                 return Opened(h.fh, direct_io=True, keep_cache=False)
+            keep = node.state == COMPLETE and self._remember_version(ino, node.version)
             # A writer opened later waits for it if it empties the file (O_TRUNC).
             h = self._add(ino, State.READING, reader=reader, inode=node, recorded_open=recorded,
                           page_cache=True, pid=pid)
@@ -713,6 +717,12 @@ class FileSystem:
         if truncate:
             await self._wait_for_cached_readers(ino, tgid)
         return Opened(h.fh, direct_io=not page_cache, keep_cache=False)
+
+    def _cached_readers_of_another_version(self, ino: int, version: int) -> bool:
+        """A reader of ``ino`` here reads a version other than ``version`` through the
+        kernel's page cache."""
+        return any(h.reader is not None and h.page_cache and h.inode.version != version
+                   for h in self._of_inode.get(ino, {}).values())
 
     async def _wait_for_cached_readers(self, ino: int, tgid: int) -> None:
         """Before an open that empties ``ino`` (O_TRUNC) returns: wait, at most

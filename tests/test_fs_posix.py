@@ -288,6 +288,33 @@ def test_reader_keeps_its_version_when_another_process_empties_the_file(fs):
             f"{root}: the O_TRUNC open waited {waited:.1f}s for its own process's reader")
 
 
+def test_an_old_reader_and_a_new_reader_of_a_file_get_their_own_versions(fs):
+    """DESIGN consistency rule 1 across mounts: mount B reads version 1 of a file
+    through the page cache while mount A publishes version 2 (same size, other
+    bytes), and then a new reader on B reads version 2.  The old reader must finish
+    with version 1 only: one page cache cannot hold both, so the new reader reads
+    without it.  Once the old reader is gone, B's readers get version 2 whole."""
+    a, b, _ = fs
+    v1 = random.Random(11).randbytes(6 * MIB)
+    v2 = random.Random(12).randbytes(6 * MIB)
+    _write_on(os.path.join(a, "f"), v1)
+    fd = os.open(os.path.join(b, "f"), os.O_RDONLY)
+    try:
+        got = bytearray(os.read(fd, MIB))
+        _write_on(os.path.join(a, "f"), v2)
+        assert read_all(os.path.join(b, "f")) == v2, "a new reader on B did not get version 2"
+        while chunk := os.read(fd, MIB):
+            got += chunk
+    finally:
+        os.close(fd)
+    assert len(got) == len(v1)
+    assert bytes(got) == v1, (
+        "the old reader on B got other bytes than version 1 "
+        f"({'version 2 after the first MiB' if bytes(got[MIB:]) == v2[MIB:] else 'a mix'})")
+    for _ in range(2):
+        assert read_all(os.path.join(b, "f")) == v2
+
+
 # --------------------------------------------------------------------------- behaviour
 
 def test_directories(fs):
