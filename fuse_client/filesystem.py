@@ -287,6 +287,12 @@ class FileSystem:
                 if w is not None:
                     size = w.size
         entry_timeout, attr_timeout = self.kernel.timeouts(inode, lease, writing=writing)
+        if (inode.ino in self._of_inode and inode.type != DIRECTORY
+                and self._cached_readers_of_another_version(inode.ino, inode.version)):
+            # a reader here still reads a replaced version through the page cache: the
+            # kernel must ask again, through that reader's handle, before its next
+            # read (getattr), or this size would end the reader's version early
+            attr_timeout = 0.0
         return Attributes(inode, size, entry_timeout, attr_timeout)
 
     def _open_snapshot(self, ino: int) -> Attributes | None:
@@ -352,7 +358,23 @@ class FileSystem:
         finally:
             listings.fetched(parent, names, self.kernel.lease_ttl(lease_ms, sent), generation)
 
-    async def getattr(self, ino: int) -> Attributes:
+    async def getattr(self, ino: int, fh: int | None = None) -> Attributes:
+        """The attributes of ``ino``; ``fh``: asked through that open handle (fstat, or
+        the kernel's size check before a read through the page cache)."""
+        attrs = await self._getattr(ino)
+        h = self._handles.get(fh) if fh is not None else None
+        if (h is not None and h.reader is not None and h.page_cache
+                and h.inode.version != attrs.inode.version):
+            # A reader of a version since replaced (by another mount: this one's
+            # readers of another version read without the page cache, _open).  The
+            # kernel's size of the inode bounds its reads: tell it this reader's
+            # version, and let it keep that for no time, so that the next stat
+            # without a handle sees the new version again.  DESIGN rule 1: the
+            # reader reads all of the version it opened.
+            return self.attributes(h.inode, h.size)._replace(attr_timeout=0.0)
+        return attrs
+
+    async def _getattr(self, ino: int) -> Attributes:
         published = self.kernel.published(ino)
         if published is not None:  # this mount's publish, still leased: as the master
             FUSE_GETATTR_LOCAL.inc()
