@@ -63,8 +63,9 @@ READDIR_PAGE = LISTING_MAX
 # writes up to this size into a block held in memory are copied in the trio loop
 # (~10 us for 64 KiB) rather than queued for a thread
 WRITE_NOW_MAX = 128 * 1024
-# an open that empties a file (O_TRUNC) waits at most this long for other processes'
-# page-cache readers of it here to close (FileSystem._wait_for_cached_readers)
+# an open that empties a file (O_TRUNC) or writes it through the page cache (O_RDWR)
+# waits at most this long for other processes' page-cache readers of it here to close
+# (FileSystem._wait_for_cached_readers)
 CACHED_READERS_WAIT = 2.0
 
 # fallocate(2) modes (linux/falloc.h)
@@ -672,8 +673,8 @@ class FileSystem:
         page_cache = flags & os.O_ACCMODE == os.O_RDWR
         h = self._add(inode.ino, State.NEW if unpublished else State.WRITING, writer=writer,
                       inode=inode, tgid=tgid, page_cache=page_cache, recorded_open=recorded)
-        if flags & os.O_TRUNC:  # an existing file, emptied by this open
-            await self._wait_for_cached_readers(inode.ino, tgid)
+        if flags & os.O_TRUNC or page_cache:  # an existing file: emptied, or written
+            await self._wait_for_cached_readers(inode.ino, tgid)  # in the page cache
         ttl = self.kernel.lease_ttl(lease_ms, sent)
         attrs = self.attributes(inode, lease=ttl)
         if ttl and unpublished:
@@ -736,7 +737,7 @@ class FileSystem:
         page_cache = flags & os.O_ACCMODE == os.O_RDWR
         h = self._add(ino, State.WRITING, writer=writer, tgid=tgid, page_cache=page_cache,
                       recorded_open=recorded)
-        if truncate:
+        if truncate or page_cache:
             await self._wait_for_cached_readers(ino, tgid)
         return Opened(h.fh, direct_io=not page_cache, keep_cache=False)
 
@@ -747,16 +748,18 @@ class FileSystem:
                    for h in self._of_inode.get(ino, {}).values())
 
     async def _wait_for_cached_readers(self, ino: int, tgid: int) -> None:
-        """Before an open that empties ``ino`` (O_TRUNC) returns: wait, at most
-        CACHED_READERS_WAIT, until the page-cache readers of ``ino`` that other
-        processes opened here have closed.
+        """Before an open that empties ``ino`` (O_TRUNC) or writes it through the
+        page cache (O_RDWR) returns: wait, at most CACHED_READERS_WAIT, until the
+        page-cache readers of ``ino`` that other processes opened here have closed.
 
-        On that open's reply the kernel sets its size of the inode to 0 for the whole
-        mount, and reads through the page cache stop at that size: a reader of the
-        published version would get a short file (DESIGN consistency rule 1).  Readers
-        opened from now on get direct_io (``_open``), which the size does not cut.
-        The caller's own process is not waited for (it could be the one holding the
-        reader open): it sees its truncation, as on a local file system."""
+        The kernel has one page cache and one size per inode.  On an O_TRUNC open's
+        reply it sets the size to 0 for the whole mount, and reads through the page
+        cache stop at that size; an O_RDWR handle's writes land in that page cache
+        before they are published.  A reader of the published version would get a
+        short file or unpublished bytes (DESIGN consistency rule 1).  Readers opened
+        from now on get direct_io (``_open``), which neither touches.  The caller's
+        own process is not waited for (it could be the one holding the reader open):
+        it may see its own changes, as on a local file system."""
         others = [h for h in self._of_inode.get(ino, {}).values()
                   if h.reader is not None and h.page_cache]
         others = [h for h in others if _tgid(h.pid) != tgid]  # /proc reads: rarely any

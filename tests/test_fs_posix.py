@@ -225,46 +225,54 @@ def test_read_through_handle_of_unlinked_file(fs):
     assert not os.path.exists(os.path.join(a, "victim2"))
 
 
-_TRUNCATING_WRITER = """
+_WRITER = """
 import os, sys, time
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)
+fd = os.open(sys.argv[1], int(sys.argv[2]))
 opened = time.monotonic()
-os.write(fd, b"new")
+os.pwrite(fd, b"X" * 4096, int(sys.argv[3]))
 os.close(fd)
 print(opened)
 """
 
 
-def test_reader_keeps_its_version_when_another_process_empties_the_file(fs):
+@pytest.mark.parametrize("mode", ["O_TRUNC", "O_RDWR"])
+def test_reader_keeps_its_version_when_another_process_opens_the_file_to_write(fs, mode):
     """DESIGN consistency rule 1 on one mount: a reader of a published file reads
-    all of that version although another process here opens the file with O_TRUNC
-    while it reads (LMCache's writers of one key open the same <key>.tmp so).  That
-    open sets the kernel's size of the inode to 0 for the whole mount, so the mount
-    holds it until the reader, which reads through the page cache, has closed.  A
-    local file system shows the reader the truncation instead."""
+    all of that version although another process here opens the file to write while
+    it reads.  The kernel has one page cache and one size per inode: an O_TRUNC open
+    (LMCache's writers of one key open the same <key>.tmp so) sets the size to 0 for
+    the whole mount, and an O_RDWR handle writes into that page cache before it
+    publishes.  So the mount holds such an open until the reader, which reads through
+    the page cache, has closed.  A local file system shows the reader the change
+    instead."""
     a, _, _ = fs
     data = random.Random(5).randbytes(6 * MIB + 4321)
     path = os.path.join(a, "chunk")
     _write_on(path, data)
+    flags, at = ((os.O_WRONLY | os.O_TRUNC, 0) if mode == "O_TRUNC" else (os.O_RDWR, 2 * MIB))
     fd = os.open(path, os.O_RDONLY)
     try:
         got = bytearray(os.read(fd, MIB))
-        writer = subprocess.Popen([sys.executable, "-c", _TRUNCATING_WRITER, path],
+        writer = subprocess.Popen([sys.executable, "-c", _WRITER, path, str(flags), str(at)],
                                   stdout=subprocess.PIPE, text=True)
         time.sleep(0.5)  # the writer's open is on its way (held by the mount)
         while chunk := os.read(fd, MIB):
             got += chunk
         assert len(got) == len(data), (
             f"the reader got {len(got)} of {len(data)} bytes after another process's "
-            f"O_TRUNC open")
-        assert bytes(got) == data
+            f"{mode} open")
+        assert bytes(got) == data, "the reader got bytes its version does not hold"
         closed = time.monotonic()
     finally:
         os.close(fd)
     out, _ = writer.communicate(timeout=60)
     assert writer.returncode == 0
-    assert float(out) >= closed, "the emptying open returned before the reader closed"
-    assert read_all(path) == b"new"
+    assert float(out) >= closed, f"the {mode} open returned before the reader closed"
+    want = (b"X" * 4096 if mode == "O_TRUNC"
+            else data[:at] + b"X" * 4096 + data[at + 4096:])
+    assert read_all(path) == want
+    if mode == "O_RDWR":
+        return
 
     # The truncating process's open does not wait for its own reader (it could be
     # the one to close it).  That reader then sees the truncation, as on a local file
