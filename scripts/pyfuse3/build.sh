@@ -51,8 +51,8 @@ ok = (importlib.metadata.version("pyfuse3") == os.environ["LOCAL_VERSION"]
 if ok:
     with open(pyfuse3.__file__, "rb") as f:
         binary = f.read()
-    ok = (b"fuse_fallocate_async" in binary and b"getattr_fh" in binary
-          and hasattr(pyfuse3, "_curvine_read_queued"))
+    ok = (b"fuse_fallocate_async" in binary and hasattr(pyfuse3, "_curvine_read_queued")
+          and hasattr(pyfuse3, "_curvine_getattr_fh"))
 sys.exit(0 if ok else 1)
 EOF
 }
