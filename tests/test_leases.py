@@ -443,6 +443,7 @@ def test_cached_names_stay_correct_across_mounts(make_cluster, tmp_path):
     as soon as that change returns: unlink, rename over a cached name, a new version,
     chmod, and a name made where it had cached a miss."""
     c = make_cluster(workers=1, mounts=2, conf=_conf(tmp_path))
+    _sessions_up(c, 2)
     a, b = c.mounts
     os.mkdir(os.path.join(a, "l2"))
     da, db = os.path.join(a, "l2"), os.path.join(b, "l2")
@@ -499,6 +500,7 @@ def test_mounts_drop_leases_when_the_master_restarts(make_cluster, tmp_path):
     conf = tmp_path / "leases.toml"
     conf.write_text('[master]\nlease_time = "60s"\nnegative_lease_time = "60s"\n')
     c = make_cluster(workers=1, mounts=2, conf=str(conf))
+    _sessions_up(c, 2)
     a, b = c.mounts
     with open(os.path.join(a, "f"), "wb") as f:
         f.write(b"x")
@@ -521,8 +523,10 @@ def test_mounts_drop_leases_when_the_master_restarts(make_cluster, tmp_path):
 
 def _two_mounts_and_a_file(make_cluster, name):
     """A cluster at the defaults with mounts A and B, and directory ``name`` holding
-    ``file`` (5 bytes) made on A: (cluster, the directory on A, the same on B)."""
+    ``file`` (5 bytes) made on A: (cluster, the directory on A, the same on B).
+    Both mounts' lease sessions are up (lookups before that are not leased)."""
     c = make_cluster(workers=1, mounts=2)
+    _sessions_up(c, 2)
     a, b = c.mounts
     os.mkdir(os.path.join(a, name))
     da, db = os.path.join(a, name), os.path.join(b, name)
@@ -577,6 +581,7 @@ def test_a_listed_directory_is_stat_ed_from_the_kernel_and_kept_correct(make_clu
     B's kernel (the master stopped meanwhile: ls -l costs no round trip), and an
     unlink, a rename and a new version made on A are seen on B as soon as they return."""
     c = make_cluster(workers=1, mounts=2)
+    _sessions_up(c, 2)
     a, b = c.mounts
     os.mkdir(os.path.join(a, "ls"))
     da, db = os.path.join(a, "ls"), os.path.join(b, "ls")
@@ -792,6 +797,7 @@ def test_names_made_on_one_mount_while_another_answers_misses_from_a_listing(mak
     long enough for B to hold its listing again (and its kernel to keep the entries), A
     makes one more name and removes one: B's next listings show both changes."""
     c = make_cluster(workers=1, mounts=2)
+    _sessions_up(c, 2)
     a, b = c.mounts
     errors: list = []
     for round_ in range(4):
