@@ -139,7 +139,13 @@ FUSE_GETATTR_LOCAL = Counter(
     "Attribute requests answered from the version this mount had just published, under "
     "its lease, without asking the master",
     registry=None)
-FUSE_METRICS = (FUSE_LOOKUPS, FUSE_LOOKUP_LOCAL, FUSE_GETATTR_LOCAL)
+FUSE_OPEN_WAITS = Counter(
+    "curvine_fuse_opens_waiting_for_readers",
+    "O_TRUNC or O_RDWR opens that waited for other processes' page-cache readers of the "
+    "file on this mount to close (DESIGN rule 1), by outcome: closed = they all closed, "
+    "timeout = the open went on after fuse_client/filesystem.py CACHED_READERS_WAIT",
+    ["outcome"], registry=None)
+FUSE_METRICS = (FUSE_LOOKUPS, FUSE_LOOKUP_LOCAL, FUSE_GETATTR_LOCAL, FUSE_OPEN_WAITS)
 FUSE_LOOKUP_HIT = FUSE_LOOKUPS.labels(result="hit")
 FUSE_LOOKUP_MISS = FUSE_LOOKUPS.labels(result="miss")
 FUSE_LOOKUP_ERROR = FUSE_LOOKUPS.labels(result="error")

@@ -38,7 +38,7 @@ from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, check_name, host_id
 from curvine.common.metrics import (FUSE_GETATTR_LOCAL, FUSE_LOOKUP_ERROR, FUSE_LOOKUP_HIT,
-                                    FUSE_LOOKUP_LOCAL, FUSE_LOOKUP_MISS)
+                                    FUSE_LOOKUP_LOCAL, FUSE_LOOKUP_MISS, FUSE_OPEN_WAITS)
 from curvine.proto import common_pb2, master_pb2
 
 from .calls import Calls
@@ -769,6 +769,7 @@ class FileSystem:
             while any(h.fh in self._handles for h in others):
                 closed = self._reader_closed.setdefault(ino, trio.Event())
                 await closed.wait()
+        FUSE_OPEN_WAITS.labels(outcome="timeout" if waited.cancelled_caught else "closed").inc()
         if waited.cancelled_caught:
             log.info("inode %d: opened to be emptied while another process still reads it "
                      "here after %.0f s; that reader may now see a short file", ino,

@@ -24,7 +24,7 @@ import pytest
 
 from curvine.fuse_client import filesystem
 
-from cluster_util import module_cluster, tracebacks_in_logs
+from cluster_util import metric_samples, module_cluster, tracebacks_in_logs
 from fs_helpers import MIB, errname, errno_of, read_all, sha256
 
 BLOCK = 4 * MIB
@@ -235,8 +235,18 @@ print(opened)
 """
 
 
+def _open_waits(cluster, outcome: str) -> float:
+    """curvine_fuse_opens_waiting_for_readers_total{outcome} of mount 0."""
+    import urllib.parse
+    url = next(r["metrics"] for r in cluster.status() if r["role"] == "fuse" and r["index"] == 0)
+    return sum(s.value for s in metric_samples(urllib.parse.urlsplit(url).port,
+                                               "curvine_fuse_opens_waiting_for_readers_total")
+               if s.labels.get("outcome") == outcome)
+
+
 @pytest.mark.parametrize("mode", ["O_TRUNC", "O_RDWR"])
-def test_reader_keeps_its_version_when_another_process_opens_the_file_to_write(fs, mode):
+def test_reader_keeps_its_version_when_another_process_opens_the_file_to_write(
+        fs, posix_cluster, mode):
     """DESIGN consistency rule 1 on one mount: a reader of a published file reads
     all of that version although another process here opens the file to write while
     it reads.  The kernel has one page cache and one size per inode: an O_TRUNC open
@@ -250,6 +260,7 @@ def test_reader_keeps_its_version_when_another_process_opens_the_file_to_write(f
     path = os.path.join(a, "chunk")
     _write_on(path, data)
     flags, at = ((os.O_WRONLY | os.O_TRUNC, 0) if mode == "O_TRUNC" else (os.O_RDWR, 2 * MIB))
+    waits_before = _open_waits(posix_cluster, "closed")
     fd = os.open(path, os.O_RDONLY)
     try:
         got = bytearray(os.read(fd, MIB))
@@ -268,6 +279,7 @@ def test_reader_keeps_its_version_when_another_process_opens_the_file_to_write(f
     out, _ = writer.communicate(timeout=60)
     assert writer.returncode == 0
     assert float(out) >= closed, f"the {mode} open returned before the reader closed"
+    assert _open_waits(posix_cluster, "closed") == waits_before + 1
     want = (b"X" * 4096 if mode == "O_TRUNC"
             else data[:at] + b"X" * 4096 + data[at + 4096:])
     assert read_all(path) == want
