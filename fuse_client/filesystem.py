@@ -724,7 +724,8 @@ class FileSystem:
                               recorded_open=recorded)
                 return Opened(h.fh, direct_io=True, keep_cache=False)
             keep = node.state == COMPLETE and self._remember_version(ino, node.version)
-            # A writer opened later waits for it if it empties the file (O_TRUNC).
+            # A writer opened later waits for it if it empties the file (O_TRUNC) or
+            # writes it through the page cache (O_RDWR): _wait_for_cached_readers.
             h = self._add(ino, State.READING, reader=reader, inode=node, recorded_open=recorded,
                           page_cache=True, pid=pid)
             return Opened(h.fh, direct_io=False, keep_cache=keep)
@@ -771,9 +772,9 @@ class FileSystem:
                 await closed.wait()
         FUSE_OPEN_WAITS.labels(outcome="timeout" if waited.cancelled_caught else "closed").inc()
         if waited.cancelled_caught:
-            log.info("inode %d: opened to be emptied while another process still reads it "
-                     "here after %.0f s; that reader may now see a short file", ino,
-                     CACHED_READERS_WAIT)
+            log.info("inode %d: opened to be emptied or written through the page cache "
+                     "while another process still reads it here after %.0f s; that reader "
+                     "may now see the change", ino, CACHED_READERS_WAIT)
 
     async def read(self, h: Handle, off: int, size: int):
         if h.writer is not None:
