@@ -288,12 +288,17 @@ class FileSystem:
                 if w is not None:
                     size = w.size
         entry_timeout, attr_timeout = self.kernel.timeouts(inode, lease, writing=writing)
-        if (inode.ino in self._of_inode and inode.type != DIRECTORY
-                and self._cached_readers_of_another_version(inode.ino, inode.version)):
-            # a reader here still reads a replaced version through the page cache: the
-            # kernel must ask again, through that reader's handle, before its next
-            # read (getattr), or this size would end the reader's version early
-            attr_timeout = 0.0
+        if inode.ino in self._of_inode and inode.type != DIRECTORY:
+            cached = self._page_cache_version(inode.ino)
+            if cached is not None and cached.inode.version != inode.version:
+                # Readers here still read a replaced version through the page cache,
+                # and the kernel's one size of the inode bounds their reads: keep
+                # telling it that version's size until they close (kept for no time,
+                # so the next answer after that is the new version's).  A stat here
+                # shows the old size meanwhile; readers of the new version read
+                # without the page cache (_open), whatever the size.
+                size = cached.size
+                attr_timeout = 0.0
         return Attributes(inode, size, entry_timeout, attr_timeout)
 
     def _open_snapshot(self, ino: int) -> Attributes | None:
@@ -359,23 +364,7 @@ class FileSystem:
         finally:
             listings.fetched(parent, names, self.kernel.lease_ttl(lease_ms, sent), generation)
 
-    async def getattr(self, ino: int, fh: int | None = None) -> Attributes:
-        """The attributes of ``ino``; ``fh``: asked through that open handle (fstat, or
-        the kernel's size check before a read through the page cache)."""
-        attrs = await self._getattr(ino)
-        h = self._handles.get(fh) if fh is not None else None
-        if (h is not None and h.reader is not None and h.page_cache
-                and h.inode.version != attrs.inode.version):
-            # A reader of a version since replaced (by another mount: this one's
-            # readers of another version read without the page cache, _open).  The
-            # kernel's size of the inode bounds its reads: tell it this reader's
-            # version, and let it keep that for no time, so that the next stat
-            # without a handle sees the new version again.  DESIGN rule 1: the
-            # reader reads all of the version it opened.
-            return self.attributes(h.inode, h.size)._replace(attr_timeout=0.0)
-        return attrs
-
-    async def _getattr(self, ino: int) -> Attributes:
+    async def getattr(self, ino: int) -> Attributes:
         published = self.kernel.published(ino)
         if published is not None:  # this mount's publish, still leased: as the master
             FUSE_GETATTR_LOCAL.inc()
@@ -742,11 +731,20 @@ class FileSystem:
             await self._wait_for_cached_readers(ino, tgid)
         return Opened(h.fh, direct_io=not page_cache, keep_cache=False)
 
+    def _page_cache_version(self, ino: int) -> Handle | None:
+        """A reader of ``ino`` here that reads through the kernel's page cache, if any.
+        All such readers of an inode read one version: a reader of another one reads
+        without the page cache (``_open``)."""
+        for h in self._of_inode.get(ino, {}).values():
+            if h.reader is not None and h.page_cache:
+                return h
+        return None
+
     def _cached_readers_of_another_version(self, ino: int, version: int) -> bool:
-        """A reader of ``ino`` here reads a version other than ``version`` through the
+        """Readers of ``ino`` here read a version other than ``version`` through the
         kernel's page cache."""
-        return any(h.reader is not None and h.page_cache and h.inode.version != version
-                   for h in self._of_inode.get(ino, {}).values())
+        h = self._page_cache_version(ino)
+        return h is not None and h.inode.version != version
 
     async def _wait_for_cached_readers(self, ino: int, tgid: int) -> None:
         """Before an open that empties ``ino`` (O_TRUNC) or writes it through the

@@ -145,14 +145,23 @@ class KernelCache:
             self._epoch.bump()
             for ino in listed:
                 self._notify_inval(ino, attr_only=False)
+            # A publish of these on its way is not kept either (forget_published): this
+            # mount may hold a new lease on the inode by the time its reply arrives,
+            # granted after another client's newer version.
+            now = time.monotonic()
+            changed = self._changed
             for key in names:  # a kept version under a revoked name goes too
+                changed[key] = now
                 ino = self._published_names.get(key)
                 if ino is not None:
                     self._drop_published(ino)
             for ino in inodes:
+                changed[ino] = now
                 self._leased_inodes.pop(ino, None)
                 self._drop_published(ino)
                 self._notify_inval(ino, attr_only=True)
+            if len(changed) > self._prune_changed_at:
+                self._prune_changed_at = _forget_before(changed, now - CHANGE_MEMORY)
 
     def _drop_all(self) -> None:
         """The session is lost (session thread): drop every leased copy."""

@@ -122,9 +122,6 @@ class Operations(pyfuse3.Operations):
     # kernel may keep it in its page cache (scripts/pyfuse3/cache-symlinks.patch)
     # instead of sending a READLINK each time a path goes through the link
     enable_cache_symlinks = True
-    # the handle of a GETATTR sent through an open file (scripts/pyfuse3/getattr-fh.patch):
-    # a reader of a replaced version is told its own version's size (FileSystem.getattr)
-    getattr_fh = True
 
     def __init__(self, cfg: Config, master: MasterClient):
         """``master``: the mount's client of the master (made with its security by
@@ -219,8 +216,8 @@ class Operations(pyfuse3.Operations):
         return _entry_attributes(attrs)
 
     @_fuse_op
-    async def getattr(self, inode, ctx=None, fh=None):
-        return _entry_attributes(await self.fs.getattr(inode, fh))
+    async def getattr(self, inode, ctx=None):
+        return _entry_attributes(await self.fs.getattr(inode))
 
     @_fuse_op
     async def setattr(self, inode, attr, fields, fh, ctx):

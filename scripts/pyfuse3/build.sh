@@ -9,9 +9,7 @@
 # FOPEN_KEEP_CACHE) and read-queued.patch (the FUSE device is non-blocking and the
 # session loop reads a request already queued at once, waiting for readability only
 # when there is none: no trio scheduler pass and epoll registration per request) and
-# getattr-fh.patch (Operations.getattr_fh: a GETATTR the kernel sends through an open
-# file's handle, FUSE_GETATTR_FH, reaches getattr with that handle) and install it
-# into a venv.
+# install it into a venv.
 #
 #   scripts/pyfuse3/build.sh [VENV]     (VENV defaults to the repository's .venv)
 #
@@ -29,9 +27,9 @@ py="$venv/bin/python"
 VERSION=3.5.0
 SHA256=88399a9494b88603230bba300f4ba9ad63fece5ed514ca3633d555a0c6a42b24
 PATCHES=("$here/fallocate.patch" "$here/cache-symlinks.patch" "$here/cache-readdir.patch"
-         "$here/read-queued.patch" "$here/getattr-fh.patch")
+         "$here/read-queued.patch")
 # pip list / pip freeze show this local version for the patched build.
-LOCAL_VERSION="$VERSION+curvine.fallocate.symlinks.readdir.readqueued.getattrfh"
+LOCAL_VERSION="$VERSION+curvine.fallocate.symlinks.readdir.readqueued"
 
 die() { echo "pyfuse3/build.sh: $*" >&2; exit 1; }
 
@@ -46,13 +44,11 @@ import importlib.metadata, os, sys, pyfuse3
 ok = (importlib.metadata.version("pyfuse3") == os.environ["LOCAL_VERSION"]
       and hasattr(pyfuse3.Operations, "fallocate")
       and hasattr(pyfuse3.Operations, "enable_cache_symlinks")
-      and hasattr(pyfuse3.Operations, "getattr_fh")
       and hasattr(pyfuse3.FileInfo(), "cache_readdir"))
 if ok:
     with open(pyfuse3.__file__, "rb") as f:
         binary = f.read()
-    ok = (b"fuse_fallocate_async" in binary and hasattr(pyfuse3, "_curvine_read_queued")
-          and hasattr(pyfuse3, "_curvine_getattr_fh"))
+    ok = b"fuse_fallocate_async" in binary and hasattr(pyfuse3, "_curvine_read_queued")
 sys.exit(0 if ok else 1)
 EOF
 }
