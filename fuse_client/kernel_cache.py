@@ -145,23 +145,14 @@ class KernelCache:
             self._epoch.bump()
             for ino in listed:
                 self._notify_inval(ino, attr_only=False)
-            # A publish of these on its way is not kept either (forget_published): this
-            # mount may hold a new lease on the inode by the time its reply arrives,
-            # granted after another client's newer version.
-            now = time.monotonic()
-            changed = self._changed
-            for key in names:  # a kept version under a revoked name goes too
-                changed[key] = now
-                ino = self._published_names.get(key)
-                if ino is not None:
-                    self._drop_published(ino)
+            # A kept version of these names and inodes goes, and a publish of them on
+            # its way is not kept either (forget_published): this mount may hold a new
+            # lease on the inode by the time its reply arrives, granted after another
+            # client's newer version.
+            self._changed_now((*names, *inodes))
             for ino in inodes:
-                changed[ino] = now
                 self._leased_inodes.pop(ino, None)
-                self._drop_published(ino)
                 self._notify_inval(ino, attr_only=True)
-            if len(changed) > self._prune_changed_at:
-                self._prune_changed_at = _forget_before(changed, now - CHANGE_MEMORY)
 
     def _drop_all(self) -> None:
         """The session is lost (session thread): drop every leased copy."""
@@ -294,16 +285,22 @@ class KernelCache:
             self._note_changes(keys)
 
     def _note_changes(self, keys) -> None:
-        now = time.monotonic()
         with self._kernel_lock:
-            changed = self._changed
-            for key in keys:
-                changed[key] = now
-                ino = key if isinstance(key, int) else self._published_names.get(key)
-                if ino is not None:
-                    self._drop_published(ino)
-            if len(changed) > self._prune_changed_at:  # forget old ones now and then
-                self._prune_changed_at = _forget_before(changed, now - CHANGE_MEMORY)
+            self._changed_now(keys)
+
+    def _changed_now(self, keys) -> None:
+        """Inodes and names (parent, name) changed now: a kept published version of them
+        goes, and one published before now is not kept (forget_published).  Under
+        _kernel_lock."""
+        now = time.monotonic()
+        changed = self._changed
+        for key in keys:
+            changed[key] = now
+            ino = key if isinstance(key, int) else self._published_names.get(key)
+            if ino is not None:
+                self._drop_published(ino)
+        if len(changed) > self._prune_changed_at:  # forget old ones now and then
+            self._prune_changed_at = _forget_before(changed, now - CHANGE_MEMORY)
 
     # -- directory attributes ---------------------------------------------------------
 
