@@ -59,14 +59,20 @@ def metric_samples(http_port: int, name: str) -> list:
             if s.name == name]
 
 
+def daemon_metric(cluster, role: str, name: str, index: int = 0, **labels: str) -> float:
+    """The sum of the samples called ``name`` (those with ``labels``) that daemon
+    ``role`` number ``index`` of ``cluster`` exposes now."""
+    import urllib.parse
+    url = next(r["metrics"] for r in cluster.status()
+               if r["role"] == role and r["index"] == index)
+    return sum(s.value for s in metric_samples(urllib.parse.urlsplit(url).port, name)
+               if all(s.labels.get(k) == v for k, v in labels.items()))
+
+
 def master_calls(cluster, method: str) -> float:
     """How many ``method`` calls the master of ``cluster`` has answered (any status; the
     call port's are counted with the RPCs)."""
-    import urllib.parse
-    url = next(r for r in cluster.status() if r["role"] == "master")["metrics"]
-    return sum(s.value for s in metric_samples(urllib.parse.urlsplit(url).port,
-                                               "curvine_rpc_server_handled_total")
-               if s.labels.get("method") == method)
+    return daemon_metric(cluster, "master", "curvine_rpc_server_handled_total", method=method)
 
 
 def tracebacks_in_logs(cluster, tail_lines: int = 40) -> list[str]:

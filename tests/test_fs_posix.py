@@ -24,7 +24,7 @@ import pytest
 
 from curvine.fuse_client import filesystem
 
-from cluster_util import metric_samples, module_cluster, tracebacks_in_logs
+from cluster_util import daemon_metric, module_cluster, tracebacks_in_logs
 from fs_helpers import MIB, errname, errno_of, read_all, sha256
 
 BLOCK = 4 * MIB
@@ -237,11 +237,8 @@ print(opened)
 
 def _open_waits(cluster, outcome: str) -> float:
     """curvine_fuse_opens_waiting_for_readers_total{outcome} of mount 0."""
-    import urllib.parse
-    url = next(r["metrics"] for r in cluster.status() if r["role"] == "fuse" and r["index"] == 0)
-    return sum(s.value for s in metric_samples(urllib.parse.urlsplit(url).port,
-                                               "curvine_fuse_opens_waiting_for_readers_total")
-               if s.labels.get("outcome") == outcome)
+    return daemon_metric(cluster, "fuse", "curvine_fuse_opens_waiting_for_readers_total",
+                         outcome=outcome)
 
 
 @pytest.mark.parametrize("mode", ["O_TRUNC", "O_RDWR"])

@@ -18,6 +18,8 @@ from curvine.master.leases import LISTING, LeaseTable
 from curvine.master.master import Master
 from curvine.proto import common_pb2, master_pb2
 
+from cluster_util import daemon_metric
+
 FIFO = common_pb2.FIFO
 
 MiB = 1 << 20
@@ -882,24 +884,10 @@ def test_names_made_on_one_mount_while_another_answers_misses_from_a_listing(mak
 def _sessions_up(c, n: int, timeout: float = 30.0) -> None:
     """Wait until the master has the lease sessions of ``n`` mounts (a mount opens its
     session just after it starts; lookups before that are not leased)."""
-    from cluster_util import metric_samples
-    import urllib.parse
-    url = next(r for r in c.status() if r["role"] == "master")["metrics"]
-    port = urllib.parse.urlsplit(url).port
     deadline = time.monotonic() + timeout
-    while sum(s.value for s in metric_samples(port, "curvine_lease_sessions")) < n:
+    while daemon_metric(c, "master", "curvine_lease_sessions") < n:
         assert time.monotonic() < deadline, f"{n} lease sessions not up in {timeout}s"
         time.sleep(0.05)
-
-
-def _fuse_metric(c, index: int, name: str) -> float:
-    import urllib.request
-    url = next(r["metrics"] for r in c.status() if r["role"] == "fuse" and r["index"] == index)
-    with urllib.request.urlopen(url, timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return 0.0
 
 
 def test_a_version_published_here_is_stat_ed_from_the_mount_and_kept_correct(make_cluster):
@@ -916,7 +904,7 @@ def test_a_version_published_here_is_stat_ed_from_the_mount_and_kept_correct(mak
     from cluster_util import master_calls
 
     def answered_locally() -> float:
-        return _fuse_metric(c, 0, "curvine_fuse_getattrs_answered_locally_total")
+        return daemon_metric(c, "fuse", "curvine_fuse_getattrs_answered_locally_total")
 
     def get_blocks() -> float:
         return master_calls(c, "GetBlocks")
@@ -1008,9 +996,9 @@ def test_a_leased_miss_is_answered_on_the_mount_when_the_kernel_asks_again(make_
         os.stat(os.path.join(da, "k.data"))  # a miss the master leases to A
     with open(os.path.join(da, "k.tmp"), "wb") as f:
         f.write(b"x")
-    before = _fuse_metric(c, 0, local)
+    before = daemon_metric(c, "fuse", local)
     os.rename(os.path.join(da, "k.tmp"), os.path.join(da, "k.data"))
-    assert _fuse_metric(c, 0, local) == before + 1
+    assert daemon_metric(c, "fuse", local) == before + 1
     assert os.stat(os.path.join(db, "k.data")).st_size == 1
     # absences A knows, then made on B: A sees them at once, however it asks
     for name in ("n1", "n2"):
