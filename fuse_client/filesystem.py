@@ -151,6 +151,11 @@ class Handle:
         return self.reader.size if self.reader is not None else self.writer.size
 
     @property
+    def cached_reader(self) -> bool:
+        """A reader that reads through the kernel's page cache."""
+        return self.reader is not None and self.page_cache
+
+    @property
     def publish_due(self) -> bool:
         """The writer has changes to publish."""
         return self.writer is not None and self.writer.dirty
@@ -736,7 +741,7 @@ class FileSystem:
         All such readers of an inode read one version: a reader of another one reads
         without the page cache (``_open``)."""
         for h in self._of_inode.get(ino, {}).values():
-            if h.reader is not None and h.page_cache:
+            if h.cached_reader:
                 return h
         return None
 
@@ -759,9 +764,9 @@ class FileSystem:
         from now on get direct_io (``_open``), which neither touches.  The caller's
         own process is not waited for (it could be the one holding the reader open):
         it may see its own changes, as on a local file system."""
+        # /proc reads for _tgid: rarely any such reader
         others = [h for h in self._of_inode.get(ino, {}).values()
-                  if h.reader is not None and h.page_cache]
-        others = [h for h in others if _tgid(h.pid) != tgid]  # /proc reads: rarely any
+                  if h.cached_reader and _tgid(h.pid) != tgid]
         if not others:
             return
         with trio.move_on_after(CACHED_READERS_WAIT) as waited:
@@ -824,7 +829,7 @@ class FileSystem:
         h = self._handles.pop(fh, None)
         if h is None:
             return
-        if h.page_cache and h.reader is not None:
+        if h.cached_reader:
             closed = self._reader_closed.pop(h.ino, None)
             if closed is not None:
                 closed.set()
