@@ -52,6 +52,7 @@ DIRECTORY = common_pb2.DIRECTORY
 COMPLETE = common_pb2.COMPLETE
 
 VERSION_CACHE = 100_000  # inodes whose last opened version this mount remembers
+TOLD_SIZES = 100_000  # inodes whose last size told to the kernel this mount remembers
 SYMLINK_CACHE = 10_000  # symlink targets kept (a symlink's target never changes)
 OPEN_INOS_SENT = 1024  # open inodes listed in an unlink/rename; more: the target's only
 XATTR_PREFIX = b"user."  # the only namespace stored (others: ENODATA / EOPNOTSUPP)
@@ -260,6 +261,10 @@ class FileSystem:
         # held inodes whose ReleaseInode is on its way: an open of one (the kernel may
         # still know the inode) waits for it and then finds it gone, a clean ENOENT
         self._releasing: dict[int, trio.Event] = {}
+        # ino -> the version whose size this mount last gave the kernel (attributes;
+        # -1: a writer's size); a page-cache reader of another version makes the
+        # kernel ask again (_open).  Forgotten all at once when it grows too big.
+        self._told: dict[int, int] = {}
         # ino -> set when one of its page-cache readers closes (_wait_for_cached_readers)
         self._reader_closed: dict[int, trio.Event] = {}
         self._symlinks: OrderedDict[int, bytes] = OrderedDict()  # ino -> target
@@ -275,6 +280,7 @@ class FileSystem:
         """``lease``: seconds the master leased the name (and a file's attributes) to
         this mount, else the configured timeouts apply."""
         writing = bool(self._writers.get(inode.ino))
+        told = inode.version
         if size is None:
             size = inode.size
             # only a writer here shows another size (one dict lookup for the rest: a
@@ -283,7 +289,7 @@ class FileSystem:
             if pc is not None:
                 # The kernel reads this mount's O_RDWR handles through its page cache,
                 # up to the size it is told: theirs, as a local file system would.
-                size = pc.size
+                size, told = pc.size, -1
             elif writing and inode.type != DIRECTORY and inode.state != COMPLETE:
                 # Nothing is published yet (readers see an empty file): show the size
                 # this mount is writing, as a local file system would.  Once a version
@@ -291,7 +297,7 @@ class FileSystem:
                 # a reader here would be cut short (consistency rule 1).
                 w = self.writer_of(inode.ino)
                 if w is not None:
-                    size = w.size
+                    size, told = w.size, -1
         entry_timeout, attr_timeout = self.kernel.timeouts(inode, lease, writing=writing)
         if inode.ino in self._of_inode and inode.type != DIRECTORY:
             cached = self._page_cache_version(inode.ino)
@@ -302,8 +308,12 @@ class FileSystem:
                 # so the next answer after that is the new version's).  A stat here
                 # shows the old size meanwhile; readers of the new version read
                 # without the page cache (_open), whatever the size.
-                size = cached.size
+                size, told = cached.size, cached.inode.version
                 attr_timeout = 0.0
+        if inode.type != DIRECTORY:
+            if len(self._told) >= TOLD_SIZES:
+                self._told.clear()
+            self._told[inode.ino] = told
         return Attributes(inode, size, entry_timeout, attr_timeout)
 
     def _open_snapshot(self, ino: int) -> Attributes | None:
@@ -722,6 +732,16 @@ class FileSystem:
             # writes it through the page cache (O_RDWR): _wait_for_cached_readers.
             h = self._add(ino, State.READING, reader=reader, inode=node, recorded_open=recorded,
                           page_cache=True, pid=pid)
+            if not keep or self._told.get(ino) != node.version:
+                # The kernel may hold another size than this version's: another
+                # version's, kept for up to attr_timeout without a lease or told while
+                # this open fetched its version, or the one a writer here left (the
+                # kernel drops answers that race with writes).  Reads through the page
+                # cache stop at that size: make the kernel ask again.  Answers from now
+                # on give this version's size while this reader is open (attributes);
+                # ones already on their way predate the invalidation, and the kernel
+                # drops them.
+                await self.kernel.drop_attributes(ino)
             return Opened(h.fh, direct_io=False, keep_cache=keep)
         truncate = bool(flags & os.O_TRUNC)
         # an emptied file is published at close even without writes
@@ -843,6 +863,8 @@ class FileSystem:
                     del self._of_inode[h.ino]
                     await self._closed_here(h.ino)
             if h.writer is not None:
+                # its writes set the kernel's size (whether or not it published)
+                self._told.pop(h.ino, None)
                 fhs = self._writers.get(h.ino, [])
                 if fh in fhs:
                     fhs.remove(fh)

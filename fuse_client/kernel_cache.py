@@ -24,6 +24,7 @@ from collections import OrderedDict
 from typing import Iterable
 
 import pyfuse3
+import trio
 
 from curvine.client.master_client import LeaseSession, MasterClient
 from curvine.common.config import Config
@@ -73,6 +74,7 @@ class KernelCache:
         self._changed: dict = {}
         self._prune_changed_at = 4096
         self._kernel_lock = threading.Lock()  # notifications vs unmount (pyfuse3.close)
+        self._attached = False  # to a kernel mount (start): notifications can be sent
         self._unmounting = False
         self._prune_leased_at = 4096
         # Directory attributes as last seen from the master (a GETATTR, or the parent
@@ -92,6 +94,7 @@ class KernelCache:
         """Open the lease session if leases are configured and the kernel can expire
         every cached name at once (fuse_client/kernel.py); True when leases are on.
         After pyfuse3.init (the epoch goes through its /dev/fuse descriptor)."""
+        self._attached = True
         if not self.cfg.fuse.leases or self._leases is not None:
             return False
         self._epoch = Epoch(fuse_device_fd())
@@ -160,6 +163,21 @@ class KernelCache:
             self._published.clear()
             self._published_names.clear()
         self._invalidate((), list(self._leased_inodes), self.listings.drop_all())
+
+    async def drop_attributes(self, ino: int) -> None:
+        """From the trio loop: make the kernel ask for ``ino``'s attributes again."""
+        if not self._attached:
+            return
+        if not self._kernel_lock.acquire(blocking=False):
+            # a revocation holds it, and its page invalidations may wait for a request
+            # that this loop serves: wait in a thread (not cancellable: the lock
+            # is released below whatever happens)
+            await trio.to_thread.run_sync(self._kernel_lock.acquire)
+        try:
+            if not self._unmounting:
+                self._notify_inval(ino, attr_only=True)
+        finally:
+            self._kernel_lock.release()
 
     @staticmethod
     def _notify_inval(ino: int, attr_only: bool) -> None:

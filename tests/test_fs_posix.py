@@ -363,6 +363,31 @@ def test_a_reader_finishes_its_version_when_another_mount_publishes_another_size
     assert read_all(os.path.join(b, "f")) == v2
 
 
+def test_a_reader_reads_all_of_a_new_version_while_the_kernel_holds_the_old_size(
+        make_cluster, tmp_path):
+    """DESIGN consistency rules 1 and 3: the kernel may keep a file's attributes for
+    a while (here without leases, for a 30 s attr and entry timeout), so a stat on B
+    shows the old size; but a reader that opens the file there gets the version the
+    master has now, and all of it, though the kernel still held the old version's
+    size (which bounds reads through the page cache) when it opened.  (The same size
+    is held with leases too, when an answer was not leased: one given while this
+    mount writes the file; tests/version_fuzz.py found it that way.)"""
+    conf = tmp_path / "fuse.toml"
+    conf.write_text('[fuse]\nleases = false\nattr_timeout = "30s"\nentry_timeout = "30s"\n')
+    c = make_cluster(workers=1, mounts=2, conf=str(conf))
+    a, b = (os.path.join(m, "f") for m in c.mounts)
+    v1 = random.Random(31).randbytes(MIB)
+    v2 = random.Random(32).randbytes(6 * MIB)
+    _write_on(a, v1)
+    assert os.stat(b).st_size == len(v1)  # B's kernel keeps this for 30 s
+    _write_on(a, v2)  # in place: the same inode
+    assert os.stat(b).st_size == len(v1), "the test needs B's kernel to keep the old size"
+    got = read_all(b)
+    assert len(got) == len(v2), f"a new reader on B read {len(got)} bytes of {len(v2)}"
+    assert got == v2
+    assert os.stat(b).st_size == len(v2)  # and its open made the kernel ask again
+
+
 # --------------------------------------------------------------------------- behaviour
 
 def test_directories(fs):
