@@ -744,16 +744,19 @@ class FileSystem:
                 await self.kernel.drop_attributes(ino)
             return Opened(h.fh, direct_io=False, keep_cache=keep)
         truncate = bool(flags & os.O_TRUNC)
-        # an emptied file is published at close even without writes
-        writer, recorded = await self._new_writer(ino, truncate, truncate)
         tgid = _tgid(pid)
         # O_RDWR: through the page cache, so that mmap works (O_WRONLY cannot map);
         # O_WRONLY (LMCache's writers) keeps direct_io: one request per buffer, no copy
         page_cache = flags & os.O_ACCMODE == os.O_RDWR
+        if truncate or page_cache:
+            # Before the handle exists: until then the kernel is told the published
+            # size (attributes gives an O_RDWR writer's own), which those readers'
+            # reads stop at.
+            await self._wait_for_cached_readers(ino, tgid)
+        # an emptied file is published at close even without writes
+        writer, recorded = await self._new_writer(ino, truncate, truncate)
         h = self._add(ino, State.WRITING, writer=writer, tgid=tgid, page_cache=page_cache,
                       recorded_open=recorded)
-        if truncate or page_cache:
-            await self._wait_for_cached_readers(ino, tgid)
         return Opened(h.fh, direct_io=not page_cache, keep_cache=False)
 
     def _page_cache_version(self, ino: int) -> Handle | None:

@@ -241,7 +241,7 @@ def _open_waits(cluster, outcome: str) -> float:
                          outcome=outcome)
 
 
-@pytest.mark.parametrize("mode", ["O_TRUNC", "O_RDWR"])
+@pytest.mark.parametrize("mode", ["O_TRUNC", "O_RDWR", "O_RDWR|O_TRUNC"])
 def test_reader_keeps_its_version_when_another_process_opens_the_file_to_write(
         fs, posix_cluster, mode):
     """DESIGN consistency rule 1 on one mount: a reader of a published file reads
@@ -250,13 +250,15 @@ def test_reader_keeps_its_version_when_another_process_opens_the_file_to_write(
     (LMCache's writers of one key open the same <key>.tmp so) sets the size to 0 for
     the whole mount, and an O_RDWR handle writes into that page cache before it
     publishes.  So the mount holds such an open until the reader, which reads through
-    the page cache, has closed.  A local file system shows the reader the change
-    instead."""
+    the page cache, has closed; a stat meanwhile that makes the kernel ask (``stat
+    --cached=never``) is told the published size, not the waiting writer's.  A local
+    file system shows the reader the change instead."""
     a, _, _ = fs
     data = random.Random(5).randbytes(6 * MIB + 4321)
     path = os.path.join(a, "chunk")
     _write_on(path, data)
-    flags, at = ((os.O_WRONLY | os.O_TRUNC, 0) if mode == "O_TRUNC" else (os.O_RDWR, 2 * MIB))
+    flags, at = {"O_TRUNC": (os.O_WRONLY | os.O_TRUNC, 0), "O_RDWR": (os.O_RDWR, 2 * MIB),
+                 "O_RDWR|O_TRUNC": (os.O_RDWR | os.O_TRUNC, 0)}[mode]
     waits_before = _open_waits(posix_cluster, "closed")
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -264,6 +266,9 @@ def test_reader_keeps_its_version_when_another_process_opens_the_file_to_write(
         writer = subprocess.Popen([sys.executable, "-c", _WRITER, path, str(flags), str(at)],
                                   stdout=subprocess.PIPE, text=True)
         time.sleep(0.5)  # the writer's open is on its way (held by the mount)
+        shown = subprocess.run(["stat", "--cached=never", "-c", "%s", path],
+                               capture_output=True, text=True, check=True).stdout
+        assert int(shown) == len(data), "a stat during the wait showed the writer's size"
         while chunk := os.read(fd, MIB):
             got += chunk
         assert len(got) == len(data), (
@@ -277,10 +282,10 @@ def test_reader_keeps_its_version_when_another_process_opens_the_file_to_write(
     assert writer.returncode == 0
     assert float(out) >= closed, f"the {mode} open returned before the reader closed"
     assert _open_waits(posix_cluster, "closed") == waits_before + 1
-    want = (b"X" * 4096 if mode == "O_TRUNC"
+    want = (b"X" * 4096 if flags & os.O_TRUNC
             else data[:at] + b"X" * 4096 + data[at + 4096:])
     assert read_all(path) == want
-    if mode == "O_RDWR":
+    if mode != "O_TRUNC":
         return
 
     # The truncating process's open does not wait for its own reader (it could be

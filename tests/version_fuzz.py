@@ -1,10 +1,11 @@
 """Writers on two mounts replace one file with versions of random sizes (in place
-with O_TRUNC, or by rename); readers on both mounts read it whole, again and again:
-every read must be exactly one version (DESIGN consistency rule 1).  Not a test: a
+with O_TRUNC from O_WRONLY or O_RDWR handles, or by rename); readers on both mounts
+read it whole, again and again: every read must be exactly one version (DESIGN
+consistency rule 1).  Not a test: a
 bounded script for chasing what the kernel's one page cache and one size per inode
 let through, e.g. on a `curvine local up --mounts 2` cluster:
 
-    python tests/version_fuzz.py BASE/mnt/0/vf BASE/mnt/1/vf 20 trunc   (or rename)
+    python tests/version_fuzz.py BASE/mnt/0/vf BASE/mnt/1/vf 20 trunc   (or rdwr, rename)
 
 (the directory must exist on the first mount).  Prints, per reader: (index, whole
 versions read, bad reads, errors, examples).
@@ -27,8 +28,8 @@ def writer(w: int, d: str, secs: float, mode: str) -> None:
     r = 0
     while time.monotonic() < end:
         data = pattern(w, r, rnd.choice(SIZES))
-        if mode == "trunc":
-            with open(os.path.join(d, "f"), "wb") as f:
+        if mode in ("trunc", "rdwr"):  # O_WRONLY or O_RDWR (page cache), with O_TRUNC
+            with open(os.path.join(d, "f"), "wb" if mode == "trunc" else "w+b") as f:
                 f.write(data)
         else:
             tmp = os.path.join(d, f"f.tmp{w}")
