@@ -1,9 +1,9 @@
 """Writers on two mounts replace one file with versions of random sizes (in place
 with O_TRUNC from O_WRONLY or O_RDWR handles, or by rename); readers on both mounts
 read it whole, again and again: every read must be exactly one version (DESIGN
-consistency rule 1).  Not a test: a
-bounded script for chasing what the kernel's one page cache and one size per inode
-let through, e.g. on a `curvine local up --mounts 2` cluster:
+consistency rule 1).  Not a test: a bounded script for chasing what the kernel's one
+page cache and one size per inode let through, e.g. on a `curvine local up --mounts 2`
+cluster:
 
     python tests/version_fuzz.py BASE/mnt/0/vf BASE/mnt/1/vf 20 trunc   (or rdwr, rename)
 
