@@ -259,7 +259,8 @@ class FileSystem:
         # through the page cache: _open)
         self._write_opening: collections.Counter[int] = collections.Counter()
         # held inodes whose ReleaseInode is on its way: an open of one (the kernel may
-        # still know the inode) waits for it and then finds it gone, a clean ENOENT
+        # still know the inode) waits for it and then finds it gone: ESTALE, and the
+        # kernel looks the name up again (operations._BY_INODE)
         self._releasing: dict[int, trio.Event] = {}
         # ino -> the version whose size this mount last gave the kernel (attributes;
         # -1: a writer's size); a page-cache reader of another version makes the

@@ -48,11 +48,21 @@ _LOUD_KINDS = {ErrorKind.IO, ErrorKind.UNAVAILABLE, ErrorKind.CHECKSUM, ErrorKin
                ErrorKind.UNAUTHENTICATED}
 
 
+# Requests about an inode the kernel found by a path earlier (not a name in a
+# directory): if the master no longer has it, another mount removed or replaced it
+# since.  ESTALE, not ENOENT: the kernel then walks the path once more, with a fresh
+# LOOKUP (as for NFS), so open(2) or stat(2) of a name that another mount has just
+# renamed a new file over finds the new file instead of failing.
+_BY_INODE = {"getattr", "setattr", "readlink", "link", "open", "opendir", "_getxattr",
+             "setxattr", "listxattr", "removexattr"}
+
+
 def _fuse_op(fn):
     """The one place where failures become errnos.
 
     User errors (ENOENT, EEXIST, ...) are logged at DEBUG; cluster trouble as one
     WARNING line; anything unexpected once with its traceback, as EIO."""
+    gone = errno.ESTALE if fn.__name__ in _BY_INODE else errno.ENOENT
 
     @functools.wraps(fn)
     async def wrapper(self, *args):
@@ -64,7 +74,8 @@ def _fuse_op(fn):
             level = logging.WARNING if e.kind in _LOUD_KINDS else logging.DEBUG
             if log.isEnabledFor(level):
                 log.log(level, "%s%s: %s", fn.__name__, _brief(args), e)
-            raise pyfuse3.FUSEError(to_errno(e.kind)) from None
+            raise pyfuse3.FUSEError(gone if e.kind == ErrorKind.NOT_FOUND
+                                    else to_errno(e.kind)) from None
         except Exception:  # noqa: BLE001 - a bug must not take the mount down
             log.exception("%s%s failed", fn.__name__, _brief(args))
             raise pyfuse3.FUSEError(errno.EIO) from None
