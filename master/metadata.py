@@ -107,6 +107,10 @@ def _replay(committer: Committer, journal: Journal) -> int:
         raise damage from e
 
 
+# counters of ids handed out to clients (store.py's meta keys)
+_NEVER_AGAIN = (b"next_ino", b"block_ids_reserved")
+
+
 def _store_in_line(journal: Journal, journal_dir: str, meta_dir: str) -> Store:
     """Open LMDB and make sure the journal can bring it up to date.
 
@@ -114,12 +118,14 @@ def _store_in_line(journal: Journal, journal_dir: str, meta_dir: str) -> Store:
     record: then the newest checkpoint is restored first.  If LMDB is *ahead* of the
     journal (the journal lost records it had made durable, e.g. a damaged tail), the
     journal is the truth: LMDB is rebuilt from a checkpoint at or below the journal's
-    end, or from nothing when the journal still starts at seq 1.
+    end, or from nothing when the journal still starts at seq 1, keeping the id
+    counters it had reached.
     """
     path = lmdb_dir(meta_dir)
     store = Store(path)
     with store.read() as txn:
         applied = store.get_u64(txn, b"applied_seq")
+        handed_out = {k: store.get_u64(txn, k) for k in _NEVER_AGAIN}
     end = journal.durable_seq
     behind = end >= journal.first_seq and applied + 1 < journal.first_seq
     ahead = applied > end
@@ -151,4 +157,13 @@ def _store_in_line(journal: Journal, journal_dir: str, meta_dir: str) -> Store:
     if ckpt is not None:
         log.warning("restoring checkpoint %s (seq %d)", ckpt[1], ckpt[0])
         shutil.copytree(ckpt[1], path)
-    return Store(path)
+    store = Store(path)
+    if ahead:
+        # The lost records may have handed out inode and block ids that clients still
+        # hold (a mount's kernel keeps an inode by its number: one reused for a file
+        # of another type is EIO there).  Replay only raises these counters, so
+        # numbers from the lost records are never handed out again.
+        with store.env.begin(write=True) as txn:
+            for key, value in handed_out.items():
+                store.put_u64(txn, key, max(value, store.get_u64(txn, key)))
+    return store

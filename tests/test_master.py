@@ -491,7 +491,7 @@ def test_lost_journal_tail_rebuilds_metadata_from_the_journal(tmp_path):
     m = make_master(tmp_path)
     populate(m)
     before = snapshot(m)
-    mkdir(m, ROOT_INO, b"last")  # the record that will be torn
+    lost = mkdir(m, ROOT_INO, b"last")  # the record that will be torn
     m.close()
     seg = sorted((tmp_path / "journal").glob("seg-*.wal"))[-1]
     size = seg.stat().st_size
@@ -500,8 +500,10 @@ def test_lost_journal_tail_rebuilds_metadata_from_the_journal(tmp_path):
     try:
         # LMDB had applied the cut record; the journal is the truth, so it is gone
         assert snapshot(m) == before
-        mkdir(m, ROOT_INO, b"again")
+        again = mkdir(m, ROOT_INO, b"again")
         assert m.lookup(ROOT_INO, b"again").type == common_pb2.DIRECTORY
+        # but its inode number was handed out (a mount may still know it): not again
+        assert again.ino > lost.ino
     finally:
         m.close()
     assert any(p.name.startswith("lmdb.replaced-") for p in (tmp_path / "meta").iterdir())
