@@ -742,7 +742,11 @@ class FileSystem:
                 # on give this version's size while this reader is open (attributes);
                 # ones already on their way predate the invalidation, and the kernel
                 # drops them.
-                await self.kernel.drop_attributes(ino)
+                try:
+                    await self.kernel.drop_attributes(ino)
+                except OSError as e:  # the open stands: its handle exists
+                    log.warning("inode %d: the kernel's attributes could not be dropped "
+                                "(%s); a read may stop at a stale size", ino, e)
             return Opened(h.fh, direct_io=False, keep_cache=keep)
         truncate = bool(flags & os.O_TRUNC)
         tgid = _tgid(pid)
