@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import json
 import os
 import stat
 
 import pytest
 
-from cluster_util import metric_samples
+from cluster_util import daemon_metric
 from curvine.client import block_client
 from curvine.client.fs import CurvineFS
 from curvine.common.blocks import block_relpath
@@ -55,15 +54,8 @@ def _fs(c, short_circuit: bool = True, dirs: list[str] | None = None) -> Curvine
     return CurvineFS(c.master_addr, cfg=cfg)
 
 
-def _http_port(c, role: str, index: int = 0) -> int:
-    with open(c.state_path) as f:
-        return next(p["http_port"] for p in json.load(f)["procs"]
-                    if (p["role"], p["index"]) == (role, index))
-
-
 def _mount_bytes(c, metric: str, path: str) -> float:
-    return sum(s.value for s in metric_samples(_http_port(c, "fuse"), metric)
-               if s.labels.get("path") == path)
+    return daemon_metric(c, "fuse", metric, path=path)
 
 
 def _copies(fs: CurvineFS, path: str) -> list[str]:
