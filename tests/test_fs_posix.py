@@ -368,6 +368,15 @@ def test_a_reader_finishes_its_version_when_another_mount_publishes_another_size
     assert read_all(os.path.join(b, "f")) == v2
 
 
+def _cluster_keeping_names(make_cluster, tmp_path):
+    """Mounts A and B without leases, whose kernels keep names and attributes for 30 s:
+    what a kernel keeps in a race with a revocation, at the defaults, held still long
+    enough for a test to see it."""
+    conf = tmp_path / "fuse.toml"
+    conf.write_text('[fuse]\nleases = false\nattr_timeout = "30s"\nentry_timeout = "30s"\n')
+    return make_cluster(workers=1, mounts=2, conf=str(conf))
+
+
 def test_a_reader_reads_all_of_a_new_version_while_the_kernel_holds_the_old_size(
         make_cluster, tmp_path):
     """DESIGN consistency rules 1 and 3: the kernel may keep a file's attributes for
@@ -377,9 +386,7 @@ def test_a_reader_reads_all_of_a_new_version_while_the_kernel_holds_the_old_size
     size (which bounds reads through the page cache) when it opened.  (The same size
     is held with leases too, when an answer was not leased: one given while this
     mount writes the file; tests/version_fuzz.py found it that way.)"""
-    conf = tmp_path / "fuse.toml"
-    conf.write_text('[fuse]\nleases = false\nattr_timeout = "30s"\nentry_timeout = "30s"\n')
-    c = make_cluster(workers=1, mounts=2, conf=str(conf))
+    c = _cluster_keeping_names(make_cluster, tmp_path)
     a, b = (os.path.join(m, "f") for m in c.mounts)
     v1 = random.Random(31).randbytes(MIB)
     v2 = random.Random(32).randbytes(6 * MIB)
@@ -401,9 +408,7 @@ def test_an_open_finds_the_file_another_mount_renamed_over_the_name(make_cluster
     mode, got ENOENT in ~8% of its opens).  The mount answers the open of the gone
     inode with ESTALE, and the kernel looks the name up again and opens the new
     file."""
-    conf = tmp_path / "fuse.toml"
-    conf.write_text('[fuse]\nleases = false\nattr_timeout = "30s"\nentry_timeout = "30s"\n')
-    c = make_cluster(workers=1, mounts=2, conf=str(conf))
+    c = _cluster_keeping_names(make_cluster, tmp_path)
     a, b = c.mounts
     _write_on(os.path.join(a, "f"), b"old")
     assert read_all(os.path.join(b, "f")) == b"old"  # B's kernel keeps f -> the old inode
