@@ -60,7 +60,7 @@ fi
 
 # PyPI's pyfuse3 has no fallocate handler (every fallocate(2) on a mount fails with
 # EOPNOTSUPP), nor the kernel's symlink and directory caches; replace it with 3.5.0 +
-# scripts/pyfuse3/fallocate.patch, cache-symlinks.patch and cache-readdir.patch.
+# scripts/pyfuse3/*.patch (fallocate, cache-symlinks, cache-readdir, read-queued).
 # Returns at once when that build is already installed; pip keeps it afterwards (it
 # satisfies pyfuse3>=3.4).
 bash scripts/pyfuse3/build.sh .venv
