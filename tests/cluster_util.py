@@ -13,7 +13,10 @@ FUSE client.  Behaviour is steered by environment variables:
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
+import re
 import shutil
 import sys
 import time
@@ -201,3 +204,244 @@ def module_cluster(tmp_path_factory, name: str, block_mib: int):
         c.down()
     found = tracebacks_in_logs(c)
     assert not found, "a daemon logged a traceback:\n" + "\n\n".join(found)
+
+
+# --------------------------------------------------------------------------- daemon logs
+# "The daemons' logs are part of every test": a test fails when a daemon it ran logged a
+# record at WARNING, ERROR or CRITICAL, a gRPC core line at E or F, or a traceback, unless
+# the test declares the record expected (``@pytest.mark.expect_log(r"regex", ...)``,
+# conftest.py).  Log line format: ``<asctime> <role>[pid] LEVEL logger: message``
+# (common/log.py); gRPC core's own lines (through the stderr filter) look like
+# ``E1202 12:00:00.000000 123 file.cc:42] message`` (or ``E0000 00:00:1733...``).
+
+
+_HEADER = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<role>\S+)\[\d+\] "
+                     r"(?P<level>[A-Z]+) \S+: ")
+_NATIVE = re.compile(r"^(?P<sev>[IWEF])\d{4} \d\d:\d\d:\d+(?:\.\d+)? +\d+ \S+:\d+\] ")
+_PY_WARNING = re.compile(r"^\S+:\d+: [A-Za-z]*Warning: ")  # the warnings module
+# lines that start a record of their own (and are one problem on their own)
+_OWN_RECORD = ("Exception in thread", "Exception ignored in", "Fatal Python error",
+               "Current thread 0x", "Thread 0x")
+_TRACEBACK = "Traceback (most recent call last):"
+START_MARKER = "--- curvine local: starting "
+DAEMON_ROLES = ("master", "curvine-worker", "curvine-fuse")
+BAD_LEVELS = ("WARNING", "ERROR", "CRITICAL")
+BAD_NATIVE = ("E", "F")
+
+
+@dataclasses.dataclass
+class LogRecord:
+    """One record of a daemon log: its first line and the lines that belong to it (a
+    traceback).  ``kind``: the logging level, ``native-X`` for a gRPC core line of
+    severity X, ``traceback``/``fatal`` for text outside a record, else ``text``."""
+
+    path: str
+    lineno: int
+    kind: str
+    lines: list
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    @property
+    def problem(self) -> bool:
+        if self.kind in BAD_LEVELS or self.kind in ("traceback", "fatal", "py-warning"):
+            return True
+        if self.kind.startswith("native-") and self.kind[-1] in BAD_NATIVE:
+            return True
+        return any(line.startswith(_TRACEBACK) or "Traceback (most recent call last)" in line
+                   for line in self.lines)
+
+    def show(self, max_lines: int = 14) -> str:
+        head = f"{self.path}:{self.lineno}: {self.lines[0]}"
+        rest = self.lines[1:max_lines]
+        more = len(self.lines) - 1 - len(rest)
+        out = [head] + ["        " + line for line in rest]
+        if more > 0:
+            out.append(f"        [... {more} more lines]")
+        return "\n".join(out)
+
+
+def parse_log(text: str, path: str = "?", first_lineno: int = 1) -> list[LogRecord]:
+    """The records of a daemon log's text."""
+    records: list[LogRecord] = []
+    cur: LogRecord | None = None
+    for n, line in enumerate(text.split("\n"), first_lineno):
+        if not line and cur is None:
+            continue
+        kind = None
+        m = _HEADER.match(line)
+        if m:
+            kind = m.group("level")
+        elif line.startswith(START_MARKER):
+            kind = "marker"
+        else:
+            m = _NATIVE.match(line)
+            if m:
+                kind = "native-" + m.group("sev")
+            elif line.startswith(_OWN_RECORD):
+                kind = "fatal"
+            elif _PY_WARNING.match(line):
+                kind = "py-warning"
+            elif line.startswith(_TRACEBACK) and (
+                    cur is None or cur.kind not in (*BAD_LEVELS, "fatal")
+                    or any(x.startswith(_TRACEBACK) for x in cur.lines)):
+                # not the exc_info of the record before it (one at WARNING or worse, or
+                # "Exception in thread ...", without a traceback yet): one of its own
+                kind = "traceback"
+        if kind is None:
+            if cur is None:
+                cur = LogRecord(path, n, "text", [line])
+                records.append(cur)
+            elif line or cur.lines[-1]:
+                cur.lines.append(line)
+            continue
+        cur = LogRecord(path, n, kind, [line])
+        records.append(cur)
+    for r in records:
+        while r.lines and not r.lines[-1]:
+            r.lines.pop()
+    return records
+
+
+def _daemon_log_file(path: str) -> bool:
+    """A log written by curvine daemons: in a LocalCluster's logs/ dir, or a .log file
+    with a line of a daemon role (a test that runs daemons itself)."""
+    name = os.path.basename(path)
+    if os.path.basename(os.path.dirname(path)) == "logs" and \
+            re.fullmatch(r"(master|worker|fuse)-\d+\.log", name):
+        return True
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as f:
+            head = f.read(256 << 10)
+    except OSError:
+        return False
+    for line in head.split("\n"):
+        m = _HEADER.match(line)
+        if m and m.group("role") in DAEMON_ROLES:
+            return True
+    return False
+
+
+def find_daemon_logs(root: str, max_depth: int = 5) -> list[str]:
+    """Daemon logs under ``root`` (never entering a mounted file system)."""
+    from curvine.devtools.local import mounted_paths
+    try:
+        mounted = mounted_paths()
+    except OSError:
+        mounted = set()
+    root = os.path.realpath(root)
+    found = []
+    depth0 = root.rstrip(os.sep).count(os.sep)
+    for d, dirs, files in os.walk(root):
+        if d.count(os.sep) - depth0 >= max_depth:
+            dirs[:] = []
+        dirs[:] = [x for x in dirs if os.path.join(d, x) not in mounted]
+        found += [os.path.join(d, f) for f in files
+                  if f.endswith(".log") and _daemon_log_file(os.path.join(d, f))]
+    return sorted(found)
+
+
+def expected(record: LogRecord, patterns) -> bool:
+    """Whether one of ``patterns`` (regexes, ``re.search``) matches the record's text
+    (its line and the traceback that follows it)."""
+    return any(re.search(p, record.text) for p in patterns)
+
+
+def log_problems(paths, patterns=(), offsets: dict | None = None,
+                 final: bool = True) -> tuple[list[LogRecord], list[LogRecord]]:
+    """(unexpected, expected) problem records in the logs ``paths``, from
+    ``offsets[path]`` (bytes already checked; updated) on.  ``final=False``: a daemon
+    may still be writing, so a last line without its newline is left for later."""
+    offsets = {} if offsets is None else offsets
+    bad, ok = [], []
+    for path in paths:
+        start = offsets.get(path, 0)
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                if size < start:  # replaced or truncated: from its start again
+                    start = 0
+                f.seek(start)
+                data = f.read(size - start)
+        except OSError:
+            continue
+        if not final and not data.endswith(b"\n"):
+            data = data[:data.rfind(b"\n") + 1]
+        if not data:
+            continue
+        lineno = 1
+        if start:
+            with open(path, "rb") as f:
+                lineno += f.read(start).count(b"\n")
+        offsets[path] = start + len(data)
+        for r in parse_log(data.decode("utf-8", "replace"), path, lineno):
+            if r.problem:
+                (ok if expected(r, patterns) else bad).append(r)
+    return bad, ok
+
+
+def cluster_log_problems(cluster, patterns=()) -> tuple[list[LogRecord], list[LogRecord]]:
+    """(unexpected, expected) problem records in every log of ``cluster``, whole."""
+    return log_problems(cluster.logs(), patterns)
+
+
+def describe_problems(bad: list[LogRecord], limit: int = 40) -> str:
+    shown = "\n".join(r.show() for r in bad[:limit])
+    more = f"\n[... and {len(bad) - limit} more records]" if len(bad) > limit else ""
+    return (f"daemon logs: {len(bad)} record(s) at WARNING or worse, or with a traceback, "
+            f"that the test does not declare expected (@pytest.mark.expect_log(r\"regex\")"
+            f", see tests/conftest.py):\n{shown}{more}")
+
+
+class DaemonLogs:
+    """What the suite checks: the log files of every LocalCluster a test made (any
+    scope) plus daemon logs under the test's tmp_path, and how far each has been read
+    (a module's cluster is checked test by test, each test for what was written while
+    it ran, and what is left when the module ends)."""
+
+    def __init__(self):
+        self.bases: dict[str, set] = {}  # LocalCluster base -> patterns of the tests that read it
+        self.offsets: dict[str, int] = {}
+        self.report = os.environ.get("CURVINE_LOG_REPORT", "")  # every problem record, as JSON lines
+
+    def register(self, base: str) -> None:
+        self.bases.setdefault(os.path.realpath(base), set())
+
+    def _paths(self, bases, roots) -> list[str]:
+        paths = []
+        for b in bases:
+            d = os.path.join(b, "logs")
+            with contextlib.suppress(OSError):
+                paths += [os.path.join(d, n) for n in sorted(os.listdir(d)) if n.endswith(".log")]
+        for root in roots:
+            if root and os.path.isdir(root):
+                paths += find_daemon_logs(str(root))
+        return sorted(set(paths))
+
+    def check(self, who: str, patterns, roots=(), bases=None, final: bool = False):
+        """The unexpected problem records written since the last check."""
+        bases = list(self.bases) if bases is None else list(bases)
+        for b in bases:
+            self.bases.setdefault(b, set()).update(patterns)
+        bad, ok = log_problems(self._paths(bases, roots), patterns, self.offsets, final)
+        if self.report and (bad or ok):
+            import json
+            with open(self.report, "a") as f:
+                for r, exp in [(r, False) for r in bad] + [(r, True) for r in ok]:
+                    f.write(json.dumps({"test": who, "path": r.path, "line": r.lineno,
+                                        "kind": r.kind, "expected": exp,
+                                        "text": r.text[:4000]}) + "\n")
+        return bad
+
+    def forget(self, bases) -> None:
+        for b in bases:
+            self.bases.pop(b, None)
+            prefix = os.path.join(b, "")
+            for p in [p for p in self.offsets if p.startswith(prefix)]:
+                del self.offsets[p]
+
+
+DAEMON_LOGS = DaemonLogs()

@@ -1,11 +1,26 @@
-"""Shared fixtures: real local clusters (master, workers, FUSE mounts) in tmp_path.
+r"""Shared fixtures: real local clusters (master, workers, FUSE mounts) in tmp_path.
 
 ``make_cluster(workers=2, mounts=2, **kw)`` builds and starts a ``LocalCluster``
 (keyword arguments go to its constructor; ``up=False`` returns it unstarted) and
 ``cluster`` is one default cluster.  Whatever the test does, every cluster is torn
-down afterwards (no process, no mount left), and the test fails if any daemon log
-contains a traceback.  Tests that need FUSE are skipped, with the reason, on a
-machine without /dev/fuse or fusermount3.
+down afterwards (no process, no mount left).  Tests that need FUSE are skipped, with
+the reason, on a machine without /dev/fuse or fusermount3.
+
+The daemons' logs are part of every test: a test fails when a daemon it ran (any
+LocalCluster, of any scope, and any daemon log under its tmp_path) logged a record at
+WARNING, ERROR or CRITICAL, a gRPC core line at E or F, or a traceback, unless the test
+declares it expected::
+
+    # the killed worker's copies are read again from the other replica
+    @pytest.mark.expect_log(r"WARNING curvine\.client\.file_reader: .*Connection refused")
+
+Each pattern is a regex searched (``re.search``) in the record: its line
+(``<asctime> <role>[pid] LEVEL logger: message``) and the traceback that follows it.
+Keep patterns narrow and say in a comment why the test provokes them.  A module's
+``pytestmark`` declares for all its tests.  Lines of a module-scoped cluster are
+checked with the test that was running when they were written (what is left, with
+the module's last test).  ``CURVINE_LOG_REPORT=FILE`` appends every such record,
+expected or not, to FILE as JSON lines.
 
 Every test carries the marker of its module's layer (LAYERS below; the heaviest thing
 any test of the module starts): ``unit`` (no servers), ``services`` (real master and
@@ -18,12 +33,12 @@ from __future__ import annotations
 
 import pytest
 
-from cluster_util import fuse_available, tracebacks_in_logs
+from cluster_util import DAEMON_LOGS, describe_problems, fuse_available
 from curvine.devtools.local import ClusterError, LocalCluster
 
 
 LAYERS = {
-    "unit": {"test_connector_naming", "test_journal", "test_listings", "test_mounts", "test_pod_fork",
+    "unit": {"test_connector_naming", "test_fds", "test_journal", "test_listings", "test_mounts", "test_pod_fork",
              "test_posix_workload", "test_proto"},
     "services": {"test_calls", "test_call_port", "test_fuse_ops", "test_fuzz", "test_keepalive", "test_master",
                  "test_master_put", "test_master_posix", "test_security", "test_data_port"},
@@ -39,6 +54,64 @@ LAYERS = {
         "test_worker", "test_worker_safety"},
 }
 _LAYER_OF = {module: layer for layer, modules in LAYERS.items() for module in modules}
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "expect_log(*patterns): daemon log records (WARNING or worse, or a "
+        "traceback) that this test provokes on purpose; each pattern is a regex searched in "
+        "the record (see tests/conftest.py)")
+
+
+# Every LocalCluster a test makes (make_cluster, a module's fixture, a test's own) has
+# its logs checked: its base is recorded when it is made.
+if not getattr(LocalCluster.__init__, "_logs_watched", False):
+    _cluster_init = LocalCluster.__init__
+
+    def _watched_init(self, base, *args, **kw):
+        _cluster_init(self, base, *args, **kw)
+        DAEMON_LOGS.register(self.base)
+
+    _watched_init._logs_watched = True
+    LocalCluster.__init__ = _watched_init
+
+
+def _expected_logs(node) -> list[str]:
+    patterns = []
+    for m in node.iter_markers("expect_log"):
+        for p in m.args:
+            if not isinstance(p, str):
+                raise pytest.UsageError(f"{node.nodeid}: expect_log takes regex strings, got {p!r}")
+            patterns.append(p)
+    return patterns
+
+
+@pytest.fixture(autouse=True)
+def _daemon_logs(request):
+    """Fail the test on daemon log records it does not declare expected (module doc)."""
+    tmp = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    patterns = _expected_logs(request.node)
+    yield
+    # after every other fixture of the test: its clusters are down, their logs complete
+    bad = DAEMON_LOGS.check(request.node.nodeid, patterns, roots=[tmp] if tmp else [])
+    if bad:
+        pytest.fail(describe_problems(bad), pytrace=False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _daemon_logs_left(request):
+    """What a module's clusters logged after its last test's check (their teardown):
+    checked with the patterns of the module's tests."""
+    before = set(DAEMON_LOGS.bases)
+    yield
+    mine = [b for b in DAEMON_LOGS.bases if b not in before]
+    patterns = set(_expected_logs(request.node))
+    for b in mine:
+        patterns |= DAEMON_LOGS.bases[b]
+    bad = DAEMON_LOGS.check(request.node.nodeid, sorted(patterns), bases=mine, final=True)
+    DAEMON_LOGS.forget(mine)
+    if bad:
+        pytest.fail(describe_problems(bad), pytrace=False)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -80,7 +153,7 @@ def make_cluster(tmp_path):
             c.down()
         except ClusterError as e:
             problems.append(f"teardown of {c.base} failed: {e}")
-        problems.extend(f"a daemon logged a traceback: {t}" for t in tracebacks_in_logs(c))
+    # their logs: checked after this teardown, by _daemon_logs
     if problems:
         pytest.fail("\n\n".join(problems), pytrace=False)
 

@@ -358,6 +358,7 @@ def test_daemon_that_never_gets_ready_times_out(tmp_path, fake_daemons):
     _assert_all_gone(c, [p.pid for p in c._procs.values() if p.pid])
 
 
+@pytest.mark.expect_log(r"^Traceback \(most recent call last\):\n  simulated")  # FAKE_TRACEBACK
 def test_tracebacks_in_logs_are_found(tmp_path, fake_daemons):
     c = LocalCluster(str(tmp_path / "c"), workers=1, mounts=0, env={"FAKE_TRACEBACK": "worker"})
     c.up(timeout=30)
