@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from curvine.common.checksum import crc32
 from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.fds import FdClosed, OwnedFd
 from curvine.proto import common_pb2
 
 from . import block_client
@@ -315,7 +316,9 @@ class StagingFileBuffer(BlockBuffer):
     def __init__(self, capacity: int, fd: int, path: str, block_id: int,
                  worker: WorkerInfo, others: list, data_dir: str = ""):
         self._capacity = capacity
-        self.fd: int | None = fd
+        # owned here, borrowed by every use: the writer's thread and an upload's may
+        # both hold the buffer, and release() must not pull the number from a use
+        self._fd = OwnedFd(fd, f"staging file {path or 'O_TMPFILE in ' + data_dir}")
         # "" (and block_id 0): an unnamed file in data_dir, the block not placed yet
         self.path = path
         self.data_dir = data_dir
@@ -369,8 +372,9 @@ class StagingFileBuffer(BlockBuffer):
         n = len(data)
         view = memoryview(data)
         done = 0
-        while done < n:
-            done += os.pwrite(self.fd, view[done:], rel + done)
+        with self._file() as fd:
+            while done < n:
+                done += os.pwrite(fd, view[done:], rel + done)
         if rel == self._crc_len:
             self._crc = crc32(view, self._crc)
             self._crc_len += n
@@ -381,12 +385,14 @@ class StagingFileBuffer(BlockBuffer):
 
     def _extend_file(self, size: int) -> None:
         if size > self._len:
-            os.ftruncate(self.fd, size)
+            with self._file() as fd:
+                os.ftruncate(fd, size)
             self._len = size
 
     def _truncate_file(self, size: int) -> None:
         if size < self._len:
-            os.ftruncate(self.fd, size)
+            with self._file() as fd:
+                os.ftruncate(fd, size)
             self._len = size
             if self._crc_len > size:
                 self._crc_len = -1
@@ -415,7 +421,8 @@ class StagingFileBuffer(BlockBuffer):
         n = min(rel + n, self._len) - rel
         if n <= 0:
             return b""
-        data = os.pread(self.fd, n, rel)
+        with self._file() as fd:
+            data = os.pread(fd, n, rel)
         if len(data) != n:
             raise CurvineError(ErrorKind.IO, f"staging file {self.path}: read {len(data)} "
                                              f"of {n} bytes")
@@ -434,7 +441,8 @@ class StagingFileBuffer(BlockBuffer):
     @contextlib.contextmanager
     def _mapped(self) -> Iterator[memoryview]:
         """A memoryview of the file's bytes (mapped read-only) for a block."""
-        mapping = mmap.mmap(self.fd, self._len, prot=mmap.PROT_READ) if self._len else None
+        with self._file() as fd:  # the mapping keeps its own reference to the file
+            mapping = mmap.mmap(fd, self._len, prot=mmap.PROT_READ) if self._len else None
         data = memoryview(mapping) if mapping is not None else memoryview(b"")
         try:
             yield data
@@ -482,7 +490,8 @@ class StagingFileBuffer(BlockBuffer):
                 continue
             # into a trusted data dir of w on the file's file system (a link works
             # within one only), else None
-            path = block_client.name_local_tmpfile(self.fd, w, block_id, uploader.dirs)
+            with self._file() as fd:
+                path = block_client.name_local_tmpfile(fd, w, block_id, uploader.dirs)
             if path is not None:
                 self.path = path
                 self.block_id, self.worker = block_id, w
@@ -491,13 +500,22 @@ class StagingFileBuffer(BlockBuffer):
         self.alloc = (block_id, targets)
         return False
 
+    @contextlib.contextmanager
+    def _file(self) -> Iterator[int]:
+        """The staging file's descriptor for one use; STALE once released (the writer
+        let the buffer go: a use after that is the writer's bug, not the disk's)."""
+        try:
+            with self._fd.borrow() as fd:
+                yield fd
+        except FdClosed:
+            raise CurvineError(ErrorKind.STALE, "the staging file was released") from None
+
     def release(self) -> None:
-        fd, self.fd = self.fd, None
-        if fd is None:
+        if self._fd.closed:
             return
         if not self.adopted and self.path:
             block_client.unlink_staging(self.path)
-        os.close(fd)  # also drops the flock
+        self._fd.close()  # also drops the flock (once no use holds it)
 
 
 def unplaced_buffer(capacity: int, uploader: Uploader) -> BlockBuffer:

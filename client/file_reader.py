@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import errno
 import logging
 import os
 import threading
@@ -49,6 +50,7 @@ from typing import Iterable, Mapping
 
 from curvine.common.checksum import crc32
 from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.fds import FdClosed, OwnedFd
 from curvine.common.ids import MIB, host_id
 from curvine.common.metrics import CLIENT_READ_REMOTE, CLIENT_READ_SHORT_CIRCUIT
 from curvine.common.security import Security
@@ -127,6 +129,10 @@ def join(parts: list) -> bytes | memoryview:
     return b"".join(parts)
 
 
+def _handle_closed() -> CurvineError:
+    return CurvineError(ErrorKind.STALE, "the file handle is closed")
+
+
 def _crc_problem(block: Block, crc: int) -> str | None:
     """What is wrong with a copy of ``block`` whose bytes have crc32 ``crc``; None if
     it matches the crc32 the master recorded."""
@@ -153,23 +159,28 @@ def _log_bad_copy(block: Block, wid: int, worker: WorkerInfo | None, copy: str,
 
 
 class _LocalFile:
-    """A source: the block's file on this host, its descriptor opened once; read only
-    once ``checked`` (``BlockFetcher._local``)."""
+    """A source: the block's file on this host, its descriptor opened once and owned
+    by the reader (``OwnedFd``: every use borrows it, so a close by the reader's
+    owner never pulls the number from under a read or a check); read only once
+    ``checked`` (``BlockFetcher._local``)."""
 
     served = CLIENT_READ_SHORT_CIRCUIT
 
     def __init__(self, block_id: int, fd: int, worker_id: int):
         self.block_id = block_id
-        self.fd = fd
+        self.fd = OwnedFd(fd, f"the local file of block {block_id:016x}")
         self.worker_id = worker_id
         self.checked = False  # its bytes matched the block's crc32
         self.lock = threading.Lock()  # held while checking
 
     def read(self, offset: int, size: int) -> bytes | None:
         """``size`` bytes at ``offset``; None when the file does not give them all (a
-        failing disk: another replica may be fine)."""
+        failing disk: another replica may be fine).  STALE: the reader is closed."""
         try:
-            data = os.pread(self.fd, size, offset)
+            with self.fd.borrow() as fd:
+                data = os.pread(fd, size, offset)
+        except FdClosed:
+            raise _handle_closed() from None
         except OSError as e:
             log.warning("reading the local file of block %016x failed (%s); reading "
                         "remotely", self.block_id, e)
@@ -187,16 +198,16 @@ class _LocalFile:
             return None
         view = memoryview(out)[:size]
         try:
-            got = os.preadv(self.fd, [view], offset, _NOWAIT)
-        except OSError:  # EAGAIN: not cached; anything else: the thread path reports it
+            with self.fd.borrow() as fd:
+                got = os.preadv(fd, [view], offset, _NOWAIT)
+        except (OSError, FdClosed):
+            # EAGAIN: not cached; closed: the reader is gone; anything else: the
+            # thread path reports it
             return None
         return view if got == size else None
 
     def close(self) -> None:
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+        self.fd.close()
 
 
 class _Fetch:
@@ -417,7 +428,7 @@ class BlockFetcher:
 
     def _local(self, block: Block) -> _LocalFile | None:
         """The block's local file once its bytes matched its crc32 (checked once per
-        descriptor); None: read it remotely."""
+        descriptor); None: read it remotely.  STALE once this reader is closed."""
         bid = block.block_id
         while True:
             local = self.open_local(block)
@@ -427,8 +438,19 @@ class BlockFetcher:
                 if local.checked:
                     return local
                 if self._files.get(bid) is not local:
-                    continue  # dropped meanwhile (its check failed, or closed): the next copy
-                detail = self._check_local(block, local.fd)
+                    if self._closed:
+                        raise _handle_closed()
+                    continue  # dropped meanwhile (its check failed): the next copy
+                try:
+                    with local.fd.borrow() as fd:
+                        detail = self._check_local(block, fd)
+                except FdClosed:
+                    raise _handle_closed() from None
+                except OSError as e:
+                    # Not a verdict on the copy's bytes: read remotely this time.
+                    log.error("checking the local file of block %016x failed: %s",
+                              bid, e)
+                    return None
                 if detail is None:
                     local.checked = True
                     return local
@@ -440,13 +462,12 @@ class BlockFetcher:
 
     def _check_local(self, block: Block, fd: int) -> str | None:
         """None if the file's first ``block.length`` bytes match the block's crc32 (or
-        there is nothing to compare), else what is wrong."""
+        there is nothing to compare), else what is wrong with the copy.  The caller
+        borrows ``fd``, so a failure here is the file's (EIO, short, other bytes),
+        never a descriptor closed under the check."""
         if not self._checks(block):
             return None
-        try:
-            st = os.fstat(fd)
-        except OSError as e:
-            return f"fstat failed: {e.strerror}"
+        st = os.fstat(fd)
         # Any write to the file since it was checked changes its ctime (which no
         # unprivileged process can set back): the same file, unchanged, is not read
         # again for every open (warm reads of a hot chunk).
@@ -473,6 +494,8 @@ class BlockFetcher:
                 crc = crc32(view[:got], crc)
                 pos += got
         except OSError as e:
+            if e.errno != errno.EIO:
+                raise  # not the file's bytes: no verdict on the copy
             return f"reading it failed: {e.strerror}"
         if pos != n:
             return f"{pos} of {n} bytes"
@@ -488,8 +511,11 @@ class BlockFetcher:
                 return
             self._prefetched.add(block.block_id)
         try:
-            os.posix_fadvise(local.fd, 0, block.length, os.POSIX_FADV_WILLNEED)
-        except OSError as e:  # closed meanwhile, or a file system without readahead
+            with local.fd.borrow() as fd:
+                os.posix_fadvise(fd, 0, block.length, os.POSIX_FADV_WILLNEED)
+        except FdClosed:
+            pass  # the reader was closed meanwhile
+        except OSError as e:  # a file system without readahead
             log.debug("readahead advice for block %016x failed: %s", block.block_id, e)
 
     def prefetch(self, block: Block) -> None:
@@ -636,7 +662,7 @@ class BlockFetcher:
             if self._closed:
                 if nowait:
                     return None
-                raise CurvineError(ErrorKind.STALE, "the file handle is closed")
+                raise _handle_closed()
             f = self._find_fetch(block)
             if f is None:
                 if nowait:

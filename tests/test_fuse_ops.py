@@ -1097,6 +1097,53 @@ def test_ops_unlinked_file_still_readable_through_an_open_handle(cluster):
     trio.run(go)
 
 
+def test_a_reader_closed_during_its_local_check_keeps_the_copy_and_every_descriptor(
+        cluster, monkeypatch, caplog):
+    """The handle's close (the FUSE loop's close_nowait) while a thread checks a local
+    block file: the check still reads that file (the descriptor stays open until it is
+    done), the sound copy is not rejected, and no other descriptor of the process is
+    closed in its place (the number the kernel hands out next)."""
+    from curvine.client import file_reader
+
+    master = cluster.client
+    data = os.urandom(BS + 100)
+    ino = _publish_bytes(master, data, name=b"race")
+    inode, blocks, ws = master.get_blocks(ino)
+    entered, go_on = threading.Event(), threading.Event()
+    fetchers = []
+    real = file_reader.BlockFetcher._crc_of_file
+
+    def slow_check(self, block, fd):
+        fetchers.append(self)
+        entered.set()
+        go_on.wait(10)
+        return real(self, block, fd)
+
+    monkeypatch.setattr(file_reader.BlockFetcher, "_crc_of_file", slow_check)
+    made = []
+    opener = threading.Thread(target=lambda: made.append(
+        FileReader(blocks, ws, short_circuit=True, security=NO_SECURITY)))
+    opener.start()
+    assert entered.wait(10)
+    fetcher = fetchers[0]
+    assert fetcher.close_nowait()  # the release, while the check runs
+    others = [os.open("/dev/null", os.O_RDONLY) for _ in range(4)]  # reuse freed numbers
+    try:
+        with caplog.at_level("WARNING", logger="curvine"):
+            go_on.set()
+            opener.join(10)
+            assert made, "the reader was not made"
+        for fd in others:
+            os.fstat(fd)  # still ours: nothing closed them
+        assert fetcher._bad_copies == {}
+        assert not [r for r in caplog.records if "not intact" in r.getMessage()]
+    finally:
+        for fd in others:
+            os.close(fd)
+        for r in made:
+            r.close()
+
+
 def test_reader_read_cached_serves_only_cached_local_bytes(cluster):
     master = cluster.client
     data = os.urandom(BS + 100)

@@ -50,6 +50,7 @@ from typing import Iterable
 from curvine.common.checksum import crc32
 from curvine.common import private_files
 from curvine.common.errors import CurvineError, ErrorKind, invalid
+from curvine.common.fds import close_fd
 from curvine.common.blocks import (CLIENT_STAGING_NAME, MAX_BLOCK_ID, block_path,
                                    check_block_id)
 from curvine.common.ids import MIB
@@ -692,10 +693,7 @@ class BlockWriter:
     def _close_fd(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            close_fd(fd, f"the staging file of block {self.block_id:016x}")
 
     def __enter__(self) -> "BlockWriter":
         return self
@@ -738,7 +736,7 @@ class BlockChunks:
     def close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
-            os.close(fd)
+            close_fd(fd, f"a reader of block {self._block_id:016x}")
 
     def __del__(self) -> None:
         self.close()
