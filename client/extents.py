@@ -70,17 +70,62 @@ class ExtentMap(list):
         starts = [e.start for e in self]
         return bisect.bisect_right(starts, offset) - 1
 
+    def _position(self, ext: Extent) -> int:
+        """Where ``ext`` is in the list (it may start where an empty one does)."""
+        i = bisect.bisect_left([e.start for e in self], ext.start)
+        while self[i] is not ext:
+            i += 1
+        return i
+
     def capacity_end(self, ext: Extent) -> int:
-        """How far the extent's buffer may grow: only the last one grows, to a block."""
+        """How far the extent's buffer may grow, to a block at most: the last one past
+        the end of the version, another over the hole that follows it."""
         if ext is self[-1]:
             return ext.start + ext.buf.capacity
+        nxt = self[self._position(ext) + 1]
+        if nxt.is_hole:
+            return min(ext.start + ext.buf.capacity, nxt.end)
         return ext.end
 
     def write(self, ext: Extent, rel: int, data) -> None:
-        """Write ``data`` into the buffer of ``ext`` at ``rel`` (<= its length)."""
+        """Write ``data`` into the buffer of ``ext`` at ``rel`` (<= its length; up to
+        ``capacity_end``)."""
+        end = ext.end
         ext.buf = ext.buf.write(rel, data)
+        self._grown(ext, end)
+
+    def zero_fill(self, ext: Extent, to: int) -> None:
+        """Grow the buffer of ``ext`` with zeros up to ``to`` (<= ``capacity_end``)."""
+        end = ext.end
+        ext.buf = ext.buf.zero_extend(to - ext.start)
+        self._grown(ext, end)
+
+    def _grown(self, ext: Extent, old_end: int) -> None:
+        """``ext`` grew past ``old_end``: over the hole after it, or the version."""
+        if ext.end <= old_end:
+            return
+        if ext is not self[-1]:
+            i = self._position(ext) + 1
+            hole = self[i]
+            if ext.end >= hole.end:
+                del self[i]
+            else:
+                hole.block = Block(block_id=0, length=hole.end - ext.end)
+                hole.start = ext.end
         if ext.end > self.size:
             self.size = ext.end
+
+    def split_hole(self, i: int, at: int, ext: Extent) -> None:
+        """Put the empty buffer extent ``ext`` at ``at`` inside the hole ``self[i]``: the
+        hole before it stays, the hole after it is what the buffer grows over."""
+        hole = self[i]
+        end = hole.end
+        after = Extent(at, block=Block(block_id=0, length=end - at))
+        if at > hole.start:
+            hole.block = Block(block_id=0, length=at - hole.start)
+            self[i + 1:i + 1] = [ext, after]
+        else:
+            self[i:i + 1] = [ext, after]
 
     def zero_extend(self, ext: Extent, size: int) -> None:
         """Grow the version to ``size`` with zeros in the buffer of the last extent."""

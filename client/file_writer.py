@@ -45,6 +45,9 @@ Inode = common_pb2.Inode
 WorkerInfo = common_pb2.WorkerInfo
 
 _ZEROS = memoryview(bytes(1 << 20))  # written by allocate(zero=True), 1 MiB at a time
+# A write into a hole stores from here (its offset rounded down to this), not the
+# whole block the hole spans: the data path's unit.
+SPARSE_GRAIN = 1 << 20
 
 
 class InlineVersion(NamedTuple):
@@ -292,6 +295,8 @@ class FileWriter:
         """Upload what is in memory and return the version's blocks in order."""
         with self._lock:
             self._settle()
+            if self._cur is not None and not len(self._cur.buf):
+                self._drop_empty(self._cur)
             for ext in self._extents:
                 if ext.buf is None and not ext.block.block_id and ext.block.HasField("data"):
                     # a base version's inline bytes: a version stored on workers keeps
@@ -491,7 +496,10 @@ class FileWriter:
         """The in-memory extent that takes a write at ``off`` (<= size)."""
         exts = self._extents
         if off < exts.size:
-            ext = exts[exts.index(off)]
+            i = exts.index(off)
+            ext = exts[i]
+            if ext.is_hole:
+                return self._into_hole(i, off)
         else:  # appending
             ext = exts[-1] if exts else None
             if ext is not None and ext is not self._cur:
@@ -519,6 +527,28 @@ class FileWriter:
         self._make_current(ext)
         return ext
 
+    def _into_hole(self, i: int, off: int) -> Extent:
+        """The buffer that takes a write at ``off`` inside the hole ``exts[i]``: the
+        block being written when it ends less than SPARSE_GRAIN before ``off`` (it grows
+        over the hole), else a new buffer from ``off`` rounded down to SPARSE_GRAIN.
+        Either grows over the rest of the hole as the writes go on, so a write into a
+        hole stores what was written (and at most a grain of zeros before it), not a
+        whole block of zeros."""
+        exts = self._extents
+        hole = exts[i]
+        prev = exts[i - 1] if i else None
+        if (prev is not None and prev is self._cur and off - hole.start < SPARSE_GRAIN
+                and off < exts.capacity_end(prev)):
+            exts.zero_fill(prev, off)
+            return prev
+        at = max(hole.start, off - off % SPARSE_GRAIN)
+        ext = Extent(at, buf=MemoryBuffer(self.block_size))
+        exts.split_hole(i, at, ext)
+        if off > at:
+            exts.zero_fill(ext, off)
+        self._switch_to(ext)
+        return ext
+
     def _make_current(self, ext: Extent) -> None:
         """Bring ``ext`` into memory as the buffer being written; send the previous
         buffer off to be uploaded."""
@@ -533,13 +563,10 @@ class FileWriter:
                 pass
             ext.upload = None
             ext.block = None
-        elif ext.buf is None:
+        elif ext.buf is None:  # a block on workers, or inline (holes: _into_hole)
             buf = MemoryBuffer(max(self.block_size, ext.block.length))
             try:
-                if ext.block.block_id or ext.block.HasField("data"):  # workers, inline
-                    buf.write(0, self._fetcher.read_all(ext.block))
-                else:
-                    buf.zero_extend(ext.block.length)
+                buf.write(0, self._fetcher.read_all(ext.block))
             except BaseException:
                 buf.release()
                 raise
@@ -553,10 +580,21 @@ class FileWriter:
             self._start_upload(prev)
 
     def _start_upload(self, ext: Extent) -> None:
+        if not len(ext.buf):
+            self._drop_empty(ext)
+            return
         # One upload in flight per writer bounds its memory to two blocks.
         self._wait_upload()
         ext.upload = self._uploader.upload_later(ext.buf)
         self._uploading = ext
+
+    def _drop_empty(self, ext: Extent) -> None:
+        """Forget a buffer nothing was written to (made for a write into a hole that
+        then went elsewhere): an empty extent is no block."""
+        self._extents.remove(ext)
+        ext.buf.release()
+        if ext is self._cur:
+            self._cur = None
 
     def _wait_upload(self) -> None:
         ext = self._uploading

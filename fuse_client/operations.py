@@ -114,7 +114,10 @@ def _entry_attributes(a: Attributes) -> pyfuse3.EntryAttributes:
     e.st_rdev = inode.rdev
     e.st_size = a.size
     e.st_blksize = MIB
-    e.st_blocks = (a.size + 511) // 512
+    # what is stored (holes are not), unless this mount's writer has its own size
+    stored = (inode.stored if inode.HasField("stored") and a.size == inode.size
+              else a.size)
+    e.st_blocks = (stored + 511) // 512
     e.st_atime_ns = inode.atime_ns
     e.st_mtime_ns = inode.mtime_ns
     e.st_ctime_ns = inode.ctime_ns

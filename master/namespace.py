@@ -22,7 +22,7 @@ from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.common.ids import MAX_FILE_BLOCKS, ROOT_INO, check_file_size, check_ino, check_name
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
-from .store import Store, inline_size
+from .store import Store, inline_size, stored_size
 
 FILE = common_pb2.FILE
 DIRECTORY = common_pb2.DIRECTORY
@@ -788,6 +788,7 @@ class Namespace:
             new.append(common_pb2.Block(block_id=0, length=n))
             pos += n
         s.put_blocks(txn, node.ino, new, old)
+        node.stored = stored_size(new)
 
     def _apply_complete(self, txn, rec, fx: Effects) -> None:
         s = self.store
@@ -811,6 +812,7 @@ class Namespace:
         s.put_blocks(txn, node.ino, list(rec.blocks), old)
         fx.inodes.append(node.ino)
         node.size = rec.size
+        node.stored = stored_size(rec.blocks)
         node.state = common_pb2.COMPLETE
         node.version += 1
         node.mtime_ns = node.ctime_ns = rec.mtime_ns
@@ -820,6 +822,7 @@ class Namespace:
 
     def _apply_put(self, txn, rec, fx: Effects) -> None:
         s = self.store
+        rec.inode.stored = stored_size(rec.blocks)
         self._link_new(txn, rec, fx)
         for b in rec.blocks:
             if b.block_id:

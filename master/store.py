@@ -71,6 +71,11 @@ def inline_size(blocks) -> int:
     return sum(b.length for b in blocks if not b.block_id and b.HasField("data"))
 
 
+def stored_size(blocks) -> int:
+    """Bytes of data ``blocks`` store (on workers or inline): holes are not counted."""
+    return sum(b.length for b in blocks if b.block_id or b.HasField("data"))
+
+
 class Store:
     """Typed access to the LMDB environment; methods take an open transaction."""
 

@@ -36,7 +36,7 @@ WRITING: FileState
 COMPLETE: FileState
 
 class Inode(_message.Message):
-    __slots__ = ("ino", "type", "mode", "uid", "gid", "size", "atime_ns", "mtime_ns", "ctime_ns", "nlink", "state", "ttl_ms", "version", "parent", "replicas", "name", "symlink_target", "rdev")
+    __slots__ = ("ino", "type", "mode", "uid", "gid", "size", "atime_ns", "mtime_ns", "ctime_ns", "nlink", "state", "ttl_ms", "version", "parent", "replicas", "name", "symlink_target", "rdev", "stored")
     INO_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class Inode(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     SYMLINK_TARGET_FIELD_NUMBER: _ClassVar[int]
     RDEV_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
     ino: int
     type: FileType
     mode: int
@@ -73,7 +74,8 @@ class Inode(_message.Message):
     name: bytes
     symlink_target: bytes
     rdev: int
-    def __init__(self, ino: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., nlink: _Optional[int] = ..., state: _Optional[_Union[FileState, str]] = ..., ttl_ms: _Optional[int] = ..., version: _Optional[int] = ..., parent: _Optional[int] = ..., replicas: _Optional[int] = ..., name: _Optional[bytes] = ..., symlink_target: _Optional[bytes] = ..., rdev: _Optional[int] = ...) -> None: ...
+    stored: int
+    def __init__(self, ino: _Optional[int] = ..., type: _Optional[_Union[FileType, str]] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., size: _Optional[int] = ..., atime_ns: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., ctime_ns: _Optional[int] = ..., nlink: _Optional[int] = ..., state: _Optional[_Union[FileState, str]] = ..., ttl_ms: _Optional[int] = ..., version: _Optional[int] = ..., parent: _Optional[int] = ..., replicas: _Optional[int] = ..., name: _Optional[bytes] = ..., symlink_target: _Optional[bytes] = ..., rdev: _Optional[int] = ..., stored: _Optional[int] = ...) -> None: ...
 
 class Block(_message.Message):
     __slots__ = ("block_id", "length", "checksum", "worker_ids", "token", "data")

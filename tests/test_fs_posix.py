@@ -417,6 +417,57 @@ def test_an_open_finds_the_file_another_mount_renamed_over_the_name(make_cluster
     assert read_all(os.path.join(b, "f")) == b"new"
 
 
+def _worker_used(c) -> float:
+    return sum(daemon_metric(c, "worker", "curvine_worker_used_bytes", i)
+               for i in range(c.n_workers))
+
+
+def _blocks_of(c, path: str) -> list:
+    from curvine.client.master_client import MasterClient
+    m = MasterClient(c.master_addr, timeout=10.0, wait=10.0, security=c.security)
+    try:
+        ino = os.stat(path).st_ino
+        return list(m.get_blocks(ino)[1])
+    finally:
+        m.close()
+
+
+def test_a_write_into_a_hole_stores_what_was_written(make_cluster):
+    """At the default settings (64 MiB blocks): one byte written into the middle of a
+    1 GiB sparse file adds at most 1 MiB to the workers' usage and to st_blocks (not
+    the 64 MiB block the hole spans); a sequential write over a hole still makes whole
+    blocks; every byte reads back as written, from the other mount too."""
+    c = make_cluster(workers=1, mounts=2)
+    a, b = (os.path.join(m, "sparse") for m in c.mounts)
+    with open(a, "wb") as f:
+        f.truncate(1 << 30)
+    assert os.stat(a).st_blocks == 0
+    before = _worker_used(c)
+    at = 500 * MIB + 12345
+    with open(a, "r+b") as f:
+        f.seek(at)
+        f.write(b"x")
+    added = _worker_used(c) - before
+    assert 0 < added <= MIB, added
+    assert os.stat(a).st_blocks * 512 <= MIB
+    with open(b, "rb") as f:
+        f.seek(at - 5000)
+        assert f.read(10000) == bytes(5000) + b"x" + bytes(4999)
+    # 130 MiB written in order over the hole from 600 MiB: blocks of 64 MiB, not 1 MiB
+    data = os.urandom(MIB)
+    with open(a, "r+b") as f:
+        f.seek(600 * MIB)
+        for _ in range(130):
+            f.write(data)
+    lengths = [blk.length for blk in _blocks_of(c, a) if blk.block_id]
+    assert lengths.count(64 * MIB) == 2 and sum(lengths) <= 131 * MIB + MIB, lengths
+    assert 130 * MIB <= os.stat(a).st_blocks * 512 <= 132 * MIB
+    with open(b, "rb") as f:
+        f.seek(600 * MIB + 77 * MIB)
+        assert f.read(MIB) == data
+        assert os.fstat(f.fileno()).st_size == 1 << 30
+
+
 # --------------------------------------------------------------------------- behaviour
 
 def test_directories(fs):
