@@ -222,6 +222,7 @@ def test_worker_serves_only_blocks_the_master_handed_out(make_cluster):
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # the master is stopped on purpose
 def test_a_restarted_worker_serves_before_the_master_is_back(make_cluster):
     """The worker keeps its key in its data dir: SIGKILLed and started again while
     the master is down, it serves the blocks it holds to the tokens clients already

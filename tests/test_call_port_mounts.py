@@ -10,6 +10,8 @@ import re
 import signal
 import urllib.request
 
+import pytest
+
 from fs_helpers import log_text, wait_until
 
 CONNECTED = "namespace calls on the master's call port"
@@ -26,6 +28,7 @@ def _connections(c, i: int) -> int:
     return log_text(c.log_path("fuse", i)).count(CONNECTED)
 
 
+@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # the master is SIGKILLed on purpose
 def test_mounts_use_the_call_port_and_reconnect_after_a_master_sigkill(make_cluster):
     c = make_cluster(workers=1, mounts=2)
     a, b = (os.path.join(m, "kv") for m in c.mounts)

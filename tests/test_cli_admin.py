@@ -92,6 +92,7 @@ def run_on_a_terminal(argv: list[str], timeout: float = 120.0) -> tuple[int, byt
             p.wait()
 
 
+@pytest.mark.expect_log(r"WARNING curvine\.master\.replication: worker \d+ \(\S+\) missed heartbeats for \S+: declared lost")  # worker 1 SIGKILLed on purpose
 def test_fs_commands_report_and_a_lost_worker(make_cluster, tmp_path):
     conf = tmp_path / "cli.toml"
     conf.write_text('[master]\nworker_lost_after = "3s"\n[worker]\nheartbeat_interval = "0.3s"\n')
@@ -239,6 +240,7 @@ def _frames(path: str, first_seq: int) -> list[tuple[int, int]]:
     return out
 
 
+@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # the master is restarted on purpose
 def test_journal_dump_verify_checkpoint(make_cluster, tmp_path):
     c = make_cluster(workers=1, mounts=0)
     m = ("--master", c.master_addr, "--conf", os.path.join(c.base, "conf", "master-0.toml"))

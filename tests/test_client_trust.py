@@ -216,6 +216,7 @@ def test_reported_dirs_are_matched_against_the_local_config(make_cluster, tmp_pa
 
 # ----------------------------------------------------- tampered copies: the other replica
 
+@pytest.mark.expect_log(r"WARNING curvine\.client\.file_reader: block [0-9a-f]+: the local block file of worker \d+ \S+ is not intact \(\'/[^\']*\.blk\': (Too many levels of symbolic links|Not a directory) \(a symlink or a file in the way\)\)", r"WARNING curvine\.client\.file_reader: block [0-9a-f]+: the local block file of worker \d+ \S+ is not intact \(crc32 [0-9a-f]{8}, recorded [0-9a-f]{8}\)")  # block files tampered with on purpose
 def test_tampered_copies_fail_over_to_the_other_replica(make_cluster, tmp_path):
     """replicas=2: the copy read first is replaced by a symlink to a root-only file,
     its blocks/NN dir by a symlink, or overwritten in place (same length).  The mount
@@ -261,6 +262,7 @@ def test_tampered_copies_fail_over_to_the_other_replica(make_cluster, tmp_path):
 
 # ------------------------------------------------------------ tampered copies: EIO
 
+@pytest.mark.expect_log(r"WARNING curvine\.client\.file_reader: block [0-9a-f]+: the local block file of worker \d+ \S+ is not intact \(\'/[^\']*\.blk\': (Too many levels of symbolic links|Not a directory) \(a symlink or a file in the way\)\)", r"WARNING curvine\.client\.file_reader: block [0-9a-f]+: the local block file of worker \d+ \S+ is not intact \(crc32 [0-9a-f]{8}, recorded [0-9a-f]{8}\)", r"WARNING curvine\.fuse_client\.operations: read\([\d, ]+\): block [0-9a-f]+: no intact replica \(1 did not match")  # the only copies tampered with on purpose
 def test_tampered_only_copy_is_eio_never_other_bytes(make_cluster, tmp_path):
     """One replica: the same tampering makes every read fail cleanly (EIO at the
     mount; in the library ErrorKind.CHECKSUM, or IO where the worker itself refused a

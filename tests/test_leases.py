@@ -494,6 +494,7 @@ def test_cached_names_stay_correct_across_mounts(make_cluster, tmp_path):
     assert not os.path.exists(os.path.join(da, "sub"))
 
 
+@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # the master is restarted on purpose
 def test_mounts_drop_leases_when_the_master_restarts(make_cluster, tmp_path):
     """Names, absences and listings B holds are all dropped when the master is
     SIGKILLed: each change A makes after the restart is seen on B.  (Leases of 60 s,

@@ -451,6 +451,7 @@ def test_curvine_local_up_status_down(tmp_path):
 
 @needs_fuse
 @pytest.mark.fuse
+@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # the master is restarted on purpose
 def test_cluster_fixture_restarts(make_cluster):
     c = make_cluster(workers=1, mounts=1)
     (m,) = c.mounts

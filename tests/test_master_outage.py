@@ -249,6 +249,7 @@ def _fuse_alive(c, i: int) -> bool:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+@pytest.mark.expect_log(r"curvine-fuse\[\d+\] WARNING curvine\.fuse_client\.operations: \w+\(\d+\): \w+: \S+ unavailable for \S+ \(UNAVAILABLE", r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # the master is down on purpose
 def test_master_down_beyond_wait_is_eio(make_cluster, tmp_path, sig):
     """Master stopped for longer than cluster.master_wait (3 s): stat (of a file and
     of a missing name), open+read, create, readdir, mkdir, rename and unlink on a mount
