@@ -472,6 +472,7 @@ def first_chunk_on_each_worker(c, names: list[str]) -> dict[int, int]:
     return first
 
 
+@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # the master is killed on purpose
 def test_master_killed_between_lookups_then_a_worker_killed_before_the_get(
         lm_cluster, tmp_path):
     """replicas=1: lookups while the master is down are misses (no exception), then

@@ -329,6 +329,7 @@ def test_master_down_beyond_wait_is_eio(make_cluster, tmp_path, sig):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # the master is down on purpose
 def test_master_back_within_wait_calls_succeed(make_cluster, tmp_path, sig):
     """Master stopped; calls started while it is down (stat, open+read, create,
     readdir, mkdir, and the close of a file written across the outage) wait for it

@@ -158,6 +158,7 @@ def test_counters_move_with_work(make_cluster):
            and ("method", "Create") in s[1] and v})
 
 
+@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # the master is stopped on purpose
 def test_mount_health_follows_the_master(make_cluster, tmp_path):
     wait = 2.0
     conf = tmp_path / "curvine.toml"

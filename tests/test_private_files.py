@@ -213,6 +213,7 @@ def _warnings(log_path: str, since: int, needle: str) -> list[str]:
     return [line for line in text.splitlines() if " WARNING " in line and needle in line]
 
 
+@pytest.mark.expect_log(r"WARNING curvine\.common\.private_files: \S+ \([\w.]+(?: \(LMDB\))?\) had mode [0-7]+(?: and \d+ more directories under \S+)?: made 0[67]00")  # dirs and files opened up on purpose
 def test_opened_up_dirs_are_made_private_again_at_start(make_cluster, root_only):
     c = make_cluster(workers=1, mounts=0)
     data = os.path.join(c.base, "worker", "0", "data")
@@ -260,6 +261,7 @@ def test_opened_up_dirs_are_made_private_again_at_start(make_cluster, root_only)
     assert got.returncode == 0 and got.stdout == b"x" * 5000, got.stderr.decode()
 
 
+@pytest.mark.expect_log(r"curvine-worker\[\d+\] ERROR __main__: \S+ \(worker\.data_dirs\) is owned by uid 65534, not by this daemon", r"master\[\d+\] CRITICAL curvine\.master: cannot start: \S+ \(master\.meta_dir\) is owned by uid 65534, not by this daemon", r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # dirs chowned to nobody on purpose: the daemon refuses to start (and the worker waits for the master meanwhile)
 def test_a_dir_owned_by_another_user_is_refused(make_cluster, root_only):
     c = make_cluster(workers=1, mounts=0)
     data = os.path.join(c.base, "worker", "0", "data")
