@@ -202,6 +202,7 @@ def test_master_recovers_from_torn_journal_tail(make_cluster, damage):
 
 # --------------------------------------------------------------------------- (c)
 
+@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # the master refuses the damaged journal on purpose: the worker waits for it
 def test_master_refuses_journal_damaged_before_tail(make_cluster):
     """A flipped byte in a record that is not the last: curvine-master exits
     non-zero and its stderr names the segment file and the offset."""
@@ -248,6 +249,7 @@ def test_master_refuses_journal_damaged_before_tail(make_cluster):
 
 # --------------------------------------------------------------------------- (d)
 
+@pytest.mark.expect_log(r"WARNING curvine\.master\.master: worker \d+ did not report 1 blocks the master expected there; dropping those locations")  # a block removed while its worker is down, on purpose
 def test_worker_sigkill_restart_reconciles(make_cluster, tmp_path):
     """SIGKILL a worker; while it is down, leave a staging leftover, an unknown
     block file, and lose one block of a file.  After the restart: the leftover
@@ -353,6 +355,7 @@ def put_loop(conf: str, parent: int, results: str, stop, seed: int) -> None:
             mc.close()
 
 
+@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # the master is SIGKILLed on purpose
 def test_master_sigkill_under_connector_stores(make_cluster, tmp_path):
     """Eight processes store chunks the way curvine's connector does (one PutFile each,
     answered by the master's call port as steps, with no thread waiting for the

@@ -538,6 +538,7 @@ def test_copy_file_range_and_o_tmpfile(fs):
 
 # --------------------------------------------------------------------------- replay
 
+@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # the master is SIGKILLed on purpose
 def test_everything_survives_a_master_sigkill(make_cluster, tmp_path):
     c = make_cluster(workers=1, mounts=2)
     a, b = c.mounts

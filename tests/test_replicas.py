@@ -466,6 +466,7 @@ def _failovers(log_path: str, offset: int) -> dict[int, int]:
     return out
 
 
+@pytest.mark.expect_log(r"WARNING curvine\.master\.replication: worker \d+ \(\S+\) missed heartbeats for \S+: declared lost")  # a worker SIGKILLed on purpose
 def test_reads_survive_worker_sigkill_and_rejoin(make_cluster, tmp_path):
     """replicas=2 on 2 workers: SIGKILL the worker both mounts read from while readers
     on both mounts (mount 0 short-circuit, mount 1 streaming from the workers) read 100
@@ -555,6 +556,7 @@ def test_reads_survive_worker_sigkill_and_rejoin(make_cluster, tmp_path):
     _read_back(b, digests, "after the rejoin (remote reads)")
 
 
+@pytest.mark.expect_log(r"WARNING curvine\.master\.replication: worker \d+ \(\S+\) missed heartbeats for \S+: declared lost")  # a worker SIGKILLed on purpose
 def test_lost_worker_blocks_copied_elsewhere(make_cluster, tmp_path):
     """replicas=2 on 3 workers: SIGKILL one for good; once it is declared lost every
     block that had a copy on it gets one on another worker, and all files read back
@@ -586,6 +588,7 @@ def test_lost_worker_blocks_copied_elsewhere(make_cluster, tmp_path):
     _read_back(a, digests, "after re-replication (short-circuit reads)")
 
 
+@pytest.mark.expect_log(r"WARNING curvine\.master\.replication: worker \d+ \(\S+\) missed heartbeats for \S+: declared lost")  # a worker SIGKILLed on purpose
 def test_single_replica_files_vanish_with_their_worker(make_cluster, tmp_path):
     """replicas=1: SIGKILL a worker for good; once it is declared lost, files whose
     block was only there are a clean ENOENT on every mount and gone from listings;

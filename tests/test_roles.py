@@ -112,6 +112,7 @@ def test_client_credential_cannot_act_as_worker(make_cluster):
                                          for w in real_workers(cluster))
 
 
+@pytest.mark.expect_log(r"WARNING curvine\.master\.master: refused a registration as worker \d+ \(uuid \S+\) from \S+: wrong secret")  # a takeover attempt, on purpose
 def test_worker_credential_cannot_take_over_another_worker(make_cluster):
     cluster = make_cluster(workers=2, mounts=1, replicas=1)
     files = write_files(cluster.mounts[0])
