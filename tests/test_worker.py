@@ -694,6 +694,7 @@ def _plant(data_dir, block_id: int, data: bytes) -> None:
     path.write_bytes(data)
 
 
+@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING curvine\.worker\.server: master \S+ unavailable \(UNAVAILABLE")  # started before its master, on purpose
 def test_worker_daemon_against_a_real_master(tmp_path):
     data_dir = tmp_path / "data"
     data_dir.mkdir()
