@@ -61,7 +61,7 @@ class BlockingCallPort:
     def call(self, op: str, request, timeout: float | None = None):
         """The reply of ``request`` (the master's error raised as CurvineError);
         PortDown when the port cannot carry it."""
-        sock = self._take()
+        sock = self._take(timeout)
         healthy = False
         try:
             cid = next(self._ids)
@@ -101,7 +101,7 @@ class BlockingCallPort:
             sock.close()
 
     # -- the pool -----------------------------------------------------------------
-    def _take(self) -> socket.socket:
+    def _take(self, timeout: float | None = None) -> socket.socket:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
@@ -110,7 +110,7 @@ class BlockingCallPort:
                 raise PortDown()
             self._open += 1
         try:
-            sock = self._connect()
+            sock = self._connect(timeout or self.timeout)
         except (OSError, PortRefused) as e:
             with self._lock:
                 self._open -= 1
@@ -140,8 +140,10 @@ class BlockingCallPort:
             self._open -= 1
         sock.close()
 
-    def _connect(self) -> socket.socket:
-        sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+    def _connect(self, timeout: float) -> socket.socket:
+        """A connection whose hello was accepted within ``timeout`` (the caller's: a
+        master that is stopped accepts the connection in its kernel, never the hello)."""
+        sock = socket.create_connection((self.host, self.port), timeout=timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:

@@ -51,13 +51,13 @@ class DataPorts:
         self._lock = threading.Lock()
         self._closed = False
 
-    def _connect(self, address: str) -> socket.socket:
+    def _connect(self, address: str, timeout: float) -> socket.socket:
         with self._lock:
             idle = self._idle.get(address)
             if idle:
                 return idle.pop()
         host, _, port = address.rpartition(":")
-        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=self.timeout)
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
         return sock
@@ -71,17 +71,19 @@ class DataPorts:
         sock.close()
 
     def read_into(self, address: str, block_id: int, token: bytes, offset: int,
-                  views: Sequence[memoryview]) -> int:
-        """Bytes [offset, offset + sum(len(views))) of the block into ``views``; the
-        bytes read (fewer only if the block is shorter).  CurvineError on failure."""
+                  views: Sequence[memoryview], timeout: float | None = None) -> int:
+        """Bytes [offset, offset + sum(len(views))) of the block into ``views`` within
+        ``timeout`` (None: this client's); the bytes read (fewer only if the block is
+        shorter).  CurvineError on failure."""
         want = sum(len(v) for v in views)
-        deadline = time.monotonic() + self.timeout
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         try:
-            sock = self._connect(address)
+            sock = self._connect(address, timeout)
         except OSError as e:
             raise CurvineError(ErrorKind.UNAVAILABLE, f"data port {address}: {e}") from None
         try:
-            sock.settimeout(self.timeout)
+            sock.settimeout(timeout)
             sock.sendall(REQUEST.pack(MAGIC, block_id, offset, want, len(token)) + token)
             status, n = REPLY.unpack(_recv_exact(sock, REPLY.size, deadline))
             if status:

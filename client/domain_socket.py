@@ -55,15 +55,16 @@ class _Conn:
             raise
         self.used = False  # carried a request before (a pooled connection may be stale)
 
-    def call(self, request: worker_pb2.LocalRequest, want_fd: bool = False
-             ) -> tuple[worker_pb2.LocalReply, int | None]:
-        """The worker's reply (and its descriptor when ``want_fd``); a refusal is
-        raised as the worker's CurvineError; transport failures as OSError (TimeoutError
-        past the deadline) or PeerClosed."""
-        deadline = time.monotonic() + self.timeout
+    def call(self, request: worker_pb2.LocalRequest, want_fd: bool = False,
+             timeout: float | None = None) -> tuple[worker_pb2.LocalReply, int | None]:
+        """The worker's reply (and its descriptor when ``want_fd``) within ``timeout``
+        (None: the connection's); a refusal is raised as the worker's CurvineError;
+        transport failures as OSError (TimeoutError past the deadline) or PeerClosed."""
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         self.used = True
         try:
-            local_wire.send(self.sock, request, timeout=self.timeout)
+            local_wire.send(self.sock, request, timeout=timeout)
         except BrokenPipeError:
             # the worker may have refused this connection (BUSY) before reading: its
             # reply is still waiting to be read
@@ -225,7 +226,7 @@ class LocalSockets:
         return CurvineError(ErrorKind.UNAVAILABLE, f"worker socket {path}: "
                                                    f"{getattr(e, 'strerror', None) or e}")
 
-    def _call(self, worker, request, want_fd: bool = False):
+    def _call(self, worker, request, want_fd: bool = False, timeout: float | None = None):
         """One request on a pooled connection, retried once on a new one if the pooled
         connection turns out broken (the worker dropped it while it was idle: the
         request was not served).  Returns (connection, reply, fd); the caller puts the
@@ -234,7 +235,7 @@ class LocalSockets:
         retry = conn.used
         while True:
             try:
-                reply, fd = conn.call(request, want_fd)
+                reply, fd = conn.call(request, want_fd, timeout)
             except CurvineError:
                 self._put_back(conn)  # a refusal: the connection is fine
                 raise
@@ -249,17 +250,19 @@ class LocalSockets:
 
     # -- operations -------------------------------------------------------------------------
 
-    def open_read(self, worker: common_pb2.WorkerInfo, block_id: int, token: bytes
-                  ) -> tuple[int, int]:
+    def open_read(self, worker: common_pb2.WorkerInfo, block_id: int, token: bytes,
+                  timeout: float | None = None) -> tuple[int, int]:
         """(read-only descriptor, length) of a finalised block of ``worker``; the
-        caller closes the descriptor."""
+        caller closes the descriptor.  ``timeout``: for the worker's answer (None: the
+        sockets')."""
         conn, reply, fd = self._call(worker, worker_pb2.LocalRequest(
-            open_read=worker_pb2.LocalOpenRead(block_id=block_id, token=token)), want_fd=True)
+            open_read=worker_pb2.LocalOpenRead(block_id=block_id, token=token)), want_fd=True,
+            timeout=timeout)
         self._put_back(conn)
         return fd, reply.length
 
     def write(self, worker: common_pb2.WorkerInfo, block_id: int, token: bytes,
-              buffers: list, checksum: int) -> tuple[int, int]:
+              buffers: list, checksum: int, timeout: float | None = None) -> tuple[int, int]:
         """Store ``buffers`` (bytes-like, in order) as block ``block_id`` on ``worker``:
         the worker's staging descriptor is written with pwritev and finalised with the
         caller's crc32 ``checksum`` of the bytes.  Returns (length, checksum) as
@@ -268,9 +271,11 @@ class LocalSockets:
         views = [memoryview(b).cast("B") for b in buffers]
         views = [v for v in views if v.nbytes]
         length = sum(v.nbytes for v in views)
+        end = time.monotonic() + (self.timeout if timeout is None else timeout)
         conn, _, fd = self._call(worker, worker_pb2.LocalRequest(
             open_write=worker_pb2.LocalOpenWrite(block_id=block_id, token=token,
-                                                 expected_length=length)), want_fd=True)
+                                                 expected_length=length)), want_fd=True,
+            timeout=timeout)
         try:
             try:
                 _pwrite_all(fd, views)
@@ -286,7 +291,8 @@ class LocalSockets:
             raise
         try:
             reply, _ = conn.call(worker_pb2.LocalRequest(finish_write=worker_pb2.LocalFinishWrite(
-                block_id=block_id, token=token, length=length, checksum=checksum)))
+                block_id=block_id, token=token, length=length, checksum=checksum)),
+                timeout=max(end - time.monotonic(), 0.001))
         except CurvineError:
             self._abort(conn, block_id)  # if a refusal left the staging file open
             raise

@@ -117,6 +117,48 @@ class _VerifiedFiles:
 _verified = _VerifiedFiles()
 
 
+def check_block_file(block: Block, fd: int) -> str | None:
+    """None if the first ``block.length`` bytes of the block file open at ``fd`` match
+    the block's crc32, else what is wrong with the copy.  The caller holds ``fd`` open
+    (borrowed), so a failure is the file's (EIO, short, other bytes); an OSError other
+    than EIO is raised (no verdict on the copy).  A file checked before and unchanged
+    since is not read again."""
+    st = os.fstat(fd)
+    # Any write to the file since it was checked changes its ctime (which no
+    # unprivileged process can set back): the same file, unchanged, is not read
+    # again for every open (warm reads of a hot chunk).
+    identity = (block.block_id, block.checksum, st.st_dev, st.st_ino, st.st_size,
+                st.st_mtime_ns, st.st_ctime_ns)
+    if _verified.get(identity):
+        return None
+    detail = _crc_of_file(block, fd)
+    if detail is None:
+        _verified.put(identity)
+    return detail
+
+
+def _crc_of_file(block: Block, fd: int) -> str | None:
+    buf = getattr(_check_buf, "buf", None)
+    if buf is None:
+        buf = _check_buf.buf = bytearray(CHECK_PIECE)
+    view = memoryview(buf)
+    crc, pos, n = 0, 0, block.length
+    try:
+        while pos < n:
+            got = os.preadv(fd, [view[:min(CHECK_PIECE, n - pos)]], pos)
+            if got <= 0:
+                break
+            crc = crc32(view[:got], crc)
+            pos += got
+    except OSError as e:
+        if e.errno != errno.EIO:
+            raise  # not the file's bytes: no verdict on the copy
+        return f"reading it failed: {e.strerror}"
+    if pos != n:
+        return f"{pos} of {n} bytes"
+    return _crc_problem(block, crc)
+
+
 def zeros(n: int) -> bytes | memoryview:
     return memoryview(_ZEROS)[:n] if n <= MIB else bytes(n)
 
@@ -461,45 +503,11 @@ class BlockFetcher:
                 local.close()
 
     def _check_local(self, block: Block, fd: int) -> str | None:
-        """None if the file's first ``block.length`` bytes match the block's crc32 (or
-        there is nothing to compare), else what is wrong with the copy.  The caller
-        borrows ``fd``, so a failure here is the file's (EIO, short, other bytes),
-        never a descriptor closed under the check."""
+        """None if the file's bytes match the block's crc32 (or there is nothing to
+        compare), else what is wrong with the copy (``check_block_file``)."""
         if not self._checks(block):
             return None
-        st = os.fstat(fd)
-        # Any write to the file since it was checked changes its ctime (which no
-        # unprivileged process can set back): the same file, unchanged, is not read
-        # again for every open (warm reads of a hot chunk).
-        identity = (block.block_id, block.checksum, st.st_dev, st.st_ino, st.st_size,
-                    st.st_mtime_ns, st.st_ctime_ns)
-        if _verified.get(identity):
-            return None
-        detail = self._crc_of_file(block, fd)
-        if detail is None:
-            _verified.put(identity)
-        return detail
-
-    def _crc_of_file(self, block: Block, fd: int) -> str | None:
-        buf = getattr(_check_buf, "buf", None)
-        if buf is None:
-            buf = _check_buf.buf = bytearray(CHECK_PIECE)
-        view = memoryview(buf)
-        crc, pos, n = 0, 0, block.length
-        try:
-            while pos < n:
-                got = os.preadv(fd, [view[:min(CHECK_PIECE, n - pos)]], pos)
-                if got <= 0:
-                    break
-                crc = crc32(view[:got], crc)
-                pos += got
-        except OSError as e:
-            if e.errno != errno.EIO:
-                raise  # not the file's bytes: no verdict on the copy
-            return f"reading it failed: {e.strerror}"
-        if pos != n:
-            return f"{pos} of {n} bytes"
-        return _crc_problem(block, crc)
+        return check_block_file(block, fd)
 
     def advise(self, block: Block) -> None:
         """Ask the kernel to read the block's local file ahead (once per block)."""

@@ -13,6 +13,7 @@ private version per write, published atomically at the end.
 from __future__ import annotations
 
 import os
+import time
 from typing import Iterator
 
 from curvine.common.config import Config
@@ -119,22 +120,34 @@ class CurvineFS:
         return [(e.name, e.inode) for e in self.master.iterdir(node.ino)]
 
     def mkdir(self, path: str | bytes, mode: int = 0o755, parents: bool = False,
-              exist_ok: bool = False) -> Inode:
+              exist_ok: bool = False, timeout: float | None = None) -> Inode:
+        """``timeout``: for the whole of a ``parents`` walk (None: each call's own)."""
         if parents:
-            node = self.master.getattr(ROOT_INO)
+            end = None if timeout is None else time.monotonic() + timeout
+
+            def left() -> float | None:
+                if end is None:
+                    return None
+                t = end - time.monotonic()
+                if t <= 0:
+                    raise CurvineError(ErrorKind.TIMEOUT, f"mkdir {os.fsdecode(path)}: no "
+                                                          f"answer within {timeout:g}s")
+                return t
+
+            node = self.master.getattr(ROOT_INO, left())
             for name in split(path):
                 try:
-                    node = self.master.lookup(node.ino, name)
+                    node = self.master.lookup(node.ino, name, left())
                 except CurvineError as e:
                     if e.kind != ErrorKind.NOT_FOUND:
                         raise
                     try:
                         node = self.master.mkdir(node.ino, name, mode, os.getuid(),
-                                                 os.getgid())
+                                                 os.getgid(), timeout=left())
                     except CurvineError as e2:  # made meanwhile by someone else
                         if e2.kind != ErrorKind.EXISTS:
                             raise
-                        node = self.master.lookup(node.ino, name)
+                        node = self.master.lookup(node.ino, name, left())
             if node.type != common_pb2.DIRECTORY:
                 raise CurvineError(ErrorKind.NOT_DIR, f"{os.fsdecode(path)}: not a directory")
             return node
@@ -163,9 +176,9 @@ class CurvineFS:
 
     # -- data -------------------------------------------------------------------
 
-    def block_size(self) -> int:
+    def block_size(self, timeout: float | None = None) -> int:
         if self._block_size is None:
-            fs = self.master.statfs()
+            fs = self.master.statfs(timeout)
             self._inline_max = fs.inline_max
             self._block_size = fs.block_size or self.cfg.cluster.block_size
         return self._block_size

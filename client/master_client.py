@@ -120,13 +120,18 @@ class MasterClient:
         """Namespace call ``op`` (its field in master.Call): on the call port when there
         is one, else (or when the port cannot carry it) the unary RPC ``method`` with
         the same request."""
+        end = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:  # the caller's deadline covers the whole route
+            return None if end is None else max(end - time.monotonic(), 0.001)
+
         port = self._call_port(timeout, wait)
         if port is not None:
             try:
-                return port.call(op, request, timeout)
+                return port.call(op, request, left())
             except PortDown:
                 pass
-        return self._rpc.call(method, request, idempotent=True, timeout=timeout, wait=wait)
+        return self._rpc.call(method, request, idempotent=True, timeout=left(), wait=wait)
 
     def _call_port(self, timeout: float | None, wait: float | None
                    ) -> BlockingCallPort | None:
@@ -163,8 +168,10 @@ class MasterClient:
         convert its reply; ``call(prepared)`` runs it as a unary RPC."""
         return getattr(self, "_prep_" + op)(*args, **kwargs)
 
-    def call(self, prepared: Prepared):
-        return prepared.convert(self._call_op(prepared.method, prepared.op, prepared.request))
+    def call(self, prepared: Prepared, timeout: float | None = None,
+             wait: float | None = None):
+        return prepared.convert(self._call_op(prepared.method, prepared.op, prepared.request,
+                                              timeout, wait))
 
     def _prep_lookup(self, parent: int, name: bytes, lease_miss: bool = False) -> Prepared:
         """``lease_miss``: a miss is leased too (a negative entry the session caches)."""
@@ -332,17 +339,18 @@ class MasterClient:
 
     # -- namespace -------------------------------------------------------------
 
-    def lookup(self, parent: int, name: bytes) -> Inode:
-        node = self.lookup_or_none(parent, name)
+    def lookup(self, parent: int, name: bytes, timeout: float | None = None) -> Inode:
+        node = self.lookup_or_none(parent, name, timeout)
         if node is None:
             raise CurvineError(ErrorKind.NOT_FOUND, "no such file or directory")
         return node
 
-    def lookup_or_none(self, parent: int, name: bytes) -> Inode | None:
+    def lookup_or_none(self, parent: int, name: bytes, timeout: float | None = None
+                       ) -> Inode | None:
         """The inode of ``name`` in ``parent``, or None when there is none (one cheap
         reply, not an error status: a miss is LMCache's hot path)."""
         reply = self._call_op("Lookup", "lookup", master_pb2.LookupRequest(
-            parent=parent, name=name, miss_ok=True))
+            parent=parent, name=name, miss_ok=True), timeout)
         return reply.inode if reply.HasField("inode") else None
 
     def lookup_leased(self, parent: int, name: bytes, lease_miss: bool = False
@@ -351,8 +359,8 @@ class MasterClient:
         miss: 0, unless ``lease_miss``)."""
         return self.call(self._prep_lookup(parent, name, lease_miss))
 
-    def getattr(self, ino: int) -> Inode:
-        return self.call(self._prep_getattr_unleased(ino))
+    def getattr(self, ino: int, timeout: float | None = None) -> Inode:
+        return self.call(self._prep_getattr_unleased(ino), timeout)
 
     def getattr_leased(self, ino: int) -> tuple[Inode, int]:
         return self.call(self._prep_getattr(ino))
@@ -361,8 +369,9 @@ class MasterClient:
         """Change mode, uid, gid, size (truncate/extend), atime_ns, mtime_ns."""
         return self.call(self._prep_setattr(ino, **fields))
 
-    def mkdir(self, parent: int, name: bytes, mode: int = 0o755, uid: int = 0, gid: int = 0) -> Inode:
-        return self.mkdir_leased(parent, name, mode, uid, gid)[0]
+    def mkdir(self, parent: int, name: bytes, mode: int = 0o755, uid: int = 0, gid: int = 0,
+              timeout: float | None = None) -> Inode:
+        return self.call(self._prep_mkdir(parent, name, mode, uid, gid), timeout)[0]
 
     def mkdir_leased(self, parent: int, name: bytes, mode: int = 0o755, uid: int = 0,
                      gid: int = 0) -> tuple[Inode, int, Inode | None]:
@@ -445,8 +454,8 @@ class MasterClient:
         self._rpc.call("EndSessions", master_pb2.EndSessionsRequest(sessions=list(sessions)),
                        idempotent=True)
 
-    def statfs(self) -> master_pb2.StatFsReply:
-        return self.call(self._prep_statfs())
+    def statfs(self, timeout: float | None = None) -> master_pb2.StatFsReply:
+        return self.call(self._prep_statfs(), timeout)
 
     # -- data ----------------------------------------------------------------
 

@@ -174,6 +174,10 @@ class ClientConfig:
     # the path API's (and so the LMCache connector's) namespace calls on the master's
     # call port when it has one (client/call_port.py), else unary gRPC
     call_port: bool = True
+    # the LMCache connector: every lookup, read and store returns within this (a
+    # miss, a skipped store) whatever the master or a worker is doing; after a
+    # failure, calls to that master or worker are misses at once for as long
+    fail_open_timeout: Duration = Duration(2.0)
 
 
 @dataclass

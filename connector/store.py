@@ -34,12 +34,15 @@ import grpc
 from curvine.client import block_client
 from curvine.client.data_port import DataPorts
 from curvine.client.domain_socket import LocalSockets
+from curvine.client.file_reader import check_block_file
 from curvine.client.fs import CurvineFS
-from curvine.client.master_client import AccessReporter
+from curvine.client.master_client import AccessReporter, MasterClient
 from curvine.common.checksum import crc32
 from curvine.common import config as config_mod
 from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error
+from curvine.common.fds import close_fd
 from curvine.common.ids import MIB, host_id
+from curvine.common.security import Security
 from curvine.proto import common_pb2, worker_pb2
 
 log = logging.getLogger("curvine.connector")
@@ -56,9 +59,9 @@ DATA_PORT_RETRY = 60.0  # seconds a worker whose data port failed is read over g
 # a block read over a data port that makes no progress this long fails over to the
 # next replica (a chunk takes well under a second)
 DATA_PORT_TIMEOUT = 10.0
-# A block whose first bytes the caller does not want (e.g. LMCache's metadata header,
-# read separately) is still verified when this much more is read to a scratch buffer.
-VERIFY_PREFIX_MAX = 64 * 1024
+# Checking crc32s on reads.  Always on; the switch exists for measuring what the
+# checks cost.
+VERIFY = True
 
 Buffer = memoryview | bytearray | bytes
 
@@ -79,16 +82,33 @@ class _WorkersFailed(CurvineError):
 
 
 class _Outage:
-    """Logs a failure once per outage (the first after a success) and the recovery."""
+    """One master's or worker's outage: logged once (the first failure after a
+    success) with its recovery; while it lasts, calls are answered at once (misses,
+    skipped stores) and one call per ``retry`` seconds tries again."""
 
-    def __init__(self, what: str):
+    def __init__(self, what: str, retry: float):
         self.what = what
+        self.retry = retry
         self._down = False
+        self._retry_at = 0.0
         self._lock = threading.Lock()
+
+    def may_try(self) -> bool:
+        """Whether a call should go out now (always, unless the outage is on and this
+        is not the one call per ``retry`` that probes it)."""
+        if not self._down:
+            return True
+        with self._lock:
+            now = time.monotonic()
+            if not self._down or now >= self._retry_at:
+                self._retry_at = now + self.retry
+                return True
+            return False
 
     def failed(self, err: Exception) -> None:
         with self._lock:
             first, self._down = not self._down, True
+            self._retry_at = time.monotonic() + self.retry
         if first:
             log.warning("%s failing (treated as misses until it recovers; logged once): %s",
                         self.what, err)
@@ -99,6 +119,43 @@ class _Outage:
                 was, self._down = self._down, False
             if was:
                 log.info("%s works again", self.what)
+
+
+class _Budget:
+    """The time left for one connector call (``client.fail_open_timeout`` for the
+    quiet calls the adapters make); every master and worker call inside takes what is
+    left as its deadline, so the whole call returns within it."""
+
+    __slots__ = ("end",)
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        """Seconds left; TIMEOUT once there are none."""
+        t = self.end - time.monotonic()
+        if t <= 0:
+            raise CurvineError(ErrorKind.TIMEOUT, "the call's time (client.fail_open_timeout "
+                                                  "or rpc_timeout) is up")
+        return t
+
+
+# answers that say the request was wrong, not that the master is failing
+_REFUSALS = (ErrorKind.INVALID, ErrorKind.NAME_TOO_LONG, ErrorKind.PERMISSION,
+             ErrorKind.NOT_DIR, ErrorKind.TOO_BIG)
+
+
+def _encode_name(name: str) -> bytes | None:
+    """The name as the master stores it (UTF-8, as LMCache's fs:// connector writes
+    it), or None when no file can have it (a lone surrogate, a slash, NUL, empty or
+    longer than 255 bytes)."""
+    try:
+        b = name.encode()
+    except UnicodeEncodeError:
+        return None
+    if not 0 < len(b) <= 255 or b"/" in b or b"\0" in b or b in (b".", b".."):
+        return None
+    return b
 
 
 def _views(buffers: Sequence[Buffer]) -> list[memoryview]:
@@ -156,7 +213,12 @@ class KVStore:
         self.cfg = cfg
         self.namespace = namespace
         self.timeout = float(cfg.cluster.rpc_timeout)
-        self.fs = fs or CurvineFS(cfg=cfg)
+        self.fail_open = min(float(cfg.client.fail_open_timeout), self.timeout)
+        # The connector never waits for a master that is down (no master_wait): a
+        # lookup or store that cannot be answered now is a miss or a skipped store.
+        self.fs = fs or CurvineFS(cfg=cfg, master=MasterClient(
+            cfg.cluster.master_addr, timeout=self.timeout, wait=0,
+            security=Security.load(cfg), call_port=cfg.client.call_port))
         self.master = self.fs.master
         self.security = self.fs.security
         self.host = host_id()
@@ -179,7 +241,7 @@ class KVStore:
                                                              thread_name_prefix="curvine-rep")
         self.access = AccessReporter(self.master)
         self.access.start()
-        self.master_outage = _Outage(f"curvine master {self.master.address}")
+        self.master_outage = _Outage(f"curvine master {self.master.address}", self.fail_open)
         self._worker_outages: dict[str, _Outage] = {}  # by worker address
         self._outages_lock = threading.Lock()
         self._dir: int | None = None
@@ -220,12 +282,14 @@ class KVStore:
 
     # -- the namespace directory ------------------------------------------------------
 
-    def directory(self) -> int:
+    def directory(self, budget: _Budget | None = None) -> int:
         """The inode of the namespace directory (made, mode 0777 like a shared /tmp
-        without its sticky bit, on first use)."""
+        without its sticky bit, on first use, within ``budget``)."""
         with self._dir_lock:
             if self._dir is None:
-                self._dir = self.fs.mkdir(self.namespace, mode=0o777, parents=True).ino
+                timeout = budget.left() if budget is not None else self.timeout
+                self._dir = self.fs.mkdir(self.namespace, mode=0o777, parents=True,
+                                          timeout=timeout).ino
             return self._dir
 
     def _forget_directory(self) -> None:
@@ -241,26 +305,37 @@ class KVStore:
             o = self._worker_outages.get(worker.address)
             if o is None:
                 o = self._worker_outages[worker.address] = _Outage(
-                    f"curvine worker {worker.worker_id} ({worker.address})")
+                    f"curvine worker {worker.worker_id} ({worker.address})", self.fail_open)
             return o
 
-    def lookup(self, names: Sequence[str]) -> list[Entry | None]:
-        """Every name's entry (None: not there, or still being written by a FUSE
-        writer): one LookupMany per MAX_LOOKUP_MANY names (one for any real prompt).
-        Raises CurvineError on a master failure."""
-        out: list[Entry | None] = []
-        for start in range(0, len(names), MAX_LOOKUP_MANY):
-            out.extend(self._lookup_page(names[start:start + MAX_LOOKUP_MANY]))
+    def lookup(self, names: Sequence[str], budget: _Budget | None = None
+               ) -> list[Entry | None]:
+        """Every name's entry (None: not there, still being written by a FUSE writer,
+        or a name no file can have): one LookupMany per MAX_LOOKUP_MANY names (one for
+        any real prompt), within ``budget`` (None: LOOKUP_TIMEOUT).  Raises
+        CurvineError on a master failure."""
+        budget = budget or _Budget(min(LOOKUP_TIMEOUT, self.timeout))
+        encoded = [_encode_name(n) for n in names]
+        valid = [i for i, b in enumerate(encoded) if b is not None]
+        out: list[Entry | None] = [None] * len(names)
+        for start in range(0, len(valid), MAX_LOOKUP_MANY):
+            page = valid[start:start + MAX_LOOKUP_MANY]
+            found = self._lookup_page([names[i] for i in page], [encoded[i] for i in page],
+                                      budget)
+            for i, entry in zip(page, found):
+                out[i] = entry
+        self.stats["lookups"] += len(names)
+        self.stats["hits"] += sum(1 for e in out if e is not None)
         return out
 
-    def _lookup_page(self, names: Sequence[str]) -> list[Entry | None]:
+    def _lookup_page(self, names: Sequence[str], encoded: list[bytes],
+                     budget: _Budget) -> list[Entry | None]:
         if not names:
             return []
         for attempt in (0, 1):
-            parent = self.directory()
+            parent = self.directory(budget)
             try:
-                reply = self.master.lookup_many(parent, [n.encode() for n in names],
-                                                timeout=min(LOOKUP_TIMEOUT, self.timeout),
+                reply = self.master.lookup_many(parent, encoded, timeout=budget.left(),
                                                 wait=0)
                 break
             except CurvineError as e:
@@ -278,19 +353,28 @@ class KVStore:
             out.append(Entry(name, node.ino, node.size, tuple(r.blocks),
                              {w: workers[w] for b in r.blocks for w in b.worker_ids
                               if w in workers}))
-        self.stats["lookups"] += len(names)
-        self.stats["hits"] += sum(1 for e in out if e is not None)
         return out
 
     def lookup_quietly(self, names: Sequence[str]) -> list[Entry | None]:
-        """lookup, with a master failure as misses (logged once per outage)."""
+        """lookup within ``client.fail_open_timeout``, with a master failure as misses
+        (logged once per outage; during one, misses at once but for a probe)."""
+        if not self.master_outage.may_try():
+            return [None] * len(names)
         try:
-            out = self.lookup(names)
+            out = self.lookup(names, _Budget(self.fail_open))
         except CurvineError as e:
-            self.master_outage.failed(e)
+            self._master_failed(e)
             return [None] * len(names)
         self.master_outage.ok()
         return out
+
+    def _master_failed(self, e: CurvineError) -> None:
+        """A quiet call's failure: an outage, unless the master refused the request
+        itself (a bad name, a permission): that is this call's miss only."""
+        if e.kind in _REFUSALS:
+            log.info("the master refused a connector request (a miss): %s", e)
+        else:
+            self.master_outage.failed(e)
 
     def exists_many(self, names: Sequence[str]) -> list[bool]:
         return [e is not None for e in self.lookup_quietly(names)]
@@ -302,10 +386,16 @@ class KVStore:
 
     # -- reads ---------------------------------------------------------------------
 
-    def get_into(self, entry: Entry, buffers: Sequence[Buffer], offset: int = 0) -> int:
+    def get_into(self, entry: Entry, buffers: Sequence[Buffer], offset: int = 0,
+                 budget: _Budget | None = None) -> int:
         """Read the file from ``offset`` into ``buffers`` (filled in order) until they
-        are full or the file ends; bytes read.  Raises CurvineError if no replica of a
-        block can be read."""
+        are full or the file ends, within ``budget`` (None: rpc_timeout); bytes read.
+        Every block read is checked against its crc32, whole or in part.  Raises
+        CurvineError if no replica of a block can be read (then what the buffers hold
+        is undefined)."""
+        if offset < 0:
+            raise CurvineError(ErrorKind.INVALID, f"offset: {offset} is negative")
+        budget = budget or _Budget(self.timeout)
         views = _views(buffers)
         want = min(sum(len(v) for v in views), max(entry.size - offset, 0))
         start, end = offset, offset + want
@@ -317,7 +407,7 @@ class KVStore:
             if lo >= hi:
                 continue
             targets = _slice(views, lo - start, hi - start)
-            self._read_block(entry, block, lo - b_start, targets, verify=hi == b_end)
+            self._read_block(entry, block, lo - b_start, targets, budget)
         self.stats["gets"] += 1
         self.stats["bytes_read"] += want
         self.access.note(entry.ino)
@@ -325,16 +415,19 @@ class KVStore:
 
     def get_quietly(self, entry: Entry, buffers: Sequence[Buffer], offset: int = 0
                     ) -> int | None:
-        """get_into, with failures as a miss (None), logged once per outage."""
+        """get_into within ``client.fail_open_timeout``, with failures as a miss (None),
+        logged once per outage."""
         try:
-            return self.get_into(entry, buffers, offset)
+            return self.get_into(entry, buffers, offset, _Budget(self.fail_open))
         except CurvineError as e:  # each failed worker was logged (once per outage)
             log.debug("%s: a miss: %s", entry.name, e)
             return None
 
     def _replicas(self, entry: Entry, block) -> list:
-        """The block's workers, this host's first (short-circuit)."""
+        """The block's workers to try: this host's first (short-circuit), lost ones
+        last, those in an outage only when it is their turn to be probed."""
         ws = [entry.workers[w] for w in block.worker_ids if w in entry.workers]
+        ws = [w for w in ws if self.worker_outage(w).may_try()]
         ws.sort(key=lambda w: (w.lost, not self._local(w)))
         return ws
 
@@ -343,8 +436,11 @@ class KVStore:
                 and self.sockets.has(worker))
 
     def _read_block(self, entry: Entry, block, skip: int, targets: list[memoryview],
-                    verify: bool) -> None:
-        """Bytes [skip, skip + len(targets)) of ``block`` into ``targets``."""
+                    budget: _Budget) -> None:
+        """Bytes [skip, skip + len(targets)) of ``block`` into ``targets``, checked: a
+        local block file whose bytes matched the crc32 before (unchanged since) is read
+        in place, else the whole block is read (what the caller does not want into
+        scratch memory) and its crc32 compared."""
         n = sum(len(t) for t in targets)
         if block.block_id == 0:  # inline data (kept by the master), or a hole
             data = memoryview(block.data) if block.HasField("data") else None
@@ -353,70 +449,99 @@ class KVStore:
                 t[:] = data[pos:pos + len(t)] if data is not None else bytes(len(t))
                 pos += len(t)
             return
-        # the prefix nobody wants is read too when small, so the crc covers the block
-        prefix = bytearray(skip) if verify and 0 < skip <= VERIFY_PREFIX_MAX else None
-        if prefix is not None:
-            targets = [memoryview(prefix)] + targets
-            skip, n = 0, n + len(prefix)
-        verify = verify and skip == 0 and block.checksum != 0
+        verify = block.checksum != 0 and VERIFY
         errors = []
         for w in self._replicas(entry, block):
+            budget.left()  # time up: a miss, no replica's fault
             try:
                 if self._local(w):
-                    got = self._read_local(w, block, skip, targets)
+                    self._read_local(w, block, skip, targets, verify, budget)
                     self.stats["short_circuit_blocks"] += 1
                 else:
-                    got = self._read_remote(w, block, skip, n, targets)
+                    self._read_remote(w, block, skip, targets, verify, budget)
                     self.stats["remote_blocks"] += 1
-                if got != n:
-                    raise CurvineError(ErrorKind.IO, f"got {got} of {n} bytes")
-                if verify and _crc(targets) != block.checksum:
-                    raise CurvineError(ErrorKind.CHECKSUM, "crc32 differs from the "
-                                                           "master's record")
                 self.worker_outage(w).ok()
                 return
             except CurvineError as e:
-                self.worker_outage(w).failed(e)
+                if e.kind == ErrorKind.CHECKSUM:
+                    log.warning("block %016x of %s: the copy of worker %d (%s) is not "
+                                "intact: %s", block.block_id, entry.name, w.worker_id,
+                                w.address, e.message)
+                else:
+                    self.worker_outage(w).failed(e)
                 errors.append(f"worker {w.worker_id} ({w.address}): {e}")
         raise CurvineError(ErrorKind.UNAVAILABLE,
                            f"{entry.name}: block {block.block_id:016x}: no replica could be "
                            f"read ({'; '.join(errors) or 'no live location'})")
 
-    def _read_local(self, worker, block, skip: int, targets: list[memoryview]) -> int:
-        fd, _length = self.sockets.open_read(worker, block.block_id, block.token)
+    def _read_local(self, worker, block, skip: int, targets: list[memoryview], verify: bool,
+                    budget: _Budget) -> None:
+        fd, _length = self.sockets.open_read(worker, block.block_id, block.token,
+                                             timeout=budget.left())
+        n = sum(len(t) for t in targets)
         try:
-            return preadv_full(fd, list(targets), skip)
+            problem = check_block_file(block, fd) if verify else None
+            if problem is not None:
+                raise CurvineError(ErrorKind.CHECKSUM, problem)
+            got = preadv_full(fd, list(targets), skip)
         except OSError as e:
             raise CurvineError(ErrorKind.IO, f"reading block fd: {e.strerror}") from None
         finally:
-            os.close(fd)
+            close_fd(fd, f"the block file of {block.block_id:016x} a worker passed")
+        if got != n:
+            raise CurvineError(ErrorKind.IO, f"got {got} of {n} bytes")
 
-    def _read_remote(self, worker, block, skip: int, n: int, targets: list[memoryview]) -> int:
+    def _read_remote(self, worker, block, skip: int, targets: list[memoryview],
+                     verify: bool, budget: _Budget) -> None:
+        """The block from another node; when it is checked, the bytes before and after
+        the wanted range are read too (into scratch memory), so the crc32 covers it."""
+        n = sum(len(t) for t in targets)
+        views, first = list(targets), skip
+        if verify:
+            before, after = bytearray(skip), bytearray(block.length - skip - n)
+            views = [memoryview(before), *views, memoryview(after)]
+            first = 0
+        want = sum(len(v) for v in views)
+        got = self._receive(worker, block, first, want, views, budget)
+        if got != want:
+            raise CurvineError(ErrorKind.IO, f"got {got} of {want} bytes")
+        if verify and _crc(views) != block.checksum:
+            raise CurvineError(ErrorKind.CHECKSUM, "crc32 differs from the master's record")
+
+    def _receive(self, worker, block, offset: int, n: int, views: list[memoryview],
+                 budget: _Budget) -> int:
+        """[offset, offset+n) of ``block`` from ``worker`` into ``views``: its data port,
+        else (no data port, or it refuses or fails) gRPC."""
         address = worker.data_address
         if (self.data_ports is not None and address
                 and self._no_data_port.get(address, 0) < time.monotonic()):
             try:
-                got = self.data_ports.read_into(address, block.block_id, block.token, skip,
-                                                targets)
+                got = self.data_ports.read_into(address, block.block_id, block.token, offset,
+                                                views, timeout=budget.left())
                 self.stats["data_port_blocks"] += 1
                 return got
             except CurvineError as e:
+                if e.kind == ErrorKind.BUSY:  # every connection slot taken: gRPC this once
+                    log.debug("worker %d: data port %s busy; reading over gRPC",
+                              worker.worker_id, address)
+                    return self._read_grpc(worker, block, offset, n, views, budget)
                 if e.kind != ErrorKind.UNAVAILABLE:
                     raise
                 failed = e
-            got = self._read_grpc(worker, block, skip, n, targets)
+            got = self._read_grpc(worker, block, offset, n, views, budget)
             # the worker answers gRPC but not its data port (a firewall?): gRPC for a while
             log.info("worker %d: data port %s unreachable, reading over gRPC for %gs: %s",
                      worker.worker_id, address, DATA_PORT_RETRY, failed)
             self._no_data_port[address] = time.monotonic() + DATA_PORT_RETRY
             return got
-        return self._read_grpc(worker, block, skip, n, targets)
+        return self._read_grpc(worker, block, offset, n, views, budget)
 
-    def _read_grpc(self, worker, block, skip: int, n: int, targets: list[memoryview]) -> int:
+    def _read_grpc(self, worker, block, skip: int, n: int, targets: list[memoryview],
+                   budget: _Budget) -> int:
         stream = block_client._calls(worker.address, self.security).read(
             worker_pb2.ReadBlockRequest(block_id=block.block_id, offset=skip, length=n,
                                         token=block.token),
-            timeout=self.timeout)
+            timeout=budget.left())
         ti, tpos, got = 0, 0, 0
         try:
             for data in stream:  # a view into the received message
@@ -441,29 +566,34 @@ class KVStore:
 
     # -- writes --------------------------------------------------------------------
 
-    def put(self, name: str, buffers: Sequence[Buffer], mode: int = 0o644) -> bool:
-        """Store the concatenation of ``buffers`` as ``name``: True if stored, False if
-        the name existed (nothing written).  Raises CurvineError on failure; then no
-        name was made and the blocks written are deleted (best effort; the master frees
-        what is left after PUT_BLOCK_TTL)."""
+    def put(self, name: str, buffers: Sequence[Buffer], mode: int = 0o644,
+            budget: _Budget | None = None) -> bool:
+        """Store the concatenation of ``buffers`` as ``name`` within ``budget`` (None:
+        rpc_timeout): True if stored, False if the name existed (nothing written).
+        Raises CurvineError on failure; then no name was made and the blocks written
+        are deleted (best effort; the master frees what is left after
+        PUT_BLOCK_TTL)."""
+        bname = _encode_name(name)
+        if bname is None:
+            raise CurvineError(ErrorKind.INVALID, f"name: {name!r} cannot be a file name")
+        budget = budget or _Budget(self.timeout)
         views = _views(buffers)
         size = sum(len(v) for v in views)
-        bname = name.encode()
-        parent = self.directory()
-        block_size = self.fs.block_size()
+        parent = self.directory(budget)
+        block_size = self.fs.block_size(budget.left())
         blocks: list[common_pb2.Block] = []
         written: list[tuple] = []  # (worker, block id, token): undone on failure
         try:
             for start in range(0, size, block_size):
                 piece = _slice(views, start, min(start + block_size, size))
-                block = self._put_block(parent, bname, piece, written)
+                block = self._put_block(parent, bname, piece, written, budget)
                 if block is None:  # another writer stored the name meanwhile
                     break
                 blocks.append(block)
             else:
                 node, existed = self.master.put_file(
                     parent, bname, blocks, size, mode=mode, uid=os.getuid(), gid=os.getgid(),
-                    timeout=self.timeout, wait=0)
+                    timeout=budget.left(), wait=0)
                 written.clear()  # published, or (existed) freed by the master
                 if not existed:
                     self.stats["puts"] += 1
@@ -474,7 +604,7 @@ class KVStore:
             # existed before all blocks were written: hand the written ones back
             if blocks:
                 self.master.put_file(parent, bname, blocks, sum(b.length for b in blocks),
-                                     timeout=self.timeout, wait=0)
+                                     timeout=budget.left(), wait=0)
                 written.clear()
             self.stats["put_existed"] += 1
             return False
@@ -483,20 +613,23 @@ class KVStore:
                 self._delete_blocks(written)
 
     def put_quietly(self, name: str, buffers: Sequence[Buffer]) -> bool | None:
-        """put, with failures as None (logged once per outage)."""
+        """put within ``client.fail_open_timeout``, with failures as None (logged once
+        per outage; during a master outage, None at once but for a probe)."""
+        if not self.master_outage.may_try():
+            return None
         try:
-            stored = self.put(name, buffers)
+            stored = self.put(name, buffers, budget=_Budget(self.fail_open))
         except _WorkersFailed as e:  # each worker's failure was logged already
             log.debug("%s: not stored: %s", name, e)
             return None
         except CurvineError as e:  # the master's
-            self.master_outage.failed(e)
+            self._master_failed(e)
             return None
         self.master_outage.ok()
         return stored
 
     def _put_block(self, parent: int, bname: bytes, piece: list[memoryview],
-                   written: list) -> common_pb2.Block | None:
+                   written: list, budget: _Budget) -> common_pb2.Block | None:
         """One block of a put on its workers (every target; the failed ones excluded on
         one retry).  None if the name exists."""
         n = sum(len(v) for v in piece)
@@ -505,18 +638,18 @@ class KVStore:
         errors: list[str] = []
         for _attempt in range(2):
             r = self.master.add_block_for_put(parent, bname, self.host, size_hint=n,
-                                              exclude=exclude, timeout=self.timeout, wait=0)
+                                              exclude=exclude, timeout=budget.left(), wait=0)
             if r.HasField("existing"):
                 return None
             futs = {w.worker_id: self._fanout.submit(self._write_to, w, r.block_id,
-                                                  r.block_token, piece, crc)
+                                                  r.block_token, piece, crc, budget)
                     if len(r.workers) > 1 else None for w in r.workers}
             ok = []
             for w in r.workers:
                 try:
                     fut = futs[w.worker_id]
                     fut.result() if fut is not None else self._write_to(
-                        w, r.block_id, r.block_token, piece, crc)
+                        w, r.block_id, r.block_token, piece, crc, budget)
                     ok.append(w.worker_id)
                     written.append((w, r.block_id, r.block_token))
                     self.worker_outage(w).ok()
@@ -531,13 +664,14 @@ class KVStore:
                                                     + "; ".join(errors))
 
     def _write_to(self, worker, block_id: int, token: bytes, piece: list[memoryview],
-                  crc: int) -> None:
+                  crc: int, budget: _Budget) -> None:
         if self._local(worker):
-            length, got = self.sockets.write(worker, block_id, token, piece, crc)
+            length, got = self.sockets.write(worker, block_id, token, piece, crc,
+                                             timeout=budget.left())
         else:
             data = piece[0] if len(piece) == 1 else b"".join(piece)
             length, got = block_client.write_block(worker, block_id, data,
-                                                   timeout=self.timeout, token=token,
+                                                   timeout=budget.left(), token=token,
                                                    security=self.security)
         if got != crc:
             raise CurvineError(ErrorKind.CHECKSUM, f"block {block_id:016x} stored with crc32 "

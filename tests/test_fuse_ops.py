@@ -1111,16 +1111,22 @@ def test_a_reader_closed_during_its_local_check_keeps_the_copy_and_every_descrip
     inode, blocks, ws = master.get_blocks(ino)
     entered, go_on = threading.Event(), threading.Event()
     fetchers = []
-    real = file_reader.BlockFetcher._crc_of_file
+    real = file_reader._crc_of_file
 
-    def slow_check(self, block, fd):
-        fetchers.append(self)
+    def slow_check(block, fd):
         entered.set()
         go_on.wait(10)
-        return real(self, block, fd)
+        return real(block, fd)
 
-    monkeypatch.setattr(file_reader.BlockFetcher, "_crc_of_file", slow_check)
+    monkeypatch.setattr(file_reader, "_crc_of_file", slow_check)
     made = []
+    real_init = file_reader.BlockFetcher.__init__
+
+    def init(self, *args, **kw):
+        real_init(self, *args, **kw)
+        fetchers.append(self)
+
+    monkeypatch.setattr(file_reader.BlockFetcher, "__init__", init)
     opener = threading.Thread(target=lambda: made.append(
         FileReader(blocks, ws, short_circuit=True, security=NO_SECURITY)))
     opener.start()

@@ -284,3 +284,117 @@ def test_a_prompt_of_more_than_4096_names_is_looked_up_in_batches(kv_cluster):
             assert kv.put(names[i], [b"x"]) is True
         entries = kv.lookup_quietly(names)
         assert [i for i, e in enumerate(entries) if e is not None] == [0, 4096, 4999]
+
+
+# -- failing open, and every read checked (issue 32) ----------------------------------
+
+FAIL_OPEN = 2.0  # client.fail_open_timeout's default
+SLACK = 1.5  # a loaded 2-core machine: scheduling, not waiting
+
+
+def _timed(fn):
+    t0 = time.monotonic()
+    out = fn()
+    return out, time.monotonic() - t0
+
+
+@pytest.mark.expect_log(r"the master stalled for")  # it was stopped, on purpose
+def test_quiet_calls_return_within_the_fail_open_bound_while_the_master_is_stopped(
+        kv_cluster):
+    """A stopped master (SIGSTOP: connections are accepted by its kernel, never
+    answered) costs each quiet call at most client.fail_open_timeout (default), and
+    during the outage later calls are misses at once; a store opened during the stall
+    answers within the bound too.  Before: 35 s for the second lookup, 50 s for a put,
+    120 s for a new store's first lookup."""
+    c = kv_cluster
+    pid = next(r["pid"] for r in c.status() if r["role"] == "master")
+    with KVStore.open(c.client_conf, NS) as kv:
+        assert kv.put("here.data", [b"h" * 1000]) is True
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for what, call, miss in [
+                    ("lookup", lambda: kv.lookup_quietly(["here.data", "x.data"]), [None, None]),
+                    ("lookup again", lambda: kv.lookup_quietly(["here.data"]), [None]),
+                    ("put", lambda: kv.put_quietly("new.data", [b"n" * 1000]), None)]:
+                got, took = _timed(call)
+                assert got == miss, what
+                assert took < FAIL_OPEN + SLACK, (what, took)
+            time.sleep(FAIL_OPEN)  # the outage's probe is due: one call tries again
+            got, took = _timed(lambda: kv.lookup_quietly(["here.data"]))
+            assert got == [None] and took < FAIL_OPEN + SLACK, took
+            with KVStore.open(c.client_conf, NS) as fresh:
+                got, took = _timed(lambda: fresh.lookup_quietly(["here.data"]))
+                assert got == [None] and took < FAIL_OPEN + SLACK, took
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        found = wait_for(lambda: kv.lookup_quietly(["here.data"])[0], timeout=30,
+                         what="a lookup once the master runs again")
+        assert found.size == 1000
+
+
+def test_a_read_from_a_stopped_worker_is_a_miss_within_the_fail_open_bound(kv_cluster):
+    c = kv_cluster
+    with KVStore.open(c.client_conf, NS, short_circuit=False) as kv:
+        assert kv.put("w.data", [os.urandom(1000)]) is True
+        [entry] = kv.lookup(["w.data"])
+        [wid] = entry.blocks[0].worker_ids
+        index = next(r["index"] for r in c.status() if r["role"] == "worker"
+                     and r["address"] == entry.workers[wid].address)
+        pid = next(r["pid"] for r in c.status() if r["role"] == "worker"
+                   and r["index"] == index)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for _ in range(2):
+                got, took = _timed(lambda: kv.get_quietly(entry, [bytearray(1000)]))
+                assert got is None and took < FAIL_OPEN + SLACK, took
+            got, took = _timed(lambda: kv.put_quietly("w2.data", [b"x" * 1000]))
+            assert took < FAIL_OPEN + SLACK, took
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert wait_for(lambda: kv.get_quietly(entry, [bytearray(1000)]) == 1000,
+                        timeout=30, what="the worker read again")
+
+
+@pytest.mark.parametrize("short_circuit", [True, False], ids=["short-circuit", "remote"])
+@pytest.mark.expect_log(r"is not intact")  # the planted copy is reported
+def test_partial_reads_of_a_planted_block_fail_like_whole_ones(make_cluster, tmp_path,
+                                                                short_circuit):
+    """A block file overwritten in place on the worker's disk: a read of any part of
+    it (4 KiB, from an offset to the end, a header alone) is a miss, as a whole read
+    is, never the planted bytes.  Before, only a read reaching the block's end from
+    an offset of at most 64 KiB was checked."""
+    c = make_cluster(workers=1, mounts=0, conf=_conf(tmp_path))
+    data = os.urandom(BLOCK)
+    with KVStore.open(c.client_conf, NS, short_circuit=short_circuit) as kv:
+        assert kv.put("p.data", [data]) is True
+        [entry] = kv.lookup(["p.data"])
+        out = bytearray(4096)
+        assert kv.get_into(entry, [out], 200_000) == 4096 and out == data[200_000:204_096]
+        [path] = block_files(c)
+        with open(path, "r+b") as f:
+            f.seek(200_000)
+            f.write(b"planted!")
+        for offset, n in [(200_000, 4096), (100_000, BLOCK - 100_000), (0, 64),
+                          (0, BLOCK)]:
+            assert kv.get_quietly(entry, [bytearray(n)], offset) is None, (offset, n)
+            with pytest.raises(CurvineError):
+                kv.get_into(entry, [bytearray(n)], offset)
+
+
+def test_names_no_file_can_have_and_bad_offsets_are_answered_not_raised(kv_cluster, caplog):
+    c = kv_cluster
+    with KVStore.open(c.client_conf, NS) as kv:
+        assert kv.put("fine.data", [b"f"]) is True
+        bad = ["lone\udc80surrogate.data", "a/b.data", "x" * 300, ""]
+        caplog.set_level("INFO", logger="curvine.connector")
+        # one bad name does not turn the batch into misses
+        got = kv.lookup_quietly([*bad, "fine.data"])
+        assert got[:4] == [None] * 4 and got[4] is not None
+        for name in bad:
+            assert kv.put_quietly(name, [b"x"]) is None
+        assert not [r for r in caplog.records if "failing" in r.getMessage()]
+        assert kv.lookup_quietly(["fine.data"])[0] is not None  # no outage
+        [entry] = kv.lookup(["fine.data"])
+        with pytest.raises(CurvineError) as e:
+            kv.get_into(entry, [bytearray(10)], -5)
+        assert e.value.kind.name == "INVALID"
