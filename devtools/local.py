@@ -854,12 +854,12 @@ class LocalCluster:
         mnt_root = self._path("mnt") + os.sep
         mounts = sorted({p.mount for p in procs if p.mount} | set(self.mounts)
                         | {m for m in mounted_paths() if m.startswith(mnt_root)})
-        fuse = [p for p in procs if p.role == "fuse"]
-        servers = [p for p in procs if p.role != "fuse"]
+        by_role = {role: [p for p in procs if p.role == role] for role in ROLES}
         # Mounts first, while master and workers can still serve a final flush.  SIGTERM
         # makes curvine-fuse unmount itself and cut short calls that wait for a master
-        # that is down (`fusermount3 -u` would stat the root and wait with them).
-        for group in (fuse, servers):
+        # that is down (`fusermount3 -u` would stat the root and wait with them).  The
+        # master last: a worker whose heartbeat finds it gone would warn of an outage.
+        for group in (by_role["fuse"], by_role["worker"], by_role["master"]):
             for p in group:
                 self._signal(p, signal.SIGTERM)
             if not self._wait_exit(group, deadline):
