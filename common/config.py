@@ -93,6 +93,10 @@ class MasterConfig:
     # logged) for mass_loss_hold before their locations are dropped
     max_lost_share: float = 0.5
     mass_loss_hold: Duration = Duration(900.0)
+    # a lost worker gets no placements and readers go elsewhere at once, but its block
+    # locations (and the files whose only copy it holds) are kept this long: a worker
+    # paused (GC, I/O stall, network blip) that comes back within it loses nothing
+    lost_grace: Duration = Duration(600.0)
     # capacity (master/capacity.py): above evict_high (a fraction of the live workers'
     # capacity) the least recently used complete files that no mount has open are
     # evicted down to evict_low, and a block with no room evicts synchronously;

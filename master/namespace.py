@@ -932,11 +932,13 @@ class Namespace:
         cluster's."""
         return node.replicas or default
 
-    def plan_add_locations(self, txn, worker_id: int, lengths: dict[int, int], default: int):
+    def plan_add_locations(self, txn, worker_id: int, lengths: dict[int, int], default: int,
+                           lost=frozenset()):
         """Admit replicas that worker ``worker_id`` holds (block id -> stored length) as
-        locations of blocks whose file still has them, is short of replicas and that
-        the stored copy covers.  Value: (added, unwanted) block ids; the caller deletes
-        the unwanted copies (never more replicas than wanted)."""
+        locations of blocks whose file still has them, is short of replicas (locations
+        on ``lost`` workers not counted) and that the stored copy covers.  Value:
+        (added, unwanted) block ids; the caller deletes the unwanted copies (never more
+        replicas than wanted)."""
         added, unwanted = [], []
         if not self.store.has_worker(txn, worker_id):
             return None, ([], list(lengths))
@@ -951,8 +953,8 @@ class Namespace:
                 unwanted.append(block_id)
             elif worker_id in block.worker_ids:
                 continue  # already a location: nothing to add, nothing to delete
-            elif (len(block.worker_ids) >= self.wanted_replicas(node, default)
-                  or length < block.length):
+            elif (len([w for w in block.worker_ids if w not in lost])
+                  >= self.wanted_replicas(node, default) or length < block.length):
                 unwanted.append(block_id)
             else:
                 added.append(block_id)

@@ -2,11 +2,16 @@
 
 A background loop (``ReplicationMonitor``, one round every ``interval``):
 
-1. A worker silent for ``master.worker_lost_after`` is declared lost: its locations
-   are dropped (DropLocationsRecord, journaled; a file left without any replica is
-   removed from the namespace by that record's apply, so readers get ENOENT) and its
-   blocks become suspects.  A lost worker that heartbeats again is asked to register
-   again, so that its full block report tells what it still holds.  Silence while
+1. A worker silent for ``master.worker_lost_after`` is declared lost: it gets no
+   placements, readers go to other replicas, and its blocks become suspects (copied
+   from the other replicas where the file wants more).  Its locations are kept for
+   ``master.lost_grace``: a pause (GC, I/O stall, network blip) is not a loss.  Still
+   lost after the grace, its locations are dropped (DropLocationsRecord, journaled; a
+   file left without any replica is removed from the namespace by that record's
+   apply, so readers get ENOENT).  A lost worker that heartbeats again is asked to
+   register again, so that its full block report tells what it still holds; back
+   within the grace, it keeps every location (a copy made meanwhile that is now one
+   too many is deleted from it).  Silence while
    the master itself was stalled does not count (master/lag.py), and losing more than
    ``master.max_lost_share`` of the workers at once is held, files kept, for
    ``master.mass_loss_hold`` (a fault of the master or the network, not of them all).
@@ -62,6 +67,7 @@ class ReplicationMonitor:
         self.interval = min(1.0, max(0.05, float(cfg.master.worker_lost_after) / 4))
         self.max_lost_share = float(cfg.master.max_lost_share)
         self.mass_loss_hold = float(cfg.master.mass_loss_hold)
+        self.lost_grace = float(cfg.master.lost_grace)
         self._held: set[int] = set()  # silent workers of a mass loss being held
         self._held_since = 0.0  # since (time.monotonic())
         self._held_logged = 0.0
@@ -69,7 +75,9 @@ class ReplicationMonitor:
         self._suspects: dict[int, float] = {}  # block id -> not before (time.monotonic())
         self._inflight: dict[int, dict[int, float]] = {}  # block id -> {target: deadline}
         self._commands: dict[int, dict[int, master_pb2.ReplicateCommand]] = {}  # by target
-        self._lost: set[int] = set()  # workers whose locations were dropped
+        self._lost: set[int] = set()  # workers declared lost (silent; asked to re-register)
+        self._lost_at: dict[int, float] = {}  # since when (time.monotonic())
+        self._dropped: set[int] = set()  # lost past the grace: locations dropped
         self._dropping: set[int] = set()  # lost, locations being dropped right now
         self.scanned = False
         self._round_lock = threading.Lock()  # one round at a time (loop or a test)
@@ -99,6 +107,7 @@ class ReplicationMonitor:
         took too long, plan copies of under-replicated blocks."""
         with self._round_lock:
             self._declare_lost()
+            self._drop_expired()
             if not self.scanned:
                 self._scan()
                 self.scanned = True
@@ -171,7 +180,7 @@ class ReplicationMonitor:
                 if wid in self._lost:
                     continue
                 self._lost.add(wid)  # from here on its heartbeats ask it to re-register
-                self._dropping.add(wid)
+                self._lost_at[wid] = time.monotonic()
                 dropped_cmds = self._commands.pop(wid, {})
                 for b, targets in self._inflight.items():
                     targets.pop(wid, None)
@@ -180,16 +189,34 @@ class ReplicationMonitor:
             with self.m.store.read() as txn:
                 ids = list(self.m.store.blocks_on_worker(txn, wid))
             info = self.m.registry.info(wid)
-            log.warning("worker %d (%s) missed heartbeats for %.0fs: declared lost, "
-                        "dropping its %d block locations", wid, info.address if info else "?",
-                        self.m.registry.lost_after, len(ids))
+            log.warning("worker %d (%s) missed heartbeats for %.0fs: declared lost (no "
+                        "placements, reads go elsewhere); its %d block locations are kept "
+                        "for %.0fs (master.lost_grace)", wid, info.address if info else "?",
+                        self.m.registry.lost_after, len(ids), self.lost_grace)
+            self.hint(ids)  # copied from the other replicas where files want more
+        if new and self.lost_grace <= 0:
+            self._drop_expired()
+
+    def _drop_expired(self) -> None:
+        """Drop the locations of workers lost for longer than the grace."""
+        now = time.monotonic()
+        with self._lock:
+            due = [w for w in self._lost - self._dropped - self._dropping
+                   if now - self._lost_at.get(w, now) >= self.lost_grace]
+            self._dropping.update(due)
+        for wid in due:
+            with self.m.store.read() as txn:
+                ids = list(self.m.store.blocks_on_worker(txn, wid))
+            info = self.m.registry.info(wid)
+            log.warning("worker %d (%s) still lost after %.0fs (master.lost_grace): "
+                        "dropping its %d block locations", wid,
+                        info.address if info else "?", self.lost_grace, len(ids))
             try:
                 for i in range(0, len(ids), DROP_CHUNK):
                     self._drop(wid, ids[i:i + DROP_CHUNK])
-            except BaseException:
-                with self._lock:  # declared again in the next round
-                    self._lost.discard(wid)
-                raise
+                with self._lock:
+                    if wid in self._lost:
+                        self._dropped.add(wid)
             finally:
                 with self._lock:
                     self._dropping.discard(wid)
@@ -267,12 +294,13 @@ class ReplicationMonitor:
         with self._lock:
             due = [b for b, t in self._suspects.items() if t <= now][:PLAN_PER_ROUND]
             lost = set(self._lost)
+            dropped = set(self._dropped)
             load: dict[int, int] = {}
             for targets in self._inflight.values():
                 for wid in targets:
                     load[wid] = load.get(wid, 0) + 1
         busy = {wid for wid, n in load.items() if n >= self.max_inflight}
-        stale: dict[int, list[int]] = {}  # locations on lost workers (written after the drop)
+        stale: dict[int, list[int]] = {}  # locations on dropped workers (written after the drop)
         with self.m.store.read() as txn:
             for b in due:
                 ev = self._evaluate(txn, b)
@@ -283,7 +311,7 @@ class ReplicationMonitor:
                     continue
                 _ino, block, wanted = ev
                 for w in block.worker_ids:
-                    if w in lost:
+                    if w in dropped:
                         stale.setdefault(w, []).append(b)
                 have = [w for w in block.worker_ids if w not in lost]
                 if len(have) >= wanted:
@@ -362,7 +390,12 @@ class ReplicationMonitor:
                     candidates[b] = lengths[i] if lengths else UNKNOWN_LENGTH
         with self._lock:
             was_lost = wid in self._lost
+            in_grace = was_lost and wid not in self._dropped
             self._lost.discard(wid)
+            self._lost_at.pop(wid, None)
+            self._dropped.discard(wid)
+        if in_grace:
+            self._trim_after_grace(wid)
         if candidates:
             added = self.admit(wid, candidates)
             log.info("worker %d rejoined%s: %d of its %d blocks that were no longer located "
@@ -371,12 +404,34 @@ class ReplicationMonitor:
         elif was_lost:
             log.info("worker %d rejoined after being lost", wid)
 
+    def _trim_after_grace(self, wid: int) -> None:
+        """Worker ``wid`` came back within the grace: where a copy made meanwhile left
+        a block with more locations than its file wants, its own copy goes (dropped,
+        journaled, and deleted on it)."""
+        store, ns = self.m.store, self.m.ns
+        extra: list[tuple[int, int]] = []
+        with store.read() as txn:
+            for b in store.blocks_on_worker(txn, wid):
+                ev = self._evaluate(txn, b)
+                if ev is not None and len(ev[1].worker_ids) > ev[2]:
+                    extra.append((b, ev[1].length))
+        if not extra:
+            return
+        log.info("worker %d is back within master.lost_grace: %d of its copies are one "
+                 "too many (copied elsewhere meanwhile); deleting them", wid, len(extra))
+        for i in range(0, len(extra), DROP_CHUNK):
+            self._drop(wid, [b for b, _ in extra[i:i + DROP_CHUNK]])
+        self.m.registry.queue_deletes([(wid, b, n) for b, n in extra])
+
     def admit(self, wid: int, lengths: dict[int, int]) -> list[int]:
         """Record copies on worker ``wid`` as locations where wanted (journaled); ask
         the worker to delete the others.  Returns the block ids admitted."""
         ns = self.m.ns
+        with self._lock:
+            lost = set(self._lost)  # their locations do not count until they are back
         added, unwanted = self.m.submit(
-            lambda txn: ns.plan_add_locations(txn, wid, lengths, self.default_replicas))
+            lambda txn: ns.plan_add_locations(txn, wid, lengths, self.default_replicas,
+                                              lost))
         if unwanted:
             log.info("worker %d holds %d copies no file wants (enough replicas, or the "
                      "file is gone); deleting them", wid, len(unwanted))

@@ -36,6 +36,9 @@ from fs_helpers import wait_until
 
 MiB = 1 << 20
 LOST_AFTER = 0.6  # seconds without heartbeats before the in-process master declares a worker lost
+# the master's lines about a worker SIGKILLed or stopped on purpose
+LOST = r"WARNING curvine\.master\.replication: worker \d+ \(\S+\) missed heartbeats for \S+: declared lost"
+DROPPED = r"WARNING curvine\.master\.replication: worker \d+ \(\S+\) still lost after \S+ \(master\.lost_grace\)"
 
 
 # ---------------------------------------------------------------------- in-process
@@ -46,6 +49,9 @@ def make_master(tmp_path, replicas: int = 2) -> Master:
     cfg.cluster.block_size = 4 * MiB
     cfg.cluster.replicas = replicas
     cfg.master.worker_lost_after = LOST_AFTER
+    # these tests are about what follows a loss (locations dropped at once); the grace
+    # itself: test_a_rejoin_within_the_grace_keeps_every_location_and_trims_extra_copies
+    cfg.master.lost_grace = 0.0
     cfg.master.orphan_block_grace = 0.0
     m = Master(cfg, security=NO_SECURITY)
     # its workers are addresses only: deletes go with the heartbeat replies, as to a
@@ -219,6 +225,76 @@ def test_rejoin_readmits_when_short_and_extra_copies_are_deleted(tmp_path):
         m.close()
 
 
+def test_a_rejoin_within_the_grace_keeps_every_location_and_trims_extra_copies(tmp_path):
+    """A lost worker keeps its locations for master.lost_grace: nothing is removed, its
+    blocks are copied from the other replicas meanwhile (its own location not counted),
+    and when it comes back within the grace the copy that is now one too many is
+    dropped from it (journaled) and deleted there."""
+    m = make_master(tmp_path, replicas=2)
+    m.replication.lost_grace = 3600.0
+    try:
+        a, b, c = (add_worker(m, n) for n in ("a", "b", "c"))
+        for w in (a, b, c):
+            beat(m, w)
+        files = [write_file(m, f"f{i}".encode()) for i in range(6)]
+        on_a = [(ino, bid) for ino, bid, locs in files if a in locs]
+        assert on_a, "placement never picked worker a"
+        commands: dict[int, list] = {}
+        keep_alive(m, (b, c), lambda: a in m.replication.status().lost_workers, commands)
+        for ino, bid, locs in files:
+            assert sorted(locations(m, ino)) == sorted(locs)  # kept: a pause is no loss
+        # copies from the survivors (a's location does not count), confirmed
+        keep_alive(m, (b, c), lambda: sum(len(v) for v in commands.values()) >= len(on_a),
+                   commands)
+        by_block = {cmd.block_id: w for w, cmds in commands.items() for cmd in cmds}
+        assert set(by_block) == {bid for _, bid in on_a}
+        for w in (b, c):
+            beat(m, w, replicated=[x for x, t in by_block.items() if t == w])
+        for ino, bid in on_a:
+            assert sorted(locations(m, ino)) == sorted({a, by_block[bid]} | {
+                x for x in files[[f[1] for f in files].index(bid)][2] if x != a})
+        # a is back within the grace: its copies are one too many now
+        m.register_worker(common_pb2.WorkerInfo(uuid="a", host_id="host-a",
+                                                address="127.0.0.1:1001", data_dirs=["/d"]))
+        m.block_report(master_pb2.BlockReportRequest(
+            worker_id=a, block_ids=[bid for _, bid in on_a], block_lengths=[MiB] * len(on_a)))
+        for ino, bid in on_a:
+            assert a not in locations(m, ino) and len(locations(m, ino)) == 2
+        assert sorted(beat(m, a).delete_block_ids) == sorted(bid for _, bid in on_a)
+        assert m.replication.status().under_replicated_blocks == 0
+    finally:
+        m.close()
+
+
+def test_a_file_whose_only_copy_is_on_a_lost_worker_stays_for_the_grace(tmp_path):
+    m = make_master(tmp_path, replicas=1)
+    m.replication.lost_grace = 1.5
+    try:
+        a, b = add_worker(m, "a"), add_worker(m, "b")
+        for w in (a, b):
+            beat(m, w)
+        files = [write_file(m, f"f{i}".encode()) for i in range(8)]
+        on_a = [ino for ino, _, locs in files if locs == [a]]
+        assert on_a
+        keep_alive(m, (b,), lambda: a in m.replication.status().lost_workers)
+        lost_at = time.monotonic()
+        for ino in on_a:
+            assert locations(m, ino) == [a]  # still there: reads of it go nowhere yet
+        # past the grace: dropped, and the files removed (a clean ENOENT)
+        keep_alive(m, (b,), lambda: all(_gone(m, ino) for ino in on_a))
+        assert time.monotonic() - lost_at >= 1.5
+    finally:
+        m.close()
+
+
+def _gone(m, ino) -> bool:
+    try:
+        m.get_blocks(ino)
+    except CurvineError:
+        return True
+    return False
+
+
 def test_lost_only_replica_removes_file(tmp_path):
     m = make_master(tmp_path, replicas=1)
     try:
@@ -284,9 +360,13 @@ READER = textwrap.dedent('''
 ''')
 
 
-def _conf(tmp_path, lost_after: str = "3s") -> str:
+def _conf(tmp_path, lost_after: str = "3s", lost_grace: str = "0s") -> str:
+    """Short timers: a loss is declared in seconds and (lost_grace 0) its locations are
+    dropped at once.  At the defaults (30 s, then a 10 minute grace) the drop cannot run
+    in the suite; test_a_worker_paused_past_lost_after_loses_nothing shows the defaults."""
     path = tmp_path / "replicas.toml"
     path.write_text(f'[master]\nworker_lost_after = "{lost_after}"\n'
+                    f'lost_grace = "{lost_grace}"\n'
                     f'[worker]\nheartbeat_interval = "0.3s"\n')
     return str(path)
 
@@ -466,7 +546,7 @@ def _failovers(log_path: str, offset: int) -> dict[int, int]:
     return out
 
 
-@pytest.mark.expect_log(r"WARNING curvine\.master\.replication: worker \d+ \(\S+\) missed heartbeats for \S+: declared lost")  # a worker SIGKILLed on purpose
+@pytest.mark.expect_log(LOST, DROPPED)  # a worker SIGKILLed on purpose
 def test_reads_survive_worker_sigkill_and_rejoin(make_cluster, tmp_path):
     """replicas=2 on 2 workers: SIGKILL the worker both mounts read from while readers
     on both mounts (mount 0 short-circuit, mount 1 streaming from the workers) read 100
@@ -556,7 +636,7 @@ def test_reads_survive_worker_sigkill_and_rejoin(make_cluster, tmp_path):
     _read_back(b, digests, "after the rejoin (remote reads)")
 
 
-@pytest.mark.expect_log(r"WARNING curvine\.master\.replication: worker \d+ \(\S+\) missed heartbeats for \S+: declared lost")  # a worker SIGKILLed on purpose
+@pytest.mark.expect_log(LOST, DROPPED)  # a worker SIGKILLed on purpose
 def test_lost_worker_blocks_copied_elsewhere(make_cluster, tmp_path):
     """replicas=2 on 3 workers: SIGKILL one for good; once it is declared lost every
     block that had a copy on it gets one on another worker, and all files read back
@@ -588,7 +668,7 @@ def test_lost_worker_blocks_copied_elsewhere(make_cluster, tmp_path):
     _read_back(a, digests, "after re-replication (short-circuit reads)")
 
 
-@pytest.mark.expect_log(r"WARNING curvine\.master\.replication: worker \d+ \(\S+\) missed heartbeats for \S+: declared lost")  # a worker SIGKILLed on purpose
+@pytest.mark.expect_log(LOST, DROPPED)  # a worker SIGKILLed on purpose
 def test_single_replica_files_vanish_with_their_worker(make_cluster, tmp_path):
     """replicas=1: SIGKILL a worker for good; once it is declared lost, files whose
     block was only there are a clean ENOENT on every mount and gone from listings;
@@ -623,3 +703,46 @@ def test_single_replica_files_vanish_with_their_worker(make_cluster, tmp_path):
             with open(os.path.join(m, name), "rb") as f:
                 assert hashlib.sha256(f.read()).hexdigest() == digests[name], name
     print(f"{len(gone)} of {len(digests)} files vanished with worker 0")
+
+
+@pytest.mark.expect_log(LOST)  # a worker stopped on purpose
+def test_a_worker_paused_past_lost_after_loses_nothing(make_cluster):
+    """At the default settings (worker_lost_after 30 s, lost_grace 10 min, one
+    replica): a worker SIGSTOPped for 40 s is declared lost (new blocks go elsewhere)
+    but no file is removed, and when it continues every file reads back whole.
+    Before: the 30 s loss removed every file whose only copy it held, and its blocks
+    were deleted when it came back."""
+    c = make_cluster(workers=2, mounts=1)
+    d = os.path.join(c.mounts[0], "kv")
+    os.mkdir(d)
+    digests = _write_files(d, 30, 11, lo=256 * 1024, hi=MiB)
+    meta = _Meta(c)
+    try:
+        victim = meta.worker_ids[1]
+        on_victim = [n for n, bl in meta.locations(b"kv", digests).items()
+                     if any(victim in ws for ws in bl)]
+        assert on_victim, "placement never picked worker 1"
+        pid = next(r["pid"] for r in c.status() if r["role"] == "worker" and r["index"] == 1)
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            wait_until(lambda: victim in meta.status().lost_workers, 60,
+                       "worker 1 declared lost")
+            # new files are placed on the live worker only, and every name stays
+            more = _write_files(d, 5, 12, lo=256 * 1024, hi=MiB)
+            assert all(ws == [meta.worker_ids[0]]
+                       for bl in meta.locations(b"kv", more).values() for ws in bl)
+            assert set(os.listdir(d)) == set(digests) | set(more)
+            time.sleep(max(0.0, 40 - (time.monotonic() - stopped)))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: victim not in meta.status().lost_workers, 60,
+                   "worker 1 back")
+    finally:
+        meta.close()
+    digests.update(more)
+    assert set(os.listdir(d)) == set(digests)
+    for name, digest in digests.items():
+        with open(os.path.join(d, name), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == digest, name
+    print(f"{len(on_victim)} files had a block on the paused worker; none lost")
