@@ -350,6 +350,12 @@ class KVStore:
             if node is None or node.type != common_pb2.FILE or node.state != common_pb2.COMPLETE:
                 out.append(None)
                 continue
+            if any(b.block_id and not any(w in workers and not workers[w].lost
+                                          for w in b.worker_ids) for b in r.blocks):
+                # a block whose every copy is on a lost worker (kept for its grace):
+                # a miss now, not a read that waits for it
+                out.append(None)
+                continue
             out.append(Entry(name, node.ino, node.size, tuple(r.blocks),
                              {w: workers[w] for b in r.blocks for w in b.worker_ids
                               if w in workers}))

@@ -260,6 +260,25 @@ class WorkerRegistry:
         with self._lock:
             return {wid for wid, st in self._workers.items() if self.alive(st, now)}
 
+    def for_readers(self, wids) -> list[common_pb2.WorkerInfo]:
+        """The registered workers among ``wids``, by id, as a read reply gives them:
+        ``lost`` set on those silent past lost_after (readers try them last, and the
+        connector takes a block only on them as a miss)."""
+        now = time.monotonic()
+        out = []
+        with self._lock:
+            for wid in sorted(wids):
+                st = self._workers.get(wid)
+                if st is None:
+                    continue
+                info = st.info
+                if st.last_heartbeat > 0 and not self.alive(st, now):
+                    info = common_pb2.WorkerInfo()
+                    info.CopyFrom(st.info)
+                    info.lost = True
+                out.append(info)
+        return out
+
     def info(self, worker_id: int) -> common_pb2.WorkerInfo | None:
         with self._lock:
             st = self._workers.get(worker_id)

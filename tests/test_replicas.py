@@ -733,6 +733,16 @@ def test_a_worker_paused_past_lost_after_loses_nothing(make_cluster):
             assert all(ws == [meta.worker_ids[0]]
                        for bl in meta.locations(b"kv", more).values() for ws in bl)
             assert set(os.listdir(d)) == set(digests) | set(more)
+            # the connector: a file only on the lost worker is a miss at once (no
+            # read that waits for it), the others hits
+            from curvine.connector.store import KVStore
+            with KVStore.open(c.client_conf, "/kv") as kv:
+                only = [n for n in on_victim
+                        if all(ws == [victim] for ws in meta.locations(b"kv", [n])[n])]
+                elsewhere = sorted(set(digests) - set(on_victim))[:3]
+                got = kv.lookup_quietly(only + elsewhere)
+                assert got[:len(only)] == [None] * len(only)
+                assert all(e is not None for e in got[len(only):])
             time.sleep(max(0.0, 40 - (time.monotonic() - stopped)))
         finally:
             os.kill(pid, signal.SIGCONT)
