@@ -118,8 +118,24 @@ class MasterConfig:
     # listing (a mount answers misses in a quiet directory itself: fuse_client/listings.py)
     negative_lease_time: Duration = Duration(5.0)
     max_sessions: int = 1024  # mounts with a lease session (each holds a server thread)
-    # a Calls or Session stream whose client takes no reply this long is cancelled
+    # a Calls or Session stream whose client takes no reply this long is cancelled; a
+    # call port connection that sends no call (or takes no reply) this long is closed
     stream_idle_timeout: Duration = Duration(60.0)
+    # limits of what one client request may cost (docs/security.md, "Limits"): the
+    # largest request a client may send (a call port frame, a gRPC message on
+    # master.port; a PutFile of 65,536 blocks with their tokens is ~7 MiB)...
+    client_message_max: Size = Size(16 << 20)
+    # ...the time a call port frame (or hello) may take to arrive whole from its first
+    # byte (a connection that trickles one is closed)...
+    call_frame_timeout: Duration = Duration(10.0)
+    # ...the call port connections one peer address may hold (of 4 x max_sessions)...
+    call_port_per_peer: int = 64
+    # ...the bytes all call port connections together may buffer of frames over 64 KiB
+    # still arriving (past it such connections wait, unread, for room)...
+    call_port_buffer: Size = Size(64 << 20)
+    # ...and the bytes of one LookupMany reply: past it the reply answers the names
+    # before the one that would not fit, and the client asks again for the rest
+    lookup_reply_max: Size = Size(4 << 20)
     # re-replication (master/replication.py): copies in flight per target worker, and
     # how long one may take before it is given up and tried again
     replication_max_inflight: int = 4
@@ -399,6 +415,18 @@ def _problems(cfg: Config):
         yield ("master.inline_max",), f"must be at most 1MiB (0 = none), got {int(m.inline_max)}"
     if m.replication_max_inflight < 1:
         yield ("master.replication_max_inflight",), "must be at least 1"
+    if not (1 << 20) <= m.client_message_max <= (64 << 20):
+        yield ("master.client_message_max",), (f"must be between 1MiB and 64MiB, got "
+                                               f"{int(m.client_message_max)}")
+    if m.call_frame_timeout <= 0:
+        yield ("master.call_frame_timeout",), "must be positive"
+    if m.call_port_per_peer < 1:
+        yield ("master.call_port_per_peer",), "must be at least 1"
+    if m.call_port_buffer < m.client_message_max:
+        yield (("master.call_port_buffer", "master.client_message_max"),
+               "the call port's buffer must hold at least one frame of the largest size")
+    if m.lookup_reply_max < (64 << 10):
+        yield ("master.lookup_reply_max",), f"must be at least 64KiB, got {int(m.lookup_reply_max)}"
     for key in _PORTS:
         section, name = key.split(".")
         port_no = getattr(getattr(cfg, section), name)

@@ -4,7 +4,8 @@ protobuf message (LocalRequest or LocalReply, proto/worker.proto).  A reply may 
 file descriptors (SCM_RIGHTS) on its first byte.
 
 Every receive has a deadline for the whole message, so a peer that trickles bytes is
-as dead as a silent one."""
+as dead as a silent one; a server may also give the message a shorter time from its
+first byte (``whole_within``) than it gives an idle connection to start one."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ class PeerClosed(Exception):
     """The peer closed the connection mid-message, or sent something unreadable."""
 
 
+class SlowMessage(TimeoutError):
+    """A message begun but not whole within ``whole_within`` of its first byte."""
+
+
 def encode(msg) -> bytes:
     body = msg.SerializeToString()
     return _HEADER.pack(len(body)) + body
@@ -46,21 +51,43 @@ def send(sock: socket.socket, msg, fd: int | None = None,
 
 
 def receive(sock: socket.socket, deadline: float, max_fds: int = 0,
-            limit: int = MAX_REQUEST) -> tuple[bytes, list[int]] | None:
+            limit: int = MAX_REQUEST, whole_within: float | None = None
+            ) -> tuple[bytes, list[int]] | None:
     """One message's body and the descriptors that came with it, before the monotonic
     ``deadline``; None at a clean end of stream before its first byte.  TimeoutError
     past the deadline, PeerClosed if the stream ends mid-message, CurvineError
-    (INVALID) for a message over ``limit`` bytes.  On any error no descriptor is left
-    open."""
+    (INVALID) for a message over ``limit`` bytes.  ``whole_within``: the message's
+    first byte by ``deadline``, the rest by then and within that many seconds of it
+    (SlowMessage when that is the deadline passed).  On any error no descriptor is left open."""
     fds: list[int] = []
+    slow = False  # the deadline is whole_within's, not the caller's
     try:
-        header = _exact(sock, _HEADER.size, deadline, max_fds, fds, eof_ok=True)
+        if whole_within is None:
+            header = _exact(sock, _HEADER.size, deadline, max_fds, fds, eof_ok=True)
+        else:
+            first = _exact(sock, 1, deadline, max_fds, fds, eof_ok=True)
+            if first is None:
+                return None
+            if time.monotonic() + whole_within < deadline:
+                deadline, slow = time.monotonic() + whole_within, True
+            try:
+                header = first + _exact(sock, _HEADER.size - 1, deadline, max_fds, fds,
+                                        eof_ok=False)
+            except TimeoutError:
+                if not slow:
+                    raise
+                raise SlowMessage("a message not whole within its time") from None
         if header is None:
             return None
         (n,) = _HEADER.unpack(header)
         if n > limit:
             raise invalid("message", f"{n} bytes, at most {limit} are allowed")
-        body = _exact(sock, n, deadline, max_fds, fds, eof_ok=False) if n else b""
+        try:
+            body = _exact(sock, n, deadline, max_fds, fds, eof_ok=False) if n else b""
+        except TimeoutError:
+            if not slow:
+                raise
+            raise SlowMessage("a message not whole within its time") from None
     except BaseException:
         for fd in fds:
             os.close(fd)

@@ -73,6 +73,24 @@ STREAMS_REFUSED_BUSY = Counter(
 RPC_METRICS = (RPC_HANDLED, RPC_DURATION, RPC_UNAUTHENTICATED, STREAMS_CANCELLED_IDLE,
                STREAMS_REFUSED_BUSY)
 
+# -- limits (docs/security.md, "Limits"): what each port and request may cost ---------
+# Registered in every daemon's registry (``registry``), so one name covers every port.
+CONNECTIONS_CUT = Counter(
+    "curvine_connections_cut_total",
+    "Connections a server refused or closed for passing one of its limits, by port "
+    "(call_port, data_port, http) and reason (idle: no request for the idle timeout; "
+    "partial_frame / slow_request: a request not complete within its deadline; "
+    "per_peer: the peer had its share of connections open; frame_too_large; garbage: "
+    "a frame that does not parse; not_a_client: a bad hello)",
+    ["port", "reason"], registry=None)
+REQUESTS_LIMITED = Counter(
+    "curvine_requests_limited_total",
+    "Requests refused or answered in part because they passed a limit, by method and "
+    "limit (e.g. LookupMany names, reply_bytes, reply_blocks, file_blocks: the reply "
+    "was cut short there and the caller asks again for the rest)",
+    ["method", "limit"], registry=None)
+LIMIT_METRICS = (CONNECTIONS_CUT, REQUESTS_LIMITED)
+
 # -- journal (master) -----------------------------------------------------------------
 JOURNAL_FSYNC = Histogram(
     "curvine_journal_fsync_duration_seconds",
@@ -179,10 +197,11 @@ class MethodMetrics:
 
 def registry(groups: Iterable[Iterable] = (), collectors: Iterable = ()) -> CollectorRegistry:
     """A daemon's registry: the metric groups it updates, its scrape-time collectors,
-    and the standard ``process_*`` metrics (CPU, memory, open files, start time)."""
+    the limits every port counts (LIMIT_METRICS), and the standard ``process_*``
+    metrics (CPU, memory, open files, start time)."""
     reg = CollectorRegistry()
     ProcessCollector(registry=reg)
-    for group in groups:
+    for group in (LIMIT_METRICS, *groups):
         for metric in group:
             reg.register(metric)
     for c in collectors:
@@ -224,9 +243,13 @@ Health = Callable[[], "str | None"]  # None when healthy, else a one-line reason
 # most HTTP_MAX_CONNECTIONS connections are open in all; one more closes the oldest
 # connection still sending its head (or, if none is, the new one, at once), so that a
 # flood of idle connections cannot keep a prompt client such as a /healthz probe out.
+# One peer address may hold at most HTTP_MAX_PER_PEER of those connections (more are
+# closed at once).  Every connection closed for a limit is counted in
+# curvine_connections_cut_total{port="http"}.
 HTTP_REQUEST_TIMEOUT = 10.0
 HTTP_MAX_HANDLERS = 32
 HTTP_MAX_CONNECTIONS = 256
+HTTP_MAX_PER_PEER = 64
 HTTP_MAX_REQUEST_HEAD = 16 << 10
 HTTP_LISTEN_BACKLOG = 128
 HTTP_ACCEPT_BATCH = 64  # connections accepted per turn of the accept loop
@@ -281,6 +304,7 @@ class _LimitedHTTPServer(http.server.HTTPServer):
         # sock -> [addr, deadline, bytes of the request head so far]
         self._waiting: dict[socket.socket, list] = {}
         self._ready: dict[socket.socket, None] = {}  # of those, the complete heads
+        self._peers: dict[str, int] = {}  # peer host -> its connections in _waiting
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -347,19 +371,29 @@ class _LimitedHTTPServer(http.server.HTTPServer):
                         log.warning("http: cannot accept connections: %s", e.strerror)
                     return False
                 continue  # e.g. ECONNABORTED: that client is gone
+            host = _host(addr)
+            if self._peers.get(host, 0) >= HTTP_MAX_PER_PEER:
+                log.debug("http: %s has %d connections open, closing a new one", host,
+                          HTTP_MAX_PER_PEER)
+                _HTTP_CUT_PER_PEER.inc()
+                self._close(conn)
+                continue
             if len(self._waiting) + self._busy >= HTTP_MAX_CONNECTIONS:
                 idle = next((s for s in self._waiting if s not in self._ready), None)
                 if idle is None:
                     log.debug("http: %d connections open, closing a new one from %s",
                               HTTP_MAX_CONNECTIONS, addr)
+                    _HTTP_CUT_BUSY.inc()
                     self._close(conn)
                     continue
                 sel.unregister(idle)
                 log.debug("http: %d connections open, closing the oldest idle one (%s)",
                           HTTP_MAX_CONNECTIONS, self._waiting[idle][0])
+                _HTTP_CUT_EVICTED.inc()
                 self._drop(idle)
             conn.setblocking(False)
             self._waiting[conn] = [addr, time.monotonic() + HTTP_REQUEST_TIMEOUT, b""]
+            self._peers[host] = self._peers.get(host, 0) + 1
             sel.register(conn, selectors.EVENT_READ, "conn")
         return True
 
@@ -382,6 +416,7 @@ class _LimitedHTTPServer(http.server.HTTPServer):
         elif len(entry[2]) > HTTP_MAX_REQUEST_HEAD:
             log.debug("http: %s sent a request head over %d bytes, closed", entry[0],
                       HTTP_MAX_REQUEST_HEAD)
+            _HTTP_CUT_TOO_LARGE.inc()
             sel.unregister(s)
             self._drop(s)
 
@@ -393,6 +428,7 @@ class _LimitedHTTPServer(http.server.HTTPServer):
                 sel.unregister(s)
             log.debug("http: %s sent no request within %gs, closed", addr,
                       HTTP_REQUEST_TIMEOUT)
+            _HTTP_CUT_SLOW.inc()
             self._drop(s)
 
     def _dispatch(self) -> None:
@@ -404,6 +440,7 @@ class _LimitedHTTPServer(http.server.HTTPServer):
             s = next(iter(self._ready))
             del self._ready[s]
             addr, deadline, head = self._waiting.pop(s)
+            self._forget_peer(addr)
             try:
                 s.setblocking(True)
                 threading.Thread(target=self._handle, args=(s, addr, deadline, head),
@@ -426,14 +463,36 @@ class _LimitedHTTPServer(http.server.HTTPServer):
             self._wake()  # a waiting request may now get this thread's place
 
     def _drop(self, s: socket.socket) -> None:
-        self._waiting.pop(s, None)
+        entry = self._waiting.pop(s, None)
+        if entry is not None:
+            self._forget_peer(entry[0])
         self._ready.pop(s, None)
         self._close(s)
+
+    def _forget_peer(self, addr) -> None:
+        host = _host(addr)
+        n = self._peers.get(host, 0) - 1
+        if n > 0:
+            self._peers[host] = n
+        else:
+            self._peers.pop(host, None)
 
     @staticmethod
     def _close(s: socket.socket) -> None:
         with contextlib.suppress(OSError):
             s.close()
+
+
+def _host(addr) -> str:
+    """The peer host of an accepted connection's address (its share is counted per host)."""
+    return str(addr[0]) if isinstance(addr, tuple) and addr else str(addr)
+
+
+_HTTP_CUT_SLOW = CONNECTIONS_CUT.labels("http", "slow_request")
+_HTTP_CUT_TOO_LARGE = CONNECTIONS_CUT.labels("http", "frame_too_large")
+_HTTP_CUT_PER_PEER = CONNECTIONS_CUT.labels("http", "per_peer")
+_HTTP_CUT_BUSY = CONNECTIONS_CUT.labels("http", "busy")
+_HTTP_CUT_EVICTED = CONNECTIONS_CUT.labels("http", "evicted")
 
 
 class _DeadlineReader(io.RawIOBase):

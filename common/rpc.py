@@ -57,6 +57,17 @@ CHANNEL_OPTIONS = [
 # within about RETRY_MAX (plus the channel's reconnect backoff above) of its start.
 RETRY_FIRST = 0.05
 RETRY_MAX = 0.5
+# Connections (docs/security.md, "Limits"): one that carries no call for
+# CONNECTION_IDLE_MS is closed (GOAWAY; the client's channel reconnects at its next
+# call); every connection is closed CONNECTION_AGE_MS after it opened (+-10%, gRPC's
+# jitter): new calls go to a new one at once, the calls open on it get
+# CONNECTION_AGE_GRACE_MS to end, then are cut.  The age is the only bound gRPC offers
+# on a message that never finishes arriving (it is buffered whole, up to the port's
+# message limit, until its connection closes: a mount's lease session and Calls
+# stream reopen then, as after a master restart).
+CONNECTION_IDLE_MS = 60_000
+CONNECTION_AGE_MS = 600_000
+CONNECTION_AGE_GRACE_MS = 60_000
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MESSAGE_LIMIT),
     ("grpc.max_send_message_length", MESSAGE_LIMIT),
@@ -64,6 +75,9 @@ SERVER_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", SERVER_MIN_PING_INTERVAL_MS),
     ("grpc.http2.min_ping_interval_without_data_ms", SERVER_MIN_PING_INTERVAL_MS),
+    ("grpc.max_connection_idle_ms", CONNECTION_IDLE_MS),
+    ("grpc.max_connection_age_ms", CONNECTION_AGE_MS),
+    ("grpc.max_connection_age_grace_ms", CONNECTION_AGE_GRACE_MS),
 ]
 
 
@@ -169,18 +183,22 @@ def _is_abort(e: Exception) -> bool:
 
 def make_server(threads: int, interceptors: list | None = None,
                 max_concurrent: int | None = None, *, security: Security,
-                accept: Iterable[Role] = (CLIENT,)) -> grpc.Server:
+                accept: Iterable[Role] = (CLIENT,),
+                max_message: int = MESSAGE_LIMIT) -> grpc.Server:
     """A server for the calls of the roles ``accept`` ("client", "worker"): with tokens
     in ``security``, every method refuses calls that carry none of those roles' tokens
-    (common/auth.py)."""
+    (common/auth.py).  ``max_message``: the largest message it receives (a larger one
+    is refused RESOURCE_EXHAUSTED from its length prefix, before it is buffered)."""
     interceptors = list(interceptors or [])
     accepted = security.accepted(accept)
     if accepted:
         interceptors.insert(0, auth.TokenServerInterceptor(accepted))
+    options = [(k, max_message if k == "grpc.max_receive_message_length" else v)
+               for k, v in SERVER_OPTIONS]
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
         interceptors=interceptors,
-        options=SERVER_OPTIONS,
+        options=options,
         maximum_concurrent_rpcs=max_concurrent or threads * 4,
     )
 

@@ -148,3 +148,35 @@ def _peer(context) -> str:
         return context.peer()
     except Exception:  # noqa: BLE001
         return "?"
+
+
+class QuietLog:
+    """Log lines about misbehaving peers, at most one per ``interval`` seconds per kind
+    (a flood of garbage must not become a flood of log lines, nor of tracebacks): the
+    next line says how many were left out.  Thread-safe."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 10.0):
+        self._log = logger
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._next: dict[str, float] = {}  # kind -> monotonic time of its next line
+        self._skipped: dict[str, int] = {}
+
+    def log(self, level: int, kind: str, msg: str, *args) -> bool:
+        """Log ``msg % args`` unless a line of ``kind`` went out within the interval;
+        True if it was logged."""
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next.get(kind, 0.0):
+                self._skipped[kind] = self._skipped.get(kind, 0) + 1
+                return False
+            self._next[kind] = now + self.interval
+            skipped = self._skipped.pop(kind, 0)
+        if skipped:
+            msg += " (%d more like it since the last such line, not logged)"
+            args = (*args, skipped)
+        self._log.log(level, msg, *args)
+        return True
+
+    def warning(self, kind: str, msg: str, *args) -> bool:
+        return self.log(logging.WARNING, kind, msg, *args)

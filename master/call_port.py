@@ -24,15 +24,35 @@ Protocol (all integers big-endian):
 - then frames both ways: u32 length, payload: a master.Call from the client, a
   master.CallResult (same id, any order) from the master.
 
-Guards, as for the Calls stream (a holder of the client token must not be able to
-starve the master): at most ``max_connections`` connections (4 x master.max_sessions); a
-hello within HELLO_TIMEOUT; at most MAX_CALLS_IN_FLIGHT calls of one connection being
-answered, or replies above WRITE_BUFFER waiting for it (past that the master stops
-reading it); a client that takes no reply for
-``idle_timeout`` (master.stream_idle_timeout) is cut off; a frame larger than
-MESSAGE_LIMIT closes the connection.  With TLS on (security.tls_*) the port speaks
-TLS (the hello and the frames inside it) with the material of the gRPC ports: the
-master's certificate, and a client certificate required where tls_client_auth is.
+Guards (a holder of the client token must not be able to starve the master, nor make
+it buffer or compute without bound; docs/security.md, "Limits"), each counted in
+curvine_connections_cut_total{port="call_port"} or, for the cut of a client that takes
+no replies, curvine_streams_cancelled_idle{method="CallPort"}:
+
+- connections: at most ``max_connections`` (4 x master.max_sessions; past it a client
+  is answered BUSY), at most ``per_peer`` of them from one address
+  (master.call_port_per_peer; past it a new one is closed at once);
+- time: a hello within HELLO_TIMEOUT; every frame whole within ``frame_timeout``
+  (master.call_frame_timeout) of its first byte; a connection that sends no call for
+  ``idle_timeout`` (master.stream_idle_timeout) while none of its calls is being
+  answered is closed, and so is one whose reading was paused that long (it takes no
+  replies);
+- bytes: a frame of at most ``frame_max`` (master.client_message_max; a larger one
+  closes the connection); a frame over SMALL_FRAME still arriving needs room in
+  ``buffer_max`` (master.call_port_buffer), shared by all connections, else the
+  connection is not read until there is room; replies: at most MAX_CALLS_IN_FLIGHT
+  calls of one connection being answered, or replies above WRITE_BUFFER waiting for
+  it, and reading pauses;
+- the loop: a read is answered in the loop only in its cheap form (the servicer's
+  ``run_nowait``; a few milliseconds at most); a read that would cost more goes to the
+  heavy-read threads (``heavy``), one at a time per connection (its next one waits,
+  unread);
+- garbage: a frame that is not a master.Call closes the connection with one log line
+  (at most one such line per QuietLog interval for the whole port).
+
+With TLS on (security.tls_*) the port speaks TLS (the hello and the frames inside it)
+with the material of the gRPC ports: the master's certificate, and a client
+certificate required where tls_client_auth is.
 """
 
 from __future__ import annotations
@@ -45,10 +65,12 @@ import threading
 from concurrent import futures
 from typing import Callable
 
+from google.protobuf.message import DecodeError
+
 from curvine.common.call_wire import (ACCEPTED, ANSWER, BUSY, FRAME, HELLO, MAGIC,
                                       UNAUTHENTICATED)
-from curvine.common.metrics import RPC_UNAUTHENTICATED, STREAMS_CANCELLED_IDLE
-from curvine.common.rpc import MESSAGE_LIMIT
+from curvine.common.metrics import CONNECTIONS_CUT, RPC_UNAUTHENTICATED, STREAMS_CANCELLED_IDLE
+from curvine.common.stream_guard import QuietLog
 from curvine.proto import master_pb2
 
 log = logging.getLogger(__name__)
@@ -56,6 +78,17 @@ log = logging.getLogger(__name__)
 HELLO_TIMEOUT = 10.0
 MAX_TOKEN = 4096
 WRITE_BUFFER = 256 << 10  # replies buffered for a slow client before its reading pauses
+SMALL_FRAME = 64 << 10  # frames up to this arrive without taking room in buffer_max
+SWEEP = 1.0  # seconds between the checks of deadlines (at most; less for short timers)
+# the defaults of master.client_message_max, call_frame_timeout, call_port_per_peer,
+# call_port_buffer (common/config.py)
+FRAME_MAX = 16 << 20
+FRAME_TIMEOUT = 10.0
+PER_PEER = 64
+BUFFER_MAX = 64 << 20
+_CUT = {reason: CONNECTIONS_CUT.labels("call_port", reason)
+        for reason in ("idle", "partial_frame", "per_peer", "frame_too_large", "garbage",
+                       "not_a_client")}
 
 
 class CallPort:
@@ -69,10 +102,24 @@ class CallPort:
                  idle_timeout: float = 60.0, max_in_flight: int = 256,
                  mutations: Callable | None = None, ssl: "ssl_mod.SSLContext | None" = None,
                  run_nowait: Callable[[master_pb2.Call], master_pb2.CallResult | None]
-                 | None = None):
+                 | None = None,
+                 heavy: tuple[futures.Executor, Callable] | None = None,
+                 frame_max: int = FRAME_MAX, frame_timeout: float = FRAME_TIMEOUT,
+                 per_peer: int = PER_PEER, buffer_max: int = BUFFER_MAX):
         self._run_call = run_call
-        # run_nowait(call): its result if it need not wait, else None (then the pool)
+        # run_nowait(call): its result if it need not wait and is cheap, else None (then
+        # a read goes to the heavy-read threads, anything else to the pool)
         self._run_nowait = run_nowait
+        # (executor, run(call)) of the reads run_nowait leaves; None: the pool, run_call
+        self._heavy_pool, self._run_heavy = heavy or (pool, run_call)
+        self.frame_max = frame_max
+        self.frame_timeout = float(frame_timeout)
+        self.per_peer = per_peer
+        self.buffer_max = buffer_max
+        self.buffered = 0  # bytes taken of buffer_max (frames over SMALL_FRAME arriving)
+        self._buffer_waiters: list[_Connection] = []  # waiting for room, oldest first
+        self._peers: dict[str, int] = {}  # peer host -> connections open
+        self.quiet = QuietLog(log)
         self._ssl = ssl  # TLS (security.tls_*): the same material as the gRPC ports
         # mutations(call_soon_threadsafe) -> an object whose start(call, answer) runs the
         # mutations among calls in the loop (the servicer's CallMutations)
@@ -129,11 +176,13 @@ class CallPort:
             loop.close()
             return
         ready.set_result(self._server.sockets[0].getsockname()[1])
+        sweeper = loop.create_task(self._sweep())
         try:
             loop.run_until_complete(self._server.serve_forever())
         except asyncio.CancelledError:
             pass
         finally:
+            sweeper.cancel()
             for conn in list(self._open):
                 conn.transport.abort()
             loop.run_until_complete(asyncio.sleep(0))  # their connection_lost runs
@@ -148,10 +197,51 @@ class CallPort:
         for task in asyncio.all_tasks():
             task.cancel()
 
-    @staticmethod
-    def _cut(peer, why: str) -> None:
+    async def _sweep(self) -> None:
+        """Close the connections past a deadline (one pass over all of them, at most
+        every SWEEP seconds: nothing per call on the hot path)."""
+        timers = [t for t in (self.idle_timeout, self.frame_timeout) if t]
+        period = min([SWEEP] + [max(t / 4, 0.05) for t in timers])
+        while True:
+            await asyncio.sleep(period)
+            now = self._loop.time()
+            for conn in list(self._open):
+                conn.check(now)
+
+    def peer_opened(self, host: str) -> bool:
+        """Count a connection of ``host``; False if it has its share open already."""
+        n = self._peers.get(host, 0)
+        if n >= self.per_peer:
+            return False
+        self._peers[host] = n + 1
+        return True
+
+    def peer_closed(self, host: str) -> None:
+        n = self._peers.get(host, 0) - 1
+        if n > 0:
+            self._peers[host] = n
+        else:
+            self._peers.pop(host, None)
+
+    def reserve(self, n: int) -> bool:
+        """Take ``n`` bytes of buffer_max for a frame arriving; False if there is no room."""
+        if self.buffered + n > self.buffer_max:
+            return False
+        self.buffered += n
+        return True
+
+    def release(self, n: int) -> None:
+        """Give back a frame's room, and let the connections waiting for room read again
+        (each takes it again or waits again)."""
+        self.buffered -= n
+        waiters, self._buffer_waiters = self._buffer_waiters, []
+        for conn in waiters:
+            self._loop.call_soon(conn.room)
+
+    def _cut(self, peer, why: str) -> None:
         STREAMS_CANCELLED_IDLE.labels("CallPort").inc()
-        log.warning("call port: closing the connection of %s: it %s", peer, why)
+        self.quiet.warning("no-replies", "call port: closing the connection of %s: it %s",
+                           peer, why)
 
 
 class _Connection(asyncio.Protocol):
@@ -160,33 +250,58 @@ class _Connection(asyncio.Protocol):
     loop's CPU per read call when it was a coroutine on a StreamReader).
 
     Back-pressure: reading pauses while ``max_in_flight`` calls of this connection are
-    being answered or while its replies fill the write buffer; a connection paused for
-    ``idle_timeout`` is cut off."""
+    being answered, while its replies fill the write buffer, while its heavy read waits
+    for the one before, or while its frame waits for room in the port's buffer; a
+    connection paused for ``idle_timeout`` is cut off.  Deadlines are checked by the
+    port's sweep (``check``): the hot path only notes the time of each read."""
 
     def __init__(self, port: CallPort):
         self.port = port
         self.loop = port._loop
         self.transport: asyncio.Transport | None = None
         self.peer = None
+        self.host: str | None = None  # counted in port._peers while open
         self.buf = bytearray()
         self.accepted = False  # hello taken
         self.closed = False
-        self.in_flight = 0  # calls in the pool
+        self.in_flight = 0  # calls in the pool or the heavy-read threads
         self.reading_paused = False
         self.writing_paused = False  # the transport's buffer is above WRITE_BUFFER
-        self.timer: asyncio.TimerHandle | None = None  # hello deadline, or idle cut-off
+        self.timer: asyncio.TimerHandle | None = None  # the hello's deadline
+        now = self.loop.time()
+        self.last = now  # loop time of the last bytes received (or reply sent)
+        self.paused_since = 0.0
+        self.partial_since: float | None = None  # the buffer's incomplete frame began
+        self.reserved = 0  # bytes of port.buffer_max held by the frame arriving
+        self.waiting_room = False  # in port._buffer_waiters
+        self.heavy_busy = False  # a heavy read of this connection is being answered
+        self.heavy_next: master_pb2.Call | None = None  # the next one, waiting for it
 
     # -- asyncio.Protocol -------------------------------------------------------------
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.peer = transport.get_extra_info("peername")
+        host = str(self.peer[0]) if isinstance(self.peer, tuple) and self.peer else "?"
+        port = self.port
+        if not port.peer_opened(host):
+            _CUT["per_peer"].inc()
+            port.quiet.warning("per-peer", "call port: refused a connection of %s: it has "
+                               "%d open (master.call_port_per_peer)", host, port.per_peer)
+            self.closed = True
+            transport.abort()
+            return
+        self.host = host
         transport.set_write_buffer_limits(high=WRITE_BUFFER)
         self.timer = self.loop.call_later(HELLO_TIMEOUT, transport.abort)
-        self.port._open.add(self)
+        port._open.add(self)
 
     def data_received(self, data: bytes) -> None:
         """Also called with b"" on resuming: frames that arrived before a pause."""
-        self.buf += data
+        if self.closed:
+            return
+        if data:
+            self.buf += data
+            self.last = self.loop.time()
         try:
             if not self.accepted and not self._hello():
                 return
@@ -196,12 +311,21 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
     def connection_lost(self, exc) -> None:
+        if self.host is None:
+            return  # refused in connection_made: never counted
         self.closed = True
         if self.timer is not None:
             self.timer.cancel()
-        self.port._open.discard(self)
+        port = self.port
+        port._open.discard(self)
+        port.peer_closed(self.host)
+        self.host = None
+        self.buf = bytearray()
+        if self.reserved:
+            n, self.reserved = self.reserved, 0
+            port.release(n)
         if self.accepted:
-            self.port.connections -= 1
+            port.connections -= 1
 
     def pause_writing(self) -> None:
         self.writing_paused = True
@@ -219,6 +343,7 @@ class _Connection(asyncio.Protocol):
             return False
         magic, n = HELLO.unpack_from(self.buf)
         if magic != MAGIC or n > MAX_TOKEN:
+            _CUT["not_a_client"].inc()
             self.transport.abort()  # not a call port client
             return False
         if len(self.buf) < HELLO.size + n:
@@ -233,8 +358,8 @@ class _Connection(asyncio.Protocol):
             RPC_UNAUTHENTICATED.labels("CallPort").inc()
             status = UNAUTHENTICATED
         elif port.connections >= port.max_connections:
-            log.warning("call port: refused %s: %d connections open (4 x master.max_sessions)",
-                        self.peer, port.connections)
+            port.quiet.warning("busy", "call port: refused %s: %d connections open (4 x "
+                               "master.max_sessions)", self.peer, port.connections)
             status = BUSY
         self.transport.write(ANSWER.pack(MAGIC, status))
         if status != ACCEPTED:
@@ -251,43 +376,91 @@ class _Connection(asyncio.Protocol):
         pos = 0
         try:
             while len(buf) - pos >= FRAME.size and not self.closed:
-                if self.in_flight >= port.max_in_flight or self.writing_paused:
+                if (self.in_flight >= port.max_in_flight or self.writing_paused
+                        or self.heavy_next is not None):
                     self._pause()
                     return
                 (n,) = FRAME.unpack_from(buf, pos)
-                if n > MESSAGE_LIMIT:
-                    log.warning("call port: %s sent a %d-byte frame; closing", self.peer, n)
+                if n > port.frame_max:
+                    _CUT["frame_too_large"].inc()
+                    port.quiet.warning("frame-size", "call port: %s sent a %d-byte frame "
+                                       "(at most %d: master.client_message_max); closing",
+                                       self.peer, n, port.frame_max)
                     self.transport.abort()
                     return
                 start = pos + FRAME.size
                 if len(buf) - start < n:
+                    if n > SMALL_FRAME and not self.reserved:
+                        if not port.reserve(n):
+                            self._wait_for_room()
+                            return
+                        self.reserved = n
                     break
-                call = master_pb2.Call.FromString(bytes(buf[start:start + n]))
+                try:
+                    call = master_pb2.Call.FromString(bytes(buf[start:start + n]))
+                except DecodeError:
+                    _CUT["garbage"].inc()
+                    port.quiet.warning("garbage", "call port: %s sent a frame that is not a "
+                                       "master.Call (%d bytes); closing", self.peer, n)
+                    self.transport.abort()
+                    return
                 pos = start + n
+                self.partial_since = None
+                if self.reserved:
+                    r, self.reserved = self.reserved, 0
+                    port.release(r)
                 port.calls += 1
-                if call.WhichOneof("op") in port._read_calls:
-                    self._send(port._run_call(call))
-                    continue
-                if port._run_nowait is not None:
-                    result = port._run_nowait(call)
-                    if result is not None:
-                        self._send(result)
-                        continue
-                self.in_flight += 1
-                if port._mutations is None or not port._mutations.start(call, self._answered):
-                    port._pool.submit(self._pooled, call)
+                self._dispatch(call)
         finally:
             del buf[:pos]
+            if buf and self.partial_since is None:
+                self.partial_since = self.loop.time()
 
-    def _pooled(self, call: master_pb2.Call) -> None:
-        """In a pool thread: a mutation (it waits for the journal)."""
-        result = self.port._run_call(call)
+    def _dispatch(self, call: master_pb2.Call) -> None:
+        port = self.port
+        read = call.WhichOneof("op") in port._read_calls
+        if port._run_nowait is not None:
+            result = port._run_nowait(call)
+            if result is not None:
+                self._send(result)
+                return
+        elif read:
+            self._send(port._run_call(call))  # no run_nowait: every read in the loop
+            return
+        if read:
+            if self.heavy_busy:
+                self.heavy_next = call  # one at a time: reading pauses until it is done
+                return
+            self._heavy(call)
+            return
+        self.in_flight += 1
+        if port._mutations is None or not port._mutations.start(call, self._answered):
+            port._pool.submit(self._pooled, call, port._run_call)
+
+    def _heavy(self, call: master_pb2.Call) -> None:
+        self.heavy_busy = True
+        self.in_flight += 1
+        self.port._heavy_pool.submit(self._pooled, call, self._run_heavy_done)
+
+    def _run_heavy_done(self, call):
+        """In a heavy-read thread: the read, then (in the loop) the next one may go."""
+        return self.port._run_heavy(call), True
+
+    def _pooled(self, call: master_pb2.Call, run) -> None:
+        """In a pool thread: a mutation (it waits for the journal) or a heavy read."""
+        result = run(call)
         try:
             self.loop.call_soon_threadsafe(self._answered, result)
         except RuntimeError:
             pass  # the port stopped meanwhile (loop closed): nobody to answer
 
-    def _answered(self, result: master_pb2.CallResult) -> None:
+    def _answered(self, result) -> None:
+        if isinstance(result, tuple):  # a heavy read's
+            result = result[0]
+            self.heavy_busy = False
+            nxt, self.heavy_next = self.heavy_next, None
+            if nxt is not None and not self.closed:
+                self._heavy(nxt)
         self.in_flight -= 1
         self._send(result)
         self._resume()
@@ -297,29 +470,60 @@ class _Connection(asyncio.Protocol):
             data = result.SerializeToString()
             self.transport.write(FRAME.pack(len(data)) + data)
 
+    def _wait_for_room(self) -> None:
+        """The frame arriving needs room in the port's buffer that others hold: stop
+        reading until ``room``."""
+        if not self.waiting_room:
+            self.waiting_room = True
+            self.port._buffer_waiters.append(self)
+        self._pause()
+
+    def room(self) -> None:
+        """The port's buffer has room again: read on (the frame takes it, or waits)."""
+        self.waiting_room = False
+        self._resume()
+
     def _pause(self) -> None:
-        """The client is behind with its replies (or the pool with its calls): stop
-        reading it, and cut it off if that lasts idle_timeout."""
+        """The client is behind with its replies (or the pool with its calls, or the
+        port's buffer has no room): stop reading it, and cut it off if that lasts
+        idle_timeout."""
         if self.reading_paused or self.closed:
             return
         self.reading_paused = True
+        self.paused_since = self.loop.time()
         self.transport.pause_reading()
-        if self.port.idle_timeout:
-            self.timer = self.loop.call_later(self.port.idle_timeout, self._idle)
 
     def _resume(self) -> None:
         if (not self.reading_paused or self.closed or self.writing_paused
+                or self.waiting_room or self.heavy_next is not None
                 or self.in_flight >= self.port.max_in_flight):
             return
         self.reading_paused = False
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.last = self.loop.time()
+        self.partial_since = self.last if self.buf else None  # its deadline starts again
         self.transport.resume_reading()
         self.data_received(b"")  # frames that arrived before the pause (one guarded path)
 
-    def _idle(self) -> None:
-        self.timer = None
-        if self.reading_paused and not self.closed:
-            self.port._cut(self.peer, "takes no replies")
+    def check(self, now: float) -> None:
+        """The port's sweep: close this connection if it is past a deadline."""
+        if self.closed or not self.accepted:
+            return  # (the hello has its own timer)
+        port = self.port
+        if self.reading_paused:
+            if port.idle_timeout and now - self.paused_since > port.idle_timeout:
+                port._cut(self.peer, "takes no replies")
+                self.transport.abort()
+            return
+        if self.partial_since is not None and now - self.partial_since > port.frame_timeout:
+            _CUT["partial_frame"].inc()
+            port.quiet.warning("partial", "call port: closing the connection of %s: a frame "
+                               "not whole within %gs (master.call_frame_timeout)", self.peer,
+                               port.frame_timeout)
+            self.transport.abort()
+            return
+        if (port.idle_timeout and not self.in_flight and not self.buf
+                and now - self.last > port.idle_timeout):
+            _CUT["idle"].inc()
+            log.debug("call port: closing the connection of %s: no call for %gs "
+                      "(master.stream_idle_timeout)", self.peer, port.idle_timeout)
             self.transport.abort()

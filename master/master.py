@@ -19,6 +19,7 @@ from curvine.common import block_tokens, private_files
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.common.ids import check_ino, check_name
+from curvine.common.metrics import REQUESTS_LIMITED
 from curvine.common.security import Security
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
@@ -40,6 +41,19 @@ BLOCK_ID_CHUNK = 10_000  # ids reserved per journal record
 MAX_LIST = 10_000
 MAX_LOOKUP_MANY = 4096  # names per LookupMany (a 1M-token prompt is 4096 chunks)
 DEFAULT_LIST = 1000
+# What one LookupMany reply may carry (docs/security.md, "Limits"; the byte budget is
+# master.lookup_reply_max): the blocks of one file (a KV chunk is one block; a bigger
+# file is read with GetBlocks) and of the whole reply.  A reply answers the names
+# before the first that would pass one; the client asks again from there.
+LOOKUP_FILE_BLOCKS = 1024
+LOOKUP_REPLY_BLOCKS = 16384
+TOKEN_COST = 24  # bytes a read token adds to a block of a reply
+# The cheap form of a read (light=True: the call port answers it in its loop thread,
+# which every mount shares): a read that would cost more raises WouldBlock before it
+# does, and runs in a thread instead (master/service.py, heavy reads).
+LIGHT_NAMES = 64  # names of a LookupMany (~10 us each)
+LIGHT_BLOCK_BYTES = 8 << 10  # one file's stored block list (~300 blocks, ~1 ms)
+LIGHT_SLICE = 0.002  # seconds of one LookupMany
 
 
 def _held(value) -> int:
@@ -54,6 +68,10 @@ def _leasable(nodes) -> list[int]:
     return [n.ino for n in nodes if n.type == FILE]
 
 
+_LOOKUP_LIMITED = {limit: REQUESTS_LIMITED.labels("LookupMany", limit)
+                   for limit in ("names", "reply_bytes", "reply_blocks", "file_blocks")}
+
+
 class WouldBlock(Exception):
     """A call asked not to wait (``wait=False``) would have to: run it where it may."""
 
@@ -65,6 +83,7 @@ class Master:
         self.meta_dir = os.path.abspath(meta_dir or cfg.master.meta_dir)
         self.journal_dir = os.path.abspath(journal_dir or cfg.journal.dir)
         self.block_size = int(cfg.cluster.block_size)
+        self.lookup_reply_max = int(cfg.master.lookup_reply_max)  # bytes of a LookupMany reply
         self.call_port_server = None  # the CallPort serving (master/server.py), if any
         self.ckpt_root = checkpoint_root(self.meta_dir)
         try:  # names and the block token key: this user's only (common/private_files.py)
@@ -296,10 +315,11 @@ class Master:
         return reply
 
     def get_blocks(self, ino: int, session: int = 0, open_id: int = 0,
-                   write: bool = False) -> master_pb2.GetBlocksReply:
+                   write: bool = False, light: bool = False) -> master_pb2.GetBlocksReply:
         """Blocks and locations of ``ino``; with ``open_id`` a mount opens it for reading
         (recorded first, so eviction cannot remove it between this read and the open),
-        or with ``write`` to write a version based on these blocks."""
+        or with ``write`` to write a version based on these blocks.  ``light``:
+        WouldBlock for a file of more than LIGHT_BLOCK_BYTES of blocks."""
         if open_id and not self.capacity.note_open(check_ino(ino), session, open_id, write):
             raise CurvineError(ErrorKind.NOT_FOUND, f"ino: {ino} is being evicted")
         reply = master_pb2.GetBlocksReply()
@@ -310,10 +330,14 @@ class Master:
                 if open_id:  # no such file: nothing was opened
                     self.capacity.note_closed(session, (open_id,))
                 raise
-            reply.inode.CopyFrom(node)
-            blocks = self.store.get_blocks(txn, node.ino) if node.type == FILE else []
+            raw = self.store.blocks_bytes(txn, node.ino) if node.type == FILE else b""
+        if light and len(raw) > LIGHT_BLOCK_BYTES:
+            raise WouldBlock()  # (the open recorded stays recorded: it is a set)
+        reply.inode.CopyFrom(node)
+        blocks = common_pb2.BlockList.FromString(raw).blocks
         for b in blocks:
-            b.token = block_tokens.mint(self.block_key, b.block_id, block_tokens.READ)
+            if b.block_id:  # holes and inline data need no token
+                b.token = block_tokens.mint(self.block_key, b.block_id, block_tokens.READ)
         reply.blocks.extend(blocks)
         reply.workers.extend(self._known_workers({w for b in blocks for w in b.worker_ids}))
         return reply
@@ -322,31 +346,72 @@ class Master:
         """The registered workers among ``wids``, by id: a read reply's locations."""
         return self.registry.for_readers(wids)
 
-    def lookup_many(self, req: master_pb2.LookupManyRequest) -> master_pb2.LookupManyReply:
+    def lookup_many(self, req: master_pb2.LookupManyRequest, light: bool = False
+                    ) -> master_pb2.LookupManyReply:
         """Every name of ``req.names`` in directory ``req.parent`` from one read
-        transaction; with ``with_blocks`` a complete file's blocks with read tokens."""
+        transaction; with ``with_blocks`` a complete file's blocks with read tokens.
+
+        The reply's cost is bounded before it is built (docs/security.md, "Limits"): it
+        answers the names in order while it stays within master.lookup_reply_max bytes
+        and LOOKUP_REPLY_BLOCKS blocks, and a result carries at most LOOKUP_FILE_BLOCKS
+        blocks.  It ends before the first name that would pass one (fewer results than
+        names: the caller asks again for the rest); the first name is always answered,
+        unless its file has too many blocks (INVALID naming it: read it with GetBlocks).
+        ``light``: WouldBlock rather than take more than about LIGHT_SLICE."""
         if len(req.names) > MAX_LOOKUP_MANY:
+            _LOOKUP_LIMITED["names"].inc()
             raise invalid("names", f"{len(req.names)} names, at most {MAX_LOOKUP_MANY}")
+        if light and len(req.names) > LIGHT_NAMES:
+            raise WouldBlock()
         names = [check_name(n, f"names[{i}]") for i, n in enumerate(req.names)]
         reply = master_pb2.LookupManyReply()
         wids: set[int] = set()
+        budget = self.lookup_reply_max
+        size = nblocks = 0
+        started = time.perf_counter()
         with self.store.read() as txn:
             self.ns.directory(txn, check_ino(req.parent, "parent"))
-            for name in names:
-                result = reply.results.add()
+            for i, name in enumerate(names):
+                if light and time.perf_counter() - started > LIGHT_SLICE:
+                    raise WouldBlock()
                 ino = self.store.lookup(txn, req.parent, name)
                 node = self.store.get_inode(txn, ino) if ino is not None else None
                 if node is None:
+                    reply.results.add()
+                    size += 2
                     continue
-                result.inode.CopyFrom(node)
+                blocks = ()
+                cost = node.ByteSize() + 8
                 if req.with_blocks and node.type == FILE and node.state == common_pb2.COMPLETE:
-                    blocks = self.store.get_blocks(txn, node.ino)
-                    for b in blocks:
-                        if b.block_id:
-                            b.token = block_tokens.mint(self.block_key, b.block_id,
-                                                        block_tokens.READ)
-                            wids.update(b.worker_ids)
-                    result.blocks.extend(blocks)
+                    raw = self.store.blocks_bytes(txn, node.ino)
+                    if light and len(raw) > LIGHT_BLOCK_BYTES:
+                        raise WouldBlock()
+                    blocks = common_pb2.BlockList.FromString(raw).blocks
+                    cost += len(raw) + TOKEN_COST * len(blocks)
+                    if len(blocks) > LOOKUP_FILE_BLOCKS:
+                        if i == 0:
+                            _LOOKUP_LIMITED["file_blocks"].inc()
+                            raise invalid(f"names[{i}]", f"{len(blocks)} blocks, more than a "
+                                          f"LookupMany result carries ({LOOKUP_FILE_BLOCKS}); "
+                                          "read them with GetBlocks")
+                        _LOOKUP_LIMITED["file_blocks"].inc()
+                        break
+                    if i and nblocks + len(blocks) > LOOKUP_REPLY_BLOCKS:
+                        _LOOKUP_LIMITED["reply_blocks"].inc()
+                        break
+                if i and size + cost > budget:
+                    _LOOKUP_LIMITED["reply_bytes"].inc()
+                    break
+                size += cost
+                nblocks += len(blocks)
+                result = reply.results.add()
+                result.inode.CopyFrom(node)
+                for b in blocks:
+                    if b.block_id:
+                        b.token = block_tokens.mint(self.block_key, b.block_id,
+                                                    block_tokens.READ)
+                        wids.update(b.worker_ids)
+                result.blocks.extend(blocks)
         reply.workers.extend(self._known_workers(wids))
         return reply
 

@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     streams = 2 * cfg.master.max_sessions
     server = rpc.make_server(cfg.master.rpc_threads + streams,
                              max_concurrent=cfg.master.rpc_threads * 4 + streams,
-                             security=security, accept=(CLIENT,))
+                             security=security, accept=(CLIENT,),
+                             max_message=int(cfg.master.client_message_max))
     servicer = MasterServicer(master, cfg.master.max_sessions, cfg.master.rpc_threads,
                               float(cfg.master.stream_idle_timeout))
     add_to_server(servicer, server, "client")
@@ -151,6 +152,11 @@ def _start_call_port(cfg, servicer: MasterServicer, security: Security) -> CallP
                     max_connections=CALL_PORT_CONNECTIONS_PER_SESSION * cfg.master.max_sessions,
                     idle_timeout=float(cfg.master.stream_idle_timeout),
                     mutations=servicer.mutations, run_nowait=servicer.run_call_nowait,
+                    heavy=(servicer.heavy_pool, servicer.run_heavy),
+                    frame_max=int(cfg.master.client_message_max),
+                    frame_timeout=float(cfg.master.call_frame_timeout),
+                    per_peer=cfg.master.call_port_per_peer,
+                    buffer_max=int(cfg.master.call_port_buffer),
                     ssl=tls.server_ssl_context(material) if material is not None else None)
     port.start()
     return port

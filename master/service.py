@@ -30,6 +30,15 @@ MAX_CALLS_IN_FLIGHT = 256
 # journal (the others go to the call pool, so a slow one holds up no other call)
 READ_CALLS = frozenset(("lookup", "getattr", "listdir", "statfs", "get_xattr", "list_xattr",
                         "lookup_many", "get_blocks"))  # get_blocks: records an open in memory
+# Reads whose cost depends on the data (a file's blocks, a page of names) are first
+# tried in their cheap form (``light``: master.lookup_many, get_blocks; a ListDir page
+# of at most LIGHT_LIST names), which refuses (WouldBlock) rather than cost more than a
+# few milliseconds: the call port answers those in its loop thread, which every mount
+# shares.  The rest run with one of HEAVY_READS slots (gRPC threads and the call
+# port's heavy-read threads alike): they cannot take more of the master's CPU, nor
+# hold the GIL from the call port's loop for longer, however many clients send them.
+HEAVY_READS = 2
+LIGHT_LIST = 1000
 # Call field -> (the unary RPC it stands for, its CallResult field)
 CALL_METHODS = {
     "lookup": ("Lookup", "inode"), "getattr": ("GetAttr", "inode"),
@@ -62,6 +71,15 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                                                      thread_name_prefix="call")
         self.lookups = report.LookupCounts()  # for the Report RPC
         self._add_block_metrics = metrics.MethodMetrics("AddBlock")  # run_call_nowait's
+        # heavy reads (see HEAVY_READS): the slots, and the call port's threads for them
+        self._heavy_slots = threading.BoundedSemaphore(HEAVY_READS)
+        self.heavy_pool = futures.ThreadPoolExecutor(max_workers=HEAVY_READS,
+                                                     thread_name_prefix="heavy-read")
+        self._local = threading.local()  # .mode: "light" (the loop) or "heavy" (a slot held)
+        self._light = {"lookup_many": self._light_lookup_many,
+                       "get_blocks": self._light_get_blocks, "listdir": self._light_listdir}
+        self._light_metrics = {op: metrics.MethodMetrics(CALL_METHODS[op][0])
+                               for op in self._light}
 
     @handler
     def Lookup(self, req, ctx):
@@ -104,8 +122,16 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     @handler
     def ListDir(self, req, ctx):
+        return self._bounded(lambda: self._light_listdir(req), lambda: self._listdir(req))
+
+    def _listdir(self, req):
         return self.m.listdir(check_ino(req.ino), req.start_after, req.limit, req.session,
                               req.names_only, req.lease_listing)
+
+    def _light_listdir(self, req):
+        if req.limit > LIGHT_LIST:
+            raise WouldBlock()
+        return self._listdir(req)
 
     @handler
     def StatFs(self, req, ctx):
@@ -113,7 +139,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     @handler
     def GetBlocks(self, req, ctx):
-        return self.m.get_blocks(req.ino, req.session, req.open_id, req.write)
+        return self._bounded(lambda: self._light_get_blocks(req),
+                             lambda: self.m.get_blocks(req.ino, req.session, req.open_id,
+                                                       req.write))
+
+    def _light_get_blocks(self, req):
+        return self.m.get_blocks(req.ino, req.session, req.open_id, req.write, light=True)
 
     @handler
     def AddBlock(self, req, ctx):
@@ -125,10 +156,31 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     @handler
     def LookupMany(self, req, ctx):
-        reply = self.m.lookup_many(req)
+        return self._bounded(lambda: self._light_lookup_many(req),
+                             lambda: self._counted(self.m.lookup_many(req)))
+
+    def _light_lookup_many(self, req):
+        return self._counted(self.m.lookup_many(req, light=True))
+
+    def _counted(self, reply):
         hits = sum(1 for r in reply.results if r.HasField("inode"))
         self.lookups.count_many(found=hits, missed=len(reply.results) - hits)
         return reply
+
+    def _bounded(self, light, heavy):
+        """A read whose cost depends on the data: its cheap form if that will do, else
+        the whole of it with a heavy-read slot (see HEAVY_READS).  On the call port's
+        loop (mode "light") only the cheap form: WouldBlock passes to the port."""
+        mode = getattr(self._local, "mode", None)
+        if mode == "heavy":  # a heavy-read thread: the slot is held
+            return heavy()
+        try:
+            return light()
+        except WouldBlock:
+            if mode == "light":
+                raise
+        with self._heavy_slots:
+            return heavy()
 
     @handler
     def PutFile(self, req, ctx):
@@ -298,6 +350,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def close(self) -> None:
         self.idle.close()
         self._call_pool.shutdown(wait=False, cancel_futures=True)
+        self.heavy_pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def call_pool(self) -> futures.ThreadPoolExecutor:
@@ -308,12 +361,30 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         """One Call (the call port's entry)."""
         return self._run_call(call)
 
+    def run_heavy(self, call) -> master_pb2.CallResult:
+        """One read Call that ``run_call_nowait`` left (a heavy-read thread of the call
+        port): run whole, with a heavy-read slot."""
+        with self._heavy_slots:
+            self._local.mode = "heavy"
+            try:
+                return self._run_call(call)
+            finally:
+                self._local.mode = None
+
     def run_call_nowait(self, call) -> master_pb2.CallResult | None:
-        """One Call answered at once if it need not wait (the call port's loop thread);
-        None: run it with ``run_call`` where it may wait.  AddBlock waits only for a
-        journal record every BLOCK_ID_CHUNK ids, or for eviction when no worker has room;
-        a pool thread's hand-off both ways would cost more than the call itself."""
-        if call.WhichOneof("op") != "add_block":
+        """One Call answered at once if it need not wait and costs little (the call
+        port's loop thread); None: run it elsewhere (``run_heavy`` for a read in
+        READ_CALLS, ``run_call`` for the rest).  A read is answered here in its cheap
+        form or not at all (see HEAVY_READS).  AddBlock waits only for a journal record
+        every BLOCK_ID_CHUNK ids, or for eviction when no worker has room; a pool
+        thread's hand-off both ways would cost more than the call itself."""
+        op = call.WhichOneof("op")
+        light = self._light.get(op)
+        if light is not None:
+            return self._run_light(call, op, light)
+        if op in READ_CALLS:
+            return self._run_call(call)  # cheap whatever the data
+        if op != "add_block":
             return None
         m = self._add_block_metrics  # counted as the unary RPC and the pool path are
         started = time.perf_counter()
@@ -326,6 +397,23 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             return _failed(call.id, "add_block", e)
         m.finished(started)
         return master_pb2.CallResult(id=call.id, block=reply)
+
+    def _run_light(self, call, op: str, light) -> master_pb2.CallResult | None:
+        """``light(request)`` in the loop, counted as its unary RPC; None on WouldBlock."""
+        m = self._light_metrics[op]
+        started = time.perf_counter()
+        self._local.mode = "light"
+        try:
+            reply = light(getattr(call, op))
+        except WouldBlock:
+            return None
+        except Exception as e:  # noqa: BLE001 - converted for the caller
+            m.finished(started, _status(e))
+            return _failed(call.id, op, e)
+        finally:
+            self._local.mode = None
+        m.finished(started)
+        return master_pb2.CallResult(id=call.id, **{CALL_METHODS[op][1]: reply})
 
     def _run_call(self, call) -> master_pb2.CallResult:
         """One Call, by the same code as its unary RPC (the handler's undecorated body)."""

@@ -194,6 +194,11 @@ class Store:
         bl.ParseFromString(v)
         return list(bl.blocks)
 
+    def blocks_bytes(self, txn, ino: int) -> bytes:
+        """``ino``'s stored BlockList, unparsed: its size bounds the work of reading it
+        (a read that must stay cheap checks it first: master.lookup_many)."""
+        return txn.get(k64(ino), db=self.db["fblocks"]) or b""
+
     def put_blocks(self, txn, ino: int, blocks: list[common_pb2.Block],
                    old: list[common_pb2.Block] | None = None) -> None:
         """The one writer of ``fblocks``: it also keeps the total of inline bytes.

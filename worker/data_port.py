@@ -14,9 +14,14 @@ Wire (big-endian), many requests per connection, one at a time:
 checked exactly as the gRPC service checks it (``WorkerServicer._authorize``).
 
 Used only when the cluster runs without TLS (the port would bypass it; with TLS the
-client reads over gRPC).  Bounded like the domain socket: ``max_connections``
-(one thread each; one more is refused BUSY and closed), an idle connection is dropped
-after ``idle_timeout``, a malformed request ends its connection.
+client reads over gRPC).  Bounded like the domain socket (docs/security.md, "Limits";
+each cut counted in curvine_connections_cut_total{port="data_port"}):
+``max_connections`` (one thread each; one more is refused BUSY and closed), at most
+``per_peer`` of them from one address (BUSY too), a connection that starts no request
+within ``idle_timeout`` is dropped, and one whose request (header and token, at most
+a few hundred bytes) is not whole within REQUEST_TIMEOUT of its first byte too: a
+peer that trickles bytes holds a slot no longer than a silent one.  A malformed
+request ends its connection.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ import os
 import socket
 import struct
 import threading
+import time
 
 from curvine.common import block_tokens
 from curvine.common.blocks import check_block_id
 from curvine.common.errors import CurvineError, ErrorKind, invalid
-from curvine.common.metrics import WORKER_READ_REMOTE
+from curvine.common.metrics import CONNECTIONS_CUT, WORKER_READ_REMOTE
 
 from .service import WorkerServicer
 
@@ -41,22 +47,36 @@ REQUEST = struct.Struct(">4sQQQH")
 REPLY = struct.Struct(">IQ")
 MAX_TOKEN = 256
 MAX_CONNECTIONS = 64
-IDLE_TIMEOUT = 60.0
+PER_PEER = 32  # connections of one peer address (a pod's connector reads with 16 threads)
+IDLE_TIMEOUT = 60.0  # for the first byte of a request
+REQUEST_TIMEOUT = 10.0  # for the rest of it, from its first byte
 SEND_TIMEOUT = 30.0  # a reader that takes nothing for this long is dropped
 SOCKET_BUFFER = 4 << 20
+_CUT = {reason: CONNECTIONS_CUT.labels("data_port", reason)
+        for reason in ("idle", "slow_request", "per_peer", "busy")}
 
 
-def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
-    """n bytes, or None if the peer closed before the first byte."""
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = conn.recv_into(view[got:])
-        if k == 0:
-            if got == 0:
-                return None
+class _SlowRequest(Exception):
+    """A request not whole within REQUEST_TIMEOUT of its first byte."""
+
+
+def _recv_exact(conn: socket.socket, n: int, deadline: float,
+                first: bytes = b"") -> bytes:
+    """n bytes (``first`` of them already received) before the monotonic ``deadline``;
+    _SlowRequest past it, ConnectionError if the peer closes."""
+    buf = bytearray(first)
+    while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _SlowRequest()
+        conn.settimeout(left)
+        try:
+            data = conn.recv(n - len(buf))
+        except TimeoutError:
+            raise _SlowRequest() from None
+        if not data:
             raise ConnectionError("the peer closed mid-request")
-        got += k
+        buf += data
     return bytes(buf)
 
 
@@ -69,11 +89,15 @@ class DataPortServer:
     """Serves block reads of ``servicer.store`` on ``host:port`` (0 = any free port)."""
 
     def __init__(self, servicer: WorkerServicer, host: str, port: int,
-                 max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT):
+                 max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT,
+                 per_peer: int = PER_PEER, request_timeout: float = REQUEST_TIMEOUT):
         self.servicer = servicer
         self.store = servicer.store
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
+        self.per_peer = per_peer
+        self.request_timeout = request_timeout
+        self._peers: dict[str, int] = {}  # peer host -> connections open
         self._listener = socket.create_server((host, port), backlog=128)
         self._listener.settimeout(0.5)
         self.port = self._listener.getsockname()[1]
@@ -105,7 +129,7 @@ class DataPortServer:
     def _accept_loop(self) -> None:
         while not self._closing.is_set():
             try:
-                conn, _ = self._listener.accept()
+                conn, addr = self._listener.accept()
             except TimeoutError:
                 continue
             except OSError as e:
@@ -114,41 +138,57 @@ class DataPortServer:
                 log.warning("data port: accept failed: %s", e)
                 self._closing.wait(0.1)
                 continue
+            host = str(addr[0]) if isinstance(addr, tuple) and addr else "?"
             with self._lock:
                 full = len(self._conns) >= self.max_connections
-                if not full:
-                    thread = threading.Thread(target=self._serve, args=(conn,), daemon=True,
-                                              name="data-port-conn")
+                mine = self._peers.get(host, 0)
+                if not full and mine < self.per_peer:
+                    self._peers[host] = mine + 1
+                    thread = threading.Thread(target=self._serve, args=(conn, host),
+                                              daemon=True, name="data-port-conn")
                     self._conns[conn] = thread
-            if full:
+            if full or mine >= self.per_peer:
+                _CUT["busy" if full else "per_peer"].inc()
+                why = (f"{self.max_connections} connections open" if full else
+                       f"{self.per_peer} connections of {host} open")
                 try:
                     conn.setblocking(False)
                     conn.send(error_reply(CurvineError(
-                        ErrorKind.BUSY, f"worker data port: {self.max_connections} "
-                                        "connections open; try again")))
+                        ErrorKind.BUSY, f"worker data port: {why}; try again")))
                 except OSError:
                     pass
                 conn.close()
             else:
                 thread.start()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, host: str) -> None:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
             while not self._closing.is_set():
+                # a request may take idle_timeout to start, then request_timeout in all
                 conn.settimeout(self.idle_timeout)
-                head = _recv_exact(conn, REQUEST.size)
-                if head is None:
+                try:
+                    first = conn.recv(REQUEST.size)
+                except TimeoutError:
+                    _CUT["idle"].inc()
                     break
+                if not first:
+                    break
+                deadline = time.monotonic() + self.request_timeout
+                head = _recv_exact(conn, REQUEST.size, deadline, first)
                 magic, block_id, offset, length, token_len = REQUEST.unpack(head)
                 if magic != MAGIC or token_len > MAX_TOKEN:
                     conn.sendall(error_reply(invalid("request", "not a curvine data port "
                                                                 "request")))
                     break
-                token = _recv_exact(conn, token_len) if token_len else b""
+                token = _recv_exact(conn, token_len, deadline) if token_len else b""
                 conn.settimeout(SEND_TIMEOUT)
-                self._send_block(conn, block_id, offset, length, token or b"")
+                self._send_block(conn, block_id, offset, length, token)
+        except _SlowRequest:
+            _CUT["slow_request"].inc()
+            log.debug("data port: dropped %s: a request not whole within %gs", host,
+                      self.request_timeout)
         except (OSError, ConnectionError):
             pass  # the peer went away, or went silent
         except Exception:  # noqa: BLE001 - a bug must not take the worker down
@@ -156,6 +196,11 @@ class DataPortServer:
         finally:
             with self._lock:
                 self._conns.pop(conn, None)
+                n = self._peers.get(host, 0) - 1
+                if n > 0:
+                    self._peers[host] = n
+                else:
+                    self._peers.pop(host, None)
             conn.close()
 
     def _send_block(self, conn: socket.socket, block_id: int, offset: int, length: int,

@@ -13,11 +13,14 @@ client writes the block into it and asks the worker to finalise it
 any other.  A staging file whose connection closes before FinishWrite is removed.
 
 Wire: 4-byte big-endian length + a ``LocalRequest``/``LocalReply`` (proto/worker.proto,
-common/local_wire.py), one reply per request.  Bounded on every side: ``max_connections`` connections (one
-thread each; one more gets a BUSY reply and is closed at once), a connection that
-does not deliver a whole request within ``idle_timeout`` is dropped, a request over
-``local_wire.MAX_REQUEST`` bytes ends its connection, at most ``MAX_WRITES_PER_CONNECTION``
-staging files per connection.  Bad input gets an INVALID reply naming the field.
+common/local_wire.py), one reply per request.  Bounded on every side (docs/security.md,
+"Limits"): ``max_connections`` connections (one thread each; one more gets a BUSY
+reply and is closed at once), at most ``per_peer`` of them of one process (by its pid,
+SO_PEERCRED; BUSY too), a connection that starts no request within ``idle_timeout``
+is dropped, and one whose request is not whole within REQUEST_TIMEOUT of its first
+byte, a request over ``local_wire.MAX_REQUEST`` bytes ends its connection, at most
+``MAX_WRITES_PER_CONNECTION`` staging files per connection.  Bad input gets an INVALID
+reply naming the field.  Refusals are counted in curvine_worker_fd_refused{reason}.
 
 The socket file is mode 0666 in a directory the worker creates 0755: who may connect
 is not what protects the data, the block token is (docs/security.md).
@@ -46,14 +49,16 @@ from .service import WorkerServicer
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 64
+PER_PEER = 32  # connections of one process (a pod's connector reads with 16 threads)
 MAX_WRITES_PER_CONNECTION = 4
-IDLE_TIMEOUT = 60.0  # seconds a connection may take to send its next whole request
+IDLE_TIMEOUT = 60.0  # seconds a connection may take to start its next request
+REQUEST_TIMEOUT = 10.0  # seconds a request may take from its first byte
 SOCKET_MODE = 0o666
 DIR_MODE = 0o755
 
 # refusal reasons counted for the metrics
-REFUSALS = ("busy", "idle", "invalid", "permission", "unavailable", "not_found",
-            "no_space", "other")
+REFUSALS = ("busy", "idle", "slow_request", "per_peer", "invalid", "permission",
+            "unavailable", "not_found", "no_space", "other")
 
 
 def _error_reply(e: CurvineError) -> worker_pb2.LocalReply:
@@ -71,7 +76,8 @@ class DomainSocketServer:
 
     def __init__(self, path: str, servicer: WorkerServicer,
                  identity: Callable[[], tuple[str, int]],
-                 max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT):
+                 max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT,
+                 per_peer: int = PER_PEER, request_timeout: float = REQUEST_TIMEOUT):
         if not path or not os.path.isabs(path):
             raise invalid("worker.domain_socket", f"{path!r} is not an absolute path")
         self.path = path
@@ -80,6 +86,9 @@ class DomainSocketServer:
         self.identity = identity
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
+        self.per_peer = per_peer
+        self.request_timeout = request_timeout
+        self._peers: dict[int, int] = {}  # peer pid -> connections open
         self._listener: socket.socket | None = None
         self._inode: tuple[int, int] | None = None  # (dev, ino) of our socket file
         self._lock = threading.Lock()
@@ -226,32 +235,42 @@ class DomainSocketServer:
                 log.warning("domain socket %s: accept failed: %s", self.path, e)
                 time.sleep(0.1)  # e.g. EMFILE: do not spin
                 continue
+            try:
+                pid = local_wire.peer_credentials(conn)[0]
+            except OSError:
+                pid = 0
             with self._lock:
                 full = len(self._conns) >= self.max_connections
-                if not full:
-                    thread = threading.Thread(target=self._serve, args=(conn,), daemon=True,
-                                              name="domain-socket-conn")
+                mine = self._peers.get(pid, 0)
+                if not full and mine < self.per_peer:
+                    self._peers[pid] = mine + 1
+                    thread = threading.Thread(target=self._serve, args=(conn, pid),
+                                              daemon=True, name="domain-socket-conn")
                     self._conns[conn] = thread
             if full:
-                self._refuse_busy(conn)
+                self._refuse_busy(conn, "busy", f"{self.max_connections} connections open")
+            elif mine >= self.per_peer:
+                self._refuse_busy(conn, "per_peer", f"{self.per_peer} connections of pid "
+                                                    f"{pid} open")
             else:
                 thread.start()
 
-    def _refuse_busy(self, conn: socket.socket) -> None:
+    def _refuse_busy(self, conn: socket.socket, reason: str = "busy",
+                     why: str = "") -> None:
         """A BUSY reply, written without waiting for a request, then closed: never a
         thread, never a hang (the client reads it as the reply to its request)."""
-        self._count("busy")
+        self._count(reason)
         try:
             conn.setblocking(False)
             conn.send(local_wire.encode(_error_reply(CurvineError(
-                ErrorKind.BUSY, f"worker domain socket: {self.max_connections} connections "
-                                "open; try again or use another connection"))))
+                ErrorKind.BUSY, f"worker domain socket: {why or 'busy'}; try again or use "
+                                "another connection"))))
         except OSError:
             pass
         finally:
             conn.close()
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, pid: int = 0) -> None:
         # block id -> (its staging file, the length announced): this connection's writes
         writes: dict[int, tuple[BlockWriter, int]] = {}
         try:
@@ -263,7 +282,13 @@ class DomainSocketServer:
                     pass
             while not self._closing.is_set():
                 try:
-                    frame = local_wire.receive(conn, time.monotonic() + self.idle_timeout)
+                    frame = local_wire.receive(conn, time.monotonic() + self.idle_timeout,
+                                               whole_within=self.request_timeout)
+                except local_wire.SlowMessage:
+                    self._count("slow_request")
+                    log.debug("domain socket: dropped a connection whose request took over "
+                              "%gs", self.request_timeout)
+                    break
                 except TimeoutError:
                     self._count("idle")
                     log.debug("domain socket: dropped a connection silent for %gs",
@@ -290,6 +315,11 @@ class DomainSocketServer:
                 writer.abort()
             with self._lock:
                 self._conns.pop(conn, None)
+                n = self._peers.get(pid, 0) - 1
+                if n > 0:
+                    self._peers[pid] = n
+                else:
+                    self._peers.pop(pid, None)
             conn.close()
 
     def _handle(self, data: bytes, writes: dict):
