@@ -743,7 +743,7 @@ class FileSystem:
                 # ones already on their way predate the invalidation, and the kernel
                 # drops them.
                 try:
-                    await self.kernel.drop_attributes(ino)
+                    self.kernel.drop_attributes(ino)
                 except OSError as e:  # the open stands: its handle exists
                     log.warning("inode %d: the kernel's attributes could not be dropped "
                                 "(%s); a read may stop at a stale size", ino, e)

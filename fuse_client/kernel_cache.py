@@ -8,6 +8,14 @@ dentry :class:`~.kernel.Epoch`), and drops the attributes of the inodes named.
 Notifications go to the kernel only while the mount is up: the kernel lock and the
 unmounting flag keep them from racing ``pyfuse3.close``.
 
+Two locks, never the other way round: ``_kernel_lock`` (notifications from other
+threads vs unmount; a revocation holds it across page invalidations, which can wait
+for a request the trio loop serves) and ``_state_lock`` (the tables below, held only
+for dictionary work).  The trio loop never waits for ``_kernel_lock``: unmount comes
+after the loop has ended, so the loop's own notifications need no lock, and a loop
+blocked on it could deadlock with a revocation (or with a task the lock was handed
+to).  A loop so blocked hung the mount under fsstress.
+
 Directory attributes are kept here too (see :class:`KernelCache`), and the leased
 attributes of a file this mount publishes are forgotten after the publish, which the
 master does not revoke from the writer itself.
@@ -24,7 +32,6 @@ from collections import OrderedDict
 from typing import Iterable
 
 import pyfuse3
-import trio
 
 from curvine.client.master_client import LeaseSession, MasterClient
 from curvine.common.config import Config
@@ -74,6 +81,9 @@ class KernelCache:
         self._changed: dict = {}
         self._prune_changed_at = 4096
         self._kernel_lock = threading.Lock()  # notifications vs unmount (pyfuse3.close)
+        self._state_lock = threading.Lock()  # the tables; never held across a notification
+        # made in the thread that runs the trio loop (fuse_client/main.py)
+        self._loop_thread = threading.get_ident()
         self._attached = False  # to a kernel mount (start): notifications can be sent
         self._unmounting = False
         self._prune_leased_at = 4096
@@ -142,8 +152,8 @@ class KernelCache:
         if listed is None:
             dirs = [p for p, n in names if not n]
             listed = self.listings.drop(dirs, [k for k in names if k[1]]) if names else ()
-        with self._kernel_lock:
-            if self._unmounting:
+        with self._notifications() as may_notify:
+            if not may_notify:
                 return
             self._epoch.bump()
             for ino in listed:
@@ -152,32 +162,39 @@ class KernelCache:
             # its way is not kept either (forget_published): this mount may hold a new
             # lease on the inode by the time its reply arrives, granted after another
             # client's newer version.
-            self._changed_now((*names, *inodes))
+            with self._state_lock:
+                self._changed_now((*names, *inodes))
+                for ino in inodes:
+                    self._leased_inodes.pop(ino, None)
             for ino in inodes:
-                self._leased_inodes.pop(ino, None)
                 self._notify_inval(ino, attr_only=True)
 
     def _drop_all(self) -> None:
         """The session is lost (session thread): drop every leased copy."""
-        with self._kernel_lock:
+        with self._state_lock:
             self._published.clear()
             self._published_names.clear()
-        self._invalidate((), list(self._leased_inodes), self.listings.drop_all())
+            leased = list(self._leased_inodes)
+        self._invalidate((), leased, self.listings.drop_all())
 
-    async def drop_attributes(self, ino: int) -> None:
+    @contextlib.contextmanager
+    def _notifications(self):
+        """Inside, kernel notifications may be sent when the value is True (False:
+        unmounting).  Another thread holds ``_kernel_lock`` meanwhile; the trio loop
+        does not (see the module docstring)."""
+        if threading.get_ident() == self._loop_thread:
+            yield not self._unmounting
+            return
+        with self._kernel_lock:
+            yield not self._unmounting
+
+    def drop_attributes(self, ino: int) -> None:
         """From the trio loop: make the kernel ask for ``ino``'s attributes again."""
         if not self._attached:
             return
-        if not self._kernel_lock.acquire(blocking=False):
-            # a revocation holds it, and its page invalidations may wait for a request
-            # that this loop serves: wait in a thread (not cancellable: the lock
-            # is released below whatever happens)
-            await trio.to_thread.run_sync(self._kernel_lock.acquire)
-        try:
-            if not self._unmounting:
+        with self._notifications() as may_notify:
+            if may_notify:
                 self._notify_inval(ino, attr_only=True)
-        finally:
-            self._kernel_lock.release()
 
     @staticmethod
     def _notify_inval(ino: int, attr_only: bool) -> None:
@@ -230,9 +247,10 @@ class KernelCache:
         """The kernel keeps the attributes of ``inos`` for ``lease`` seconds."""
         now = time.monotonic()
         leased = self._leased_inodes
-        leased.update(dict.fromkeys(inos, now + lease))
-        if len(leased) > self._prune_leased_at:  # forget expired ones now and then
-            self._prune_leased_at = _forget_before(leased, now)  # (only this thread adds)
+        with self._state_lock:
+            leased.update(dict.fromkeys(inos, now + lease))
+            if len(leased) > self._prune_leased_at:  # forget expired ones now and then
+                self._prune_leased_at = _forget_before(leased, now)
 
     def forget_published(self, ino: int, inode: Inode | None = None,
                          sent: float = 0.0, inline: list | None = None) -> None:
@@ -248,23 +266,25 @@ class KernelCache:
         ended a change of the inode or of its name since (changing); another client's
         change revokes the lease.  Only for a file with one name (a change by another
         of its names could not be told)."""
-        with self._kernel_lock:
-            expiry = self._leased_inodes.pop(ino, None)
-            self._drop_published(ino)
-            if expiry is None or self._unmounting:
+        with self._notifications() as may_notify:
+            with self._state_lock:
+                expiry = self._leased_inodes.pop(ino, None)
+                self._drop_published(ino)
+            if expiry is None or not may_notify:
                 return
             self._notify_inval(ino, attr_only=True)
             if (inode is None or inode.nlink != 1 or not inode.parent
                     or time.monotonic() - sent > CHANGE_MEMORY):
                 return
             name = (inode.parent, inode.name)
-            changed = self._changed
-            if changed.get(ino, 0.0) >= sent or changed.get(name, 0.0) >= sent:
-                return
             if inline is not None and sum(b.length for b in inline) != inode.size:
                 inline = None
-            self._published[ino] = (inode, expiry, inline)
-            self._published_names[name] = ino
+            with self._state_lock:
+                changed = self._changed
+                if changed.get(ino, 0.0) >= sent or changed.get(name, 0.0) >= sent:
+                    return
+                self._published[ino] = (inode, expiry, inline)
+                self._published_names[name] = ino
 
     def _drop_published(self, ino: int) -> None:
         entry = self._published.pop(ino, None)
@@ -279,7 +299,7 @@ class KernelCache:
             return None
         left = entry[1] - time.monotonic()
         if left <= 0:
-            with self._kernel_lock:
+            with self._state_lock:
                 if self._published.get(ino) is entry:
                     self._drop_published(ino)
             return None
@@ -303,13 +323,13 @@ class KernelCache:
             self._note_changes(keys)
 
     def _note_changes(self, keys) -> None:
-        with self._kernel_lock:
+        with self._state_lock:
             self._changed_now(keys)
 
     def _changed_now(self, keys) -> None:
         """Inodes and names (parent, name) changed now: a kept published version of them
         goes, and one published before now is not kept (forget_published).  Under
-        _kernel_lock."""
+        _state_lock."""
         now = time.monotonic()
         changed = self._changed
         for key in keys:

@@ -38,7 +38,7 @@ from curvine.devtools.local import ClusterError, LocalCluster
 
 
 LAYERS = {
-    "unit": {"test_connector_naming", "test_fds", "test_journal", "test_listings", "test_mounts", "test_pod_fork",
+    "unit": {"test_connector_naming", "test_fds", "test_kernel_cache", "test_journal", "test_listings", "test_mounts", "test_pod_fork",
              "test_posix_workload", "test_proto"},
     "services": {"test_calls", "test_call_port", "test_fuse_ops", "test_fuzz", "test_keepalive", "test_master",
                  "test_master_put", "test_master_posix", "test_security", "test_data_port"},
@@ -51,7 +51,7 @@ LAYERS = {
         "test_journal_hardening", "test_kvstore", "test_leases", "test_lmcache",
         "test_local_cli", "test_master_guards", "test_master_outage", "test_metrics",
         "test_permissions", "test_private_files", "test_replicas", "test_roles",
-        "test_small_hardening", "test_starvation", "test_stream_limits", "test_tls",
+        "test_small_hardening", "test_starvation", "test_stream_limits", "test_tls", "test_port_limits",
         "test_worker", "test_worker_safety"},
 }
 _LAYER_OF = {module: layer for layer, modules in LAYERS.items() for module in modules}
