@@ -1150,6 +1150,33 @@ def test_a_reader_closed_during_its_local_check_keeps_the_copy_and_every_descrip
             r.close()
 
 
+def test_readers_hold_at_most_their_share_of_local_files(cluster, monkeypatch):
+    """Local block files held open by the readers of a process are bounded: past the
+    bound a reader reads from the worker instead (same bytes), and every file given
+    back frees its place.  Before, 3,000 open handles held 3,000 descriptors (and a
+    file of many blocks one per block): a client could take every descriptor."""
+    from curvine.client import file_reader
+
+    master = cluster.client
+    data = os.urandom(2 * BS + 7)
+    ino = _publish_bytes(master, data, name=b"held")
+    inode, blocks, ws = master.get_blocks(ino)
+    held = file_reader.held_files
+    base = held.held
+    monkeypatch.setattr(held, "limit", base + 3)
+    readers = [FileReader(blocks, ws, short_circuit=True, security=NO_SECURITY)
+               for _ in range(3)]
+    try:
+        assert held.held == base + 3  # the first holds all 3 blocks, the others none
+        assert [len(r._fetcher._files) for r in readers] == [3, 0, 0]
+        for r in readers:
+            assert bytes(r.read(0, len(data))) == data
+    finally:
+        for r in readers:
+            r.close()
+    assert held.held == base
+
+
 def test_reader_read_cached_serves_only_cached_local_bytes(cluster):
     master = cluster.client
     data = os.urandom(BS + 100)
