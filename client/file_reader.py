@@ -167,6 +167,15 @@ def check_block_file(block: Block, fd: int) -> str | None:
     return detail
 
 
+def note_written_file(block_id: int, checksum: int, fd: int) -> None:
+    """This process wrote block ``block_id`` (crc32 ``checksum``) into the file open at
+    ``fd``, now the block's file (adopted): its readers here need not read it whole to
+    check it (``check_block_file``), while the file stays as it is now."""
+    st = os.fstat(fd)
+    _verified.put((block_id, checksum, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                   st.st_ctime_ns))
+
+
 def _crc_of_file(block: Block, fd: int) -> str | None:
     buf = getattr(_check_buf, "buf", None)
     if buf is None:

@@ -1119,6 +1119,8 @@ def test_a_reader_closed_during_its_local_check_keeps_the_copy_and_every_descrip
         return real(block, fd)
 
     monkeypatch.setattr(file_reader, "_crc_of_file", slow_check)
+    # this process wrote the block: forget that, so that the open checks it
+    monkeypatch.setattr(file_reader, "_verified", file_reader._VerifiedFiles())
     made = []
     real_init = file_reader.BlockFetcher.__init__
 
@@ -1148,6 +1150,39 @@ def test_a_reader_closed_during_its_local_check_keeps_the_copy_and_every_descrip
             os.close(fd)
         for r in made:
             r.close()
+
+
+def test_a_block_this_process_wrote_is_not_read_whole_again_to_check_it(cluster,
+                                                                        monkeypatch):
+    """The writer knows the crc32 of what it wrote into the staging file the worker
+    adopted: a reader of that version here does not read the file whole to check it;
+    once the file changes (another identity), it does."""
+    from curvine.client import file_reader
+
+    monkeypatch.setattr(file_reader, "_verified", file_reader._VerifiedFiles())
+    checked = []
+    real = file_reader._crc_of_file
+    monkeypatch.setattr(file_reader, "_crc_of_file",
+                        lambda block, fd: checked.append(block.block_id) or real(block, fd))
+    master = cluster.client
+    data = os.urandom(BS + 100)
+    ino = _publish_bytes(master, data, name=b"own")
+    inode, blocks, ws = master.get_blocks(ino)
+    r = FileReader(blocks, ws, short_circuit=True, security=NO_SECURITY)
+    try:
+        assert bytes(r.read(0, len(data))) == data
+    finally:
+        r.close()
+    assert checked == []
+    [path] = [p for b in blocks[:1]
+              for p in [block_client.local_block_path(ws[b.worker_ids[0]], b.block_id)]]
+    os.utime(path)  # any change to the file: checked again
+    r = FileReader(blocks, ws, short_circuit=True, security=NO_SECURITY)
+    try:
+        assert bytes(r.read(0, len(data))) == data
+    finally:
+        r.close()
+    assert checked and checked[0] == blocks[0].block_id
 
 
 def test_readers_hold_at_most_their_share_of_local_files(cluster, monkeypatch):
