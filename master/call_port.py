@@ -46,7 +46,8 @@ no replies, curvine_streams_cancelled_idle{method="CallPort"}:
 - the loop: a read is answered in the loop only in its cheap form (the servicer's
   ``run_nowait``; a few milliseconds at most); a read that would cost more goes to the
   heavy-read threads (``heavy``), one at a time per connection (its next one waits,
-  unread);
+  unread), taken in turn by peer address (a peer that sends many waits for its turn
+  behind each other peer's one);
 - garbage: a frame that is not a master.Call closes the connection with one log line
   (at most one such line per QuietLog interval for the whole port).
 
@@ -58,6 +59,7 @@ certificate required where tls_client_auth is.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
 import logging
 import ssl as ssl_mod
@@ -103,15 +105,21 @@ class CallPort:
                  mutations: Callable | None = None, ssl: "ssl_mod.SSLContext | None" = None,
                  run_nowait: Callable[[master_pb2.Call], master_pb2.CallResult | None]
                  | None = None,
-                 heavy: tuple[futures.Executor, Callable] | None = None,
+                 heavy: tuple[futures.Executor, Callable, int] | None = None,
                  frame_max: int = FRAME_MAX, frame_timeout: float = FRAME_TIMEOUT,
                  per_peer: int = PER_PEER, buffer_max: int = BUFFER_MAX):
         self._run_call = run_call
         # run_nowait(call): its result if it need not wait and is cheap, else None (then
         # a read goes to the heavy-read threads, anything else to the pool)
         self._run_nowait = run_nowait
-        # (executor, run(call)) of the reads run_nowait leaves; None: the pool, run_call
-        self._heavy_pool, self._run_heavy = heavy or (pool, run_call)
+        # (executor, run(call), threads) of the reads run_nowait leaves; None: the pool,
+        # run_call, one at a time
+        self._heavy_pool, self._run_heavy, self._heavy_slots = heavy or (pool, run_call, 1)
+        self._heavy_running = 0
+        # connections with a heavy read waiting for a thread, by peer host; the hosts in
+        # turn (a host is in _heavy_turns while it has one waiting)
+        self._heavy_waiting: dict[str, collections.deque] = {}
+        self._heavy_turns: collections.deque[str] = collections.deque()
         self.frame_max = frame_max
         self.frame_timeout = float(frame_timeout)
         self.per_peer = per_peer
@@ -223,6 +231,34 @@ class CallPort:
         else:
             self._peers.pop(host, None)
 
+    def heavy(self, conn: "_Connection") -> None:
+        """``conn`` has a heavy read (conn.heavy_call) to run: in its host's turn."""
+        waiting = self._heavy_waiting.get(conn.host)
+        if waiting is None:
+            waiting = self._heavy_waiting[conn.host] = collections.deque()
+            self._heavy_turns.append(conn.host)
+        waiting.append(conn)
+        self._next_heavy()
+
+    def heavy_done(self) -> None:
+        self._heavy_running -= 1
+        self._next_heavy()
+
+    def _next_heavy(self) -> None:
+        while self._heavy_running < self._heavy_slots and self._heavy_turns:
+            host = self._heavy_turns.popleft()
+            waiting = self._heavy_waiting[host]
+            conn = waiting.popleft()
+            if waiting:
+                self._heavy_turns.append(host)
+            else:
+                del self._heavy_waiting[host]
+            call, conn.heavy_call = conn.heavy_call, None
+            if conn.closed or call is None:
+                continue
+            self._heavy_running += 1
+            self._heavy_pool.submit(conn._pooled, call, conn._run_heavy_done)
+
     def reserve(self, n: int) -> bool:
         """Take ``n`` bytes of buffer_max for a frame arriving; False if there is no room."""
         if self.buffered + n > self.buffer_max:
@@ -274,7 +310,8 @@ class _Connection(asyncio.Protocol):
         self.partial_since: float | None = None  # the buffer's incomplete frame began
         self.reserved = 0  # bytes of port.buffer_max held by the frame arriving
         self.waiting_room = False  # in port._buffer_waiters
-        self.heavy_busy = False  # a heavy read of this connection is being answered
+        self.heavy_busy = False  # a heavy read of this connection waits or is answered
+        self.heavy_call: master_pb2.Call | None = None  # it, while it waits for a thread
         self.heavy_next: master_pb2.Call | None = None  # the next one, waiting for it
 
     # -- asyncio.Protocol -------------------------------------------------------------
@@ -439,12 +476,14 @@ class _Connection(asyncio.Protocol):
 
     def _heavy(self, call: master_pb2.Call) -> None:
         self.heavy_busy = True
+        self.heavy_call = call
         self.in_flight += 1
-        self.port._heavy_pool.submit(self._pooled, call, self._run_heavy_done)
+        self.port.heavy(self)
 
     def _run_heavy_done(self, call):
-        """In a heavy-read thread: the read, then (in the loop) the next one may go."""
-        return self.port._run_heavy(call), True
+        """In a heavy-read thread: the read, serialized here (a big reply would take
+        the loop milliseconds), then (in the loop) the next one may go."""
+        return self.port._run_heavy(call).SerializeToString(), True
 
     def _pooled(self, call: master_pb2.Call, run) -> None:
         """In a pool thread: a mutation (it waits for the journal) or a heavy read."""
@@ -457,6 +496,7 @@ class _Connection(asyncio.Protocol):
     def _answered(self, result) -> None:
         if isinstance(result, tuple):  # a heavy read's
             result = result[0]
+            self.port.heavy_done()
             self.heavy_busy = False
             nxt, self.heavy_next = self.heavy_next, None
             if nxt is not None and not self.closed:
@@ -465,9 +505,9 @@ class _Connection(asyncio.Protocol):
         self._send(result)
         self._resume()
 
-    def _send(self, result: master_pb2.CallResult) -> None:
+    def _send(self, result: "master_pb2.CallResult | bytes") -> None:
         if not self.closed:
-            data = result.SerializeToString()
+            data = result if isinstance(result, bytes) else result.SerializeToString()
             self.transport.write(FRAME.pack(len(data)) + data)
 
     def _wait_for_room(self) -> None:

@@ -37,7 +37,7 @@ READ_CALLS = frozenset(("lookup", "getattr", "listdir", "statfs", "get_xattr", "
 # shares.  The rest run with one of HEAVY_READS slots (gRPC threads and the call
 # port's heavy-read threads alike): they cannot take more of the master's CPU, nor
 # hold the GIL from the call port's loop for longer, however many clients send them.
-HEAVY_READS = 2
+HEAVY_READS = 1
 LIGHT_LIST = 1000
 # Call field -> (the unary RPC it stands for, its CallResult field)
 CALL_METHODS = {

@@ -41,7 +41,8 @@ LAYERS = {
     "unit": {"test_connector_naming", "test_fds", "test_kernel_cache", "test_journal", "test_listings", "test_mounts", "test_pod_fork",
              "test_posix_workload", "test_proto"},
     "services": {"test_calls", "test_call_port", "test_fuse_ops", "test_fuzz", "test_keepalive", "test_master",
-                 "test_master_put", "test_master_posix", "test_security", "test_data_port"},
+                 "test_master_put", "test_master_posix", "test_security", "test_data_port",
+                 "test_request_limits"},
     "daemons": {
         "test_auth", "test_bench", "test_call_port_mounts", "test_bigdir", "test_block_garbage", "test_block_tokens",
         "test_capacity", "test_capacity_defaults", "test_cli_admin", "test_client_trust",
