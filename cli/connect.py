@@ -84,7 +84,8 @@ def master_origin(args: argparse.Namespace, found: Found, address: str) -> str:
         named = True
     if named:
         return f"{address} (cluster.master_addr of {source})"
-    return f"{address} (the default: {source} sets no cluster.master_addr)"
+    given = found.path if found.origin == found.path else f"{found.path} ({found.origin})"
+    return f"{address} (the default; {given} sets no cluster.master_addr)"
 
 
 def load_config(args: argparse.Namespace) -> config_mod.Config:

@@ -1001,8 +1001,10 @@ def base_of(args) -> str:
         raise ClusterError(f"which cluster? {connect.NOWHERE} names one (use --base DIR)")
     conf_dir = os.path.dirname(os.path.abspath(found.path))
     base = os.path.dirname(conf_dir)
-    if os.path.basename(conf_dir) == "conf" and os.path.exists(os.path.join(base, STATE_FILE)):
-        return base
+    if os.path.basename(conf_dir) == "conf" and (
+            os.path.exists(os.path.join(base, STATE_FILE))
+            or os.path.abspath(found.path) == os.path.join(base, CLIENT_CONF)):
+        return base  # (a cluster since taken down: attach() says there is none)
     where = found.path if found.origin == found.path else f"{found.path} ({found.origin})"
     raise ClusterError(f"{where} is not a config that `curvine local up` wrote (no "
                        f"{os.path.join(base, STATE_FILE)}); use --base DIR")

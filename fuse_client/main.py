@@ -109,7 +109,7 @@ def tune_malloc() -> None:
 
 
 def raise_fd_limit() -> None:
-    """Readers keep the files of local blocks open (DESIGN consistency rule 4)."""
+    """Readers keep the files of local blocks open (consistency rule 4, docs/consistency.md)."""
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft < hard:

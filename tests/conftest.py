@@ -29,7 +29,7 @@ LAYERS = {
                  "test_master_put", "test_master_posix", "test_security", "test_data_port"},
     "daemons": {
         "test_auth", "test_bench", "test_call_port_mounts", "test_bigdir", "test_block_garbage", "test_block_tokens",
-        "test_capacity", "test_capacity_defaults", "test_cli_admin", "test_client_trust",
+        "test_capacity", "test_capacity_defaults", "test_cli_admin", "test_cli_cluster", "test_client_trust",
         "test_config", "test_connector", "test_crash", "test_deploy", "test_domain_socket", "test_fio", "test_fs_lmcache",
         "test_fs_posix", "test_fs_posix_types", "test_fs_stress", "test_inline_files", "test_install",
         "test_random_io",

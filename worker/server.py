@@ -423,7 +423,7 @@ def metrics_registry(store: BlockStore, link: MasterLink,
 def tune_malloc() -> None:
     """glibc: serve 1 MiB message buffers from the reused heap, not fresh mmaps.
 
-    Fresh pages cost a fault and zeroing each (MEASURED.md: ~1 GB/s against ~10 GB/s
+    Fresh pages cost a fault and zeroing each (docs/measurements.md: ~1 GB/s against ~10 GB/s
     for reused memory); on loopback this lifts block writes by ~30%."""
     try:
         libc = ctypes.CDLL("libc.so.6")
