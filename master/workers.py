@@ -100,8 +100,8 @@ def apportion(workers: dict[int, tuple[int, int, dict[str, int]]],
     space of each file system is handed out to the workers on it by water-filling, no
     one getting more than its room, so the rooms of the workers on a file system add up
     to at most its free space.  Returns ({worker id: capacity}, {worker id: the others
-    sharing a file system with it}); a worker that reported no volumes keeps its
-    capacity."""
+    sharing a file system with it}); a worker that shares none (or reported no volumes)
+    keeps the capacity it reported."""
     on: dict[str, list[int]] = {}
     for wid, (_, _, vols) in workers.items():
         for fs_id in vols:
@@ -119,11 +119,13 @@ def apportion(workers: dict[int, tuple[int, int, dict[str, int]]],
             remaining -= give
     capacity, peers = {}, {}
     for wid, (cap, used, vols) in workers.items():
-        if not vols or not cap:
-            capacity[wid] = cap
+        others = {w for fs_id in vols for w in on[fs_id]} - {wid}
+        if vols:
+            peers[wid] = others
+        if not others or not cap:
+            capacity[wid] = cap  # alone on its disks: its own number (worker.capacity)
             continue
         capacity[wid] = max(used + min(room[wid], got[wid]), 1)
-        peers[wid] = {w for fs_id in vols for w in on[fs_id]} - {wid}
     return capacity, peers
 
 

@@ -40,9 +40,12 @@ def test_apportion_hands_a_shared_disk_out_once():
     cap, peers = apportion({1: (100, 0, {"a": 100}), 2: (70, 0, {"b": 70}), 3: (5, 1, {})},
                            {"a": 100, "b": 70})
     assert cap == {1: 100, 2: 70, 3: 5} and peers == {1: set(), 2: set()}
-    # a configured capacity beyond the disk is held to the disk
+    # workers sharing a disk are held to it together, whatever worker.capacity says;
+    # a worker alone on its disk keeps its own number
+    cap, _ = apportion({1: (1000, 0, {"a": 100}), 2: (1000, 0, {"a": 100})}, {"a": 100})
+    assert cap == {1: 50, 2: 50}
     cap, _ = apportion({1: (1000, 0, {"a": 100})}, {"a": 100})
-    assert cap == {1: 100}
+    assert cap == {1: 1000}
 
 
 def _registry_with_two_workers_on_one_disk(free: int) -> WorkerRegistry:
