@@ -46,7 +46,7 @@ from curvine.common.fds import FdClosed, OwnedFd
 from curvine.proto import common_pb2
 
 from . import block_client
-from .file_reader import zeros
+from .file_reader import note_written_file, zeros
 
 if TYPE_CHECKING:
     from .uploader import Uploader
@@ -469,6 +469,8 @@ class StagingFileBuffer(BlockBuffer):
             try:
                 uploader.adopt(self.worker, self.block_id, self.path, length, crc)
                 self.adopted = True
+                with self._file() as fd:  # the block's file now, after the worker's rename
+                    note_written_file(self.block_id, crc, fd)
             except CurvineError as e:
                 log.info("worker %d (%s) did not adopt block %016x: %s; streaming it",
                          self.worker.worker_id, self.worker.address, self.block_id, e)

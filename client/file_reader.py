@@ -44,6 +44,7 @@ import collections
 import errno
 import logging
 import os
+import resource
 import threading
 import time
 from typing import Iterable, Mapping
@@ -117,6 +118,35 @@ class _VerifiedFiles:
 _verified = _VerifiedFiles()
 
 
+class _HeldFiles:
+    """Local block files all readers of this process hold open, bounded: past
+    ``limit`` (a quarter of the descriptor limit, read at first use: after the mount
+    raised it), a reader reads those blocks from their worker instead of holding one
+    more file, so no client's opens can take every descriptor of the mount."""
+
+    def __init__(self):
+        self.limit: int | None = None
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.limit is None:
+                soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+                self.limit = max(64, soft // 4) if soft != resource.RLIM_INFINITY else 1 << 16
+            if self.held >= self.limit:
+                return False
+            self.held += 1
+            return True
+
+    def give(self) -> None:
+        with self._lock:
+            self.held -= 1
+
+
+held_files = _HeldFiles()
+
+
 def check_block_file(block: Block, fd: int) -> str | None:
     """None if the first ``block.length`` bytes of the block file open at ``fd`` match
     the block's crc32, else what is wrong with the copy.  The caller holds ``fd`` open
@@ -135,6 +165,15 @@ def check_block_file(block: Block, fd: int) -> str | None:
     if detail is None:
         _verified.put(identity)
     return detail
+
+
+def note_written_file(block_id: int, checksum: int, fd: int) -> None:
+    """This process wrote block ``block_id`` (crc32 ``checksum``) into the file open at
+    ``fd``, now the block's file (adopted): its readers here need not read it whole to
+    check it (``check_block_file``), while the file stays as it is now."""
+    st = os.fstat(fd)
+    _verified.put((block_id, checksum, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+                   st.st_ctime_ns))
 
 
 def _crc_of_file(block: Block, fd: int) -> str | None:
@@ -210,7 +249,8 @@ class _LocalFile:
 
     def __init__(self, block_id: int, fd: int, worker_id: int):
         self.block_id = block_id
-        self.fd = OwnedFd(fd, f"the local file of block {block_id:016x}")
+        self.fd = OwnedFd(fd, f"the local file of block {block_id:016x}",
+                          on_close=held_files.give)
         self.worker_id = worker_id
         self.checked = False  # its bytes matched the block's crc32
         self.lock = threading.Lock()  # held while checking
@@ -433,6 +473,8 @@ class BlockFetcher:
             if bid in self._no_local or not self.short_circuit or self._closed:
                 return None
             bad = set(self._bad_copies.get(bid, ()))
+        if not held_files.take():
+            return None  # every local file this process may hold is open: read remotely
         opened = None
         for w_id in block.worker_ids:
             w = self.workers.get(w_id)
@@ -459,6 +501,7 @@ class BlockFetcher:
             break
         with self._lock:
             if opened is None:
+                held_files.give()
                 self._no_local.add(bid)
                 return None
             local = self._files.get(bid)

@@ -24,6 +24,7 @@ from curvine.common.metrics import CLIENT_WRITTEN_REMOTE, CLIENT_WRITTEN_SHORT_C
 from curvine.proto import common_pb2
 
 from . import block_client
+from .file_reader import note_written_file
 from .pools import LazyExecutor
 
 if TYPE_CHECKING:
@@ -281,6 +282,7 @@ class Uploader:
                 crc = crc32(data)
             self.adopt(w, block_id, path, len(data), crc)
             adopted = True
+            note_written_file(block_id, crc, fd)  # readers here need not check it again
             self.local.note([w])
             return crc
         except OSError as e:

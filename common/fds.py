@@ -44,14 +44,15 @@ def close_fd(fd: int, owner: str) -> None:
 class OwnedFd:
     """``fd`` owned by ``owner`` (a short description, for the log)."""
 
-    __slots__ = ("_fd", "owner", "_lock", "_users", "_closing")
+    __slots__ = ("_fd", "owner", "_lock", "_users", "_closing", "_on_close")
 
-    def __init__(self, fd: int, owner: str):
+    def __init__(self, fd: int, owner: str, on_close=None):
         self._fd = fd
         self.owner = owner
         self._lock = threading.Lock()
         self._users = 0
         self._closing = False
+        self._on_close = on_close  # called once the descriptor is really closed
 
     @property
     def closed(self) -> bool:
@@ -89,6 +90,8 @@ class OwnedFd:
         if fd < 0:
             return
         close_fd(fd, self.owner)
+        if self._on_close is not None:
+            self._on_close()
 
     def __repr__(self) -> str:
         state = "closed" if self._closing else f"fd {self._fd}"

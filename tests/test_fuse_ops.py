@@ -1119,6 +1119,8 @@ def test_a_reader_closed_during_its_local_check_keeps_the_copy_and_every_descrip
         return real(block, fd)
 
     monkeypatch.setattr(file_reader, "_crc_of_file", slow_check)
+    # this process wrote the block: forget that, so that the open checks it
+    monkeypatch.setattr(file_reader, "_verified", file_reader._VerifiedFiles())
     made = []
     real_init = file_reader.BlockFetcher.__init__
 
@@ -1148,6 +1150,66 @@ def test_a_reader_closed_during_its_local_check_keeps_the_copy_and_every_descrip
             os.close(fd)
         for r in made:
             r.close()
+
+
+def test_a_block_this_process_wrote_is_not_read_whole_again_to_check_it(cluster,
+                                                                        monkeypatch):
+    """The writer knows the crc32 of what it wrote into the staging file the worker
+    adopted: a reader of that version here does not read the file whole to check it;
+    once the file changes (another identity), it does."""
+    from curvine.client import file_reader
+
+    monkeypatch.setattr(file_reader, "_verified", file_reader._VerifiedFiles())
+    checked = []
+    real = file_reader._crc_of_file
+    monkeypatch.setattr(file_reader, "_crc_of_file",
+                        lambda block, fd: checked.append(block.block_id) or real(block, fd))
+    master = cluster.client
+    data = os.urandom(BS + 100)
+    ino = _publish_bytes(master, data, name=b"own")
+    inode, blocks, ws = master.get_blocks(ino)
+    r = FileReader(blocks, ws, short_circuit=True, security=NO_SECURITY)
+    try:
+        assert bytes(r.read(0, len(data))) == data
+    finally:
+        r.close()
+    assert checked == []
+    [path] = [p for b in blocks[:1]
+              for p in [block_client.local_block_path(ws[b.worker_ids[0]], b.block_id)]]
+    os.utime(path)  # any change to the file: checked again
+    r = FileReader(blocks, ws, short_circuit=True, security=NO_SECURITY)
+    try:
+        assert bytes(r.read(0, len(data))) == data
+    finally:
+        r.close()
+    assert checked and checked[0] == blocks[0].block_id
+
+
+def test_readers_hold_at_most_their_share_of_local_files(cluster, monkeypatch):
+    """Local block files held open by the readers of a process are bounded: past the
+    bound a reader reads from the worker instead (same bytes), and every file given
+    back frees its place.  Before, 3,000 open handles held 3,000 descriptors (and a
+    file of many blocks one per block): a client could take every descriptor."""
+    from curvine.client import file_reader
+
+    master = cluster.client
+    data = os.urandom(2 * BS + 7)
+    ino = _publish_bytes(master, data, name=b"held")
+    inode, blocks, ws = master.get_blocks(ino)
+    held = file_reader.held_files
+    base = held.held
+    monkeypatch.setattr(held, "limit", base + 3)
+    readers = [FileReader(blocks, ws, short_circuit=True, security=NO_SECURITY)
+               for _ in range(3)]
+    try:
+        assert held.held == base + 3  # the first holds all 3 blocks, the others none
+        assert [len(r._fetcher._files) for r in readers] == [3, 0, 0]
+        for r in readers:
+            assert bytes(r.read(0, len(data))) == data
+    finally:
+        for r in readers:
+            r.close()
+    assert held.held == base
 
 
 def test_reader_read_cached_serves_only_cached_local_bytes(cluster):
