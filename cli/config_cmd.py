@@ -1,7 +1,7 @@
 """`curvine config`: validate a config file, or print the effective configuration.
 
     curvine config check FILE        # "ok: FILE" and a summary, or the error line (exit 1)
-    curvine config show [--conf FILE]  # the effective configuration as TOML
+    curvine config show [--conf FILE | --base DIR]  # the effective configuration as TOML
 
 ``check`` applies the same loading and validation as the daemons, so a file it accepts
 starts every daemon (ports, directories and the master's reachability are checked
@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 
 from curvine.common import config as config_mod
+
+from . import connect
 
 
 HELP = "check a config file, show the effective configuration"
@@ -34,10 +35,11 @@ def register(p: argparse.ArgumentParser) -> None:
 
     s = sub.add_parser("show", help="print the effective configuration as TOML",
                        description="Print the configuration in effect (the file's values, "
-                                   "defaults for the rest) as TOML. The file is --conf, "
+                                   "defaults for the rest) as TOML. The file is the one every "
+                                   "command reads: --base's client config, else --conf, "
                                    f"else $CURVINE_CONF, else {config_mod.DEFAULT_PATH} if it "
                                    "exists, else none (all defaults).")
-    s.add_argument("--conf", metavar="FILE", help="config file")
+    connect.add_options(s, master=False)
     s.set_defaults(func=_cmd_show, _parser=s)
     p.set_defaults(_parser=p)
 
@@ -51,19 +53,15 @@ def _cmd_check(args, _parser) -> int:
 
 
 def _cmd_show(args, _parser) -> int:
-    path = config_source(args.conf)
+    found = connect.find(args)
+    path = found.path
     cfg = config_mod.load(path) if path else config_mod.Config()
-    origin = f"from {path}, defaults for the rest" if path else "no config file: all defaults"
+    origin = (f"from {path} ({found.origin}), defaults for the rest" if path and found.origin != path
+              else f"from {path}, defaults for the rest" if path
+              else f"no config file ({found.origin}): all defaults")
     print(f"# effective curvine configuration ({origin})")
     print(config_mod.to_toml(cfg), end="")
     return 0
-
-
-def config_source(path: str | None) -> str | None:
-    """The file ``config.load`` would read for ``path`` (None: defaults only)."""
-    if path or os.environ.get("CURVINE_CONF"):
-        return path or os.environ["CURVINE_CONF"]
-    return config_mod.DEFAULT_PATH if os.path.exists(config_mod.DEFAULT_PATH) else None
 
 
 def summary(cfg: config_mod.Config) -> list[str]:

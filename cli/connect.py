@@ -1,18 +1,28 @@
 """How a `curvine` command finds its cluster and connects to it: the one client set-up
-of every command that talks to a master (fs, report, journal checkpoint).
+of every command that talks to a master (fs, report, journal checkpoint, doctor) or
+reads a cluster's config (config show, local status/down).
 
-The config is ``--conf FILE``, else ``$CURVINE_CONF``, else /etc/curvine/curvine.toml
-when present; or, with ``--base DIR``, the client config of the cluster that
-`curvine local up --base DIR` started (BASE/conf/client.toml: its master, the cluster
-token, the TLS keys).  ``--master H:P`` replaces the config's ``cluster.master_addr``.
-Channels then carry the token and speak TLS as the config says, and a call fails
-within MASTER_WAIT when the master is down rather than wait ``cluster.master_wait``.
+The config is found the same way by every command, first match wins:
+
+1. ``--base DIR``: the client config of the cluster that `curvine local up --base DIR`
+   started (BASE/conf/client.toml: its master, the cluster token, the TLS keys);
+2. ``--conf FILE``;
+3. ``$CURVINE_CONF``;
+4. /etc/curvine/curvine.toml, when it exists;
+5. none: the defaults (master 127.0.0.1:8995).
+
+``--master H:P`` replaces the config's ``cluster.master_addr``.  Channels then carry the
+token and speak TLS as the config says, and a call fails within MASTER_WAIT when the
+master is down rather than wait ``cluster.master_wait``; that error names the address
+and where it came from (:func:`master_origin`, added by cli/main.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import tomllib
 
 from curvine.client.fs import CurvineFS
 from curvine.client.master_client import MasterClient
@@ -20,12 +30,21 @@ from curvine.common import config as config_mod
 from curvine.common.security import Security
 
 MASTER_WAIT = 2.0  # seconds: a command should fail fast when the master is down
+NOWHERE = f"no --base, --conf, CURVINE_CONF or {config_mod.DEFAULT_PATH}"
 
 
-def add_options(parser: argparse.ArgumentParser) -> None:
-    """``--master``, and ``--conf`` or ``--base`` (not both)."""
-    parser.add_argument("--master", metavar="H:P", help="master address "
-                        "(default: cluster.master_addr of the config)")
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """The config file a command reads (None: the defaults) and why that one."""
+    path: str | None
+    origin: str  # "--base DIR", "--conf", "CURVINE_CONF", DEFAULT_PATH, or NOWHERE
+
+
+def add_options(parser: argparse.ArgumentParser, master: bool = True) -> None:
+    """``--master`` (unless ``master`` is False), and ``--conf`` or ``--base`` (not both)."""
+    if master:
+        parser.add_argument("--master", metavar="H:P", help="master address "
+                            "(default: cluster.master_addr of the config)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--conf", metavar="FILE", help="config file (default $CURVINE_CONF "
                        f"or {config_mod.DEFAULT_PATH})")
@@ -33,18 +52,53 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                        "DIR` started: its master, token and TLS keys")
 
 
-def load_config(args: argparse.Namespace) -> config_mod.Config:
-    """The config the options name, with ``--master`` and MASTER_WAIT applied."""
-    base = args.base
+def find(args: argparse.Namespace) -> Found:
+    """The config file of the command's cluster, in the order of the module docstring."""
+    base = getattr(args, "base", None)
     if base:
         from curvine.devtools.local import LocalCluster  # only such a cluster has a base
-        path = LocalCluster.client_conf_of(base)
-    else:
-        path = args.conf
-    cfg = config_mod.load(path)
+        return Found(LocalCluster.client_conf_of(base), f"--base {base}")
+    conf = getattr(args, "conf", None)
+    if conf:
+        return Found(conf, "--conf")
+    env = os.environ.get("CURVINE_CONF")
+    if env:
+        return Found(env, "CURVINE_CONF")
+    if os.path.exists(config_mod.DEFAULT_PATH):
+        return Found(config_mod.DEFAULT_PATH, config_mod.DEFAULT_PATH)
+    return Found(None, NOWHERE)
+
+
+def master_origin(args: argparse.Namespace, found: Found, address: str) -> str:
+    """``address`` and where it came from, for an error that cannot reach it, e.g.
+    "127.0.0.1:8995 (the default; no --base, --conf, CURVINE_CONF or ...)"."""
+    if getattr(args, "master", None):
+        return f"{address} (--master)"
+    if found.path is None:
+        return f"{address} (the default; {found.origin})"
+    source = found.path if found.origin == found.path else f"{found.path}, from {found.origin}"
+    try:
+        with open(found.path, "rb") as f:
+            named = "master_addr" in (tomllib.load(f).get("cluster") or {})
+    except (OSError, ValueError, AttributeError):
+        named = True
+    if named:
+        return f"{address} (cluster.master_addr of {source})"
+    given = found.path if found.origin == found.path else f"{found.path} ({found.origin})"
+    return f"{address} (the default; {given} sets no cluster.master_addr)"
+
+
+def load_config(args: argparse.Namespace) -> config_mod.Config:
+    """The config the options name, with ``--master`` and MASTER_WAIT applied.  Records
+    on ``args`` the master's address and where it came from (``args.master_addr``,
+    ``args.master_origin``), which cli/main.py adds to an error that cannot reach it."""
+    found = find(args)
+    cfg = config_mod.load(found.path) if found.path else config_mod.Config()
     cfg.cluster = dataclasses.replace(cfg.cluster,
-                                      master_addr=args.master or cfg.cluster.master_addr,
+                                      master_addr=getattr(args, "master", None) or cfg.cluster.master_addr,
                                       master_wait=config_mod.Duration(MASTER_WAIT))
+    args.master_addr = cfg.cluster.master_addr
+    args.master_origin = master_origin(args, found, cfg.cluster.master_addr)
     return cfg
 
 

@@ -27,6 +27,7 @@ COMMAND_GROUPS = [
     ("config", "curvine.cli.config_cmd"),
     ("report", "curvine.cli.report"),
     ("journal", "curvine.cli.journal_cmd"),
+    ("doctor", "curvine.cli.doctor"),
 ]
 
 # Documented in docs/cli.md.
@@ -70,6 +71,17 @@ def _message(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _unreachable(args: argparse.Namespace, exc: BaseException) -> str:
+    """"cannot reach the master at ADDRESS (where it came from): " when ``exc`` is a
+    call that could not reach the master the command's config named (cli/connect.py)."""
+    from curvine.common.errors import CurvineError, ErrorKind
+    addr, origin = getattr(args, "master_addr", None), getattr(args, "master_origin", None)
+    if (isinstance(exc, CurvineError) and exc.kind in (ErrorKind.UNAVAILABLE, ErrorKind.TIMEOUT)
+            and origin and addr and addr in str(exc)):
+        return f"cannot reach the master at {origin}: "
+    return ""
+
+
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -94,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("CURVINE_DEBUG"):
             traceback.print_exc()
         if isinstance(e, _known_errors()):
-            print(f"curvine: error: {_message(e)}", file=sys.stderr)
+            print(f"curvine: error: {_unreachable(args, e)}{_message(e)}", file=sys.stderr)
             return _exit_code(e)
         print(f"curvine: error: internal error: {type(e).__name__}: {_message(e)}",
               file=sys.stderr)

@@ -42,6 +42,7 @@ def report_dict(r: master_pb2.ReportReply, master: str) -> dict:
             "id": w.worker_id, "address": w.address, "host": w.host_id, "state": w.state,
             "capacity": w.capacity, "used": w.used, "blocks": w.blocks,
             "heartbeat_age_seconds": round(w.heartbeat_age, 3) if w.heartbeat_age >= 0 else None,
+            "shares_disk_with": list(w.shares_disk_with),
         } for w in r.workers],
         "workers_live": sum(1 for w in r.workers if w.state == "live"),
         "workers_lost": sum(1 for w in r.workers if w.state == "lost"),
@@ -107,7 +108,9 @@ def print_report(d: dict) -> None:
             print(f"  {w['id']:>4}  {w['address']:<21} {w['host'][:12]:<12} {w['state']:<7} "
                   f"{human_size(w['capacity']):>10} {human_size(w['used']):>10} "
                   f"{_pct(w['used'], w['capacity']):>6} {w['blocks']:>8}  "
-                  f"{_age(age if age is not None else -1)}")
+                  f"{_age(age if age is not None else -1)}"
+                  + (f"  (shares its disk with worker {', '.join(map(str, w['shares_disk_with']))}: "
+                     "capacity is its share)" if w["shares_disk_with"] else ""))
     print()
     print(f"Namespace: {d['inodes']} inodes (files and directories), {d['files_with_data']} "
           f"files with data, {d['blocks']} blocks, {d['block_replicas']} block replicas, "

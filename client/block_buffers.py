@@ -81,7 +81,7 @@ class LocalWorker:
 
 class _BufferPool:
     """Anonymous mappings of block size, reused: pages that are already faulted in
-    take a copy ~10x faster than fresh ones (MEASURED.md), and a mapping only
+    take a copy ~10x faster than fresh ones (docs/measurements.md), and a mapping only
     costs the pages actually written (a 32 MiB file in a 64 MiB block)."""
 
     def __init__(self, idle_bytes: int):

@@ -32,7 +32,7 @@ from curvine.common import wire
 from curvine.common.blocks import (CLIENT_STAGING_NAME, block_relpath, check_block_id,
                                    client_staging_path)
 
-CHUNK = MIB  # data per gRPC message (MEASURED.md: 1 MiB is the sweet spot)
+CHUNK = MIB  # data per gRPC message (docs/measurements.md: 1 MiB is the sweet spot)
 DEFAULT_READAHEAD = 4  # messages buffered ahead of the reader (client.readahead_blocks)
 
 WorkerInfo = common_pb2.WorkerInfo

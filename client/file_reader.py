@@ -21,7 +21,7 @@ A local block file is found only in a data dir that this process's own configura
 names (``block_client.LocalDirs``; a dir a worker reports over the network only
 selects one of those), opened component by component with O_NOFOLLOW.  The file is
 opened once and the descriptor kept: an open descriptor keeps reading the bytes it
-opened even if the block is deleted later (DESIGN consistency rule 4).  It is checked
+opened even if the block is deleted later (consistency rule 4, docs/consistency.md).  It is checked
 once per descriptor, at open for the blocks in the first PREFETCH_BYTES of the file
 (which the kernel is asked to read ahead, POSIX_FADV_WILLNEED), in the background when
 a read reaches the block before, else at its first read; later reads of that

@@ -3,7 +3,7 @@
 Every open-for-write gets its own ``FileWriter``: a private version of the file
 that nobody else sees until ``publish()`` hands its blocks to the master
 (CompleteFile).  Several writers of the same path may work at once; the last to
-publish wins and readers never see a mix (DESIGN consistency rule 1).
+publish wins and readers never see a mix (consistency rule 1, docs/consistency.md).
 
 The version is an extent map (``extents``) covering [0, size): uploaded blocks,
 holes and at most one block being written.  That block is uploaded in the background

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 # process_start_time_seconds says once.
 disable_created_metrics()
 
-# Latencies of a unary call on loopback start at ~0.5 ms (MEASURED.md); a mutation
+# Latencies of a unary call on loopback start at ~0.5 ms (docs/measurements.md); a mutation
 # waits for a journal fsync; a block stream may take seconds.
 RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                2.5, 5.0, 10.0, 30.0)
@@ -160,7 +160,7 @@ FUSE_GETATTR_LOCAL = Counter(
 FUSE_OPEN_WAITS = Counter(
     "curvine_fuse_opens_waiting_for_readers",
     "O_TRUNC or O_RDWR opens that waited for other processes' page-cache readers of the "
-    "file on this mount to close (DESIGN rule 1), by outcome: closed = they all closed, "
+    "file on this mount to close (consistency rule 1, docs/consistency.md), by outcome: closed = they all closed, "
     "timeout = the open went on after fuse_client/filesystem.py CACHED_READERS_WAIT",
     ["outcome"], registry=None)
 FUSE_METRICS = (FUSE_LOOKUPS, FUSE_LOOKUP_LOCAL, FUSE_GETATTR_LOCAL, FUSE_OPEN_WAITS)

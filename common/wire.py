@@ -1,7 +1,7 @@
 """Hand-framed data messages of the Worker service, shared by worker and client.
 
 Building a 1 MiB protobuf message and serialising it copies the data twice into fresh
-memory, and fresh pages copy at ~1 GB/s (MEASURED.md); that alone halves the
+memory, and fresh pages copy at ~1 GB/s (docs/measurements.md); that alone halves the
 streaming rate.  The data-carrying messages are therefore framed by hand: the small
 fields go through protobuf, the ``bytes data`` field is appended as raw wire format
 (tag, varint length, payload) in a single join.  The bytes on the wire are exactly

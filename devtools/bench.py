@@ -1182,7 +1182,7 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="two mounts of one MooseFS for path 5 and for smallio (default: "
                         "moosefs-up.sh's /tmp/peers/mnt_mfs_a and _b when mounted)")
     g.add_argument("--moosefs-up", metavar="SCRIPT",
-                   help="start MooseFS with this script (shared/peers/moosefs-up.sh) and "
+                   help="start MooseFS with this script (bench/moosefs-up.sh) and "
                         "stop it afterwards with the moosefs-down.sh beside it")
     g = p.add_argument_group("smallio workload")
     g.add_argument("--smallio-file-size", type=argtypes.size, metavar="SIZE",

@@ -150,7 +150,7 @@ class MooseFs:
             return
         if not self.up_script:
             self.reason = ("not set up: give --moosefs-mounts A B, or --moosefs-up SCRIPT "
-                           "(e.g. shared/peers/moosefs-up.sh)")
+                           "(e.g. bench/moosefs-up.sh)")
             return
         say(f"  starting MooseFS with {self.up_script} ...")
         try:

@@ -968,16 +968,46 @@ def register(p: argparse.ArgumentParser) -> None:
     up.set_defaults(func=_cmd_up, _parser=up)
 
     down = sub.add_parser("down", help="unmount and stop everything a cluster started")
-    down.add_argument("--base", required=True)
+    _add_where(down)
     down.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                       help="SIGKILL what is still running after this long (default 30)")
     down.set_defaults(func=_cmd_down, _parser=down)
 
     st = sub.add_parser("status", help="list the processes of a cluster, their "
                                       "addresses, mounts and metrics URLs")
-    st.add_argument("--base", required=True)
+    _add_where(st)
     st.add_argument("--json", action="store_true", help="print JSON instead of a table")
     st.set_defaults(func=_cmd_status, _parser=st)
+
+
+def _add_where(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--base", help="the cluster's directory (default: the cluster whose "
+                                      "config --conf, CURVINE_CONF or "
+                                      f"{_config.DEFAULT_PATH} names)")
+    where.add_argument("--conf", metavar="FILE",
+                       help="a config `curvine local up` wrote (BASE/conf/*.toml)")
+
+
+def base_of(args) -> str:
+    """The base directory of `local down/status`: --base, else the cluster whose
+    config the other commands would read (cli/connect.py: --conf, CURVINE_CONF,
+    /etc/curvine/curvine.toml), when `curvine local up` wrote that config."""
+    if args.base:
+        return args.base
+    from curvine.cli import connect
+    found = connect.find(args)
+    if found.path is None:
+        raise ClusterError(f"which cluster? {connect.NOWHERE} names one (use --base DIR)")
+    conf_dir = os.path.dirname(os.path.abspath(found.path))
+    base = os.path.dirname(conf_dir)
+    if os.path.basename(conf_dir) == "conf" and (
+            os.path.exists(os.path.join(base, STATE_FILE))
+            or os.path.abspath(found.path) == os.path.join(base, CLIENT_CONF)):
+        return base  # (a cluster since taken down: attach() says there is none)
+    where = found.path if found.origin == found.path else f"{found.path} ({found.origin})"
+    raise ClusterError(f"{where} is not a config that `curvine local up` wrote (no "
+                       f"{os.path.join(base, STATE_FILE)}); use --base DIR")
 
 
 def _cmd_up(args, parser) -> int:
@@ -1003,7 +1033,7 @@ def _cmd_up(args, parser) -> int:
 
 
 def _cmd_down(args, parser) -> int:
-    base = os.path.realpath(args.base)
+    base = os.path.realpath(base_of(args))
     if not os.path.isdir(base):
         raise ClusterError(f"{base} does not exist")
     try:
@@ -1020,7 +1050,7 @@ def _cmd_down(args, parser) -> int:
 
 
 def _cmd_status(args, parser) -> int:
-    rows = LocalCluster.attach(args.base).status()
+    rows = LocalCluster.attach(base_of(args)).status()
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -8,7 +8,7 @@ other blocking work (workers, disks) runs in a thread through the mount's ``run`
 ``CurvineError`` (or plain values: a lookup miss is None); the adapter
 (operations.py) turns them into errnos.
 
-Publication follows DESIGN consistency rule 1: each open-for-write is its own
+Publication follows consistency rule 1 (docs/consistency.md): each open-for-write is its own
 version (direct_io, so the kernel page cache never merges two handles), published
 by CompleteFile at flush (close), fsync and release.  What a handle still owes is
 its writer's unpublished changes plus its :class:`State`, which only
@@ -319,7 +319,7 @@ class FileSystem:
 
     def _open_snapshot(self, ino: int) -> Attributes | None:
         """Attributes of an inode that is gone from the namespace but still open here:
-        its readers keep going (DESIGN consistency rule 4), and the kernel asks for
+        its readers keep going (consistency rule 4, docs/consistency.md), and the kernel asks for
         attributes before it reads past what it has cached."""
         for h in self._of_inode.get(ino, {}).values():
             if h.inode is not None:
@@ -788,7 +788,7 @@ class FileSystem:
         reply it sets the size to 0 for the whole mount, and reads through the page
         cache stop at that size; an O_RDWR handle's writes land in that page cache
         before they are published.  A reader of the published version would get a
-        short file or unpublished bytes (DESIGN consistency rule 1).  Readers opened
+        short file or unpublished bytes (consistency rule 1, docs/consistency.md).  Readers opened
         from now on get direct_io (``_open``), which neither touches.  The caller's
         own process is not waited for (it could be the one holding the reader open):
         it may see its own changes, as on a local file system."""

@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import importlib.metadata
 import logging
 import os
+import platform
 import resource
 import signal
 import sys
@@ -36,6 +38,7 @@ from curvine.common.rpc import RpcClient
 from curvine.common.security import Security
 from curvine.proto import master_pb2, master_pb2_grpc
 
+from . import features
 from .operations import Operations
 
 log = logging.getLogger("curvine.fuse_client")
@@ -53,7 +56,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-short-circuit", action="store_true",
                    help="read local blocks through the worker too")
     p.add_argument("--debug", action="store_true", help="log at DEBUG")
+    p.add_argument("--version", action=_PrintVersion, nargs=0,
+                   help="print the versions of curvine-py and pyfuse3, what the "
+                        "pyfuse3 build lacks, and exit")
     return p.parse_args(argv)
+
+
+class _PrintVersion(argparse.Action):
+    """--version: version_text() as it is (argparse's own action rewraps it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit(0)
+
+
+def version_text() -> str:
+    """curvine-py's and pyfuse3's versions and the start-up warning, if any."""
+    try:
+        own = importlib.metadata.version("curvine-py")
+    except importlib.metadata.PackageNotFoundError:
+        own = "?"
+    found = features.detect()
+    lines = [f"curvine-fuse {own} (curvine-py; Python {platform.python_version()})",
+             found.summary()]
+    warning = found.warning()
+    if warning:
+        lines.append(f"WARNING: {warning}")
+    return "\n".join(lines)
 
 
 def load_config(args: argparse.Namespace) -> config_mod.Config:
@@ -69,8 +98,8 @@ def load_config(args: argparse.Namespace) -> config_mod.Config:
 
 
 def tune_malloc() -> None:
-    """Large buffers from mmap'd, reused arenas (MEASURED.md: fresh pages copy at
-    ~1 GB/s, reused ones at ~10 GB/s)."""
+    """Large buffers from mmap'd, reused arenas (docs/measurements.md: fresh pages
+    copy at ~1 GB/s, reused ones at ~10 GB/s)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)
@@ -80,7 +109,7 @@ def tune_malloc() -> None:
 
 
 def raise_fd_limit() -> None:
-    """Readers keep the files of local blocks open (DESIGN consistency rule 4)."""
+    """Readers keep the files of local blocks open (consistency rule 4, docs/consistency.md)."""
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft < hard:
@@ -285,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log_mod.setup("DEBUG" if cfg.fuse.debug else cfg.log.level, role="curvine-fuse")
     stacks.install_thread_dump()  # until the loop runs (it then adds its tasks' stacks)
+    warning = features.detect().warning()
+    if warning:
+        log.warning("%s", warning)  # the mount works; `curvine doctor` says the same
     if not os.path.isdir(cfg.fuse.mountpoint):
         log.error("mount point %s is not a directory", cfg.fuse.mountpoint)
         return 2

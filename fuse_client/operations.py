@@ -28,6 +28,7 @@ from curvine.common.errors import CurvineError, ErrorKind, to_errno
 from curvine.common.ids import MIB
 from curvine.proto import common_pb2
 
+from . import features
 from .call_port import CallPortClient
 from .calls import Calls, CallStream
 from .filesystem import XATTR_PREFIX, Absent, Attributes, FileSystem, Handle, Opened
@@ -134,7 +135,8 @@ class Operations(pyfuse3.Operations):
     supports_dot_lookup = True
     # a symlink's target never changes (and inode numbers are never reused): the
     # kernel may keep it in its page cache (scripts/pyfuse3/cache-symlinks.patch)
-    # instead of sending a READLINK each time a path goes through the link
+    # instead of sending a READLINK each time a path goes through the link; a stock
+    # pyfuse3 never reads this
     enable_cache_symlinks = True
 
     def __init__(self, cfg: Config, master: MasterClient):
@@ -142,6 +144,7 @@ class Operations(pyfuse3.Operations):
         fuse_client/main.py); closed by :meth:`close`."""
         super().__init__()
         self.cfg = cfg
+        self.features = features.detect()  # what this pyfuse3 build can do
         self.enable_writeback_cache = cfg.fuse.writeback_cache
         self.master = master
         self.limiter = trio.CapacityLimiter(max(1, cfg.client.rpc_threads))
@@ -336,8 +339,8 @@ class Operations(pyfuse3.Operations):
 
     @_fuse_op
     async def fallocate(self, fh, mode, offset, length):
-        # called by pyfuse3 with scripts/pyfuse3/fallocate.patch; stock pyfuse3 answers
-        # ENOSYS itself and the kernel then says EOPNOTSUPP to every caller
+        # called by pyfuse3 with scripts/pyfuse3/fallocate.patch; stock pyfuse3 has no
+        # handler (libfuse answers ENOSYS) and the kernel says EOPNOTSUPP to every caller
         h = self._handle(fh)
         if h.writer is None:
             raise pyfuse3.FUSEError(errno.EBADF)
@@ -359,6 +362,9 @@ class Operations(pyfuse3.Operations):
 
     @_fuse_op
     async def opendir(self, inode, ctx):
+        if not self.features.cache_readdir:
+            # stock pyfuse3 takes a plain handle only (its FileInfo has no cache_readdir)
+            return self.fs.opendir(inode)
         # while this mount holds the directory's listing the kernel may keep its
         # entries (listings.py): a second listing is answered without a request
         cache, keep = self.kernel.listings.opendir(inode)

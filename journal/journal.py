@@ -388,7 +388,7 @@ class Journal:
             _write_all(self._fd, data)
             if self._fsync:
                 # fdatasync: the appended bytes and the file size, not the mtime
-                # (~130 us here instead of ~200 us for fsync; MEASURED.md)
+                # (~130 us here instead of ~200 us for fsync; docs/measurements.md)
                 started = time.perf_counter()
                 os.fdatasync(self._fd)
                 JOURNAL_FSYNC.observe(time.perf_counter() - started)

@@ -1,4 +1,4 @@
-"""Capacity: what keeps the cache from filling up (DESIGN "Capacity").
+"""Capacity: what keeps the cache from filling up (docs/capacity.md).
 
 One background thread of the master removes files, each batch as one journaled
 ``EvictRecord`` (so a restarted master replays the same namespace) whose blocks go to

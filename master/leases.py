@@ -1,6 +1,6 @@
 """Leases: which FUSE mounts may cache which names and file attributes, and for how long.
 
-DESIGN consistency rule 2 with caching.  A mount keeps a session stream open to the
+Consistency rule 2 (docs/consistency.md) with caching.  A mount keeps a session stream open to the
 master.  A read that carries the session id (Lookup, GetAttr, ListDir -- each name of
 the page, as a lookup of it -- and the replies of Create and Mkdir) may be granted a
 lease: for ``lease_time`` seconds the mount may

@@ -761,7 +761,7 @@ class Master:
                     register_worker=journal_pb2.RegisterWorkerRecord(worker=record)), record.worker_id
             wid = self.submit(plan)
             log.info("worker %d registered: %s (host %s)", wid, info.address, info.host_id)
-        registration = self.registry.registered(wid, info.capacity, info.used)
+        registration = self.registry.registered(wid, info.capacity, info.used, info.volumes)
         return master_pb2.RegisterWorkerReply(worker_id=wid, block_size=self.block_size,
                                               block_key=self.block_key,
                                               registration=registration)
@@ -807,7 +807,8 @@ class Master:
     def heartbeat(self, req: master_pb2.HeartbeatRequest) -> master_pb2.HeartbeatReply:
         deletes = self.registry.heartbeat(req.worker_id, req.capacity, req.used, req.num_blocks,
                                           req.added_block_ids, req.removed_block_ids,
-                                          req.failed_block_ids, req.changes_lost)
+                                          req.failed_block_ids, req.changes_lost,
+                                          volumes=req.volumes)
         if deletes is None:
             return master_pb2.HeartbeatReply(reregister=True)
         reply = master_pb2.HeartbeatReply(delete_block_ids=deletes)

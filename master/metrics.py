@@ -109,7 +109,7 @@ def collectors(master) -> list[metrics.Collector]:
                                 "Inodes in the namespace (files, directories, links)",
                                 value=inodes)
         yield GaugeMetricFamily("curvine_namespace_files", "Files in the namespace (from "
-                                "the last scan of the inodes; see the README)", value=files)
+                                "the last scan of the inodes; see docs/metrics.md)", value=files)
         yield GaugeMetricFamily("curvine_namespace_directories", "Directories in the "
                                 "namespace (from the last scan of the inodes)", value=dirs)
         yield GaugeMetricFamily("curvine_namespace_inline_bytes", "Bytes of small files kept "

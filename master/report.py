@@ -43,10 +43,11 @@ def _workers(master, lost: set[int]) -> list[master_pb2.WorkerReport]:
     rows = []
     # One consistent copy under the registry's lock: heartbeats update these fields
     # together, and the registry's snapshot() leaves out block counts and times.
+    registry.apportioned()  # capacities as shares where workers share a disk
     with registry._lock:
         states = [(st.info, st.capacity, st.used, st.num_blocks, st.last_heartbeat,
-                   registry.alive(st, now)) for st in registry._workers.values()]
-    for info, capacity, used, blocks, last, alive in sorted(states, key=lambda s: s[0].worker_id):
+                   registry.alive(st, now), st.shares_with) for st in registry._workers.values()]
+    for info, capacity, used, blocks, last, alive, peers in sorted(states, key=lambda s: s[0].worker_id):
         if alive:
             state = "live"
         elif last > 0 or info.worker_id in lost:
@@ -56,7 +57,7 @@ def _workers(master, lost: set[int]) -> list[master_pb2.WorkerReport]:
         rows.append(master_pb2.WorkerReport(
             worker_id=info.worker_id, address=info.address, host_id=info.host_id,
             state=state, capacity=capacity, used=used, blocks=blocks,
-            heartbeat_age=now - last if last > 0 else -1.0))
+            heartbeat_age=now - last if last > 0 else -1.0, shares_disk_with=peers))
     return rows
 
 

@@ -18,6 +18,13 @@ exactly which of its own changes that number already includes:
   worker's disk, and placing new data in its space would make the worker refuse it.
   Eviction counts such bytes as on their way out (``pending_free``) so that it does
   not evict for the same space twice.
+
+Capacity (``WorkerState.capacity``) is what the worker reported, except where live
+workers' data dirs share a file system (equal ``Volume.fs_id``: same host, same
+device): each of them would report the whole free space of that disk, so the master
+divides it between them (:func:`apportion`) and a worker's capacity is what it stores
+plus its share.  The pool, the sum of the live workers' capacities, then never
+exceeds the disks.
 """
 
 from __future__ import annotations
@@ -38,7 +45,10 @@ PLACED_EXPIRY = 600.0  # seconds: a placement never reported nor freed stops cou
 @dataclass
 class WorkerState:
     info: common_pb2.WorkerInfo
-    capacity: int = 0
+    capacity: int = 0  # reported_capacity, or its share where a disk is shared
+    reported_capacity: int = 0
+    volumes: dict[str, int] = field(default_factory=dict)  # fs_id -> free, as reported
+    shares_with: tuple[int, ...] = ()  # live workers sharing one of its file systems
     used: int = 0  # as last reported
     num_blocks: int = 0
     last_heartbeat: float = 0.0  # time.monotonic(); 0 = not heard from since master start
@@ -80,12 +90,54 @@ class WorkerUsage:
     pending_free: int  # of ``used``: deleted, not yet confirmed by the worker
 
 
+def apportion(workers: dict[int, tuple[int, int, dict[str, int]]],
+              free: dict[str, int]) -> tuple[dict[int, int], dict[int, set[int]]]:
+    """Capacities of live workers whose file systems may be shared.
+
+    ``workers``: worker id -> (reported capacity, reported used, {fs_id: free}); ``free``:
+    fs_id -> its latest free bytes.  A worker's room is ``capacity - used`` (its own
+    limit: worker.capacity, or the free space of its disks when it has none); the free
+    space of each file system is handed out to the workers on it by water-filling, no
+    one getting more than its room, so the rooms of the workers on a file system add up
+    to at most its free space.  Returns ({worker id: capacity}, {worker id: the others
+    sharing a file system with it}); a worker that shares none (or reported no volumes)
+    keeps the capacity it reported."""
+    on: dict[str, list[int]] = {}
+    for wid, (_, _, vols) in workers.items():
+        for fs_id in vols:
+            on.setdefault(fs_id, []).append(wid)
+    room = {wid: max(cap - used, 0) for wid, (cap, used, _) in workers.items()}
+    left = dict(room)
+    got = {wid: 0 for wid in workers}
+    for fs_id in sorted(on):
+        sharers = sorted(on[fs_id], key=lambda w: (left[w], w))
+        remaining = free.get(fs_id, 0)
+        for i, wid in enumerate(sharers):
+            give = min(left[wid], remaining // (len(sharers) - i))
+            got[wid] += give
+            left[wid] -= give
+            remaining -= give
+    capacity, peers = {}, {}
+    for wid, (cap, used, vols) in workers.items():
+        others = {w for fs_id in vols for w in on[fs_id]} - {wid}
+        if vols:
+            peers[wid] = others
+        if not others or not cap:
+            capacity[wid] = cap  # alone on its disks: its own number (worker.capacity)
+            continue
+        capacity[wid] = max(used + min(room[wid], got[wid]), 1)
+    return capacity, peers
+
+
 class WorkerRegistry:
     def __init__(self, lost_after: float, lag: LagMonitor | None = None):
         self.lost_after = lost_after
         self.lag = lag  # the master's own stalls do not count as workers' silence
         self._lock = threading.Lock()
         self._workers: dict[int, WorkerState] = {}
+        self._free: dict[str, int] = {}  # fs_id -> free bytes, the latest report of it
+        self._reports = 0  # heartbeats and registrations so far (apportion's cache key)
+        self._apportioned: tuple | None = None
         self.deletes_queued = threading.Condition(self._lock)  # notified by queue_deletes
 
     def upsert(self, record: common_pb2.WorkerInfo) -> None:
@@ -127,7 +179,7 @@ class WorkerRegistry:
         with self._lock:
             return worker_id in self._workers
 
-    def registered(self, worker_id: int, capacity: int, used: int) -> bytes:
+    def registered(self, worker_id: int, capacity: int, used: int, volumes=()) -> bytes:
         """A (re)registration: its usage is the whole truth, placements and deletes the
         master counted before are forgotten (a restarted worker lost its writes in
         flight; its block report settles the rest).  Returns the new registration
@@ -138,21 +190,27 @@ class WorkerRegistry:
             if st is not None:
                 st.reset_account()
                 st.registration = registration
-        self.heartbeat(worker_id, capacity, used, 0)
+        self.heartbeat(worker_id, capacity, used, 0, volumes=volumes)
         return registration
 
     def heartbeat(self, worker_id: int, capacity: int, used: int, num_blocks: int,
-                  added=(), removed=(), failed=(), lost: bool = False) -> list[int] | None:
+                  added=(), removed=(), failed=(), lost: bool = False,
+                  volumes=()) -> list[int] | None:
         """Record a heartbeat (``added``/``removed``: block ids finalised/deleted since the
-        last one, which ``used`` includes; ``failed``: copies that were not made); returns
-        the blocks to delete, or None for an unknown worker."""
+        last one, which ``used`` includes; ``failed``: copies that were not made;
+        ``volumes``: common_pb2.Volume of its data dirs' file systems); returns the blocks
+        to delete, or None for an unknown worker."""
         now = time.monotonic()
         with self._lock:
             st = self._workers.get(worker_id)
             if st is None:
                 return None
-            st.capacity, st.used, st.num_blocks = capacity, used, num_blocks
+            st.reported_capacity, st.used, st.num_blocks = capacity, used, num_blocks
+            st.volumes = {v.fs_id: v.free for v in volumes}
+            self._free.update(st.volumes)
+            self._reports += 1
             st.last_heartbeat = now
+            self._apportion(now)
             if lost:
                 st.reset_account()
             for b in added:
@@ -218,12 +276,35 @@ class WorkerRegistry:
         now = time.monotonic() if now is None else now
         return st.last_heartbeat > 0 and now - st.last_heartbeat < self.lost_after
 
+    def _apportion(self, now: float) -> None:
+        """(under the lock) Set each worker's ``capacity``: its share where live workers
+        share a file system (:func:`apportion`), else what it reported.  Recomputed only
+        when a report arrived or the set of live workers changed since the last time."""
+        live = frozenset(wid for wid, st in self._workers.items() if self.alive(st, now))
+        key = (self._reports, live)
+        if key == self._apportioned:
+            return
+        self._apportioned = key
+        capacity, peers = apportion(
+            {wid: (self._workers[wid].reported_capacity, self._workers[wid].used,
+                   self._workers[wid].volumes) for wid in live}, self._free)
+        for wid, st in self._workers.items():
+            st.capacity = capacity.get(wid, st.reported_capacity)
+            st.shares_with = tuple(sorted(peers.get(wid, ())))
+
+    def apportioned(self) -> None:
+        """Bring every worker's ``capacity`` up to date (master/report.py, which reads
+        the states under the lock itself, calls this first)."""
+        with self._lock:
+            self._apportion(time.monotonic())
+
     def snapshot(self) -> list[tuple[common_pb2.WorkerInfo, bool]]:
         """Every registered worker with capacity and (estimated) used filled in, and
         whether it is alive."""
         now = time.monotonic()
         out = []
         with self._lock:
+            self._apportion(now)
             for st in self._workers.values():
                 info = common_pb2.WorkerInfo()
                 info.CopyFrom(st.info)
@@ -236,6 +317,7 @@ class WorkerRegistry:
     def usage(self) -> list[WorkerUsage]:
         now = time.monotonic()
         with self._lock:
+            self._apportion(now)
             return [WorkerUsage(wid, self.alive(st, now), st.capacity, st.used,
                                 st.estimated_used(), st.pending_free())
                     for wid, st in self._workers.items()]
@@ -291,6 +373,7 @@ class WorkerRegistry:
         space); those bytes count as used there from now on."""
         now = time.monotonic()
         with self._lock:
+            self._apportion(now)
             candidates = []
             for wid, st in self._workers.items():
                 if wid in exclude or not self.alive(st, now):

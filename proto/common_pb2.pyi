@@ -100,7 +100,7 @@ class BlockList(_message.Message):
     def __init__(self, blocks: _Optional[_Iterable[_Union[Block, _Mapping]]] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "uuid", "host_id", "address", "data_dirs", "capacity", "used", "lost", "secret_digest", "data_address")
+    __slots__ = ("worker_id", "uuid", "host_id", "address", "data_dirs", "capacity", "used", "lost", "secret_digest", "data_address", "volumes")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class WorkerInfo(_message.Message):
     LOST_FIELD_NUMBER: _ClassVar[int]
     SECRET_DIGEST_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    VOLUMES_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     uuid: str
     host_id: str
@@ -121,7 +122,16 @@ class WorkerInfo(_message.Message):
     lost: bool
     secret_digest: bytes
     data_address: str
-    def __init__(self, worker_id: _Optional[int] = ..., uuid: _Optional[str] = ..., host_id: _Optional[str] = ..., address: _Optional[str] = ..., data_dirs: _Optional[_Iterable[str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., lost: _Optional[bool] = ..., secret_digest: _Optional[bytes] = ..., data_address: _Optional[str] = ...) -> None: ...
+    volumes: _containers.RepeatedCompositeFieldContainer[Volume]
+    def __init__(self, worker_id: _Optional[int] = ..., uuid: _Optional[str] = ..., host_id: _Optional[str] = ..., address: _Optional[str] = ..., data_dirs: _Optional[_Iterable[str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., lost: _Optional[bool] = ..., secret_digest: _Optional[bytes] = ..., data_address: _Optional[str] = ..., volumes: _Optional[_Iterable[_Union[Volume, _Mapping]]] = ...) -> None: ...
+
+class Volume(_message.Message):
+    __slots__ = ("fs_id", "free")
+    FS_ID_FIELD_NUMBER: _ClassVar[int]
+    FREE_FIELD_NUMBER: _ClassVar[int]
+    fs_id: str
+    free: int
+    def __init__(self, fs_id: _Optional[str] = ..., free: _Optional[int] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()

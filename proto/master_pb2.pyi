@@ -516,7 +516,7 @@ class BlockReportReply(_message.Message):
     def __init__(self, delete_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "capacity", "used", "num_blocks", "replicated_block_ids", "failed_block_ids", "added_block_ids", "removed_block_ids", "changes_lost", "registration")
+    __slots__ = ("worker_id", "capacity", "used", "num_blocks", "replicated_block_ids", "failed_block_ids", "added_block_ids", "removed_block_ids", "changes_lost", "registration", "volumes")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
@@ -527,6 +527,7 @@ class HeartbeatRequest(_message.Message):
     REMOVED_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     CHANGES_LOST_FIELD_NUMBER: _ClassVar[int]
     REGISTRATION_FIELD_NUMBER: _ClassVar[int]
+    VOLUMES_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     capacity: int
     used: int
@@ -537,7 +538,8 @@ class HeartbeatRequest(_message.Message):
     removed_block_ids: _containers.RepeatedScalarFieldContainer[int]
     changes_lost: bool
     registration: bytes
-    def __init__(self, worker_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., num_blocks: _Optional[int] = ..., replicated_block_ids: _Optional[_Iterable[int]] = ..., failed_block_ids: _Optional[_Iterable[int]] = ..., added_block_ids: _Optional[_Iterable[int]] = ..., removed_block_ids: _Optional[_Iterable[int]] = ..., changes_lost: _Optional[bool] = ..., registration: _Optional[bytes] = ...) -> None: ...
+    volumes: _containers.RepeatedCompositeFieldContainer[_common_pb2.Volume]
+    def __init__(self, worker_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., num_blocks: _Optional[int] = ..., replicated_block_ids: _Optional[_Iterable[int]] = ..., failed_block_ids: _Optional[_Iterable[int]] = ..., added_block_ids: _Optional[_Iterable[int]] = ..., removed_block_ids: _Optional[_Iterable[int]] = ..., changes_lost: _Optional[bool] = ..., registration: _Optional[bytes] = ..., volumes: _Optional[_Iterable[_Union[_common_pb2.Volume, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("delete_block_ids", "reregister", "replicate")
@@ -759,7 +761,7 @@ class ReportRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerReport(_message.Message):
-    __slots__ = ("worker_id", "address", "host_id", "state", "capacity", "used", "blocks", "heartbeat_age")
+    __slots__ = ("worker_id", "address", "host_id", "state", "capacity", "used", "blocks", "heartbeat_age", "shares_disk_with")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -768,6 +770,7 @@ class WorkerReport(_message.Message):
     USED_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_AGE_FIELD_NUMBER: _ClassVar[int]
+    SHARES_DISK_WITH_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     address: str
     host_id: str
@@ -776,7 +779,8 @@ class WorkerReport(_message.Message):
     used: int
     blocks: int
     heartbeat_age: float
-    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., host_id: _Optional[str] = ..., state: _Optional[str] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., blocks: _Optional[int] = ..., heartbeat_age: _Optional[float] = ...) -> None: ...
+    shares_disk_with: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., host_id: _Optional[str] = ..., state: _Optional[str] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., blocks: _Optional[int] = ..., heartbeat_age: _Optional[float] = ..., shares_disk_with: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReportReply(_message.Message):
     __slots__ = ("workers", "inodes", "files_with_data", "blocks", "block_locations", "under_replicated_blocks", "copies_in_flight", "replication_scanned", "capacity", "lookup_hits", "lookup_misses", "lease_stats", "lease_sessions", "applied_seq", "journal_first_seq", "checkpoint_seq", "uptime", "inline_bytes")

@@ -1,40 +1,33 @@
 #!/usr/bin/env bash
-# Install everything curvine-py needs on a fresh Debian/Ubuntu machine, then the
-# package itself into .venv (editable, with the test extras). Safe to run again:
-# it only calls apt-get when something is missing and pip when pyproject.toml changed.
+# Install everything curvine-py's tests and demo need on a fresh Debian/Ubuntu machine,
+# then the package itself into .venv (editable, with the test extras) through
+# scripts/install.sh, the install path the image and the GPU-node guide use too. Safe
+# to run again: apt-get runs only when something is missing, pip only when
+# pyproject.toml changed. apt-get waits (up to 5 minutes) for another apt/dpkg's lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/apt.sh
+. scripts/apt.sh
 
+# Only the tests and the demo need these (scripts/install.sh brings what a mount needs):
 # fio: tests/test_fio.py verifies data written through a mount (skipped without it);
 # openssl: `curvine local up --tls` makes its CA and certificate with it;
-# stress-ng: tests/test_fs_stress.py runs its file-system stressors on a mount
-APT_PACKAGES=(fuse3 libfuse3-dev pkg-config gcc python3-venv fio openssl stress-ng)
+# stress-ng: tests/test_fs_stress.py runs its file-system stressors on a mount;
+# python3-venv: the venv below, and the ones tests/test_install.py makes
+DEV_PACKAGES=(python3-venv fio openssl stress-ng)
 
-missing=()
 if command -v dpkg >/dev/null 2>&1; then
-  for pkg in "${APT_PACKAGES[@]}"; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-  done
+  read -r -a missing <<<"$(apt_missing "${DEV_PACKAGES[@]}")"
+  if ((${#missing[@]})); then
+    echo "setup: missing: ${missing[*]}" >&2
+    command -v apt-get >/dev/null 2>&1 ||
+      { echo "setup: no apt-get here; install ${missing[*]} yourself" >&2; exit 1; }
+    apt_install "${missing[@]}"
+  fi
 else
-  # Not Debian: check for the tools instead of the packages.
-  for cmd in fusermount3 pkg-config gcc fio openssl stress-ng; do
-    command -v "$cmd" >/dev/null 2>&1 || missing+=("$cmd")
+  for cmd in fio openssl stress-ng; do
+    command -v "$cmd" >/dev/null 2>&1 || { echo "setup: missing $cmd; install it yourself" >&2; exit 1; }
   done
-fi
-
-if ((${#missing[@]})); then
-  echo "setup: missing: ${missing[*]}" >&2
-  if ! command -v apt-get >/dev/null 2>&1; then
-    echo "setup: no apt-get here; install fuse3, libfuse3 headers, pkg-config, gcc, fio, openssl and stress-ng yourself" >&2
-    exit 1
-  fi
-  sudo=()
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null 2>&1 || { echo "setup: run as root or install sudo" >&2; exit 1; }
-    sudo=(sudo)
-  fi
-  "${sudo[@]}" apt-get update -qq
-  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y "${APT_PACKAGES[@]}"
 fi
 
 PYTHON="${PYTHON:-python3}"
@@ -49,18 +42,14 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -m pip --version >/dev/null 2
   "$PYTHON" -m venv --clear .venv
 fi
 
-# Reinstall only when pyproject.toml changed or an import is broken.
+# Install again only when pyproject.toml or an install script changed, or an import is
+# broken; install.sh also makes sure the venv has the patched pyfuse3
+# (scripts/pyfuse3/*.patch: fallocate, cache-symlinks, cache-readdir, read-queued).
 stamp=.venv/.curvine-installed
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$(cat pyproject.toml scripts/install.sh scripts/pyfuse3/* | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] ||
-   ! .venv/bin/python -c 'import curvine.cli.main, pyfuse3, trio, grpc, lmdb, pytest, grpc_tools' 2>/dev/null; then
-  .venv/bin/pip install -q -e '.[test]'
+   ! .venv/bin/python -c 'import curvine.cli.main, pyfuse3, trio, grpc, lmdb, pytest, grpc_tools' 2>/dev/null ||
+   ! .venv/bin/curvine doctor --install-only >/dev/null 2>&1; then
+  bash scripts/install.sh --editable --extras test .venv
   echo "$want" > "$stamp"
 fi
-
-# PyPI's pyfuse3 has no fallocate handler (every fallocate(2) on a mount fails with
-# EOPNOTSUPP), nor the kernel's symlink and directory caches; replace it with 3.5.0 +
-# scripts/pyfuse3/*.patch (fallocate, cache-symlinks, cache-readdir, read-queued).
-# Returns at once when that build is already installed; pip keeps it afterwards (it
-# satisfies pyfuse3>=3.4).
-bash scripts/pyfuse3/build.sh .venv

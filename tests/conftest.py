@@ -38,20 +38,22 @@ from curvine.devtools.local import ClusterError, LocalCluster
 
 
 LAYERS = {
-    "unit": {"test_connector_naming", "test_fds", "test_kernel_cache", "test_journal", "test_listings", "test_mounts", "test_pod_fork",
+    "unit": {"test_apt_lock", "test_connector_naming", "test_fds", "test_kernel_cache", "test_journal", "test_listings",
+             "test_mounts", "test_pod_fork",
              "test_posix_workload", "test_proto"},
     "services": {"test_calls", "test_call_port", "test_fuse_ops", "test_fuzz", "test_keepalive", "test_master",
                  "test_master_put", "test_master_posix", "test_security", "test_data_port",
                  "test_request_limits"},
     "daemons": {
         "test_auth", "test_bench", "test_call_port_mounts", "test_bigdir", "test_block_garbage", "test_block_tokens",
-        "test_capacity", "test_capacity_defaults", "test_cli_admin", "test_client_trust",
+        "test_capacity", "test_capacity_defaults", "test_cli_admin", "test_cli_cluster", "test_client_trust",
         "test_concurrency_stress",
         "test_config", "test_connector", "test_crash", "test_deploy", "test_domain_socket", "test_fio", "test_fs_lmcache",
-        "test_fs_posix", "test_fs_posix_types", "test_fs_stress", "test_inline_files", "test_random_io",
+        "test_fs_posix", "test_fs_posix_types", "test_fs_stress", "test_inline_files", "test_install",
+        "test_random_io",
         "test_journal_hardening", "test_kvstore", "test_leases", "test_lmcache",
         "test_local_cli", "test_master_guards", "test_master_outage", "test_metrics",
-        "test_permissions", "test_private_files", "test_replicas", "test_roles",
+        "test_permissions", "test_private_files", "test_replicas", "test_roles", "test_shared_disk",
         "test_small_hardening", "test_starvation", "test_stream_limits", "test_tls", "test_port_limits",
         "test_worker", "test_worker_safety"},
 }

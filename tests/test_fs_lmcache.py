@@ -162,7 +162,7 @@ def _reader(directory: str, size: int, current, stop, out: str, master_addr: str
                 data = f.read()
         except OSError as e:
             # The version this reader opened was replaced (its blocks freed) while it
-            # read: a clean error is allowed (DESIGN, consistency rule 4), other bytes not.
+            # read: a clean error is allowed (consistency rule 4, docs/consistency.md), other bytes not.
             if e.errno in (errno.ESTALE, errno.ENOENT):
                 stale += 1
             else:

@@ -244,7 +244,7 @@ def _open_waits(cluster, outcome: str) -> float:
 @pytest.mark.parametrize("mode", ["O_TRUNC", "O_RDWR", "O_RDWR|O_TRUNC"])
 def test_reader_keeps_its_version_when_another_process_opens_the_file_to_write(
         fs, posix_cluster, mode):
-    """DESIGN consistency rule 1 on one mount: a reader of a published file reads
+    """Consistency rule 1 (docs/consistency.md) on one mount: a reader of a published file reads
     all of that version although another process here opens the file to write while
     it reads.  The kernel has one page cache and one size per inode: an O_TRUNC open
     (LMCache's writers of one key open the same <key>.tmp so) sets the size to 0 for
@@ -312,7 +312,7 @@ def test_reader_keeps_its_version_when_another_process_opens_the_file_to_write(
 
 
 def test_an_old_reader_and_a_new_reader_of_a_file_get_their_own_versions(fs):
-    """DESIGN consistency rule 1 across mounts: mount B reads version 1 of a file
+    """Consistency rule 1 (docs/consistency.md) across mounts: mount B reads version 1 of a file
     through the page cache while mount A publishes version 2 (same size, other
     bytes), and then a new reader on B reads version 2.  The old reader must finish
     with version 1 only: one page cache cannot hold both, so the new reader reads
@@ -340,7 +340,7 @@ def test_an_old_reader_and_a_new_reader_of_a_file_get_their_own_versions(fs):
 
 @pytest.mark.parametrize("new_size", [5, 9 * MIB])
 def test_a_reader_finishes_its_version_when_another_mount_publishes_another_size(fs, new_size):
-    """DESIGN consistency rule 1 across mounts, when the new version has another size:
+    """Consistency rule 1 (docs/consistency.md) across mounts, when the new version has another size:
     the kernel's size of the inode bounds reads through the page cache.  The reader
     must still read all of the version it opened, and no more, while other processes
     on its mount stat the file and read the new version.  Its mount keeps telling the
@@ -379,7 +379,7 @@ def _cluster_keeping_names(make_cluster, tmp_path):
 
 def test_a_reader_reads_all_of_a_new_version_while_the_kernel_holds_the_old_size(
         make_cluster, tmp_path):
-    """DESIGN consistency rules 1 and 3: the kernel may keep a file's attributes for
+    """Consistency rules 1 and 3 (docs/consistency.md): the kernel may keep a file's attributes for
     a while (here without leases, for a 30 s attr and entry timeout), so a stat on B
     shows the old size; but a reader that opens the file there gets the version the
     master has now, and all of it, though the kernel still held the old version's
@@ -401,7 +401,7 @@ def test_a_reader_reads_all_of_a_new_version_while_the_kernel_holds_the_old_size
 
 
 def test_an_open_finds_the_file_another_mount_renamed_over_the_name(make_cluster, tmp_path):
-    """DESIGN consistency rule 2: rename is atomic, so opening a name that always
+    """Consistency rule 2 (docs/consistency.md): rename is atomic, so opening a name that always
     exists never fails.  B's kernel still maps "f" to the file that A's rename
     replaced (kept here without leases, for a 30 s entry timeout; with leases the same
     happens when the open races with the revocation: tests/version_fuzz.py, rename

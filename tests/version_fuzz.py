@@ -1,6 +1,6 @@
 """Writers on two mounts replace one file with versions of random sizes; readers on
 both mounts read it whole, again and again: every read must be exactly one version
-(DESIGN consistency rule 1).  Not a test: a bounded script for chasing what the
+(consistency rule 1, docs/consistency.md).  Not a test: a bounded script for chasing what the
 kernel's one page cache and one size per inode let through, e.g. on a
 `curvine local up --mounts 2` cluster:
 

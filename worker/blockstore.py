@@ -168,18 +168,20 @@ class BlockStore:
             log.warning("ignored %d files in the block directories that are not block files",
                         stray)
 
-    def _auto_capacity(self) -> int:
-        """Free space of the data dirs' distinct file systems plus what blocks use."""
-        seen = set()
-        free = 0
+    def volumes(self) -> dict[int, int]:
+        """st_dev -> bytes free, of each distinct file system of the data dirs (the
+        master counts a file system that several workers share once)."""
+        free: dict[int, int] = {}
         for d in self.data_dirs:
             dev = os.stat(d).st_dev
-            if dev in seen:
-                continue
-            seen.add(dev)
-            st = os.statvfs(d)
-            free += st.f_bavail * st.f_frsize
-        return free + self._used
+            if dev not in free:
+                st = os.statvfs(d)
+                free[dev] = st.f_bavail * st.f_frsize
+        return free
+
+    def _auto_capacity(self) -> int:
+        """Free space of the data dirs' distinct file systems plus what blocks use."""
+        return sum(self.volumes().values()) + self._used
 
     # -- queries ------------------------------------------------------------------------
 

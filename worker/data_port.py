@@ -1,7 +1,7 @@
 """The worker's bulk read port: a block range over plain TCP, sent with sendfile(2).
 
 gRPC streaming costs several copies of every byte on each side and about 0.6-0.9 GB/s
-per stream on loopback (MEASURED.md).  A reader on another node (the cross-pod hit the
+per stream on loopback (docs/measurements.md).  A reader on another node (the cross-pod hit the
 L2 exists for) needs more, so a worker also serves block reads on this port: the
 kernel copies the block from the page cache to the socket (no copy in Python here) and
 the client receives straight into its buffer (client/data_port.py, ``recv_into``).

@@ -275,7 +275,7 @@ class MasterLink:
         capacity, used, _, _, _, _ = self.store.take_changes()
         info = common_pb2.WorkerInfo(
             worker_id=self.worker_id, uuid=self.uuid, host_id=host_id(), address=self.address, data_address=self.data_address,
-            data_dirs=self.store.data_dirs, capacity=capacity, used=used)
+            data_dirs=self.store.data_dirs, capacity=capacity, used=used, volumes=self._volumes())
         reply = self._call("RegisterWorker", master_pb2.RegisterWorkerRequest(
             worker=info, secret=self.secret))
         self.registration = reply.registration
@@ -291,6 +291,18 @@ class MasterLink:
             self.servicer.block_key = reply.block_key  # block calls are served from now on
         self._block_report()
         self._registered = True
+
+    def _volumes(self) -> list[common_pb2.Volume]:
+        """The data dirs' file systems, named by host and device, with their free space:
+        workers of one host whose data dirs share a disk are counted once by the master."""
+        try:
+            volumes = self.store.volumes()
+        except OSError as e:
+            log.warning("cannot stat data dirs: %s", e)
+            return []
+        host = host_id()
+        return [common_pb2.Volume(fs_id=f"{host}:{os.major(dev)}:{os.minor(dev)}", free=free)
+                for dev, free in sorted(volumes.items())]
 
     def _block_report(self) -> None:
         blocks = self.store.report_sizes()
@@ -311,7 +323,8 @@ class MasterLink:
                 worker_id=self.worker_id, registration=self.registration,
                 capacity=capacity, used=used, num_blocks=num_blocks,
                 replicated_block_ids=copied, failed_block_ids=failed,
-                added_block_ids=added, removed_block_ids=removed, changes_lost=lost))
+                added_block_ids=added, removed_block_ids=removed, changes_lost=lost,
+                volumes=self._volumes()))
         except BaseException:
             self.copier.give_back(copied, failed)
             self.store.give_back_changes(added, removed, lost)
@@ -410,7 +423,7 @@ def metrics_registry(store: BlockStore, link: MasterLink,
 def tune_malloc() -> None:
     """glibc: serve 1 MiB message buffers from the reused heap, not fresh mmaps.
 
-    Fresh pages cost a fault and zeroing each (MEASURED.md: ~1 GB/s against ~10 GB/s
+    Fresh pages cost a fault and zeroing each (docs/measurements.md: ~1 GB/s against ~10 GB/s
     for reused memory); on loopback this lifts block writes by ~30%."""
     try:
         libc = ctypes.CDLL("libc.so.6")

@@ -13,9 +13,12 @@
 #
 #   scripts/pyfuse3/build.sh [VENV]     (VENV defaults to the repository's .venv)
 #
-# Idempotent: returns at once when the venv's pyfuse3 already has the patch.
-# Needs pkg-config, gcc and libfuse3's headers (scripts/setup.sh installs them);
-# setuptools, setuptools_scm and Cython come from PyPI into pip's build environment.
+# Idempotent: returns at once when the venv's pyfuse3 already has the patches. The
+# wheel it builds is kept in ~/.cache/curvine-py/wheels (XDG_CACHE_HOME), under a key
+# of the sdist, the patches, the Python and libfuse versions, so another venv on this
+# machine gets it in seconds. Needs pkg-config, gcc, patch and libfuse3's headers
+# (scripts/install.sh installs them); setuptools, setuptools_scm and Cython come from
+# PyPI into pip's build environment. scripts/install.sh is the one way in: it runs this.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -58,6 +61,28 @@ if is_patched; then
   exit 0
 fi
 
+# This wheel in place of any pyfuse3, then what it needs (trio, ...; a fresh venv has
+# none of it, and is_patched imports pyfuse3)
+install_wheel() {
+  "$py" -m pip install -q --no-deps --force-reinstall --no-index "$1" &&
+    "$py" -m pip install -q "$1"
+}
+
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/curvine-py"
+# A wheel built here before for the same sources, Python and libfuse
+key="$( { echo "$SHA256 $LOCAL_VERSION"; cat "${PATCHES[@]}";
+          "$py" -c 'import sys, sysconfig; print(sys.implementation.cache_tag, sysconfig.get_platform())';
+          pkg-config --modversion fuse3 2>/dev/null || echo "no-fuse3"; } | sha256sum | cut -c1-16)"
+wheels="$cache/wheels/pyfuse3-$key"
+for whl in "$wheels"/pyfuse3-*.whl; do
+  [ -f "$whl" ] || continue
+  if install_wheel "$whl" >/dev/null 2>&1 && is_patched; then
+    echo "pyfuse3/build.sh: installed the cached build of pyfuse3 $LOCAL_VERSION into $venv ($whl)"
+    exit 0
+  fi
+  rm -rf "$wheels"  # a wheel that does not install or lacks the patches: build again
+done
+
 for cmd in pkg-config gcc patch sha256sum tar; do
   command -v "$cmd" >/dev/null 2>&1 || die "missing $cmd"
 done
@@ -75,7 +100,6 @@ fail() {
 }
 
 # Keep the checked sdist so that a fresh venv does not download it again.
-cache="${XDG_CACHE_HOME:-$HOME/.cache}/curvine-py"
 sdist="$cache/pyfuse3-$VERSION.tar.gz"
 if [ ! -f "$sdist" ] || [ "$(sha256sum "$sdist" | cut -d' ' -f1)" != "$SHA256" ]; then
   mkdir -p "$cache"
@@ -100,8 +124,14 @@ done
 rm -f "$src/src/pyfuse3/__init__.c"
 
 SETUPTOOLS_SCM_PRETEND_VERSION_FOR_PYFUSE3="$LOCAL_VERSION" \
-  "$py" -m pip install --no-deps --force-reinstall --no-cache-dir "$src" >>"$log" 2>&1 ||
+  "$py" -m pip wheel --no-deps --no-cache-dir -w "$work/wheel" "$src" >>"$log" 2>&1 ||
   fail "building pyfuse3 failed"
+whl="$(ls "$work"/wheel/pyfuse3-*.whl 2>/dev/null | head -n1)"
+[ -n "$whl" ] || fail "pip wheel made no pyfuse3 wheel"
+install_wheel "$whl" >>"$log" 2>&1 || fail "installing the pyfuse3 wheel failed"
 
 is_patched || fail "installed pyfuse3 still lacks the patches"
+if mkdir -p "$wheels" 2>/dev/null && cp "$whl" "$wheels/.tmp.$$" 2>/dev/null; then
+  mv "$wheels/.tmp.$$" "$wheels/$(basename "$whl")"
+fi
 echo "pyfuse3/build.sh: built and installed pyfuse3 $LOCAL_VERSION into $venv in $((SECONDS - start))s"
