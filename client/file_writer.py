@@ -529,18 +529,21 @@ class FileWriter:
 
     def _into_hole(self, i: int, off: int) -> Extent:
         """The buffer that takes a write at ``off`` inside the hole ``exts[i]``: the
-        block being written when it ends less than SPARSE_GRAIN before ``off`` (it grows
-        over the hole), else a new buffer from ``off`` rounded down to SPARSE_GRAIN.
-        Either grows over the rest of the hole as the writes go on, so a write into a
-        hole stores what was written (and at most a grain of zeros before it), not a
-        whole block of zeros."""
+        block before the hole when it ends less than SPARSE_GRAIN before ``off`` and has
+        room (the one being written, or a short one brought back into memory: appends
+        after a gap do not fragment the file), else a new buffer from ``off`` rounded
+        down to SPARSE_GRAIN.  Either grows over the rest of the hole as the writes go
+        on, so a write into a hole stores what was written (and at most a grain of
+        zeros before it), not a whole block of zeros."""
         exts = self._extents
         hole = exts[i]
         prev = exts[i - 1] if i else None
-        if (prev is not None and prev is self._cur and off - hole.start < SPARSE_GRAIN
-                and off < exts.capacity_end(prev)):
-            exts.zero_fill(prev, off)
-            return prev
+        if (prev is not None and not prev.is_hole and off - hole.start < SPARSE_GRAIN
+                and off < prev.start + self.block_size):
+            self._make_current(prev)
+            if off < exts.capacity_end(prev):
+                exts.zero_fill(prev, off)
+                return prev
         at = max(hole.start, off - off % SPARSE_GRAIN)
         ext = Extent(at, buf=MemoryBuffer(self.block_size))
         exts.split_hole(i, at, ext)

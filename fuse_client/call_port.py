@@ -174,7 +174,7 @@ class CallPortClient:
         """Connect, serve, reconnect after a failure (with backoff), until cancelled."""
         self._trio_token = trio.lowlevel.current_trio_token()
         delay = 0.1
-        lost = False
+        lost = idle_cut = False
         with trio.CancelScope() as self._scope:
             while True:
                 try:
@@ -188,13 +188,14 @@ class CallPortClient:
                             else logging.DEBUG if lost else logging.INFO,
                             "call port %s:%d: %s (calls go on the stream until it is up)",
                             self.host, self.port, e)
-                    lost = True
+                    lost, idle_cut = True, False  # not an idle cut: the master is away
                     await trio.sleep(delay)
                     delay = min(delay * 2, RETRY_MAX)
                     continue
-                log.info("namespace calls on the master's call port %s:%d%s", self.host,
-                         self.port, " again" if lost else "")
-                lost = False
+                log.log(logging.DEBUG if idle_cut else logging.INFO,
+                        "namespace calls on the master's call port %s:%d%s", self.host,
+                        self.port, " again" if lost else "")
+                lost = idle_cut = False
                 delay = 0.1
                 self._sock, self._tls = sock, tls
                 self.connected.set()
@@ -205,7 +206,11 @@ class CallPortClient:
                         try:
                             await self._read(sock)
                         except (OSError, trio.ClosedResourceError) as e:
-                            log.info("call port: connection lost (%s)", e)
+                            # the master closes a connection idle past its limit
+                            # (master.stream_idle_timeout): expected, not worth a line
+                            idle_cut = not self._pending
+                            log.log(logging.DEBUG if idle_cut else logging.INFO,
+                                    "call port: connection lost (%s)", e)
                         nursery.cancel_scope.cancel()
                 finally:
                     self._down()

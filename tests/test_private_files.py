@@ -213,7 +213,7 @@ def _warnings(log_path: str, since: int, needle: str) -> list[str]:
     return [line for line in text.splitlines() if " WARNING " in line and needle in line]
 
 
-@pytest.mark.expect_log(r"WARNING curvine\.common\.private_files: \S+ \([\w.]+(?: \(LMDB\))?\) had mode [0-7]+(?: and \d+ more directories under \S+)?: made 0[67]00")  # dirs and files opened up on purpose
+@pytest.mark.expect_log(r"WARNING curvine\.common\.private_files: \S+ \([\w.]+(?: \(LMDB\))?\) had mode [0-7]+(?: and \d+ more directories under \S+)?: made 0[67]00", r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # dirs and files opened up on purpose; the master is restarted (its worker waits meanwhile)
 def test_opened_up_dirs_are_made_private_again_at_start(make_cluster, root_only):
     c = make_cluster(workers=1, mounts=0)
     data = os.path.join(c.base, "worker", "0", "data")
