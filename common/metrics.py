@@ -243,8 +243,9 @@ Health = Callable[[], "str | None"]  # None when healthy, else a one-line reason
 # most HTTP_MAX_CONNECTIONS connections are open in all; one more closes the oldest
 # connection still sending its head (or, if none is, the new one, at once), so that a
 # flood of idle connections cannot keep a prompt client such as a /healthz probe out.
-# One peer address may hold at most HTTP_MAX_PER_PEER of those connections (more are
-# closed at once).  Every connection closed for a limit is counted in
+# One peer address may hold at most HTTP_MAX_PER_PEER of those connections: one more
+# closes that address's oldest (a prompt client behind the same address still gets
+# in).  Every connection closed for a limit is counted in
 # curvine_connections_cut_total{port="http"}.
 HTTP_REQUEST_TIMEOUT = 10.0
 HTTP_MAX_HANDLERS = 32
@@ -373,11 +374,14 @@ class _LimitedHTTPServer(http.server.HTTPServer):
                 continue  # e.g. ECONNABORTED: that client is gone
             host = _host(addr)
             if self._peers.get(host, 0) >= HTTP_MAX_PER_PEER:
-                log.debug("http: %s has %d connections open, closing a new one", host,
+                oldest = next(s for s, entry in self._waiting.items()
+                              if _host(entry[0]) == host)
+                log.debug("http: %s has %d connections open, closing its oldest", host,
                           HTTP_MAX_PER_PEER)
                 _HTTP_CUT_PER_PEER.inc()
-                self._close(conn)
-                continue
+                if oldest not in self._ready:
+                    sel.unregister(oldest)
+                self._drop(oldest)
             if len(self._waiting) + self._busy >= HTTP_MAX_CONNECTIONS:
                 idle = next((s for s in self._waiting if s not in self._ready), None)
                 if idle is None:

@@ -63,10 +63,12 @@ RETRY_MAX = 0.5
 # about a minute, like the call port's (master.stream_idle_timeout); the client's
 # channel reconnects at its next call.  Every connection is closed CONNECTION_AGE_MS
 # after it opened (+-10%, gRPC's jitter): new calls go to a new one at once, the calls
-# open on it get CONNECTION_AGE_GRACE_MS to end, then are cut.  The age is the only bound gRPC offers
-# on a message that never finishes arriving (it is buffered whole, up to the port's
-# message limit, until its connection closes: a mount's lease session and Calls
-# stream reopen then, as after a master restart).
+# open on it get CONNECTION_AGE_GRACE_MS to end, then are cut.  The age is the only
+# bound gRPC offers on a message that never finishes arriving (it is buffered whole,
+# up to the port's message limit, until its connection closes).  Not on the master's
+# client port (``make_server(max_age=False)``): a mount's lease session lives there,
+# and a session cut makes the master wait out its leases (lease_time, 30 s) before the
+# mutations that must revoke them (measured: an unlink waited 30 s).
 CONNECTION_IDLE_MS = 30_000
 CONNECTION_AGE_MS = 600_000
 CONNECTION_AGE_GRACE_MS = 60_000
@@ -186,17 +188,19 @@ def _is_abort(e: Exception) -> bool:
 def make_server(threads: int, interceptors: list | None = None,
                 max_concurrent: int | None = None, *, security: Security,
                 accept: Iterable[Role] = (CLIENT,),
-                max_message: int = MESSAGE_LIMIT) -> grpc.Server:
+                max_message: int = MESSAGE_LIMIT, max_age: bool = True) -> grpc.Server:
     """A server for the calls of the roles ``accept`` ("client", "worker"): with tokens
     in ``security``, every method refuses calls that carry none of those roles' tokens
     (common/auth.py).  ``max_message``: the largest message it receives (a larger one
-    is refused RESOURCE_EXHAUSTED from its length prefix, before it is buffered)."""
+    is refused RESOURCE_EXHAUSTED from its length prefix, before it is buffered).
+    ``max_age``: close connections CONNECTION_AGE_MS after they opened (see there)."""
     interceptors = list(interceptors or [])
     accepted = security.accepted(accept)
     if accepted:
         interceptors.insert(0, auth.TokenServerInterceptor(accepted))
     options = [(k, max_message if k == "grpc.max_receive_message_length" else v)
-               for k, v in SERVER_OPTIONS]
+               for k, v in SERVER_OPTIONS
+               if max_age or not k.startswith("grpc.max_connection_age")]
     return grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
         interceptors=interceptors,

@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     server = rpc.make_server(cfg.master.rpc_threads + streams,
                              max_concurrent=cfg.master.rpc_threads * 4 + streams,
                              security=security, accept=(CLIENT,),
-                             max_message=int(cfg.master.client_message_max))
+                             max_message=int(cfg.master.client_message_max),
+                             max_age=False)  # mounts' lease sessions (common/rpc.py)
     servicer = MasterServicer(master, cfg.master.max_sessions, cfg.master.rpc_threads,
                               float(cfg.master.stream_idle_timeout))
     add_to_server(servicer, server, "client")

@@ -482,9 +482,10 @@ def test_idle_connections_are_cut_on_every_port(make_cluster):
 @pytest.mark.expect_log(r"call port: refused a connection of 127\.0\.0\.1")
 def test_each_port_keeps_a_peer_to_its_share_of_connections(make_cluster):
     """At the defaults: 64 call port connections per address (master.call_port_per_peer),
-    32 data port connections per address and 32 domain socket connections per process,
-    64 waiting HTTP connections per address; one more is refused at once while another
-    address is still served.  Before: one peer could take every slot."""
+    32 data port connections per address and 32 domain socket connections per process:
+    one more is refused at once while another address is still served; 64 waiting HTTP
+    connections per address: one more closes that address's oldest.  Before: one peer
+    could take every slot."""
     c = make_cluster(workers=1, mounts=0)
     wcfg = _conf(c, "worker")
     held: list[socket.socket] = []
@@ -526,12 +527,13 @@ def test_each_port_keeps_a_peer_to_its_share_of_connections(make_cluster):
         frame = local_wire.receive(unix[-1], time.monotonic() + 5, limit=local_wire.MAX_REPLY)
         reply = worker_pb2.LocalReply.FromString(frame[0])
         assert "connections of pid" in reply.error, reply
-        # HTTP: the 65th waiting connection of one address
+        # HTTP: the 65th waiting connection of one address closes its oldest
         http = _http_port(c, "master")
-        held += [_connect(http) for _ in range(64)]
+        first = _connect(http)
+        held += [first] + [_connect(http) for _ in range(63)]
         time.sleep(0.5)
-        extra = _connect(http)
-        assert _closed_by_peer(extra, 3) is not None
+        held.append(_connect(http))
+        assert _closed_by_peer(first, 3) is not None
         other = _connect(http, src="127.0.0.2")
         other.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert b"200" in other.recv(100)

@@ -175,10 +175,13 @@ def test_http_endpoint_bounds_idle_and_slow_connections(make_cluster):
     idle, slow = [], []
     try:
         t_open = time.monotonic()
-        for _ in range(300):
-            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        # from several addresses: one address may hold HTTP_MAX_PER_PEER (64)
+        for i in range(300):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5,
+                                                 source_address=(f"127.0.0.{2 + i // 60}", 0)))
         for _ in range(40):
-            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s = socket.create_connection(("127.0.0.1", port), timeout=5,
+                                         source_address=("127.0.0.7", 0))
             s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finished
             slow.append(s)
         time.sleep(0.5)
