@@ -220,6 +220,9 @@ def collectors(master) -> list[metrics.Collector]:
         yield CounterMetricFamily("curvine_call_port_calls", "Namespace calls read on the "
                                   "call port (also counted under their unary method in "
                                   "curvine_rpc_server_handled_total)", value=port.calls)
+        yield GaugeMetricFamily("curvine_call_port_buffered_bytes", "Bytes of frames over "
+                                "64 KiB still arriving on the call port, all connections "
+                                "(at most master.call_port_buffer)", value=port.buffered)
 
     return [metrics.Collector(name, fn) for name, fn in (
         ("namespace", namespace), ("pool", pool), ("capacity", capacity),

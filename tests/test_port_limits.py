@@ -377,6 +377,8 @@ def test_partial_frames_are_cut_and_their_bytes_bounded(make_cluster):
     feeders = [threading.Thread(target=feed, args=(i,), daemon=True) for i in range(len(conns))]
     for t in feeders:
         t.start()
+    time.sleep(5)  # the first four frames are arriving, the others wait for room
+    assert daemon_metric(c, "master", "curvine_call_port_buffered_bytes") == 4 * 16 * MiB
     for t in feeders:
         t.join(60)
     peak = _peak_mb(pid)
