@@ -80,8 +80,9 @@ CONNECTIONS_CUT = Counter(
     "Connections a server refused or closed for passing one of its limits, by port "
     "(call_port, data_port, http) and reason (idle: no request for the idle timeout; "
     "partial_frame / slow_request: a request not complete within its deadline; "
-    "per_peer: the peer had its share of connections open; frame_too_large; garbage: "
-    "a frame that does not parse; not_a_client: a bad hello)",
+    "per_peer: the peer had its share of connections open; busy: the port had all it "
+    "takes; evicted: the oldest waiting one closed for a new one; frame_too_large; "
+    "garbage: a frame that does not parse; not_a_client: a bad hello)",
     ["port", "reason"], registry=None)
 REQUESTS_LIMITED = Counter(
     "curvine_requests_limited_total",
