@@ -47,7 +47,7 @@ import os
 import resource
 import threading
 import time
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from curvine.common.checksum import crc32
 from curvine.common.errors import CurvineError, ErrorKind
@@ -397,8 +397,10 @@ class BlockFetcher:
     def __init__(self, workers: Mapping[int, WorkerInfo], short_circuit: bool = True,
                  timeout: float = 30.0, readahead: int = block_client.DEFAULT_READAHEAD,
                  local_dirs: "block_client.LocalDirs | Iterable[str] | None" = None, *,
-                 security: Security):
+                 security: Security, on_bad_copy: Callable[[int, int], None] | None = None):
         self.workers: dict[int, WorkerInfo] = dict(workers)
+        # told (block id, worker id) of each copy rejected: the master has it checked
+        self.on_bad_copy = on_bad_copy
         self.security = security
         self.short_circuit = short_circuit
         self.timeout = timeout
@@ -450,8 +452,11 @@ class BlockFetcher:
         return self.verify and bool(block.checksum)
 
     def _reject_copy(self, block: Block, worker_id: int, copy: str, detail: str) -> None:
-        """A copy that is not intact: logged once, never read again by this reader."""
+        """A copy that is not intact: logged once, never read again by this reader, and
+        reported (``on_bad_copy``)."""
         _log_bad_copy(block, worker_id, self.workers.get(worker_id), copy, detail)
+        if self.on_bad_copy is not None:
+            self.on_bad_copy(block.block_id, worker_id)
         with self._lock:
             self._bad_copies.setdefault(block.block_id, set()).add(worker_id)
 
@@ -826,7 +831,7 @@ class FileReader:
                  short_circuit: bool = True, timeout: float = 30.0,
                  readahead: int = block_client.DEFAULT_READAHEAD,
                  local_dirs: "block_client.LocalDirs | Iterable[str] | None" = None, *,
-                 security: Security):
+                 security: Security, on_bad_copy: Callable[[int, int], None] | None = None):
         self.blocks = list(blocks)
         self._starts = []
         pos = 0
@@ -838,7 +843,7 @@ class FileReader:
         self._inline = {i: memoryview(b.data) for i, b in enumerate(self.blocks)
                         if not b.block_id and b.length and b.HasField("data")}
         self._fetcher = BlockFetcher(workers, short_circuit, timeout, readahead, local_dirs,
-                                     security=security)
+                                     security=security, on_bad_copy=on_bad_copy)
         self._ahead_done: set[int] = set()  # next blocks already asked for (_ahead)
         if short_circuit:
             # Open local block files now, so that an unlink or eviction after open()

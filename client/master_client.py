@@ -518,11 +518,14 @@ class MasterClient:
     # -- capacity (master/capacity.py) ------------------------------------------
 
     def report_access(self, inos: Sequence[int], timeout: float | None = None,
-                      session: int = 0, closed_opens: Sequence[int] = ()) -> None:
-        """Files opened for reading, and opens of ``session`` closed since (see
-        AccessReporter); not retried for long."""
+                      session: int = 0, closed_opens: Sequence[int] = (),
+                      bad_copies: Sequence[tuple[int, int]] = ()) -> None:
+        """Files opened for reading, opens of ``session`` closed since, and copies
+        found not intact, (block id, worker id) each (see AccessReporter); not retried
+        for long."""
         self._rpc.call("ReportAccess", master_pb2.ReportAccessRequest(
-            inos=list(inos), session=session, closed_opens=list(closed_opens)),
+            inos=list(inos), session=session, closed_opens=list(closed_opens),
+            bad_copies=[master_pb2.BadCopy(block_id=b, worker_id=w) for b, w in bad_copies]),
             idempotent=True, timeout=timeout, wait=0)
 
     def set_policy(self, ino: int, ttl_ms: int | None = None,
@@ -687,6 +690,9 @@ class AccessReporter:
         self.batch = batch
         self._pending: collections.deque[int] = collections.deque(maxlen=max_pending)
         self._closed: collections.deque[tuple[int, int]] = collections.deque()  # (session, open id)
+        # (block id, worker id) of copies readers found not intact: the master has the
+        # workers check them (a few; more are dropped: the next read reports them again)
+        self._bad: collections.deque[tuple[int, int]] = collections.deque(maxlen=1000)
         self._next_open = itertools.count(1)
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -707,6 +713,11 @@ class AccessReporter:
         if session and open_id:
             self._closed.append((session, open_id))
 
+    def bad_copy(self, block_id: int, worker_id: int) -> None:
+        """A reader found the copy of ``block_id`` on ``worker_id`` not intact."""
+        self._bad.append((block_id, worker_id))
+        self._wake.set()
+
     def note(self, ino: int) -> None:
         self._pending.append(ino)
         if len(self._pending) >= self.batch:
@@ -725,7 +736,7 @@ class AccessReporter:
             self.flush()
 
     def flush(self) -> None:
-        while (self._pending or self._closed) and not self.client._rpc.closed:
+        while (self._pending or self._closed or self._bad) and not self.client._rpc.closed:
             inos: dict[int, None] = {}  # each inode once per report, in access order
             while self._pending and len(inos) < self.batch:
                 inos[self._pending.popleft()] = None
@@ -734,13 +745,15 @@ class AccessReporter:
                 session = self._closed[0][0]
                 while self._closed and self._closed[0][0] == session and len(closes) < self.batch:
                     closes.append(self._closed.popleft()[1])
+            bad = [self._bad.popleft() for _ in range(len(self._bad))]
             try:
                 self.client.report_access(list(inos), timeout=5.0, session=session,
-                                          closed_opens=closes)
+                                          closed_opens=closes, bad_copies=bad)
                 self.sent += len(inos)
                 self._failed = False
             except CurvineError as e:
                 self._closed.extendleft((session, oid) for oid in reversed(closes))
+                self._bad.extendleft(reversed(bad))
                 if not self._failed:
                     log.info("access report dropped (eviction order is less exact): %s", e)
                 self._failed = True

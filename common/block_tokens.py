@@ -12,6 +12,12 @@ its own blocks).  Block ids are never reused, so a token names one block's data 
 long as it exists; tokens do not expire, and changing the key (delete the file, restart
 the master; workers get the new key when they register again) voids all of them.
 
+A write token a client gets (AddBlock) names the workers the master chose for the
+block (``BOUND``: b"W" + their count + their ids + the MAC over them too): any other
+worker refuses to write that block with it, so a client cannot leave a stray copy on a
+worker nobody placed it on.  The master's own deletes carry unbound write tokens
+(b"w"), which allow deleting and reading, never writing.
+
 A worker keeps the last key it was given in its first data dir (same file name), so
 after a restart it serves the blocks it holds before the master answers again.
 
@@ -29,6 +35,7 @@ import hmac
 import logging
 import os
 import secrets
+from typing import Iterable
 
 from . import private_files
 
@@ -36,6 +43,8 @@ log = logging.getLogger(__name__)
 
 READ = b"r"
 WRITE = b"w"
+BOUND = b"W"  # a write token naming its workers
+MAX_BOUND = 16  # workers one write token can name (replicas)
 KEY_BYTES = 32
 MAC_BYTES = 16
 TOKEN_BYTES = 1 + MAC_BYTES
@@ -43,22 +52,49 @@ BLOCK_KEY_FILE = "block_token.key"
 _DOMAIN = b"curvine-block-token/1\0"
 
 
-def mint(key: bytes, block_id: int, access: bytes) -> bytes:
-    """The token granting ``access`` (READ or WRITE) to ``block_id``."""
+def _mac(key: bytes, block_id: int, access: bytes, named: bytes = b"") -> bytes:
+    msg = _DOMAIN + block_id.to_bytes(8, "big") + access + named
+    return hmac.new(key, msg, hashlib.sha256).digest()[:MAC_BYTES]
+
+
+def mint(key: bytes, block_id: int, access: bytes, workers: Iterable[int] = ()) -> bytes:
+    """The token granting ``access`` (READ or WRITE) to ``block_id``; a WRITE token
+    with ``workers`` is good for writing on those workers only (BOUND)."""
     if access not in (READ, WRITE):
         raise ValueError(f"access must be READ or WRITE, not {access!r}")
-    msg = _DOMAIN + block_id.to_bytes(8, "big") + access
-    return access + hmac.new(key, msg, hashlib.sha256).digest()[:MAC_BYTES]
+    ids = sorted(set(workers))
+    if access == READ or not ids:
+        return access + _mac(key, block_id, access)
+    if len(ids) > MAX_BOUND:
+        raise ValueError(f"a write token names at most {MAX_BOUND} workers")
+    named = bytes([len(ids)]) + b"".join(w.to_bytes(4, "big") for w in ids)
+    return BOUND + named + _mac(key, block_id, BOUND, named)
 
 
-def allows(key: bytes, block_id: int, token: bytes, access: bytes) -> bool:
-    """Whether ``token`` grants ``access`` to ``block_id`` (a write token grants read)."""
-    if len(token) != TOKEN_BYTES or not 0 <= block_id < 1 << 64:
+def allows(key: bytes, block_id: int, token: bytes, access: bytes,
+           worker_id: int | None = None) -> bool:
+    """Whether ``token`` grants ``access`` to ``block_id`` (a write token grants read).
+    ``worker_id``: the worker asking, for a WRITE: only a token naming it (BOUND)
+    grants writing there; None (the master checking a client's token, a delete): any
+    genuine write token does."""
+    if not 0 <= block_id < 1 << 64 or not token:
         return False
     granted = token[:1]
-    if granted not in (READ, WRITE) or (access == WRITE and granted != WRITE):
+    if granted == BOUND:
+        n = token[1] if len(token) > 1 else 0
+        named = token[1:2 + 4 * n]
+        if not 0 < n <= MAX_BOUND or len(token) != 2 + 4 * n + MAC_BYTES:
+            return False
+        if worker_id is not None and access == WRITE:
+            ids = {int.from_bytes(named[1 + 4 * i:5 + 4 * i], "big") for i in range(n)}
+            if worker_id not in ids:
+                return False
+        return hmac.compare_digest(token[-MAC_BYTES:], _mac(key, block_id, BOUND, named))
+    if len(token) != TOKEN_BYTES or granted not in (READ, WRITE):
         return False
-    return hmac.compare_digest(token, mint(key, block_id, granted))
+    if access == WRITE and (granted != WRITE or worker_id is not None):
+        return False  # an unbound write token writes nowhere
+    return hmac.compare_digest(token, granted + _mac(key, block_id, granted))
 
 
 def load_or_create_key(meta_dir: str) -> bytes:

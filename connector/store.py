@@ -330,8 +330,18 @@ class KVStore:
 
     def _lookup_page(self, names: Sequence[str], encoded: list[bytes],
                      budget: _Budget) -> list[Entry | None]:
-        if not names:
-            return []
+        out: list[Entry | None] = []
+        while len(out) < len(names):
+            # the master answers the names in order within its reply limits
+            # (master.lookup_reply_max): the rest are asked for again
+            got = self._lookup_part(names[len(out):], encoded[len(out):], budget)
+            if not got:
+                raise CurvineError(ErrorKind.IO, "LookupMany answered no name")
+            out.extend(got)
+        return out
+
+    def _lookup_part(self, names: Sequence[str], encoded: list[bytes],
+                     budget: _Budget) -> list[Entry | None]:
         for attempt in (0, 1):
             parent = self.directory(budget)
             try:
@@ -473,6 +483,7 @@ class KVStore:
                     log.warning("block %016x of %s: the copy of worker %d (%s) is not "
                                 "intact: %s", block.block_id, entry.name, w.worker_id,
                                 w.address, e.message)
+                    self.access.bad_copy(block.block_id, w.worker_id)  # checked, then dropped
                 else:
                     self.worker_outage(w).failed(e)
                 errors.append(f"worker {w.worker_id} ({w.address}): {e}")

@@ -967,7 +967,8 @@ class FileSystem:
                                  short_circuit=self.cfg.client.short_circuit,
                                  timeout=self.cfg.cluster.rpc_timeout,
                                  readahead=self.cfg.client.readahead_blocks,
-                                 security=self.master.security)
+                                 security=self.master.security,
+                                 on_bad_copy=self._access.bad_copy)
         # A file on workers: the reader opens its local block files and starts their
         # readahead, in a thread.  A small file's bytes came with its blocks (inline)
         # and an empty one has none: nothing to open, made here.

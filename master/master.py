@@ -668,7 +668,7 @@ class Master:
             # owner 0: a put's block (freed by Capacity if no PutFile claims it in time)
             self._pending[block_id] = (owner, time.time(), wids, size)
         self.capacity.on_add_block(owner)
-        token = block_tokens.mint(self.block_key, block_id, block_tokens.WRITE)
+        token = block_tokens.mint(self.block_key, block_id, block_tokens.WRITE, wids)
         return master_pb2.AddBlockReply(block_id=block_id, workers=workers, block_token=token)
 
     def _allocate_block_id(self, wait: bool = True) -> int:
@@ -818,6 +818,9 @@ class Master:
     # ------------------------------------------------------------------ capacity
     def report_access(self, req: master_pb2.ReportAccessRequest) -> None:
         self.capacity.report_access(req.inos, req.session, req.closed_opens)
+        if req.bad_copies:
+            self.replication.verify_copies([(c.block_id, c.worker_id)
+                                            for c in req.bad_copies])
 
     def set_policy(self, req: master_pb2.SetPolicyRequest) -> master_pb2.InodeReply:
         check_ino(req.ino)

@@ -23,6 +23,12 @@ A background loop (``ReplicationMonitor``, one round every ``interval``):
    target in its next heartbeat reply.  At most ``replication_max_inflight`` copies
    per target; a copy not confirmed within ``replication_timeout`` is given up and
    planned again, as is one the worker reports failed (after a short back-off).
+2b. A copy a reader found not intact (reported with ReportAccess) is checked by the
+   worker that holds it (a VerifyCommand in its next heartbeat reply, never dropped on
+   a client's word alone); a worker that finds a copy not intact (that check, or the
+   file changed after it was finished) removes it and reports it in a heartbeat: the
+   location is dropped (journaled) and the block copied again from a sound replica
+   (a file left with none is removed, a clean ENOENT).
 3. A worker confirms finished copies in its next heartbeat; the master admits them as
    locations with an AddLocationsRecord (journaled) while the file still wants them,
    and asks the worker to delete any copy it does not want (never more replicas than
@@ -40,7 +46,7 @@ import logging
 import threading
 import time
 
-from curvine.common.errors import CurvineError
+from curvine.common.errors import CurvineError, invalid
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
 from .namespace import now_ns
@@ -49,6 +55,8 @@ from .store import U64
 log = logging.getLogger(__name__)
 
 DROP_CHUNK = 10_000  # block ids per DropLocationsRecord
+MAX_BAD_REPORT = 1000  # copies one ReportAccess may say are bad
+MAX_VERIFY_QUEUED = 1000  # checks waiting for one worker's next heartbeat
 PLAN_PER_ROUND = 5_000  # suspects examined per round (the rest wait for the next one)
 RETRY_BACKOFF = 5.0  # seconds before a block whose copy failed is planned again
 NO_SOURCE_BACKOFF = 2.0  # seconds before a block without a live source / target is retried
@@ -75,6 +83,8 @@ class ReplicationMonitor:
         self._suspects: dict[int, float] = {}  # block id -> not before (time.monotonic())
         self._inflight: dict[int, dict[int, float]] = {}  # block id -> {target: deadline}
         self._commands: dict[int, dict[int, master_pb2.ReplicateCommand]] = {}  # by target
+        # copies readers reported bad, for their workers to check: worker -> {block: cmd}
+        self._verify: dict[int, dict[int, master_pb2.VerifyCommand]] = {}
         self._lost: set[int] = set()  # workers declared lost (silent; asked to re-register)
         self._lost_at: dict[int, float] = {}  # since when (time.monotonic())
         self._dropped: set[int] = set()  # lost past the grace: locations dropped
@@ -367,6 +377,10 @@ class ReplicationMonitor:
                 if b in self._inflight and not self._inflight[b]:
                     del self._inflight[b]
             commands = self._commands.pop(wid, {})
+            verify = self._verify.pop(wid, {})
+        if req.bad_block_ids:
+            self._drop_bad(wid, list(req.bad_block_ids))
+        reply.verify.extend(verify.values())
         if req.failed_block_ids:
             log.info("worker %d could not copy %d blocks; planning them again",
                      wid, len(req.failed_block_ids))
@@ -374,6 +388,39 @@ class ReplicationMonitor:
             self.admit(wid, {b: UNKNOWN_LENGTH for b in req.replicated_block_ids})
             self.hint(req.replicated_block_ids)
         reply.replicate.extend(commands.values())
+
+    def verify_copies(self, copies: list[tuple[int, int]]) -> None:
+        """Readers found these (block id, worker id) copies not intact: have each worker
+        check its copy against the recorded crc32 (bounded per worker; copies no file
+        locates there, or of unknown crc32, are ignored)."""
+        if len(copies) > MAX_BAD_REPORT:
+            raise invalid("bad_copies", f"{len(copies)} entries, at most {MAX_BAD_REPORT}")
+        store = self.m.store
+        with store.read() as txn:
+            found = []
+            for block_id, wid in copies:
+                ev = self._evaluate(txn, block_id)
+                if ev is not None and wid in ev[1].worker_ids and ev[1].checksum:
+                    found.append((wid, master_pb2.VerifyCommand(
+                        block_id=block_id, length=ev[1].length, checksum=ev[1].checksum)))
+        with self._lock:
+            for wid, cmd in found:
+                queue = self._verify.setdefault(wid, {})
+                if len(queue) < MAX_VERIFY_QUEUED:
+                    queue[cmd.block_id] = cmd
+        if found:
+            log.info("readers found %d copies not intact: their workers check them",
+                     len(found))
+
+    def _drop_bad(self, wid: int, block_ids: list[int]) -> None:
+        """Worker ``wid`` removed these copies (not intact): no longer locations, and
+        copied again from the other replicas."""
+        log.warning("worker %d found %d copies not intact and removed them (e.g. block "
+                    "%016x): dropping those locations, copying them again from sound "
+                    "replicas", wid, len(block_ids), block_ids[0])
+        for i in range(0, len(block_ids), DROP_CHUNK):
+            self._drop(wid, block_ids[i:i + DROP_CHUNK])
+        self.hint(block_ids)
 
     def on_block_report(self, req: master_pb2.BlockReportRequest) -> None:
         """A (re)joining worker's full report: blocks that files still have but that

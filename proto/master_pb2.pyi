@@ -516,7 +516,7 @@ class BlockReportReply(_message.Message):
     def __init__(self, delete_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "capacity", "used", "num_blocks", "replicated_block_ids", "failed_block_ids", "added_block_ids", "removed_block_ids", "changes_lost", "registration", "volumes")
+    __slots__ = ("worker_id", "capacity", "used", "num_blocks", "replicated_block_ids", "failed_block_ids", "added_block_ids", "removed_block_ids", "changes_lost", "registration", "volumes", "bad_block_ids")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     USED_FIELD_NUMBER: _ClassVar[int]
@@ -528,6 +528,7 @@ class HeartbeatRequest(_message.Message):
     CHANGES_LOST_FIELD_NUMBER: _ClassVar[int]
     REGISTRATION_FIELD_NUMBER: _ClassVar[int]
     VOLUMES_FIELD_NUMBER: _ClassVar[int]
+    BAD_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     capacity: int
     used: int
@@ -539,17 +540,30 @@ class HeartbeatRequest(_message.Message):
     changes_lost: bool
     registration: bytes
     volumes: _containers.RepeatedCompositeFieldContainer[_common_pb2.Volume]
-    def __init__(self, worker_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., num_blocks: _Optional[int] = ..., replicated_block_ids: _Optional[_Iterable[int]] = ..., failed_block_ids: _Optional[_Iterable[int]] = ..., added_block_ids: _Optional[_Iterable[int]] = ..., removed_block_ids: _Optional[_Iterable[int]] = ..., changes_lost: _Optional[bool] = ..., registration: _Optional[bytes] = ..., volumes: _Optional[_Iterable[_Union[_common_pb2.Volume, _Mapping]]] = ...) -> None: ...
+    bad_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, worker_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., num_blocks: _Optional[int] = ..., replicated_block_ids: _Optional[_Iterable[int]] = ..., failed_block_ids: _Optional[_Iterable[int]] = ..., added_block_ids: _Optional[_Iterable[int]] = ..., removed_block_ids: _Optional[_Iterable[int]] = ..., changes_lost: _Optional[bool] = ..., registration: _Optional[bytes] = ..., volumes: _Optional[_Iterable[_Union[_common_pb2.Volume, _Mapping]]] = ..., bad_block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("delete_block_ids", "reregister", "replicate")
+    __slots__ = ("delete_block_ids", "reregister", "replicate", "verify")
     DELETE_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     REREGISTER_FIELD_NUMBER: _ClassVar[int]
     REPLICATE_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_FIELD_NUMBER: _ClassVar[int]
     delete_block_ids: _containers.RepeatedScalarFieldContainer[int]
     reregister: bool
     replicate: _containers.RepeatedCompositeFieldContainer[ReplicateCommand]
-    def __init__(self, delete_block_ids: _Optional[_Iterable[int]] = ..., reregister: _Optional[bool] = ..., replicate: _Optional[_Iterable[_Union[ReplicateCommand, _Mapping]]] = ...) -> None: ...
+    verify: _containers.RepeatedCompositeFieldContainer[VerifyCommand]
+    def __init__(self, delete_block_ids: _Optional[_Iterable[int]] = ..., reregister: _Optional[bool] = ..., replicate: _Optional[_Iterable[_Union[ReplicateCommand, _Mapping]]] = ..., verify: _Optional[_Iterable[_Union[VerifyCommand, _Mapping]]] = ...) -> None: ...
+
+class VerifyCommand(_message.Message):
+    __slots__ = ("block_id", "length", "checksum")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    length: int
+    checksum: int
+    def __init__(self, block_id: _Optional[int] = ..., length: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
 
 class ReplicateCommand(_message.Message):
     __slots__ = ("block_id", "length", "checksum", "sources")
@@ -704,14 +718,24 @@ class CallResult(_message.Message):
     def __init__(self, id: _Optional[int] = ..., error_kind: _Optional[int] = ..., error: _Optional[str] = ..., inode: _Optional[_Union[InodeReply, _Mapping]] = ..., parents: _Optional[_Union[ParentReply, _Mapping]] = ..., listdir: _Optional[_Union[ListDirReply, _Mapping]] = ..., statfs: _Optional[_Union[StatFsReply, _Mapping]] = ..., blocks: _Optional[_Union[GetBlocksReply, _Mapping]] = ..., block: _Optional[_Union[AddBlockReply, _Mapping]] = ..., empty: _Optional[_Union[_common_pb2.Empty, _Mapping]] = ..., xattr: _Optional[_Union[GetXattrReply, _Mapping]] = ..., xattrs: _Optional[_Union[ListXattrReply, _Mapping]] = ..., lookup_many: _Optional[_Union[LookupManyReply, _Mapping]] = ..., put_file: _Optional[_Union[PutFileReply, _Mapping]] = ...) -> None: ...
 
 class ReportAccessRequest(_message.Message):
-    __slots__ = ("inos", "session", "closed_opens")
+    __slots__ = ("inos", "session", "closed_opens", "bad_copies")
     INOS_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     CLOSED_OPENS_FIELD_NUMBER: _ClassVar[int]
+    BAD_COPIES_FIELD_NUMBER: _ClassVar[int]
     inos: _containers.RepeatedScalarFieldContainer[int]
     session: int
     closed_opens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, inos: _Optional[_Iterable[int]] = ..., session: _Optional[int] = ..., closed_opens: _Optional[_Iterable[int]] = ...) -> None: ...
+    bad_copies: _containers.RepeatedCompositeFieldContainer[BadCopy]
+    def __init__(self, inos: _Optional[_Iterable[int]] = ..., session: _Optional[int] = ..., closed_opens: _Optional[_Iterable[int]] = ..., bad_copies: _Optional[_Iterable[_Union[BadCopy, _Mapping]]] = ...) -> None: ...
+
+class BadCopy(_message.Message):
+    __slots__ = ("block_id", "worker_id")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    worker_id: int
+    def __init__(self, block_id: _Optional[int] = ..., worker_id: _Optional[int] = ...) -> None: ...
 
 class SetPolicyRequest(_message.Message):
     __slots__ = ("request_id", "ino", "ttl_ms", "replicas", "session")

@@ -56,6 +56,29 @@ def test_tokens_grant_exactly_what_they_say():
         bt.mint(key, 42, b"x")
 
 
+def test_a_write_token_writes_only_on_the_workers_it_names():
+    """AddBlock's write token names the workers the master placed the block on: any
+    other worker refuses to write with it (no stray copy); reading and the master's own
+    check take it anywhere.  The master's unbound write tokens (its deletes) write
+    nowhere."""
+    key = b"a" * 32
+    bound = bt.mint(key, 42, bt.WRITE, [7, 3])
+    assert bound[:1] == bt.BOUND and bound == bt.mint(key, 42, bt.WRITE, [3, 7, 3])
+    assert bt.allows(key, 42, bound, bt.WRITE, 3) and bt.allows(key, 42, bound, bt.WRITE, 7)
+    assert not bt.allows(key, 42, bound, bt.WRITE, 5)  # a worker it does not name
+    assert bt.allows(key, 42, bound, bt.WRITE)  # the master checking a PutFile's token
+    assert bt.allows(key, 42, bound, bt.READ, 5)  # the writer reads its block anywhere
+    assert not bt.allows(key, 43, bound, bt.WRITE, 3)
+    # the named ids are under the MAC: naming another worker breaks it
+    forged = bound[:2] + (5).to_bytes(4, "big") + bound[6:]
+    assert not bt.allows(key, 42, forged, bt.WRITE, 5)
+    unbound = bt.mint(key, 42, bt.WRITE)
+    assert not bt.allows(key, 42, unbound, bt.WRITE, 3)
+    assert bt.allows(key, 42, unbound, bt.WRITE) and bt.allows(key, 42, unbound, bt.READ, 3)
+    for junk in (bound[:-1], bound + b"\0", bt.BOUND + bytes(3), bt.BOUND):
+        assert not bt.allows(key, 42, junk, bt.READ), junk
+
+
 def test_a_worker_not_yet_registered_serves_no_block(tmp_path):
     servicer = WorkerServicer(BlockStore([str(tmp_path)], capacity=1 << 30))
     with pytest.raises(CurvineError) as e:
@@ -140,6 +163,29 @@ def _create_and_allocate(master):
     alloc = master.AddBlock(master_pb2.AddBlockRequest(ino=node.ino, size_hint=3),
                             timeout=DEADLINE)
     return node, alloc
+
+
+def test_a_worker_the_master_did_not_choose_refuses_the_write(make_cluster):
+    """Two workers, one replica: the token of a block placed on one worker does not
+    write it on the other (before, that worker took it, and the stray copy stayed on
+    its disk after the file was unlinked)."""
+    c = make_cluster(workers=2, mounts=0)
+    with make_channel(c.master_addr, c.security) as mch:
+        master = master_pb2_grpc.MasterStub(mch)
+        _node, alloc = _create_and_allocate(master)
+    [chosen] = alloc.workers
+    other = next(r for r in c.status() if r["role"] == "worker"
+                 and r["address"] != chosen.address)
+    data = b"stray"
+    req = lambda: iter([worker_pb2.WriteBlockRequest(  # noqa: E731
+        header=worker_pb2.WriteBlockHeader(block_id=alloc.block_id, token=alloc.block_token),
+        data=data, finish=True, checksum=zlib.crc32(data))])
+    with make_channel(other["address"], c.security) as wch:
+        _denied(lambda: worker_pb2_grpc.WorkerStub(wch).WriteBlock(req(), timeout=DEADLINE),
+                "header.token")
+    with make_channel(chosen.address, c.security) as wch:
+        reply = worker_pb2_grpc.WorkerStub(wch).WriteBlock(req(), timeout=DEADLINE)
+        assert reply.length == len(data)
 
 
 def _denied(fn, field: str):

@@ -26,6 +26,7 @@ import stat
 import pytest
 
 from cluster_util import daemon_metric
+from fs_helpers import wait_until
 from curvine.client import block_client
 from curvine.client.fs import CurvineFS
 from curvine.common.blocks import block_relpath
@@ -216,7 +217,7 @@ def test_reported_dirs_are_matched_against_the_local_config(make_cluster, tmp_pa
 
 # ----------------------------------------------------- tampered copies: the other replica
 
-@pytest.mark.expect_log(r"WARNING curvine\.client\.file_reader: block [0-9a-f]+: the local block file of worker \d+ \S+ is not intact \(\'/[^\']*\.blk\': (Too many levels of symbolic links|Not a directory) \(a symlink or a file in the way\)\)", r"WARNING curvine\.client\.file_reader: block [0-9a-f]+: the local block file of worker \d+ \S+ is not intact \(crc32 [0-9a-f]{8}, recorded [0-9a-f]{8}\)")  # block files tampered with on purpose
+@pytest.mark.expect_log(r"WARNING curvine\.client\.file_reader: block [0-9a-f]+: the local block file of worker \d+ \S+ is not intact \(\'/[^\']*\.blk\': (Too many levels of symbolic links|Not a directory) \(a symlink or a file in the way\)\)", r"WARNING curvine\.client\.file_reader: block [0-9a-f]+: the local block file of worker \d+ \S+ is not intact \(crc32 [0-9a-f]{8}, recorded [0-9a-f]{8}\)", r"WARNING curvine\.worker\.blockstore: block [0-9a-f]+: the copy here is not intact", r"WARNING curvine\.master\.replication: worker \d+ found \d+ copies not intact", r"WARNING curvine\.worker\.blockstore: cannot remove block [0-9a-f]+ under \S+: (Too many levels of symbolic links|Not a directory)")  # block files tampered with on purpose (their workers find and remove them)
 def test_tampered_copies_fail_over_to_the_other_replica(make_cluster, tmp_path):
     """replicas=2: the copy read first is replaced by a symlink to a root-only file,
     its blocks/NN dir by a symlink, or overwritten in place (same length).  The mount
@@ -262,11 +263,15 @@ def test_tampered_copies_fail_over_to_the_other_replica(make_cluster, tmp_path):
 
 # ------------------------------------------------------------ tampered copies: EIO
 
-@pytest.mark.expect_log(r"WARNING curvine\.client\.file_reader: block [0-9a-f]+: the local block file of worker \d+ \S+ is not intact \(\'/[^\']*\.blk\': (Too many levels of symbolic links|Not a directory) \(a symlink or a file in the way\)\)", r"WARNING curvine\.client\.file_reader: block [0-9a-f]+: the local block file of worker \d+ \S+ is not intact \(crc32 [0-9a-f]{8}, recorded [0-9a-f]{8}\)", r"WARNING curvine\.fuse_client\.operations: read\([\d, ]+\): block [0-9a-f]+: no intact replica \(1 did not match")  # the only copies tampered with on purpose
+@pytest.mark.expect_log(r"WARNING curvine\.client\.file_reader: block [0-9a-f]+: the local block file of worker \d+ \S+ is not intact \(\'/[^\']*\.blk\': (Too many levels of symbolic links|Not a directory) \(a symlink or a file in the way\)\)", r"WARNING curvine\.client\.file_reader: block [0-9a-f]+: the local block file of worker \d+ \S+ is not intact \(crc32 [0-9a-f]{8}, recorded [0-9a-f]{8}\)", r"WARNING curvine\.fuse_client\.operations: read\([\d, ]+\): block [0-9a-f]+: no intact replica \(1 did not match", r"WARNING curvine\.worker\.blockstore: block [0-9a-f]+: the copy here is not intact", r"WARNING curvine\.master\.replication: worker \d+ found \d+ copies not intact", r"WARNING curvine\.worker\.blockstore: cannot remove block [0-9a-f]+ under \S+: (Too many levels of symbolic links|Not a directory)")  # the only copies tampered with on purpose (their workers find and remove them)
 def test_tampered_only_copy_is_eio_never_other_bytes(make_cluster, tmp_path):
-    """One replica: the same tampering makes every read fail cleanly (EIO at the
-    mount; in the library ErrorKind.CHECKSUM, or IO where the worker itself refused a
-    symlinked block file), logged once per copy; other files are not affected.  Old code: the secret's or overwritten bytes."""
+    """One replica: the same tampering makes every read fail cleanly, never with other
+    bytes: EIO at the mount (in the library ErrorKind.CHECKSUM, or IO where the worker
+    itself refused a symlinked block file) while the copy is there, logged once per
+    copy; the copy is then found not intact by its worker and removed, and the master
+    removes the file (no copy left): later reads are a clean miss (ENOENT, or ESTALE
+    for a handle that was open), and the name goes.  Other files are not affected.
+    Old code: the secret's or overwritten bytes."""
     c = make_cluster(workers=1, mounts=1, replicas=1)
     mnt = c.mounts[0]
     secret_path, secret = _secret(tmp_path)
@@ -294,17 +299,21 @@ def test_tampered_only_copy_is_eio_never_other_bytes(make_cluster, tmp_path):
                 _read_mount(path)
             else:
                 _pread_mount(path, 4096, MID)
-        assert e.value.errno == errno.EIO, (name, e.value)
+        assert e.value.errno == errno.EIO, (name, e.value)  # the first read: the copy is there
         for short_circuit in (True, False):
             with _fs(c, short_circuit=short_circuit) as fs:
                 for partial in (False, True):
                     with pytest.raises(CurvineError) as e:
                         _read_lib(fs, name, partial)
-                    # CHECKSUM (a copy read and refused), or IO (the worker refused
-                    # its symlinked file): EIO either way
-                    assert to_errno(e.value.kind) == errno.EIO, (name, short_circuit, e.value)
-                    if short_circuit or not name.startswith("/t/link"):
-                        assert e.value.kind == ErrorKind.CHECKSUM, (name, e.value)
+                    # CHECKSUM (a copy read and refused), IO (the worker refused its
+                    # symlinked file), or a miss once the copy (and so the file) is gone
+                    assert e.value.kind in (ErrorKind.CHECKSUM, ErrorKind.IO,
+                                            ErrorKind.NOT_FOUND, ErrorKind.STALE), (
+                        name, short_circuit, e.value)
+    assert _read_mount(mnt + "/t/intact") == _data(9)
+    # every tampered copy is found and removed, and with it the file: the name goes
+    wait_until(lambda: not any(os.path.exists(mnt + name) for name in blocks), 30,
+               "the files whose only copy was not intact to be removed")
     assert _read_mount(mnt + "/t/intact") == _data(9)
     for name, bid in blocks.items():
         # the mount logged the bad copy once (its reader, every read after)

@@ -302,6 +302,49 @@ def test_bad_input_gets_an_error_naming_the_field(inproc):
     raw.close()
 
 
+def test_a_descriptor_kept_after_finish_writes_into_nothing_the_worker_serves(inproc):
+    """A local client keeps the staging descriptor after FinishWrite and goes on
+    writing: the worker finds its block file changed when it next opens it, serves no
+    byte of it (not found), removes it and reports the copy bad; the master drops it
+    (the file had no other copy: removed, a clean miss).  Before, 1 GiB written that
+    way grew the finished block file while the worker's ``used`` stayed at 1 MiB."""
+    c, server, sockets = inproc
+    store = c.worker(1).store
+    data = os.urandom(4096)
+    ino, block_id, worker, token = _new_block(c, b"kept", len(data))
+    raw = Raw(server.path)
+    reply, fds = raw.call(worker_pb2.LocalRequest(open_write={
+        "block_id": block_id, "token": token, "expected_length": len(data)}), want_fd=True)
+    fd = fds[0]
+    try:
+        os.pwrite(fd, data, 0)
+        reply, _ = raw.call(worker_pb2.LocalRequest(finish_write={
+            "block_id": block_id, "token": token, "length": len(data),
+            "checksum": zlib.crc32(data)}))
+        assert reply.error_kind == 0, reply
+        c.client.complete_file(ino, [common_pb2.Block(
+            block_id=block_id, length=len(data), checksum=zlib.crc32(data),
+            worker_ids=[worker.worker_id])], len(data))
+        _, [block], workers = c.client.get_blocks(ino)
+        os.pwrite(fd, b"\0" * MIB, len(data))  # after the finish
+    finally:
+        os.close(fd)
+        raw.close()
+    with pytest.raises(CurvineError) as e:
+        sockets.open_read(workers[block.worker_ids[0]], block_id, block.token)
+    assert e.value.kind == ErrorKind.CHECKSUM
+    assert block_id not in store
+    wait_until(lambda: _gone(c, ino), what="the master to drop the bad copy (the file)")
+
+
+def _gone(c, ino) -> bool:
+    try:
+        c.client.get_blocks(ino)
+    except CurvineError as e:
+        return e.kind == ErrorKind.NOT_FOUND
+    return False
+
+
 def test_a_connection_closed_mid_write_leaves_no_staging_file(inproc):
     c, server, sockets = inproc
     store = c.worker(1).store

@@ -1185,6 +1185,51 @@ def test_a_block_this_process_wrote_is_not_read_whole_again_to_check_it(cluster,
     assert checked and checked[0] == blocks[0].block_id
 
 
+def test_a_copy_a_reader_rejects_is_checked_by_its_worker_and_dropped(cluster, monkeypatch):
+    """A block file changed on disk with its size and mtime kept (only its crc32 can
+    tell): the reader rejects the copy and reports it; the master has the worker check
+    it (never dropping a copy on a client's word), the worker finds it bad and removes
+    it, and the master drops it (the file had no other copy: removed, a clean miss)."""
+    from curvine.client import file_reader
+
+    monkeypatch.setattr(file_reader, "_verified", file_reader._VerifiedFiles())
+    master = cluster.client
+    data = os.urandom(BS)
+    ino = _publish_bytes(master, data, name=b"rot")
+    inode, blocks, ws = master.get_blocks(ino)
+    [block] = blocks
+    w = ws[block.worker_ids[0]]
+    path = block_client.local_block_path(w, block.block_id)
+    # a client's word alone drops nothing: a sound copy reported bad stays
+    master.report_access([], bad_copies=[(block.block_id, w.worker_id)])
+    time.sleep(1.0)  # ten heartbeats: the worker checked it meanwhile
+    assert os.path.exists(path) and master.get_blocks(ino)[1][0].worker_ids == [w.worker_id]
+    st = os.stat(path)
+    with open(path, "r+b") as f:  # bit rot: same size, same mtime
+        f.seek(100)
+        f.write(bytes([data[100] ^ 0xFF]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    reported = []
+    r = FileReader(blocks, ws, short_circuit=True, security=NO_SECURITY,
+                   on_bad_copy=lambda b, wid: reported.append((b, wid)))
+    try:
+        with pytest.raises(CurvineError) as e:
+            r.read(0, BS)
+        assert e.value.kind == ErrorKind.CHECKSUM
+    finally:
+        r.close()
+    assert reported == [(block.block_id, w.worker_id)]
+    master.report_access([], bad_copies=reported)
+    wait_until(lambda: not os.path.exists(path), 10, "the worker to remove the bad copy")
+    def gone():
+        try:
+            master.get_blocks(ino)
+        except CurvineError as e:
+            return e.kind == ErrorKind.NOT_FOUND
+        return False
+    wait_until(gone, 10, "the master to drop it")
+
+
 def test_readers_hold_at_most_their_share_of_local_files(cluster, monkeypatch):
     """Local block files held open by the readers of a process are bounded: past the
     bound a reader reads from the worker instead (same bytes), and every file given

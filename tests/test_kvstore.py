@@ -357,6 +357,7 @@ def test_a_read_from_a_stopped_worker_is_a_miss_within_the_fail_open_bound(kv_cl
 
 
 @pytest.mark.parametrize("short_circuit", [True, False], ids=["short-circuit", "remote"])
+@pytest.mark.expect_log(r"WARNING curvine\.worker\.blockstore: block [0-9a-f]+: the copy here is not intact", r"WARNING curvine\.master\.replication: worker \d+ found \d+ copies not intact")  # planted on purpose: the worker finds and removes it
 def test_partial_reads_of_a_planted_block_fail_like_whole_ones(make_cluster, tmp_path,
                                                                 short_circuit):
     """A block file overwritten in place on the worker's disk: a read of any part of
@@ -398,3 +399,26 @@ def test_names_no_file_can_have_and_bad_offsets_are_answered_not_raised(kv_clust
         with pytest.raises(CurvineError) as e:
             kv.get_into(entry, [bytearray(10)], -5)
         assert e.value.kind.name == "INVALID"
+
+
+def test_a_lookup_past_the_masters_reply_limit_asks_again_for_the_rest(kv_cluster):
+    """The master answers a LookupMany's names in order within master.lookup_reply_max
+    (4 MiB); a prompt of small files kept inline (200 KiB each, their bytes in the
+    reply) needs more: the connector asks again from where the reply ended, and every
+    name is found (before, the names past the cut were misses)."""
+    from curvine.client.fs import CurvineFS
+    from curvine.common import config as config_mod
+
+    c = kv_cluster
+    names = [f"small{i:03d}.data" for i in range(40)]
+    with CurvineFS(cfg=config_mod.load(c.client_conf)) as fs:
+        fs.mkdir(NS, parents=True)
+        for n in names:
+            fs.write_bytes(f"{NS}/{n}", n.encode() * (200 * 1024 // len(n)))
+    many = master_calls(c, "LookupMany")
+    with KVStore.open(c.client_conf, NS) as kv:
+        entries = kv.lookup(names)
+        assert all(e is not None for e in entries), [n for n, e in zip(names, entries) if e is None]
+        assert master_calls(c, "LookupMany") - many >= 2  # 8 MB of bytes: two replies at least
+        out = bytearray(entries[-1].size)
+        assert kv.get_into(entries[-1], [out]) == len(out) and out.startswith(names[-1].encode())

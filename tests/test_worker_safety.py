@@ -59,8 +59,11 @@ def _key(c) -> bytes:
 
 
 def _w(c, block_id: int) -> bytes:
-    """A valid write token (the master would hand it out with AddBlock)."""
-    return block_tokens.mint(_key(c), block_id & ((1 << 64) - 1), block_tokens.WRITE)
+    """A valid write token for the cluster's worker (the master would hand it out with
+    AddBlock, naming the worker it placed the block on)."""
+    from curvine.worker.server import load_worker_id
+    wid = load_worker_id(os.path.join(c.base, "worker", "0", "data"))
+    return block_tokens.mint(_key(c), block_id & ((1 << 64) - 1), block_tokens.WRITE, [wid])
 
 
 def _raw_unary(channel, method: str, payload: bytes):

@@ -51,7 +51,7 @@ from curvine.common.checksum import crc32
 from curvine.common import private_files
 from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.common.fds import close_fd
-from curvine.common.blocks import (CLIENT_STAGING_NAME, MAX_BLOCK_ID, block_path,
+from curvine.common.blocks import (CLIENT_STAGING_NAME, MAX_BLOCK_ID, block_path, block_relpath,
                                    check_block_id)
 from curvine.common.ids import MIB
 
@@ -103,6 +103,7 @@ class BlockStore:
         self._added: list[int] = []
         self._removed: list[int] = []
         self._changes_lost = False
+        self._bad: list[int] = []  # copies found not intact and removed (take_bad)
         self._adopt_mode_warned = False
         for d in dirs:
             try:
@@ -559,28 +560,90 @@ class BlockStore:
             raise CurvineError(ErrorKind.NOT_FOUND,
                                f"block {block_id:016x} not on this worker") from None
         except OSError as e:
+            if e.errno == errno.ELOOP:  # a symlink where the block file was: tampering
+                self.remove_bad(block_id, "a symlink in place of its file")
+                raise CurvineError(ErrorKind.CHECKSUM, f"block {block_id:016x}: the copy "
+                                   f"on this worker was not intact (removed)") from None
             raise _disk_error(e, path) from None
         try:
-            return fd, os.fstat(fd).st_size
+            st = os.fstat(fd)
         except OSError as e:
             os.close(fd)
             raise _disk_error(e, path) from None
+        if st.st_size != entry.size or st.st_mtime_ns != entry.mtime_ns:
+            # Written after it was finished (a descriptor a local client kept, or a hand
+            # on the disk): not the block the master recorded.
+            os.close(fd)
+            self.remove_bad(block_id, f"its file changed after it was finished ({st.st_size} "
+                                      f"bytes, {entry.size} recorded)")
+            raise CurvineError(ErrorKind.CHECKSUM, f"block {block_id:016x}: the copy on "
+                                                   f"this worker was not intact (removed)")
+        return fd, st.st_size
+
+    def verify(self, block_id: int, length: int, checksum: int) -> bool:
+        """Check the copy of ``block_id`` against what the master recorded (its first
+        ``length`` bytes, crc32 ``checksum``); one that does not match is removed
+        (``remove_bad``).  True if intact (or not here)."""
+        try:
+            fd, size = self.open_block(block_id)
+        except CurvineError as e:
+            # not here (any more): nothing to check; or found changed (and removed)
+            return e.kind != ErrorKind.CHECKSUM
+        try:
+            crc, pos = 0, 0
+            while pos < length:
+                data = os.pread(fd, min(1 << 20, length - pos), pos)
+                if not data:
+                    break
+                crc = crc32(data, crc)
+                pos += len(data)
+        except OSError as e:
+            problem = f"reading it failed: {e.strerror}"
+        else:
+            problem = (None if pos == length and crc == checksum
+                       else f"{pos} of {length} bytes, crc32 {crc:08x}, recorded {checksum:08x}")
+        finally:
+            os.close(fd)
+        if problem is None:
+            log.info("block %016x: a reader reported its copy here; it is intact", block_id)
+            return True
+        self.remove_bad(block_id, problem)
+        return False
+
+    def remove_bad(self, block_id: int, why: str) -> None:
+        """Remove a copy that is not intact; the next heartbeat reports it
+        (``take_bad``) so that the master copies the block again from a sound one."""
+        log.warning("block %016x: the copy here is not intact (%s); removing it",
+                    block_id, why)
+        self.delete([block_id])
+        with self._lock:
+            if len(self._bad) < MAX_CHANGES:
+                self._bad.append(block_id)
+
+    def take_bad(self) -> list[int]:
+        with self._lock:
+            bad, self._bad = self._bad, []
+        return bad
+
+    def give_back_bad(self, bad: list[int]) -> None:
+        with self._lock:
+            self._bad[:0] = bad
 
     def delete(self, block_ids: Iterable[int]) -> int:
         """Unlink blocks; ids that are not here are fine.  Returns how many were removed."""
         ids = [check_block_id(b, "block_ids") for b in block_ids]
-        paths = []
+        gone = []
         with self._lock:
             for b in ids:
                 entry = self._blocks.pop(b, None)
                 if entry is not None:
                     self._used -= entry.size
-                    paths.append(block_path(self.data_dirs[entry.dir_index], b))
+                    gone.append((self.data_dirs[entry.dir_index], b))
             self._removed.extend(ids)
             self._trim_changes()
-        for p in paths:
-            _unlink(p)
-        return len(paths)
+        for data_dir, b in gone:
+            _unlink_block(data_dir, b)
+        return len(gone)
 
 
 class BlockWriter:
@@ -759,6 +822,30 @@ def _check_same_file(final: str, checked: os.stat_result, staging: str) -> None:
     if (st.st_dev, st.st_ino) != (checked.st_dev, checked.st_ino):
         _unlink(final)
         raise invalid("path", f"{staging} was replaced while being adopted")
+
+
+def _unlink_block(data_dir: str, block_id: int) -> None:
+    """Remove a block's file, walking from its data dir with O_NOFOLLOW: a directory
+    on the way that was swapped for a symlink is not followed out of the data dir."""
+    *dirs, name = block_relpath(block_id).split(os.sep)
+    try:
+        fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        log.warning("cannot remove block %016x: %s: %s", block_id, data_dir, e.strerror)
+        return
+    try:
+        for d in dirs:
+            nxt = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        os.unlink(name, dir_fd=fd)
+    except FileNotFoundError:
+        pass
+    except OSError as e:  # a symlink in the way (ELOOP, ENOTDIR): nothing outside goes
+        log.warning("cannot remove block %016x under %s: %s", block_id, data_dir, e.strerror)
+    finally:
+        os.close(fd)
 
 
 def _unlink(path: str) -> None:

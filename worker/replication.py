@@ -54,6 +54,18 @@ class BlockCopier:
                 self._running.add(cmd.block_id)
             self._pool.submit(self._run, cmd)
 
+    def verify(self, commands) -> None:
+        """Check copies a reader reported bad (VerifyCommand), in the pool: one that
+        does not match is removed and reported with the next heartbeat."""
+        for cmd in commands:
+            self._pool.submit(self._verify_one, cmd)
+
+    def _verify_one(self, cmd) -> None:
+        try:
+            self.store.verify(check_block_id(cmd.block_id), cmd.length, cmd.checksum)
+        except Exception:  # noqa: BLE001 - the pool must survive anything
+            log.exception("checking block %016x failed", cmd.block_id)
+
     def take_outcomes(self) -> tuple[list[int], list[int]]:
         """(copied, failed) block ids since the last call, for the next heartbeat."""
         with self._lock:

@@ -151,6 +151,25 @@ def load_block_key(data_dir: str) -> bytes:
         return b""
 
 
+WORKER_ID_FILE = "worker_id"  # beside the key: write tokens name this id (block_tokens)
+
+
+def load_worker_id(data_dir: str) -> int:
+    """The id the master last gave this worker (0: none yet)."""
+    try:
+        with open(os.path.join(data_dir, WORKER_ID_FILE), "rb") as f:
+            return int(f.read(32).strip() or b"0")
+    except (OSError, ValueError):
+        return 0
+
+
+def save_worker_id(data_dir: str, worker_id: int) -> None:
+    try:
+        private_files.write_file(os.path.join(data_dir, WORKER_ID_FILE), b"%d\n" % worker_id)
+    except OSError as e:
+        log.warning("cannot save the worker id in %s: %s", data_dir, e)
+
+
 def save_block_key(data_dir: str, key: bytes) -> None:
     try:
         block_tokens.write_key(os.path.join(data_dir, block_tokens.BLOCK_KEY_FILE), key)
@@ -282,7 +301,11 @@ class MasterLink:
         if reply.worker_id != self.worker_id:
             log.info("registered with master %s as worker %d", self.master_addr,
                      reply.worker_id)
-        self.worker_id = reply.worker_id
+        if reply.worker_id != self.servicer.worker_id:
+            # kept on disk like the key: after a restart, writes with the tokens clients
+            # hold (which name this id) are taken before the master answers
+            save_worker_id(self.store.data_dirs[0], reply.worker_id)
+        self.worker_id = self.servicer.worker_id = reply.worker_id
         if reply.block_size:
             self.servicer.block_size = reply.block_size
         if reply.block_key and reply.block_key != self.servicer.block_key:
@@ -318,20 +341,24 @@ class MasterLink:
     def _heartbeat(self) -> None:
         capacity, used, num_blocks, added, removed, lost = self.store.take_changes()
         copied, failed = self.copier.take_outcomes()
+        bad = self.store.take_bad()
         try:
             reply = self._call("WorkerHeartbeat", master_pb2.HeartbeatRequest(
                 worker_id=self.worker_id, registration=self.registration,
                 capacity=capacity, used=used, num_blocks=num_blocks,
                 replicated_block_ids=copied, failed_block_ids=failed,
                 added_block_ids=added, removed_block_ids=removed, changes_lost=lost,
-                volumes=self._volumes()))
+                volumes=self._volumes(), bad_block_ids=bad))
         except BaseException:
             self.copier.give_back(copied, failed)
             self.store.give_back_changes(added, removed, lost)
+            self.store.give_back_bad(bad)
             raise
         self._delete(reply.delete_block_ids)
         if reply.replicate:
             self.copier.submit(reply.replicate)
+        if reply.verify:
+            self.copier.verify(reply.verify)
         if reply.reregister:
             log.info("master asks worker %d to register again", self.worker_id)
             self._registered = False
@@ -482,6 +509,7 @@ def run(cfg: config_mod.Config, stop: threading.Event, security: Security) -> in
         return 1
     servicer = WorkerServicer(store, block_size=int(cfg.cluster.block_size),
                               block_key=load_block_key(store.data_dirs[0]),
+                              worker_id=load_worker_id(store.data_dirs[0]),
                               stream_idle_timeout=float(wc.stream_idle_timeout),
                               max_streams=stream_limit(wc.rpc_threads))
     # clients (mounts, the client library) and the other daemons (the master's deletes,

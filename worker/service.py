@@ -47,7 +47,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     def __init__(self, store: BlockStore, block_size: int = 64 * MIB,
                  block_key: bytes | None = b"", stream_idle_timeout: float = 0.0,
-                 max_streams: int = 0):
+                 max_streams: int = 0, worker_id: int = 0):
         self.store = store
         # Block streams open at once (0 = no limit).  The daemon sets it below its RPC
         # threads, so streams that send nothing (each held until the idle timeout) can
@@ -58,22 +58,30 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self._streams_lock = threading.Lock()
         self.block_size = block_size
         self.block_key = block_key
+        self.worker_id = worker_id  # this worker's (registration): write tokens name it
         # WriteBlock/ReadBlock streams silent this long are cancelled (0 = never)
         self.idle = IdleStreams(stream_idle_timeout, "worker")
         # add_to_server frames ReadBlock replies by hand and sets this; registered
         # with the generated add_WorkerServicer_to_server, replies stay messages.
         self.raw_read_replies = False
 
-    def _authorize(self, block_id: int, token: bytes, access: bytes, field: str) -> None:
+    def _authorize(self, block_id: int, token: bytes, access: bytes, field: str,
+                   here: bool = True) -> None:
         """Refuse unless ``token`` is the master's grant of ``access`` to ``block_id``:
-        a worker serves only block ids the master allocated and handed out."""
+        a worker serves only block ids the master allocated and handed out, and writes
+        only blocks the master placed on it (``here``: a write token must name this
+        worker; False for deletes, which the master sends with unbound tokens)."""
         key = self.block_key
         if key is UNCHECKED:
             return
         if not key:
             raise CurvineError(ErrorKind.UNAVAILABLE, "this worker has not registered with "
                                                       "the master yet (no block token key)")
-        if not block_tokens.allows(key, block_id, token, access):
+        if here and access == block_tokens.WRITE and not self.worker_id:
+            raise CurvineError(ErrorKind.UNAVAILABLE, "this worker has not registered with "
+                                                      "the master yet (writes wait for it)")
+        worker_id = self.worker_id if here else None
+        if not block_tokens.allows(key, block_id, token, access, worker_id):
             BLOCK_TOKEN_REFUSED.inc()
             what = "write" if access == block_tokens.WRITE else "read"
             raise CurvineError(ErrorKind.PERMISSION,
@@ -216,7 +224,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                     "(one write token per block id)")
         for i, b in enumerate(ids):
             self._authorize(b, request.tokens[i] if i < len(request.tokens) else b"",
-                            block_tokens.WRITE, f"tokens[{i}]")
+                            block_tokens.WRITE, f"tokens[{i}]", here=False)
         removed = self.store.delete(ids)
         log.debug("deleted %d of %d blocks on request", removed, len(ids))
         return common_pb2.Empty()
