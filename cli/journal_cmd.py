@@ -158,7 +158,7 @@ def replay_problem(payload: bytes) -> str | None:
     or a kind this version does not know) and a kind this master has no apply for are
     damage.  Whether a well-formed record applies to the state before it is only known
     by replaying it: the master checks that at start (exit 2, naming the record)."""
-    from curvine.master.namespace import Namespace
+    from curvine.master.meta.namespace import Namespace
     entry = journal_pb2.JournalEntry()
     try:
         entry.ParseFromString(payload)
@@ -293,7 +293,7 @@ def _checkpoint_offline(args) -> int:
     master/metadata.py), then checkpoint.
 
     The journal's directory lock makes this refuse to run next to a live master."""
-    from curvine.master.metadata import Metadata, lmdb_dir
+    from curvine.master.meta.metadata import Metadata, lmdb_dir
 
     if args.master:
         raise CurvineError(ErrorKind.INVALID, "--master: not used with --offline")

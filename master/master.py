@@ -23,17 +23,17 @@ from curvine.common.metrics import REQUESTS_LIMITED
 from curvine.common.security import Security
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
-from . import listing
-from .capacity import PUT_BLOCK_TTL, Capacity
-from .committer import RetryHit
-from .deleter import DeletePusher
-from .lag import LagMonitor
-from .leases import LeaseTable
-from .metadata import Metadata, checkpoint_root
-from .namespace import FILE, Effects, not_a_file, now_ns
-from .replication import ReplicationMonitor
-from .steps import Submit, mutation
-from .workers import WorkerRegistry
+from .cluster.capacity import PUT_BLOCK_TTL, Capacity
+from .cluster.deleter import DeletePusher
+from .cluster.lag import LagMonitor
+from .cluster.leases import LeaseTable
+from .cluster.replication import ReplicationMonitor
+from .cluster.workers import WorkerRegistry
+from .meta import listing
+from .meta.committer import RetryHit
+from .meta.metadata import Metadata, checkpoint_root
+from .meta.namespace import FILE, Effects, not_a_file, now_ns
+from .meta.steps import Submit, mutation
 
 log = logging.getLogger(__name__)
 

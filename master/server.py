@@ -18,10 +18,10 @@ from curvine.common.errors import ConfigError, CurvineError
 from curvine.common.security import CLIENT, WORKER, Security
 from curvine.journal import JournalError
 
-from . import metrics as master_metrics
 from .master import Master
-from .call_port import CallPort
-from .service import HEAVY_READS, READ_CALLS, MasterServicer, add_to_server
+from .ports import metrics as master_metrics
+from .ports.call_port_server import CallPort
+from .ports.service import HEAVY_READS, READ_CALLS, MasterServicer, add_to_server
 
 log = logging.getLogger("curvine.master")
 

@@ -35,8 +35,8 @@ from curvine.common.config import Config
 from curvine.common.errors import CurvineError
 from curvine.common.security import CLIENT, NO_SECURITY, WORKER
 from curvine.master.master import Master
-from curvine.master.service import MasterServicer
-from curvine.master.service import add_to_server as add_master_service
+from curvine.master.ports.service import MasterServicer
+from curvine.master.ports.service import add_to_server as add_master_service
 from curvine.worker import server as worker_server
 from curvine.worker.blockstore import BlockStore
 from curvine.worker.service import WorkerServicer

@@ -29,9 +29,9 @@ from curvine.common.security import NO_SECURITY, Security
 from curvine.fuse_client.call_port import CallPortClient, PortDown, PortRefused
 from curvine.fuse_client.calls import Calls
 from curvine.common.call_wire import ANSWER, FRAME, HELLO, MAGIC
-from curvine.master.call_port import CallPort
+from curvine.master.ports.call_port_server import CallPort
 from curvine.master.master import Master
-from curvine.master.service import READ_CALLS, MasterServicer
+from curvine.master.ports.service import READ_CALLS, MasterServicer
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
 TOKEN = "call-port-test-token"

@@ -138,7 +138,7 @@ def test_put_of_an_existing_name_returns_false_and_writes_nothing(kv_cluster):
         assert kv.lookup(["k.data"]) == [None]
 
 
-@pytest.mark.expect_log(r"WARNING curvine\.master\.capacity: pool above the high watermark \(\d+ of \d+ bytes\) but no file to evict")  # the pool is filled on purpose
+@pytest.mark.expect_log(r"WARNING curvine\.master\.cluster\.capacity: pool above the high watermark \(\d+ of \d+ bytes\) but no file to evict")  # the pool is filled on purpose
 def test_a_put_that_fails_when_the_pool_is_full_leaves_no_name_and_no_blocks(
         make_cluster, tmp_path):
     # 3 MiB per worker: the first blocks of an 8 MiB put are written, then none fits

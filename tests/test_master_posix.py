@@ -16,8 +16,8 @@ from curvine.client.master_client import MasterClient
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO, new_request_id
 from curvine.common.security import NO_SECURITY
-from curvine.master import namespace
-from curvine.master.namespace import attr_mode
+from curvine.master.meta import namespace
+from curvine.master.meta.namespace import attr_mode
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
 from inproc import InprocMaster, master_config

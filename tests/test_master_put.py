@@ -12,7 +12,7 @@ import pytest
 from curvine.common import block_tokens
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO, new_request_id
-from curvine.master import capacity
+from curvine.master.cluster import capacity
 from curvine.proto import common_pb2, master_pb2
 
 from test_master import MiB, add_worker, create, kind_of, make_master, mkdir, publish

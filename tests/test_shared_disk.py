@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from cluster_util import daemon_metric, wait_for
-from curvine.master.workers import WorkerRegistry, apportion
+from curvine.master.cluster.workers import WorkerRegistry, apportion
 from curvine.proto import common_pb2
 from test_capacity import CHUNK, MiB, chunk, exists, master_client, store, write_conf
 

@@ -17,9 +17,9 @@ from curvine.common.rpc import handler
 from curvine.common.stream_guard import IdleStreams
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
+from ..master import Master, WouldBlock
+from ..meta.steps import StepRunner
 from . import report
-from .master import Master, WouldBlock
-from .steps import StepRunner
 
 log = logging.getLogger(__name__)
 # Calls of one Calls stream read but whose results the client has not yet taken: past

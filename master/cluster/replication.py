@@ -43,8 +43,8 @@ import time
 from curvine.common.errors import CurvineError
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
-from .namespace import now_ns
-from .store import U64
+from ..meta.namespace import now_ns
+from ..meta.store import U64
 
 log = logging.getLogger(__name__)
 
