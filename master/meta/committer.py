@@ -44,6 +44,12 @@ class RetryHit:
     ino: int
 
 
+def result_ino(value: Any, ino: int) -> int:
+    """The inode a mutation's value names: for a request applied before (a RetryHit,
+    from the retry cache), the one its first answer named; else ``ino``."""
+    return value.ino if isinstance(value, RetryHit) else ino
+
+
 class _Latch:
     """Set once by the committer, waited for by one caller: a bare lock (one futex wake),
     cheaper than threading.Event's condition variable on the path of every mutation."""

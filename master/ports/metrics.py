@@ -172,7 +172,7 @@ def collectors(master) -> list[metrics.Collector]:
                                   "ENOSPC (nothing evictable, or the block fits no worker)",
                                   value=st.get("no_room", 0))
         yield GaugeMetricFamily("curvine_open_files", "Files a mount has open for reading "
-                                "(never evicted)", value=master.capacity.open_files())
+                                "(never evicted)", value=master.opens.open_files())
         ds = dict(master.deleter.stats)
         yield CounterMetricFamily("curvine_block_deletes_delivered", "Block deletes the "
                                   "workers confirmed (DeleteBlocks)", value=ds.get("blocks", 0))

@@ -268,8 +268,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         finally:
             with self._calls_lock:
                 self._sessions_starting -= 1
-        self.m.capacity.session_opened(sess.id, first.dropped)  # writers' liveness
-        ctx.add_callback(lambda: self.m.capacity.session_closed(sess.id))
+        self.m.sessions.opened(sess.id, first.dropped)  # writers' liveness
+        ctx.add_callback(lambda: self.m.sessions.closed(sess.id))
 
         def read_acks():
             try:
@@ -294,7 +294,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def EndSessions(self, req, ctx):
         self.m.leases.end_sessions(req.sessions)
         for sid in req.sessions:
-            self.m.capacity.session_closed(sid)
+            self.m.sessions.closed(sid)
         return common_pb2.Empty()
 
     def Calls(self, request_iterator, ctx):
@@ -430,7 +430,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def mutations(self, call_soon_threadsafe) -> "CallMutations":
         """The mutations of Calls read by one event loop's thread, run there as steps
         (the call port's; master/steps.py)."""
-        return CallMutations(self.m, StepRunner(self.m, call_soon_threadsafe, self._call_pool))
+        return CallMutations(self.m, StepRunner(self.m.committer.submit_async,
+                                                self.m.leases.revoke_begin,
+                                                call_soon_threadsafe, self._call_pool))
 
     # -- capacity (master/capacity.py)
     @handler
