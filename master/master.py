@@ -52,7 +52,7 @@ LOOKUP_REPLY_BLOCKS = 16384
 TOKEN_COST = 24  # bytes a read token adds to a block of a reply
 # The cheap form of a read (light=True: the call port answers it in its loop thread,
 # which every mount shares): a read that would cost more raises WouldBlock before it
-# does, and runs in a thread instead (master/service.py, heavy reads).
+# does, and runs in a thread instead (master/ports/service.py, heavy reads).
 LIGHT_NAMES = 128  # names of a LookupMany (~10 us each)
 LIGHT_BLOCK_BYTES = 8 << 10  # one file's stored block list (~300 blocks, ~1 ms)
 LIGHT_SLICE = 0.002  # seconds of one LookupMany
@@ -95,14 +95,14 @@ class Master:
             private_files.private_dir(self.journal_dir, "journal.dir", durable=True)
         except OSError as e:
             raise CurvineError(ErrorKind.IO, f"{e.filename}: {e.strerror}") from None
-        self.lag = LagMonitor()  # the master's own stalls (master/lag.py)
+        self.lag = LagMonitor()  # the master's own stalls (master/cluster/lag.py)
         self.lag.start()
         self.registry = WorkerRegistry(float(cfg.master.worker_lost_after), self.lag)
         # blocks placed, not yet in a published version (master/cluster/pending.py)
         self.pending = PendingBlocks(self.registry.queue_deletes)
         try:
             # the registry hears of the workers the store knows, then of the replay's
-            # effects (master/metadata.py)
+            # effects (master/meta/metadata.py)
             self.metadata = Metadata.open(cfg, self.meta_dir, self.journal_dir,
                                           self._on_effects)
         except BaseException:
@@ -565,7 +565,7 @@ class Master:
                                            block_tokens.WRITE)}
 
         # Blocks another writer's version dropped while this writer had the file open:
-        # kept for it (Capacity.hold, settle), so it may publish them again.
+        # kept for it (OpenFiles.hold, settle), so it may publish them again.
         if req.open_id and req.session:
             self.opens.note_open(req.ino, req.session, req.open_id, write=True)
         claimed: dict = {}

@@ -158,7 +158,7 @@ def _fixed_mmap_threshold() -> None:
 
 
 def _start_call_port(cfg, servicer: MasterServicer, security: Security) -> CallPort | None:
-    """The call port of mounts and path clients (master/call_port.py), unless it is
+    """The call port of mounts and path clients (master/ports/call_port_server.py), unless it is
     off; with TLS on it speaks TLS with the same material as the gRPC ports.  OSError
     if it cannot bind."""
     if not cfg.master.call_port:

@@ -1,4 +1,4 @@
-"""Capacity (master/capacity.py): LRU eviction under the watermarks, TTL expiry, orphaned
+"""Capacity (master/cluster/capacity.py): LRU eviction under the watermarks, TTL expiry, orphaned
 ``*.tmp`` files, a worker on a full file system, and replay of all of it.
 
 In-process tests drive a real Master round by round (its background loop stopped);

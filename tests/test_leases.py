@@ -1,4 +1,4 @@
-"""Leases on cached names and file attributes (master/leases.py): the table, the
+"""Leases on cached names and file attributes (master/cluster/leases.py): the table, the
 master's revocations, and cross-mount visibility on real mounts with caching on."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
   and the write token from AddBlock is the proof.
 - A master that was stalled does not blame its workers: a real master process is
   stopped (SIGSTOP) for longer than worker_lost_after and continued; no worker is
-  declared lost, no file removed (master/lag.py).
+  declared lost, no file removed (master/cluster/lag.py).
 - Losing more than master.max_lost_share of the workers at once is held: at the
   default settings, both workers of a cluster killed (SIGKILL) for longer than
   worker_lost_after: every file is still there, the master says so loudly, and the

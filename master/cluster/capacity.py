@@ -29,9 +29,9 @@ mounts' leases by ``Master.submit``:
   removed here (``EVICT_UNLINKED``).  LRU eviction and TTL never take such a file:
   it has no name to miss, and its reader still reads it.
 
-Usage is the master's one account of each worker (master/workers.py): the workers'
+Usage is the master's one account of each worker (master/cluster/workers.py): the workers'
 heartbeats, plus the blocks placed since, minus the blocks the workers confirmed
-deleted (master/deleter.py delivers deletes at once, not with the next heartbeat).
+deleted (master/cluster/deleter.py delivers deletes at once, not with the next heartbeat).
 Eviction counts blocks whose delete is not yet confirmed as on their way out, so one
 round never evicts the same space twice; a placement that pushes usage over the high
 watermark wakes the loop at once.

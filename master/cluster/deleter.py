@@ -4,7 +4,7 @@ A heartbeat comes once a second; a pod writes 1-2 GB/s.  Space that eviction (or
 unlink) freed must be usable at once, so one thread of the master calls each worker's
 ``DeleteBlocks`` (with a write token per block, minted with the master's block key)
 within ``GATHER`` seconds of deletes being queued, and records the worker's answer:
-from then on those bytes are free in the master's account (master/workers.py).
+from then on those bytes are free in the master's account (master/cluster/workers.py).
 Deletes that cannot be delivered go back to their queue and reach the worker with a
 later heartbeat reply.
 
@@ -12,7 +12,7 @@ The calls carry the worker token (the master's ``Security.as_worker()``), the
 credential of the daemons' calls to each other.
 
 ``deliver()`` runs the same delivery on the caller's thread, for a placement that
-waits for room (master/capacity.py ``make_room``): when it returns, every delete
+waits for room (master/cluster/capacity.py ``make_room``): when it returns, every delete
 queued before it was delivered and confirmed (or failed); it returns how many the
 workers confirmed.
 """
@@ -39,7 +39,7 @@ RETRY_AFTER = 1.0  # seconds before a worker that failed a delivery is tried aga
 # deletes of many publishes go in one call: each new version frees its old blocks, and
 # a call per freed block cost the master ~12% of its CPU (and the worker a gRPC call)
 # in a small-file workload.  A placement that needs the room now does not wait for
-# this: it calls deliver() itself (master/capacity.py).
+# this: it calls deliver() itself (master/cluster/capacity.py).
 GATHER = 0.05
 
 

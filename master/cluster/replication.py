@@ -12,7 +12,7 @@ A background loop (``ReplicationMonitor``, one round every ``interval``):
    register again, so that its full block report tells what it still holds; back
    within the grace, it keeps every location (a copy made meanwhile that is now one
    too many is deleted from it).  Silence while
-   the master itself was stalled does not count (master/lag.py), and losing more than
+   the master itself was stalled does not count (master/cluster/lag.py), and losing more than
    ``master.max_lost_share`` of the workers at once is held, files kept, for
    ``master.mass_loss_hold`` (a fault of the master or the network, not of them all).
 2. Suspect blocks (hinted by drops, by files completed with fewer replicas than

@@ -50,11 +50,11 @@ class Effects:
 
     freed: list[tuple[int, int, int]] = field(default_factory=list)  # (worker, block, bytes)
     # (ino, worker, block, bytes): dropped from a file (a new version, a truncate, its
-    # removal); a mount that has the file open may still need them (Capacity.hold)
+    # removal); a mount that has the file open may still need them (OpenFiles.hold)
     replaced: list[tuple[int, int, int, int]] = field(default_factory=list)
     completed: list[int] = field(default_factory=list)  # block ids now owned by files
     workers: list[common_pb2.WorkerInfo] = field(default_factory=list)
-    # what mounts may have cached and must drop (master/leases.py): names removed or
+    # what mounts may have cached and must drop (master/cluster/leases.py): names removed or
     # moved, and inodes whose attributes changed
     names: list[tuple[int, bytes]] = field(default_factory=list)
     inodes: list[int] = field(default_factory=list)
@@ -572,7 +572,7 @@ class Namespace:
         """Forget an inode: every name it still has (none when its last name was just
         removed; all of them when it is evicted or lost), its blocks (freed; unless
         ``keep_for_opens`` is False, kept while a mount has it open: an open that read
-        the blocks just before this record was committed, Capacity.settle), its hard
+        the blocks just before this record was committed, OpenFiles.settle), its hard
         link, xattr, writer and held rows."""
         s = self.store
         for parent, name in self._names(txn, node):
@@ -836,7 +836,7 @@ class Namespace:
         fx.completed.extend(b.block_id for b in rec.blocks if b.block_id)
 
     # ------------------------------------------------------------------ capacity
-    # (master/capacity.py decides what to remove; these plan and apply it)
+    # (master/cluster/capacity.py decides what to remove; these plan and apply it)
 
     def plan_evict(self, txn, reason: int, inos, still_wanted):
         """Remove the files ``inos`` that still exist and for which

@@ -141,7 +141,7 @@ def collectors(master) -> list[metrics.Collector]:
         workers.add_metric(["silent"], len(snapshot) - live - lost)
         yield workers
         yield CounterMetricFamily("curvine_master_stalls", "Times the master itself was "
-                                  "stalled for over a second (master/lag.py); workers' "
+                                  "stalled for over a second (master/cluster/lag.py); workers' "
                                   "silence then is not counted against them",
                                   value=master.lag.stalls)
         yield GaugeMetricFamily("curvine_master_max_lag_seconds", "The longest the master "

@@ -429,12 +429,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def mutations(self, call_soon_threadsafe) -> "CallMutations":
         """The mutations of Calls read by one event loop's thread, run there as steps
-        (the call port's; master/steps.py)."""
+        (the call port's; master/meta/steps.py)."""
         return CallMutations(self.m, StepRunner(self.m.committer.submit_async,
                                                 self.m.leases.revoke_begin,
                                                 call_soon_threadsafe, self._call_pool))
 
-    # -- capacity (master/capacity.py)
+    # -- capacity (master/cluster/capacity.py)
     @handler
     def ReportAccess(self, req, ctx):
         self.m.report_access(req)
@@ -448,7 +448,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def CapacityStatus(self, req, ctx):
         return self.m.capacity_status()
 
-    # -- admin (master/report.py)
+    # -- admin (master/ports/report.py)
     @handler
     def Report(self, req, ctx):
         return report.build(self.m, self.lookups)
@@ -474,7 +474,7 @@ def _failed(call_id: int, op: str, e: Exception) -> master_pb2.CallResult:
 
 
 # Call ops that are the master's mutations (Master methods of the same name, made with
-# master/steps.py's @mutation), run as steps by CallMutations; rmdir is Master.unlink's
+# master/meta/steps.py's @mutation), run as steps by CallMutations; rmdir is Master.unlink's
 MUTATION_OPS = frozenset(("create", "mkdir", "unlink", "rmdir", "rename", "complete",
                           "put_file", "setattr", "symlink", "make_node", "link",
                           "release_inode", "set_xattr", "remove_xattr"))
