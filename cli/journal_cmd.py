@@ -158,7 +158,7 @@ def replay_problem(payload: bytes) -> str | None:
     or a kind this version does not know) and a kind this master has no apply for are
     damage.  Whether a well-formed record applies to the state before it is only known
     by replaying it: the master checks that at start (exit 2, naming the record)."""
-    from curvine.master.namespace import Namespace
+    from curvine.master.meta.namespace import APPLY
     entry = journal_pb2.JournalEntry()
     try:
         entry.ParseFromString(payload)
@@ -169,7 +169,7 @@ def replay_problem(payload: bytes) -> str | None:
     op = entry.WhichOneof("op")
     if op is None:
         return "the entry holds no record kind this version knows"
-    if not callable(getattr(Namespace, "_apply_" + op, None)):
+    if op not in APPLY:
         return f"this version of the master cannot apply a {op} record"
     return None
 
@@ -293,7 +293,7 @@ def _checkpoint_offline(args) -> int:
     master/metadata.py), then checkpoint.
 
     The journal's directory lock makes this refuse to run next to a live master."""
-    from curvine.master.metadata import Metadata, lmdb_dir
+    from curvine.master.meta.metadata import Metadata, lmdb_dir
 
     if args.master:
         raise CurvineError(ErrorKind.INVALID, "--master: not used with --offline")

@@ -41,9 +41,6 @@ disable_created_metrics()
 # waits for a journal fsync; a block stream may take seconds.
 RPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                2.5, 5.0, 10.0, 30.0)
-FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                 0.25, 0.5, 1.0, 2.5)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 # -- RPC servers (master, worker): common/rpc.py's handler decorators -----------------
 RPC_HANDLED = Counter(
@@ -92,16 +89,8 @@ REQUESTS_LIMITED = Counter(
     ["method", "limit"], registry=None)
 LIMIT_METRICS = (CONNECTIONS_CUT, REQUESTS_LIMITED)
 
-# -- journal (master) -----------------------------------------------------------------
-JOURNAL_FSYNC = Histogram(
-    "curvine_journal_fsync_duration_seconds",
-    "Duration of one fdatasync of the journal's active segment",
-    buckets=FSYNC_BUCKETS, registry=None)
-JOURNAL_BATCH = Histogram(
-    "curvine_journal_batch_records",
-    "Records made durable by one journal sync (group commit batch size)",
-    buckets=BATCH_BUCKETS, registry=None)
-JOURNAL_METRICS = (JOURNAL_FSYNC, JOURNAL_BATCH)
+# (the journal's own metrics are defined in journal/metrics.py; the master's registry,
+# master/ports/metrics.py, takes them)
 
 # -- data path ------------------------------------------------------------------------
 # path="short_circuit": a block file on this host, read or written without the worker's

@@ -24,8 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from curvine.common.metrics import JOURNAL_BATCH, JOURNAL_FSYNC
-
+from .metrics import JOURNAL_BATCH, JOURNAL_FSYNC
 from .segment import (
     HEADER_SIZE,
     MAX_PAYLOAD,

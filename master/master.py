@@ -21,19 +21,21 @@ from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.common.ids import check_ino, check_name
 from curvine.common.metrics import REQUESTS_LIMITED
 from curvine.common.security import Security
-from curvine.proto import common_pb2, journal_pb2, master_pb2
+from curvine.proto import common_pb2, master_pb2
 
-from . import listing
-from .capacity import PUT_BLOCK_TTL, Capacity
-from .committer import RetryHit
-from .deleter import DeletePusher
-from .lag import LagMonitor
-from .leases import LeaseTable
-from .metadata import Metadata, checkpoint_root
-from .namespace import FILE, Effects, not_a_file, now_ns
-from .replication import ReplicationMonitor
-from .steps import Submit, mutation
-from .workers import WorkerRegistry
+from .cluster.capacity import AccessLog, Capacity
+from .cluster.deleter import DeletePusher
+from .cluster.lag import LagMonitor
+from .cluster.leases import LeaseTable
+from .cluster.opens import MountSessions, OpenFiles
+from .cluster.pending import PUT_BLOCK_TTL, PendingBlocks
+from .cluster.replication import ReplicationMonitor
+from .cluster.workers import WorkerRegistry
+from .meta import listing
+from .meta.committer import RetryHit, result_ino
+from .meta.metadata import Metadata, checkpoint_root
+from .meta.namespace import FILE, Effects, not_a_file
+from .meta.steps import Submit, mutation
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ LOOKUP_REPLY_BLOCKS = 16384
 TOKEN_COST = 24  # bytes a read token adds to a block of a reply
 # The cheap form of a read (light=True: the call port answers it in its loop thread,
 # which every mount shares): a read that would cost more raises WouldBlock before it
-# does, and runs in a thread instead (master/service.py, heavy reads).
+# does, and runs in a thread instead (master/ports/service.py, heavy reads).
 LIGHT_NAMES = 128  # names of a LookupMany (~10 us each)
 LIGHT_BLOCK_BYTES = 8 << 10  # one file's stored block list (~300 blocks, ~1 ms)
 LIGHT_SLICE = 0.002  # seconds of one LookupMany
@@ -60,7 +62,7 @@ COPY_SLICE = 1024  # blocks copied by one protobuf call (~1 ms, holding the GIL)
 def _held(value) -> int:
     """ParentReply.held from the value of plan_unlink/plan_rename (or of the retry cache:
     the record's held inode)."""
-    return value.ino if isinstance(value, RetryHit) else int(value or 0)
+    return int(result_ino(value, value) or 0)
 
 
 def _leasable(nodes) -> list[int]:
@@ -93,15 +95,14 @@ class Master:
             private_files.private_dir(self.journal_dir, "journal.dir", durable=True)
         except OSError as e:
             raise CurvineError(ErrorKind.IO, f"{e.filename}: {e.strerror}") from None
-        self.lag = LagMonitor()  # the master's own stalls (master/lag.py)
+        self.lag = LagMonitor()  # the master's own stalls (master/cluster/lag.py)
         self.lag.start()
         self.registry = WorkerRegistry(float(cfg.master.worker_lost_after), self.lag)
-        # block -> (ino, time, workers, bytes reserved): placed, not yet in a published version
-        self._pending: dict[int, tuple[int, float, list[int], int]] = {}
-        self._pending_lock = threading.Lock()
+        # blocks placed, not yet in a published version (master/cluster/pending.py)
+        self.pending = PendingBlocks(self.registry.queue_deletes)
         try:
             # the registry hears of the workers the store knows, then of the replay's
-            # effects (master/metadata.py)
+            # effects (master/meta/metadata.py)
             self.metadata = Metadata.open(cfg, self.meta_dir, self.journal_dir,
                                           self._on_effects)
         except BaseException:
@@ -129,12 +130,24 @@ class Master:
         self.committer.start()
         self.submit(self.ns.plan_root)
         # block deletes to the workers at once (the master's calls to workers)
-        self.deleter = DeletePusher(self, security)
+        self.deleter = DeletePusher(self.registry, self.block_key, security,
+                                    float(cfg.cluster.rpc_timeout))
         self.deleter.start()
-        self.capacity = Capacity(self)  # eviction, TTL, orphans (master/capacity.py)
+        # mounts' sessions, their open files and the blocks kept for them, and the
+        # access order they feed (master/cluster/opens.py)
+        self.sessions = MountSessions(float(cfg.master.orphan_timeout))
+        lru = AccessLog()
+        self.opens = OpenFiles(self.store, self.registry.queue_deletes, self.sessions,
+                               lru.touch)
+        # eviction, TTL, orphans (master/cluster/capacity.py)
+        self.capacity = Capacity(self.store, self.ns, self.submit, self.registry,
+                                 self.deleter, self.pending, self.opens, self.sessions, lru,
+                                 cfg.master)
         self.committer.on_applied = self._on_applied
         self.capacity.start()
-        self.replication = ReplicationMonitor(self)
+        self.replication = ReplicationMonitor(self.store, self.ns, self.registry, self.submit,
+                                              self.started, cfg.master,
+                                              int(cfg.cluster.replicas))
         self.replication.start()
 
     def close(self) -> None:
@@ -165,9 +178,9 @@ class Master:
         if fx.freed:
             self.registry.queue_deletes(fx.freed)
         if fx.replaced:
-            capacity = getattr(self, "capacity", None)  # None while the journal replays
-            if capacity is not None:
-                capacity.settle(fx.replaced)
+            opens = getattr(self, "opens", None)  # None while the journal replays
+            if opens is not None:
+                opens.settle(fx.replaced)
             else:
                 self.registry.queue_deletes([(w, b, n) for _, w, b, n in fx.replaced])
 
@@ -175,11 +188,9 @@ class Master:
         """A live record was applied (not yet durable): hold the blocks it dropped, so
         that a CompleteFile planned next, in the same batch, may claim them."""
         if fx.replaced:
-            self.capacity.hold(fx.replaced)
+            self.opens.hold(fx.replaced)
         if fx.completed:
-            with self._pending_lock:
-                for b in fx.completed:
-                    self._pending.pop(b, None)
+            self.pending.completed(fx.completed)
 
     def _inode_reply(self, value, session: int = 0, since: int = 0,
                      name: tuple[int, bytes] | None = None) -> master_pb2.InodeReply:
@@ -321,7 +332,7 @@ class Master:
         (recorded first, so eviction cannot remove it between this read and the open),
         or with ``write`` to write a version based on these blocks.  ``light``:
         WouldBlock for a file of more than LIGHT_BLOCK_BYTES of blocks."""
-        if open_id and not self.capacity.note_open(check_ino(ino), session, open_id, write):
+        if open_id and not self.opens.note_open(check_ino(ino), session, open_id, write):
             raise CurvineError(ErrorKind.NOT_FOUND, f"ino: {ino} is being evicted")
         reply = master_pb2.GetBlocksReply()
         with self.store.read() as txn:
@@ -329,7 +340,7 @@ class Master:
                 node = self.ns.inode(txn, ino)
             except CurvineError:
                 if open_id:  # no such file: nothing was opened
-                    self.capacity.note_closed(session, (open_id,))
+                    self.opens.note_closed(session, (open_id,))
                 raise
             raw = self.store.blocks_bytes(txn, node.ino) if node.type == FILE else b""
         if light and len(raw) > LIGHT_BLOCK_BYTES:
@@ -471,7 +482,7 @@ class Master:
         mount had not made yet when it sent the request keeps the file all the same."""
         if req.session:
             listed = set(req.open_inos)
-            req.open_inos.extend(sorted(self.capacity.opened_by(req.session) - listed))
+            req.open_inos.extend(sorted(self.opens.opened_by(req.session) - listed))
         return req
 
     @mutation
@@ -498,7 +509,7 @@ class Master:
         # the inode is read after the link (whose own revocation of its attributes would
         # deny a lease snapshotted before it): the lease covers this read
         since = self.leases.snapshot()
-        node = self.getattr(value.ino if isinstance(value, RetryHit) else req.ino)
+        node = self.getattr(result_ino(value, req.ino))
         return self._inode_reply(node, req.session, since, (req.new_parent, req.new_name))
 
     @mutation
@@ -525,16 +536,14 @@ class Master:
         check_ino(req.ino)
         value = yield Submit(lambda t: self.ns.plan_set_xattr(t, req), req.request_id,
                              req.session)
-        return master_pb2.InodeReply(
-            inode=self.getattr(value.ino if isinstance(value, RetryHit) else req.ino))
+        return master_pb2.InodeReply(inode=self.getattr(result_ino(value, req.ino)))
 
     @mutation
     def remove_xattr(self, req: master_pb2.RemoveXattrRequest) -> master_pb2.InodeReply:
         check_ino(req.ino)
         value = yield Submit(lambda t: self.ns.plan_remove_xattr(t, req), req.request_id,
                              req.session)
-        return master_pb2.InodeReply(
-            inode=self.getattr(value.ino if isinstance(value, RetryHit) else req.ino))
+        return master_pb2.InodeReply(inode=self.getattr(result_ino(value, req.ino)))
 
     @mutation
     def setattr(self, req) -> master_pb2.InodeReply:
@@ -542,32 +551,30 @@ class Master:
         value = yield Submit(lambda t: self.ns.plan_setattr(t, req), req.request_id,
                              req.session)
         # no lease: the caller's kernel takes these attributes for fuse.attr_timeout
-        return master_pb2.InodeReply(inode=self.getattr(req.ino if not isinstance(value, RetryHit) else value.ino))
+        return master_pb2.InodeReply(inode=self.getattr(result_ino(value, req.ino)))
 
     @mutation
     def complete(self, req) -> master_pb2.InodeReply:
         check_ino(req.ino)
         # A block no version holds yet must have been allocated to this file: by AddBlock
-        # of this master run (``_pending`` says for which inode), or, from before a
+        # of this master run (``self.pending`` says for which inode), or, from before a
         # restart, proven by the write token AddBlock gave with it.
-        with self._pending_lock:
-            pending = {b.block_id: self._pending[b.block_id][0] for b in req.blocks
-                       if b.block_id in self._pending}
+        pending = self.pending.owners(b.block_id for b in req.blocks)
         granted = {b.block_id for b in req.blocks if b.block_id not in pending and b.token
                    and block_tokens.allows(self.block_key, b.block_id, b.token,
                                            block_tokens.WRITE)}
 
         # Blocks another writer's version dropped while this writer had the file open:
-        # kept for it (Capacity.hold, settle), so it may publish them again.
+        # kept for it (OpenFiles.hold, settle), so it may publish them again.
         if req.open_id and req.session:
-            self.capacity.note_open(req.ino, req.session, req.open_id, write=True)
+            self.opens.note_open(req.ino, req.session, req.open_id, write=True)
         claimed: dict = {}
 
         def allocated_here(block_id: int) -> bool:  # (in the plan: the committer thread)
             owner = pending.get(block_id)
             if owner is not None:
                 return owner == req.ino
-            return block_id in granted or self.capacity.claim(req.ino, block_id, claimed)
+            return block_id in granted or self.opens.claim(req.ino, block_id, claimed)
 
         def freed(block_id: int) -> bool:
             # neither in a file nor pending: freed since this writer read it
@@ -580,13 +587,13 @@ class Master:
                                                                  allocated_here, freed),
                                  req.request_id, req.session)
         except CurvineError as e:
-            self.capacity.unclaim(req.ino, claimed)
+            self.opens.unclaim(req.ino, claimed)
             if e.kind == ErrorKind.NOT_FOUND:
-                self._free_pending(b.block_id for b in req.blocks)
+                self.pending.free(b.block_id for b in req.blocks)
             raise
         if req.abandoned_block_ids:
-            self._free_abandoned(req.ino, req.abandoned_block_ids)
-        node = self.getattr(value.ino if isinstance(value, RetryHit) else req.ino)
+            self.pending.free_abandoned(req.ino, req.abandoned_block_ids)
+        node = self.getattr(result_ino(value, req.ino))
         self.replication.hint_completed(req.blocks, node)
         self.capacity.on_complete(node)
         return master_pb2.InodeReply(inode=node)
@@ -598,9 +605,7 @@ class Master:
         # Each new block must come with the write token AddBlock handed out for it, and
         # must not be pending for a file being written: proof that the caller allocated
         # it (block ids are sequential; an id alone proves nothing).
-        with self._pending_lock:
-            owners = {b.block_id: self._pending[b.block_id][0] for b in req.blocks
-                      if b.block_id in self._pending}
+        owners = self.pending.owners(b.block_id for b in req.blocks)
         just_started = time.monotonic() - self.started < PUT_BLOCK_TTL
         granted = {b.block_id for b in req.blocks
                    if b.block_id and owners.get(b.block_id, 0 if just_started else None) == 0
@@ -613,13 +618,13 @@ class Master:
                                                             granted.__contains__),
                                  req.request_id, req.session)
         except CurvineError:
-            self._free_pending(granted)
+            self.pending.free(granted)
             raise
         if isinstance(value, RetryHit):  # this request was applied before: its file
             return master_pb2.PutFileReply(inode=self.getattr(value.ino))
         existed, node = value
         if existed:
-            self._free_pending(granted)  # another writer stored this name first
+            self.pending.free(granted)  # another writer stored this name first
             return master_pb2.PutFileReply(inode=node, existed=True)
         self.replication.hint_completed(req.blocks, node)
         self.capacity.on_complete(node)
@@ -664,9 +669,8 @@ class Master:
             deadline = time.monotonic() + 0.8 * float(self.cfg.cluster.rpc_timeout)
             workers = self.capacity.make_room(place, size, exclude, deadline)
         wids = [w.worker_id for w in workers]
-        with self._pending_lock:
-            # owner 0: a put's block (freed by Capacity if no PutFile claims it in time)
-            self._pending[block_id] = (owner, time.time(), wids, size)
+        # owner 0: a put's block (freed by Capacity if no PutFile claims it in time)
+        self.pending.add(block_id, owner, wids, size)
         self.capacity.on_add_block(owner)
         token = block_tokens.mint(self.block_key, block_id, block_tokens.WRITE, wids)
         return master_pb2.AddBlockReply(block_id=block_id, workers=workers, block_token=token)
@@ -677,42 +681,11 @@ class Master:
                 if not wait:
                     raise WouldBlock()
                 upto = max(self._reserved, self._next_block) + BLOCK_ID_CHUNK
-
-                def plan(txn):
-                    rec = journal_pb2.ReserveBlockIdsRecord(upto=upto)
-                    return journal_pb2.JournalEntry(reserve_block_ids=rec), upto
-
-                self._reserved = self.submit(plan)
+                self._reserved = self.submit(
+                    lambda txn: self.ns.plan_reserve_block_ids(txn, upto))
             block_id = self._next_block
             self._next_block += 1
             return block_id
-
-    def _free_pending(self, block_ids) -> None:
-        pairs = []
-        with self._pending_lock:
-            for b in block_ids:
-                p = self._pending.pop(b, None)
-                if p is not None:
-                    pairs.extend((w, b, p[3]) for w in p[2])
-        self.registry.queue_deletes(pairs)
-
-    def _free_abandoned(self, ino: int, block_ids) -> None:
-        """Blocks a writer of ``ino`` was given and dropped (CompleteFileRequest.
-        abandoned_block_ids): delete them now.  Only blocks still pending for that inode
-        qualify, so a wrong or repeated list can free nothing that a file uses."""
-        pairs = []
-        with self._pending_lock:
-            for b in block_ids:
-                p = self._pending.get(b)
-                if p is not None and p[0] == ino:
-                    del self._pending[b]
-                    pairs.extend((w, b, p[3]) for w in p[2])
-        if pairs:
-            self.registry.queue_deletes(pairs)
-
-    def is_pending(self, block_id: int) -> bool:
-        with self._pending_lock:
-            return block_id in self._pending
 
     # ------------------------------------------------------------------ workers
     def register_worker(self, info: common_pb2.WorkerInfo,
@@ -748,18 +721,7 @@ class Master:
                              known.data_address) != (
                 info.address, info.host_id, list(info.data_dirs), info.data_address) or (
                 digest and not bound):
-            def plan(txn):
-                if not record.worker_id:
-                    # From the store inside this transaction, not the registry: workers
-                    # registering at the same time are planned in one batch, and the
-                    # registry learns of each only after the batch commits.
-                    known = list(self.store.workers(txn))
-                    same = [w.worker_id for w in known if w.uuid == record.uuid]
-                    record.worker_id = same[0] if same else max(
-                        (w.worker_id for w in known), default=0) + 1
-                return journal_pb2.JournalEntry(
-                    register_worker=journal_pb2.RegisterWorkerRecord(worker=record)), record.worker_id
-            wid = self.submit(plan)
+            wid = self.submit(lambda txn: self.ns.plan_register_worker(txn, record))
             log.info("worker %d registered: %s (host %s)", wid, info.address, info.host_id)
         registration = self.registry.registered(wid, info.capacity, info.used, info.volumes)
         return master_pb2.RegisterWorkerReply(worker_id=wid, block_size=self.block_size,
@@ -780,7 +742,7 @@ class Master:
         with self.store.read() as txn:
             missing = [b for b in self.store.blocks_on_worker(txn, wid) if b not in reported]
             for i, b in enumerate(req.block_ids):
-                if self.store.block_owner(txn, b) is not None or self.is_pending(b):
+                if self.store.block_owner(txn, b) is not None or b in self.pending:
                     continue
                 mtime = req.block_mtimes_ns[i] if req.block_mtimes_ns else 0
                 if b >= self._reserved or now - mtime > grace_ns:
@@ -788,15 +750,7 @@ class Master:
         if missing:
             log.warning("worker %d did not report %d blocks the master expected there; "
                         "dropping those locations", wid, len(missing))
-
-            def plan(txn):
-                still = [b for b in missing if self.store.block_owner(txn, b) is not None]
-                if not still:
-                    return None, None
-                rec = journal_pb2.DropLocationsRecord(worker_id=wid, block_ids=still, time_ns=now_ns())
-                return journal_pb2.JournalEntry(drop_locations=rec), None
-
-            self.submit(plan)
+            self.submit(lambda txn: self.ns.plan_drop_locations(txn, wid, missing))
             self.replication.hint(missing)  # the other replicas may need a copy
         if deletes:
             log.info("worker %d holds %d blocks no file uses; asking it to delete them",
@@ -826,7 +780,7 @@ class Master:
         check_ino(req.ino)
         value = self.submit(lambda t: self.ns.plan_set_policy(t, req), req.request_id,
                             session=req.session)
-        node = self.getattr(value.ino if isinstance(value, RetryHit) else req.ino)
+        node = self.getattr(result_ino(value, req.ino))
         self.capacity.on_policy(node)
         return master_pb2.InodeReply(inode=node)
 

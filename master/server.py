@@ -18,10 +18,10 @@ from curvine.common.errors import ConfigError, CurvineError
 from curvine.common.security import CLIENT, WORKER, Security
 from curvine.journal import JournalError
 
-from . import metrics as master_metrics
 from .master import Master
-from .call_port import CallPort
-from .service import HEAVY_READS, READ_CALLS, MasterServicer, add_to_server
+from .ports import metrics as master_metrics
+from .ports.call_port_server import CallPort
+from .ports.service import HEAVY_READS, READ_CALLS, MasterServicer, add_to_server
 
 log = logging.getLogger("curvine.master")
 
@@ -159,7 +159,7 @@ def _fixed_mmap_threshold() -> None:
 
 
 def _start_call_port(cfg, servicer: MasterServicer, security: Security) -> CallPort | None:
-    """The call port of mounts and path clients (master/call_port.py), unless it is
+    """The call port of mounts and path clients (master/ports/call_port_server.py), unless it is
     off; with TLS on it speaks TLS with the same material as the gRPC ports.  OSError
     if it cannot bind."""
     if not cfg.master.call_port:

@@ -378,7 +378,7 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Session(self, request_iterator, context):
-        """Mounts: leases on cached names and attributes (master/leases.py)
+        """Mounts: leases on cached names and attributes (master/cluster/leases.py)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -400,7 +400,7 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReplicationStatus(self, request, context):
-        """Replication (master/replication.py): lost workers, under-replicated blocks,
+        """Replication (master/cluster/replication.py): lost workers, under-replicated blocks,
         copies in flight.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -408,7 +408,7 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportAccess(self, request, context):
-        """Capacity (master/capacity.py): access reports for LRU eviction (batched by each
+        """Capacity (master/cluster/capacity.py): access reports for LRU eviction (batched by each
         mount, never journaled), per-directory TTL and replicas, eviction counters.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -428,7 +428,7 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Report(self, request, context):
-        """Admin (master/report.py): the whole cluster at a glance (`curvine report`), and
+        """Admin (master/ports/report.py): the whole cluster at a glance (`curvine report`), and
         a checkpoint on demand (`curvine journal checkpoint`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -38,7 +38,8 @@ from curvine.devtools.local import ClusterError, LocalCluster
 
 
 LAYERS = {
-    "unit": {"test_apt_lock", "test_connector_naming", "test_fds", "test_kernel_cache", "test_journal", "test_listings",
+    "unit": {"test_apt_lock", "test_connector_naming", "test_fds", "test_kernel_cache", "test_journal", "test_layers",
+             "test_listings",
              "test_mounts", "test_pod_fork",
              "test_posix_workload", "test_proto"},
     "services": {"test_calls", "test_call_port", "test_fuse_ops", "test_fuzz", "test_keepalive", "test_master",

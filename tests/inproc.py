@@ -2,7 +2,7 @@
 
 - ``InprocMaster``: a ``Master`` and its ``MasterServicer``, served by
   ``rpc.make_server`` on 127.0.0.1 in the roles the real daemon serves
-  (master/service.py ``add_to_server``: the client port, the worker port);
+  (master/ports/service.py ``add_to_server``: the client port, the worker port);
   ``stop()`` and ``start()`` again are a master restart on the same ports and state.
 - ``InprocWorker``: a ``BlockStore`` and a ``WorkerServicer`` on a gRPC server of their
   own, registered by the worker's own ``MasterLink`` (registration, block report, the
@@ -35,8 +35,8 @@ from curvine.common.config import Config
 from curvine.common.errors import CurvineError
 from curvine.common.security import CLIENT, NO_SECURITY, WORKER
 from curvine.master.master import Master
-from curvine.master.service import MasterServicer
-from curvine.master.service import add_to_server as add_master_service
+from curvine.master.ports.service import MasterServicer
+from curvine.master.ports.service import add_to_server as add_master_service
 from curvine.worker import server as worker_server
 from curvine.worker.blockstore import BlockStore
 from curvine.worker.service import WorkerServicer

@@ -1,4 +1,4 @@
-"""The master's call port (master/call_port.py), the mount's client of it
+"""The master's call port (master/ports/call_port_server.py), the mount's client of it
 (fuse_client/call_port.py) and the path client's (client/call_port.py), against a real
 master served in-process: the same answers as the unary RPCs, the token checked, the
 connection cap, a client that takes no replies cut off, every pending call failed over
@@ -29,9 +29,9 @@ from curvine.common.security import NO_SECURITY, Security
 from curvine.fuse_client.call_port import CallPortClient, PortDown, PortRefused
 from curvine.fuse_client.calls import Calls
 from curvine.common.call_wire import ANSWER, FRAME, HELLO, MAGIC
-from curvine.master.call_port import CallPort
+from curvine.master.ports.call_port_server import CallPort
 from curvine.master.master import Master
-from curvine.master.service import READ_CALLS, MasterServicer
+from curvine.master.ports.service import READ_CALLS, MasterServicer
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
 TOKEN = "call-port-test-token"
@@ -595,7 +595,7 @@ def test_a_mounts_thread_calls_use_their_own_connections(served):
 
 
 def test_a_mutation_on_the_port_waits_for_the_revocation_it_needs(served):
-    """The port runs mutations as steps (master/steps.py): a rename whose source name
+    """The port runs mutations as steps (master/meta/steps.py): a rename whose source name
     another session holds a lease on is answered only once that session acked the
     invalidation; meanwhile the port answers other calls (no thread of it waits)."""
     m, _, _, start_port = served

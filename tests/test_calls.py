@@ -15,7 +15,7 @@ from curvine.common.ids import ROOT_INO
 from curvine.common.security import NO_SECURITY
 from curvine.fuse_client.calls import Calls, CallStream, _StreamDown
 from curvine.master.master import Master
-from curvine.master.service import MasterServicer
+from curvine.master.ports.service import MasterServicer
 from curvine.proto import master_pb2_grpc
 
 

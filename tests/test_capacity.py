@@ -1,4 +1,4 @@
-"""Capacity (master/capacity.py): LRU eviction under the watermarks, TTL expiry, orphaned
+"""Capacity (master/cluster/capacity.py): LRU eviction under the watermarks, TTL expiry, orphaned
 ``*.tmp`` files, a worker on a full file system, and replay of all of it.
 
 In-process tests drive a real Master round by round (its background loop stopped);
@@ -182,13 +182,13 @@ def test_ttl_policy_expires_new_files_of_the_directory(tmp_path):
         assert m.getattr(writing.ino).state == common_pb2.WRITING
         # an expired file open for reading on a mount stays until that reader closes it
         sid = 77
-        m.capacity.session_opened(sid, [])
+        m.sessions.opened(sid, [])
         held = create(m, d.ino, b"held")
         publish(m, held.ino, MiB)
         assert m.get_blocks(held.ino, sid, 1).inode.ino == held.ino  # opened for reading
         with pytest.raises(CurvineError):  # an open of a missing inode records nothing
             m.get_blocks(held.ino + 1000, sid, 2)
-        assert m.capacity.open_files() == 1
+        assert m.opens.open_files() == 1
         time.sleep(0.4)
         m.capacity.run_round()
         assert b"held" in names(m, d.ino)
@@ -219,22 +219,22 @@ def test_orphans_follow_the_writers_sessions(tmp_path):
         add_worker(m, 1 << 40)
         cap = m.capacity
         for sid in (11, 22, 33):
-            cap.session_opened(sid, [])
+            m.sessions.opened(sid, [])
         dead = create(m, ROOT_INO, b"dead.tmp", session=11)
         alive = create(m, ROOT_INO, b"alive.tmp", session=22)
         moved = create(m, ROOT_INO, b"moved.tmp", session=33)
         anon = create(m, ROOT_INO, b"anon.tmp")  # no session: never an orphan
         done = create(m, ROOT_INO, b"done.tmp", session=11)
         publish(m, done.ino, MiB)
-        cap.session_closed(11)
-        cap.session_closed(33)
-        cap.session_opened(44, [33])  # mount of session 33 reconnected
+        m.sessions.closed(11)
+        m.sessions.closed(33)
+        m.sessions.opened(44, [33])  # mount of session 33 reconnected
         time.sleep(0.4)
         cap.run_round()
         assert sorted(names(m)) == [b"alive.tmp", b"anon.tmp", b"done.tmp", b"moved.tmp"]
         assert cap.stats["orphans_removed"] == 1
         # a slow writer adding a block keeps its file, even with its mount gone
-        cap.session_closed(44)
+        m.sessions.closed(44)
         m.add_block(master_pb2.AddBlockRequest(ino=moved.ino, client_host_id="h1", size_hint=MiB))
         cap.run_round()
         assert b"moved.tmp" in names(m)
@@ -249,11 +249,11 @@ def test_orphans_follow_the_writers_sessions(tmp_path):
     m = make_master(tmp_path, orphan_timeout=0.3)
     try:
         m.capacity.close()
-        m.capacity.session_opened(55, [22])
+        m.sessions.opened(55, [22])
         time.sleep(0.4)
         m.capacity.run_round()
         assert sorted(names(m)) == [b"alive.tmp", b"anon.tmp", b"done.tmp"]
-        m.capacity.session_closed(55)
+        m.sessions.closed(55)
         time.sleep(0.4)
         m.capacity.run_round()
         assert sorted(names(m)) == [b"anon.tmp", b"done.tmp"]
@@ -434,7 +434,7 @@ def sessions_opened(c) -> int:
         return sum(1 for line in f if "session" in line and "opened by" in line)
 
 
-@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE", r"WARNING curvine\.master\.leases: session 0 did not drop a lease")  # mount 0 SIGKILLed (its session gone), the master restarted
+@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE", r"WARNING curvine\.master\.cluster\.leases: session 0 did not drop a lease")  # mount 0 SIGKILLed (its session gone), the master restarted
 def test_ttl_orphans_and_replay(make_cluster, tmp_path):
     conf = write_conf(tmp_path, master={"evict_interval": "200ms", "orphan_timeout": "2s",
                                         "lease_time": "3s"})

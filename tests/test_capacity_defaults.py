@@ -439,7 +439,7 @@ def _tmpfs_fills(c, data_root):
             mc.close()
 
 
-@pytest.mark.expect_log(r"WARNING curvine\.master\.capacity: pool above the high watermark \(\d+ of \d+ bytes\) but no file to evict")  # a full pool of open files, on purpose
+@pytest.mark.expect_log(r"WARNING curvine\.master\.cluster\.capacity: pool above the high watermark \(\d+ of \d+ bytes\) but no file to evict")  # a full pool of open files, on purpose
 def test_all_files_open_for_reading_then_closed(make_cluster):
     """Files open for reading are never evicted.  At the defaults (only worker capacity
     set): the pool is filled to about 0.85 with chunks, every stored chunk is opened for

@@ -92,7 +92,7 @@ def run_on_a_terminal(argv: list[str], timeout: float = 120.0) -> tuple[int, byt
             p.wait()
 
 
-@pytest.mark.expect_log(r"WARNING curvine\.master\.replication: worker \d+ \(\S+\) missed heartbeats for \S+: declared lost")  # worker 1 SIGKILLed on purpose
+@pytest.mark.expect_log(r"WARNING curvine\.master\.cluster\.replication: worker \d+ \(\S+\) missed heartbeats for \S+: declared lost")  # worker 1 SIGKILLed on purpose
 def test_fs_commands_report_and_a_lost_worker(make_cluster, tmp_path):
     conf = tmp_path / "cli.toml"
     conf.write_text('[master]\nworker_lost_after = "3s"\n[worker]\nheartbeat_interval = "0.3s"\n')

@@ -142,7 +142,7 @@ def test_master_sigkill_under_writers(make_cluster, tmp_path):
 # --------------------------------------------------------------------------- (b)
 
 @pytest.mark.parametrize("damage", ["cut-last-record", "partial-append"])
-@pytest.mark.expect_log(r"WARNING curvine\.journal\.journal: journal: torn tail in segment", r"ERROR curvine\.master\.metadata: metadata in \S+ is at seq \d+ but the journal ends at seq \d+: records [\d.]+ are lost; rebuilding", r"WARNING curvine\.master\.metadata: previous metadata moved to", r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # the journal's tail is damaged on purpose (and the master restarted)
+@pytest.mark.expect_log(r"WARNING curvine\.journal\.journal: journal: torn tail in segment", r"ERROR curvine\.master\.meta\.metadata: metadata in \S+ is at seq \d+ but the journal ends at seq \d+: records [\d.]+ are lost; rebuilding", r"WARNING curvine\.master\.meta\.metadata: previous metadata moved to", r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # the journal's tail is damaged on purpose (and the master restarted)
 def test_master_recovers_from_torn_journal_tail(make_cluster, damage):
     """SIGKILL the master, tear the journal's tail, restart: the master cuts the
     torn record (and says so in its log) and serves; every file from before the

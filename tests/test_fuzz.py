@@ -34,7 +34,7 @@ from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO, new_request_id
 from curvine.journal import Journal, JournalCorruption
 from curvine.journal.segment import encode_frame, encode_header, segment_name
-from curvine.master.service import MasterServicer
+from curvine.master.ports.service import MasterServicer
 from curvine.proto import common_pb2, journal_pb2, master_pb2, worker_pb2
 from curvine.worker.blockstore import BlockStore
 from curvine.worker.service import UNCHECKED, WorkerServicer

@@ -138,7 +138,7 @@ def test_put_of_an_existing_name_returns_false_and_writes_nothing(kv_cluster):
         assert kv.lookup(["k.data"]) == [None]
 
 
-@pytest.mark.expect_log(r"WARNING curvine\.master\.capacity: pool above the high watermark \(\d+ of \d+ bytes\) but no file to evict")  # the pool is filled on purpose
+@pytest.mark.expect_log(r"WARNING curvine\.master\.cluster\.capacity: pool above the high watermark \(\d+ of \d+ bytes\) but no file to evict")  # the pool is filled on purpose
 def test_a_put_that_fails_when_the_pool_is_full_leaves_no_name_and_no_blocks(
         make_cluster, tmp_path):
     # 3 MiB per worker: the first blocks of an 8 MiB put are written, then none fits
@@ -357,7 +357,7 @@ def test_a_read_from_a_stopped_worker_is_a_miss_within_the_fail_open_bound(kv_cl
 
 
 @pytest.mark.parametrize("short_circuit", [True, False], ids=["short-circuit", "remote"])
-@pytest.mark.expect_log(r"WARNING curvine\.worker\.blockstore: block [0-9a-f]+: the copy here is not intact", r"WARNING curvine\.master\.replication: worker \d+ found \d+ copies not intact")  # planted on purpose: the worker finds and removes it
+@pytest.mark.expect_log(r"WARNING curvine\.worker\.blockstore: block [0-9a-f]+: the copy here is not intact", r"WARNING curvine\.master\.cluster\.replication: worker \d+ found \d+ copies not intact")  # planted on purpose: the worker finds and removes it
 def test_partial_reads_of_a_planted_block_fail_like_whole_ones(make_cluster, tmp_path,
                                                                 short_circuit):
     """A block file overwritten in place on the worker's disk: a read of any part of

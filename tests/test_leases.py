@@ -1,4 +1,4 @@
-"""Leases on cached names and file attributes (master/leases.py): the table, the
+"""Leases on cached names and file attributes (master/cluster/leases.py): the table, the
 master's revocations, and cross-mount visibility on real mounts with caching on."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from curvine.common.config import Config
 from curvine.common.ids import ROOT_INO, new_request_id
 from curvine.common.security import NO_SECURITY
-from curvine.master import leases as leases_mod
-from curvine.master.leases import LISTING, LeaseTable
+from curvine.master.cluster import leases as leases_mod
+from curvine.master.cluster.leases import LISTING, LeaseTable
 from curvine.master.master import Master
 from curvine.proto import common_pb2, master_pb2
 

@@ -539,7 +539,7 @@ def test_rename_guards_are_atomic_with_the_rename(master):
 
 
 def test_lookup_miss_is_a_reply_not_an_error(master):
-    from curvine.master.service import MasterServicer
+    from curvine.master.ports.service import MasterServicer
 
     class Ctx:
         def abort(self, *a):

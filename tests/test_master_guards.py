@@ -6,7 +6,7 @@
   and the write token from AddBlock is the proof.
 - A master that was stalled does not blame its workers: a real master process is
   stopped (SIGSTOP) for longer than worker_lost_after and continued; no worker is
-  declared lost, no file removed (master/lag.py).
+  declared lost, no file removed (master/cluster/lag.py).
 - Losing more than master.max_lost_share of the workers at once is held: at the
   default settings, both workers of a cluster killed (SIGKILL) for longer than
   worker_lost_after: every file is still there, the master says so loudly, and the
@@ -135,7 +135,7 @@ def names_in(mount: str) -> list[str]:
     return sorted(os.listdir(mount))
 
 
-@pytest.mark.expect_log(r"ERROR curvine\.master\.replication: HOLDING a mass loss")  # every worker SIGKILLed on purpose
+@pytest.mark.expect_log(r"ERROR curvine\.master\.cluster\.replication: HOLDING a mass loss")  # every worker SIGKILLed on purpose
 def test_losing_every_worker_at_the_defaults_keeps_the_files(make_cluster):
     cluster = make_cluster(workers=2, mounts=1)
     mount = cluster.mounts[0]
@@ -162,7 +162,7 @@ def test_losing_every_worker_at_the_defaults_keeps_the_files(make_cluster):
             assert f.read() == data, name
 
 
-@pytest.mark.expect_log(r"WARNING curvine\.master\.lag: the master stalled for", r"WARNING curvine\.master\.replication: worker \d+ \(\S+\) missed heartbeats for \S+: declared lost")  # master SIGSTOPped, then worker 1 SIGKILLed, on purpose
+@pytest.mark.expect_log(r"WARNING curvine\.master\.cluster\.lag: the master stalled for", r"WARNING curvine\.master\.cluster\.replication: worker \d+ \(\S+\) missed heartbeats for \S+: declared lost")  # master SIGSTOPped, then worker 1 SIGKILLed, on purpose
 def test_a_stalled_master_declares_no_worker_lost(make_cluster, tmp_path):
     """The master process is stopped for 3 x worker_lost_after (short timers here, so
     the test takes seconds; the lag monitor's threshold does not depend on them) with

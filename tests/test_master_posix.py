@@ -16,8 +16,8 @@ from curvine.client.master_client import MasterClient
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO, new_request_id
 from curvine.common.security import NO_SECURITY
-from curvine.master import namespace
-from curvine.master.namespace import attr_mode
+from curvine.master.meta import namespace
+from curvine.master.meta.namespace import attr_mode
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
 from inproc import InprocMaster, master_config
@@ -326,7 +326,7 @@ def test_unlinked_file_open_on_the_mount_is_kept_until_released(master):
     assert kind_of(link, master, f.ino, ROOT_INO, b"back") == ErrorKind.NOT_FOUND
     # the replaced version's blocks, once the open that read them (GetBlocks) is over
     assert deletes(master, wid) == []
-    master.capacity.note_closed(SESSION, [1])
+    master.opens.note_closed(SESSION, [1])
     assert deletes(master, wid) == ids
     # LRU eviction and TTL never take it
     assert evict(master, journal_pb2.EVICT_LRU, f.ino) == []
@@ -364,7 +364,7 @@ def test_blocks_a_newer_version_drops_are_kept_while_the_file_is_open(master):
     until A closes; what no version holds is deleted then.  With nothing open, a
     dropped block goes at once, and publishing it again is ESTALE (not EINVAL)."""
     wid = add_worker(master)
-    master.capacity.session_opened(SESSION, [])
+    master.sessions.opened(SESSION, [])
     f, old = publish(master, create(master, ROOT_INO, b"f").ino, [MiB, MiB])
     base = list(master.get_blocks(f.ino, SESSION, 7, write=True).blocks)  # A opens
     _, b_ids = publish(master, f.ino, [MiB])  # B's version
@@ -372,7 +372,7 @@ def test_blocks_a_newer_version_drops_are_kept_while_the_file_is_open(master):
     a = _version(master, f.ino, [base[0], MiB], open_id=7)  # A: first block kept, one new
     a_ids = [b.block_id for b in master.get_blocks(f.ino).blocks]
     assert a_ids[0] == old[0] and a.size == 2 * MiB and deletes(master, wid) == []
-    master.capacity.note_closed(SESSION, [7])  # A's last close
+    master.opens.note_closed(SESSION, [7])  # A's last close
     assert deletes(master, wid) == sorted([old[1]] + b_ids)
     # a writer that truncated at open records it with its first publish (open 9)
     c = _version(master, f.ino, [MiB], open_id=9)
@@ -381,18 +381,18 @@ def test_blocks_a_newer_version_drops_are_kept_while_the_file_is_open(master):
     _version(master, f.ino, [MiB])  # D replaces C's version while C is open
     assert deletes(master, wid) == []
     # the mount dies with C open: kept until its session is gone for the orphan timeout
-    master.capacity.session_closed(SESSION)
-    master.capacity.release_kept()
+    master.sessions.closed(SESSION)
+    master.opens.release_kept()
     assert deletes(master, wid) == []
-    master.capacity.orphan_timeout = 0
-    master.capacity.release_kept()
+    master.sessions.orphan_timeout = 0
+    master.opens.release_kept()
     assert deletes(master, wid) == sorted(a_ids + c_ids)
     # nothing open: deleted at once; publishing a freed block is stale
     gone = master.get_blocks(f.ino).blocks[0]
     _version(master, f.ino, [MiB])
     assert deletes(master, wid) == [gone.block_id]
     assert kind_of(_version, master, f.ino, [gone]) == ErrorKind.STALE
-    assert master.capacity.kept_blocks() == 0
+    assert master.opens.kept_blocks() == 0
 
 
 def test_which_unlinks_keep_the_inode(master):
@@ -435,7 +435,7 @@ def test_kept_inodes_go_when_their_session_is_gone(tmp_path):
         wid = add_worker(m)
         cap = m.capacity
         for sid in (11, 22):
-            cap.session_opened(sid, [])
+            m.sessions.opened(sid, [])
         kept = {}
         for sid in (11, 22):
             f, ids = publish(m, create(m, ROOT_INO, b"f%d" % sid).ino, [MiB])
@@ -443,9 +443,9 @@ def test_kept_inodes_go_when_their_session_is_gone(tmp_path):
                 request_id=new_request_id(), parent=ROOT_INO, name=b"f%d" % sid, session=sid,
                 open_inos=[f.ino]), rmdir=False).held == f.ino
             kept[sid] = (f.ino, ids)
-        cap.session_closed(11)
-        cap.session_closed(22)
-        cap.session_opened(33, [22])  # the mount of session 22 reconnected
+        m.sessions.closed(11)
+        m.sessions.closed(22)
+        m.sessions.opened(33, [22])  # the mount of session 22 reconnected
         cap.run_round()  # not yet: gone for less than the orphan timeout
         assert m.getattr(kept[11][0]).nlink == 0
         time.sleep(0.3)

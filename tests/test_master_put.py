@@ -12,7 +12,7 @@ import pytest
 from curvine.common import block_tokens
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO, new_request_id
-from curvine.master import capacity
+from curvine.master.cluster import pending
 from curvine.proto import common_pb2, master_pb2
 
 from test_master import MiB, add_worker, create, kind_of, make_master, mkdir, publish
@@ -62,7 +62,7 @@ def test_put_publishes_a_complete_file_in_one_step(master):
     assert all(not b.token or block_tokens.allows(master.block_key, b.block_id, b.token,
                                                   block_tokens.READ) for b in got.blocks)
     # published blocks are no longer pending (a block report keeps them, as a file's)
-    assert not any(master.is_pending(b.block_id) for b in blocks)
+    assert not any(b.block_id in master.pending for b in blocks)
     assert [w.worker_id for w in got.workers] == [wid]
 
 
@@ -142,10 +142,10 @@ def test_unclaimed_put_blocks_are_freed_after_the_put_ttl(master, monkeypatch):
     wid = add_worker(master)
     blocks, _ = put_blocks(master, ROOT_INO, b"k", [MiB])
     master.capacity._free_abandoned_blocks()
-    assert master.is_pending(blocks[0].block_id)  # a put in progress is left alone
-    monkeypatch.setattr(capacity, "PUT_BLOCK_TTL", -1.0)
+    assert blocks[0].block_id in master.pending  # a put in progress is left alone
+    monkeypatch.setattr(pending, "PUT_BLOCK_TTL", -1.0)
     master.capacity._free_abandoned_blocks()
-    assert not master.is_pending(blocks[0].block_id)
+    assert blocks[0].block_id not in master.pending
     deletes = master.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=1 << 40)
                                ).delete_block_ids
     assert list(deletes) == [blocks[0].block_id]
@@ -154,8 +154,8 @@ def test_unclaimed_put_blocks_are_freed_after_the_put_ttl(master, monkeypatch):
 def test_a_freed_put_block_is_refused_once_the_master_has_run_a_while(master, monkeypatch):
     add_worker(master)
     blocks, _ = put_blocks(master, ROOT_INO, b"k", [MiB])
-    master._free_pending([blocks[0].block_id])  # as the TTL does
-    master.started = time.monotonic() - capacity.PUT_BLOCK_TTL - 1
+    master.pending.free([blocks[0].block_id])  # as the TTL does
+    master.started = time.monotonic() - pending.PUT_BLOCK_TTL - 1
     assert kind_of(put, master, ROOT_INO, b"k", blocks) == ErrorKind.INVALID
     assert master.lookup_or_none(ROOT_INO, b"k") is None
 

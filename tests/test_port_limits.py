@@ -199,7 +199,7 @@ def _files(cluster) -> MasterClient:
 
 # -- LookupMany ---------------------------------------------------------------------------
 
-@pytest.mark.expect_log(r"curvine\.master\.call_port.*frame")
+@pytest.mark.expect_log(r"curvine\.master\.ports\.call_port_server.*frame")
 def test_a_repeated_inline_file_does_not_blow_up_a_lookup_many(make_cluster):
     """1,024 repeats of a 256 KiB inline file: before, the master built the whole reply
     (~268 MB, several copies of it at once) on the call port and on gRPC; now each reply

@@ -44,7 +44,7 @@ from cluster_util import wait_for
 from curvine.common.blocks import CLIENT_STAGING_NAME, block_path
 from curvine.devtools.local import ClusterError
 from curvine.journal.checkpoint import write_checkpoint
-from curvine.master.store import Store
+from curvine.master.meta.store import Store
 from curvine.worker.blockstore import BlockStore
 
 NOBODY = 65534

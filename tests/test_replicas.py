@@ -37,8 +37,8 @@ from fs_helpers import wait_until
 MiB = 1 << 20
 LOST_AFTER = 0.6  # seconds without heartbeats before the in-process master declares a worker lost
 # the master's lines about a worker SIGKILLed or stopped on purpose
-LOST = r"WARNING curvine\.master\.replication: worker \d+ \(\S+\) missed heartbeats for \S+: declared lost"
-DROPPED = r"WARNING curvine\.master\.replication: worker \d+ \(\S+\) still lost after \S+ \(master\.lost_grace\)"
+LOST = r"WARNING curvine\.master\.cluster\.replication: worker \d+ \(\S+\) missed heartbeats for \S+: declared lost"
+DROPPED = r"WARNING curvine\.master\.cluster\.replication: worker \d+ \(\S+\) still lost after \S+ \(master\.lost_grace\)"
 
 
 # ---------------------------------------------------------------------- in-process

@@ -22,8 +22,8 @@ from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO, new_request_id
 from curvine.common.security import NO_SECURITY
 from curvine.master import master as master_mod
-from curvine.master.call_port import CallPort
-from curvine.master.service import READ_CALLS, MasterServicer
+from curvine.master.ports.call_port_server import CallPort
+from curvine.master.ports.service import READ_CALLS, MasterServicer
 from curvine.proto import common_pb2, master_pb2
 
 from test_master import MiB, make_master, mkdir
@@ -143,7 +143,7 @@ def plain_port(master):
 @pytest.fixture
 def port(master):
     """A call port on ``master`` wired as master/server.py wires it."""
-    from curvine.master.service import HEAVY_READS
+    from curvine.master.ports.service import HEAVY_READS
     servicer = MasterServicer(master, call_threads=4)
     p = CallPort(servicer.run_call, READ_CALLS, servicer.call_pool, "127.0.0.1", 0,
                  mutations=servicer.mutations, run_nowait=servicer.run_call_nowait,
@@ -253,14 +253,14 @@ def test_garbage_frames_are_counted_and_logged_once(plain_port, caplog):
     closes its connection, is counted, and the port logs one line per QuietLog
     interval (10 s) for all of them."""
     before = _value(CUT, "call_port", "garbage")
-    caplog.set_level(logging.INFO, logger="curvine.master.call_port")
+    caplog.set_level(logging.INFO, logger="curvine.master.ports.call_port_server")
     for _ in range(30):
         s = _connect(plain_port)
         s.sendall(FRAME.pack(8) + b"\xff" * 8)
         assert s.recv(1) == b""  # closed
         s.close()
     assert _value(CUT, "call_port", "garbage") - before == 30
-    records = [r for r in caplog.records if r.name == "curvine.master.call_port"]
+    records = [r for r in caplog.records if r.name == "curvine.master.ports.call_port_server"]
     assert len(records) == 1 and records[0].exc_info is None, [r.getMessage() for r in records]
     assert "not a master.Call" in records[0].getMessage()
 

@@ -3,7 +3,7 @@
 Each such worker reports the free space of the whole disk as its own (worker.capacity
 unset), so the pool used to be that disk times the number of workers on it, and
 placement, eviction, statfs and `curvine report` trusted it.  Workers now report their data dirs' file systems (host id and device) and the
-master divides a shared one's free space between them (master/workers.py).
+master divides a shared one's free space between them (master/cluster/workers.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from cluster_util import daemon_metric, wait_for
-from curvine.master.workers import WorkerRegistry, apportion
+from curvine.master.cluster.workers import WorkerRegistry, apportion
 from curvine.proto import common_pb2
 from test_capacity import CHUNK, MiB, chunk, exists, master_client, store, write_conf
 
@@ -72,7 +72,7 @@ def test_placement_never_places_more_than_the_shared_disk_holds():
 
 
 def test_eviction_reads_the_pool_of_the_disk():
-    # master/capacity.py compares live workers' used with the sum of their capacities
+    # master/cluster/capacity.py compares live workers' used with the sum of their capacities
     reg = _registry_with_two_workers_on_one_disk(100 * MiB)
     assert sum(u.capacity for u in reg.usage() if u.alive) == 100 * MiB
     assert sum(info.capacity for info, alive in reg.snapshot() if alive) == 100 * MiB  # statfs

@@ -172,7 +172,7 @@ def test_master_streams_are_bounded_and_stalled_ones_cancelled(make_cluster, tmp
     nothing is left alone once it has sent a call (as a mount's does at once); one that
     never sends anything is cancelled like one that stopped.  Calls streams beyond
     ``master.max_sessions`` are refused."""
-    from curvine.master.service import MAX_CALLS_IN_FLIGHT
+    from curvine.master.ports.service import MAX_CALLS_IN_FLIGHT
     conf = tmp_path / "limits.toml"
     conf.write_text('[master]\nmax_sessions = 2\nstream_idle_timeout = "2s"\n')
     c = make_cluster(workers=0, mounts=0, conf=str(conf))

@@ -346,7 +346,7 @@ def test_server_name_override(tmp_path, pki):
     """A server certificate that does not name the dialed address is refused, unless
     tls_server_name names what the certificate does name."""
     from curvine.master.master import Master
-    from curvine.master.service import MasterServicer
+    from curvine.master.ports.service import MasterServicer
     cfg = Config()
     cfg.master.meta_dir, cfg.journal.dir = str(tmp_path / "meta"), str(tmp_path / "j")
     cert, key = pki["named"]  # names master.curvine.test only
@@ -400,9 +400,9 @@ def test_local_cluster_with_tls(make_cluster):
 def tls_port(tmp_path, pki):
     """(master, start(client_auth) -> the port number of a CallPort with TLS)."""
     from curvine.common.security import NO_SECURITY
-    from curvine.master.call_port import CallPort
+    from curvine.master.ports.call_port_server import CallPort
     from curvine.master.master import Master
-    from curvine.master.service import READ_CALLS, MasterServicer
+    from curvine.master.ports.service import READ_CALLS, MasterServicer
 
     cfg = Config()
     cfg.master.meta_dir = str(tmp_path / "meta")

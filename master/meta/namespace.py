@@ -4,7 +4,9 @@
 state (including records planned earlier in the same batch), picks ids and
 timestamps, and returns the journal record that says exactly what to do.  It never
 writes.  ``apply`` performs a record; the live path and journal replay both call it,
-so a replayed journal rebuilds exactly the state that was acknowledged.
+so a replayed journal rebuilds exactly the state that was acknowledged.  Every kind
+of record, its apply function and the plans that make it: the table ``APPLY`` at the
+end of this module.
 
 Side effects outside LMDB (block deletes for workers, retry-cache entries, new
 worker registrations) are collected in an ``Effects`` and handed on only after the
@@ -17,6 +19,7 @@ import collections
 import stat
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.common.ids import MAX_FILE_BLOCKS, ROOT_INO, check_file_size, check_ino, check_name
@@ -47,11 +50,11 @@ class Effects:
 
     freed: list[tuple[int, int, int]] = field(default_factory=list)  # (worker, block, bytes)
     # (ino, worker, block, bytes): dropped from a file (a new version, a truncate, its
-    # removal); a mount that has the file open may still need them (Capacity.hold)
+    # removal); a mount that has the file open may still need them (OpenFiles.hold)
     replaced: list[tuple[int, int, int, int]] = field(default_factory=list)
     completed: list[int] = field(default_factory=list)  # block ids now owned by files
     workers: list[common_pb2.WorkerInfo] = field(default_factory=list)
-    # what mounts may have cached and must drop (master/leases.py): names removed or
+    # what mounts may have cached and must drop (master/cluster/leases.py): names removed or
     # moved, and inodes whose attributes changed
     names: list[tuple[int, bytes]] = field(default_factory=list)
     inodes: list[int] = field(default_factory=list)
@@ -526,8 +529,10 @@ class Namespace:
             self.retry.put(request_id, ino)
 
     def apply(self, txn, entry: journal_pb2.JournalEntry, fx: Effects) -> None:
+        """Perform one record, on the live path and at replay alike: the function
+        ``APPLY`` (after this class) names for its kind."""
         op = entry.WhichOneof("op")
-        getattr(self, "_apply_" + op)(txn, getattr(entry, op), fx)
+        APPLY[op](self, txn, getattr(entry, op), fx)
 
     def _apply_mkdir(self, txn, rec, fx: Effects) -> None:
         self._link_new(txn, rec, fx)
@@ -567,7 +572,7 @@ class Namespace:
         """Forget an inode: every name it still has (none when its last name was just
         removed; all of them when it is evicted or lost), its blocks (freed; unless
         ``keep_for_opens`` is False, kept while a mount has it open: an open that read
-        the blocks just before this record was committed, Capacity.settle), its hard
+        the blocks just before this record was committed, OpenFiles.settle), its hard
         link, xattr, writer and held rows."""
         s = self.store
         for parent, name in self._names(txn, node):
@@ -831,7 +836,7 @@ class Namespace:
         fx.completed.extend(b.block_id for b in rec.blocks if b.block_id)
 
     # ------------------------------------------------------------------ capacity
-    # (master/capacity.py decides what to remove; these plan and apply it)
+    # (master/cluster/capacity.py decides what to remove; these plan and apply it)
 
     def plan_evict(self, txn, reason: int, inos, still_wanted):
         """Remove the files ``inos`` that still exist and for which
@@ -898,13 +903,45 @@ class Namespace:
         self.store.put_inode(txn, node)
         fx.inodes.append(node.ino)
 
+    # ------------------------------------------------------------------ blocks and workers
+    def plan_reserve_block_ids(self, txn, upto: int):
+        """Block ids below ``upto`` may be handed out (Master._allocate_block_id).
+        Value: ``upto``."""
+        rec = journal_pb2.ReserveBlockIdsRecord(upto=upto)
+        return journal_pb2.JournalEntry(reserve_block_ids=rec), upto
+
     def _apply_reserve_block_ids(self, txn, rec, fx: Effects) -> None:
         s = self.store
         s.put_u64(txn, b"block_ids_reserved", max(rec.upto, s.get_u64(txn, b"block_ids_reserved")))
 
+    def plan_register_worker(self, txn, record: common_pb2.WorkerInfo):
+        """Register ``record`` (Master.register_worker); without a worker id it gets
+        its uuid's, else the next free one.  Value: the worker id."""
+        if not record.worker_id:
+            # From the store inside this transaction, not the registry: workers
+            # registering at the same time are planned in one batch, and the
+            # registry learns of each only after the batch commits.
+            known = list(self.store.workers(txn))
+            same = [w.worker_id for w in known if w.uuid == record.uuid]
+            record.worker_id = same[0] if same else max(
+                (w.worker_id for w in known), default=0) + 1
+        return journal_pb2.JournalEntry(
+            register_worker=journal_pb2.RegisterWorkerRecord(worker=record)), record.worker_id
+
     def _apply_register_worker(self, txn, rec, fx: Effects) -> None:
         self.store.put_worker(txn, rec.worker)
         fx.workers.append(rec.worker)
+
+    def plan_drop_locations(self, txn, worker_id: int, block_ids):
+        """Worker ``worker_id`` no longer holds ``block_ids`` (its block report left
+        them out, or it was lost past master.lost_grace): drop those still in a file as
+        its locations.  Value: None."""
+        still = [b for b in block_ids if self.store.block_owner(txn, b) is not None]
+        if not still:
+            return None, None
+        rec = journal_pb2.DropLocationsRecord(worker_id=worker_id, block_ids=still,
+                                              time_ns=now_ns())
+        return journal_pb2.JournalEntry(drop_locations=rec), None
 
     def _apply_drop_locations(self, txn, rec, fx: Effects) -> None:
         s = self.store
@@ -976,6 +1013,34 @@ class Namespace:
                     s.index_block(txn, common_pb2.Block(block_id=block_id,
                                                         worker_ids=[rec.worker_id]), ino)
             s.put_blocks(txn, ino, blocks, old=blocks)  # locations only
+
+
+# ------------------------------------------------------------------ record kinds
+# Every kind of journal record, in the order of its number: JournalEntry's ``op``
+# (proto/src/curvine/proto/journal.proto; the field number is the record's type in
+# the journal's frames, never renumbered), the one function that applies it
+# (``Namespace.apply``: the live path and the replay), and the plans that make it.
+# A kind is added to the proto and here together: tests/test_layers.py checks that
+# this table names every kind the proto has, in its order.
+APPLY: dict[str, Callable[[Namespace, Any, Any, Effects], None]] = {
+    # kind: apply function                                    number: planned by
+    "mkdir": Namespace._apply_mkdir,                          # 1: plan_root, plan_mkdir
+    "create": Namespace._apply_create,                        # 2: plan_create
+    "unlink": Namespace._apply_unlink,                        # 3: plan_unlink
+    "rename": Namespace._apply_rename,                        # 4: plan_rename
+    "set_attr": Namespace._apply_set_attr,                    # 5: plan_setattr
+    "complete": Namespace._apply_complete,                    # 6: plan_complete
+    "reserve_block_ids": Namespace._apply_reserve_block_ids,  # 7: plan_reserve_block_ids
+    "register_worker": Namespace._apply_register_worker,      # 8: plan_register_worker
+    "drop_locations": Namespace._apply_drop_locations,        # 9: plan_drop_locations
+    "add_locations": Namespace._apply_add_locations,          # 10: plan_add_locations
+    "put": Namespace._apply_put,                              # 11: plan_put
+    "make_node": Namespace._apply_make_node,                  # 12: plan_symlink, plan_make_node
+    "link": Namespace._apply_link,                            # 13: plan_link
+    "xattr": Namespace._apply_xattr,                          # 14: plan_set_xattr, plan_remove_xattr
+    "evict": Namespace._apply_evict,                          # 20: plan_evict, plan_release
+    "set_policy": Namespace._apply_set_policy,                # 21: plan_set_policy
+}
 
 
 _S_IFMT = {FILE: stat.S_IFREG, DIRECTORY: stat.S_IFDIR, SYMLINK: stat.S_IFLNK,

@@ -29,9 +29,9 @@ mounts' leases by ``Master.submit``:
   removed here (``EVICT_UNLINKED``).  LRU eviction and TTL never take such a file:
   it has no name to miss, and its reader still reads it.
 
-Usage is the master's one account of each worker (master/workers.py): the workers'
+Usage is the master's one account of each worker (master/cluster/workers.py): the workers'
 heartbeats, plus the blocks placed since, minus the blocks the workers confirmed
-deleted (master/deleter.py delivers deletes at once, not with the next heartbeat).
+deleted (master/cluster/deleter.py delivers deletes at once, not with the next heartbeat).
 Eviction counts blocks whose delete is not yet confirmed as on their way out, so one
 round never evicts the same space twice; a placement that pushes usage over the high
 watermark wakes the loop at once.
@@ -44,12 +44,10 @@ others wait for it and then find the room it made.  ENOSPC reaches a writer only
 nothing is evictable or the block is larger than every worker.
 
 **Files open for reading are never evicted** (nor expired by their TTL before they
-are closed).  A mount that opens a file for reading
-records the open with GetBlocks (its lease session and an open id) and reports the
-close in its next ReportAccess; an open counts while its mount's session is alive (or
-closed for less than ``master.orphan_timeout``: a mount that reconnects keeps them).
-Opens by clients without a lease session are not recorded, and a restarted master
-knows none of the opens made before it started.
+are closed).  The opens, the mounts' sessions and the blocks kept for open files are
+master/cluster/opens.py's; the blocks placed and not yet published,
+master/cluster/pending.py's (a put's that PutFile did not claim in time, and those of
+files removed while written, are freed from here).
 """
 
 from __future__ import annotations
@@ -61,14 +59,20 @@ import logging
 import threading
 import time
 
+from typing import Any, Callable
+
+from curvine.common.config import MasterConfig
 from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
-# A put's blocks (AddBlock's put form) not claimed by PutFile within this many seconds
-# are freed (Capacity); PutFile refuses them afterwards.  Blocks not pending at all are
-# accepted (with their write token) only this soon after the master started: from
-# before a restart, which forgot what was pending.
-PUT_BLOCK_TTL = 600.0
+from ..meta.committer import Plan
+from ..meta.namespace import Namespace
+from ..meta.store import Store
+from .deleter import DeletePusher
+from .opens import MountSessions, OpenFiles
+from .pending import PendingBlocks
+from .workers import WorkerRegistry
+
 log = logging.getLogger(__name__)
 
 FILE = common_pb2.FILE
@@ -123,38 +127,38 @@ class AccessLog:
 class Capacity:
     """Eviction, TTL expiry and orphan removal for one master (see the module doc)."""
 
-    def __init__(self, master):
-        self.m = master
-        mc = master.cfg.master
+    def __init__(self, store: Store, ns: Namespace, submit: Callable[[Plan], Any],
+                 registry: WorkerRegistry, deletes: DeletePusher, pending: PendingBlocks,
+                 opens: OpenFiles, sessions: MountSessions, lru: AccessLog,
+                 mc: MasterConfig):
+        """``store``, ``ns``: the metadata it reads and plans evictions with;
+        ``submit(plan)``: commits a record (the master's, which revokes leases too);
+        ``registry``: the workers' usage (the one account) and delete queues;
+        ``deletes``: delivers deletes now, for a placement waiting for room; ``pending``:
+        blocks placed and not yet published (freed here when they cannot be any more);
+        ``opens``: files open on mounts (never evicted); ``sessions``: the mounts'
+        liveness (orphans); ``lru``: the access order (OpenFiles touches it too: an
+        open is an access); ``mc``: the master.* settings."""
+        self.store = store
+        self.ns = ns
+        self.submit = submit
+        self.registry = registry
+        self.deletes = deletes
+        self.pending = pending
+        self.opens = opens
+        self.sessions = sessions
+        self.lru = lru
         self.high = float(mc.evict_high)
         self.low = float(mc.evict_low)
         self.interval = float(mc.evict_interval)
         self.batch = int(mc.evict_batch)
-        self.orphan_timeout = float(mc.orphan_timeout)
-        self.lru = AccessLog()
         self._lock = threading.Lock()
         # one round of eviction at a time: the background loop or a placement making room
         self._room_lock = threading.Lock()
-        # files open for reading: ino -> {(session, open id)}, and session -> its opens
-        self._opens: dict[int, set[tuple[int, int]]] = {}
-        # files open for writing a version based on their blocks (same shape): they keep
-        # the blocks a newer version drops, but do not hold off eviction
-        self._write_opens: dict[int, set[tuple[int, int]]] = {}
-        self._opens_of: dict[int, dict[int, int]] = {}  # session -> {open id: ino}
-        self._evicting: set[int] = set()  # inos being journaled as evicted: no new opens
-        # Blocks a file's new version (or a truncate) dropped while a mount had the file
-        # open: ino -> {block id: [(worker, bytes)]}.  Its readers still read them and its
-        # writers may publish them again (claim); freed when the last open closes.
-        self._kept: dict[int, dict[int, list[tuple[int, int]]]] = {}
-        self._settling: set[int] = set()  # kept blocks whose record is not durable yet
         self._ttl_due: dict[int, int] = {}  # ino -> expiry (ns); authority for _ttl_heap
         self._ttl_heap: list[tuple[int, int]] = []  # (expiry ns, ino), lazily pruned
         self._writers: dict[int, set[int]] = {}  # ino being written -> writer sessions
         self._activity: dict[int, float] = {}  # ino being written -> last create/add block
-        self._open_sessions: set[int] = set()
-        self._closed_at: dict[int, float] = {}  # session -> monotonic time it closed
-        self._alias: dict[int, int] = {}  # old session -> the session that replaced it
-        self.started = time.monotonic()  # sessions of a previous run count as closed now
         self.stats = {"rounds": 0, "evicted_files": 0, "evicted_bytes": 0,
                       "expired_files": 0, "expired_bytes": 0, "orphans_removed": 0,
                       "orphan_bytes": 0, "access_reports": 0, "accesses": 0,
@@ -200,7 +204,7 @@ class Capacity:
     def _rebuild(self) -> None:
         """LRU order, TTL deadlines and writers of a (re)started master, from LMDB."""
         started = time.monotonic()
-        store = self.m.store
+        store = self.store
         entries: list[tuple[int, int]] = []
         due: list[tuple[int, int]] = []
         writing: set[int] = set()
@@ -293,181 +297,20 @@ class Capacity:
             raise invalid("session", "required with closed_opens")
         self.lru.touch(inos, time.time_ns())
         if closed_opens:
-            self.note_closed(session, closed_opens)
+            self.opens.note_closed(session, closed_opens)
         self.stats["access_reports"] += 1
         self.stats["accesses"] += len(inos)
-
-    def note_open(self, ino: int, session: int, open_id: int, write: bool = False) -> bool:
-        """A mount opens ``ino`` for reading (GetBlocks, before it reads the blocks): not
-        evicted until closed.  False if it is being evicted right now (a miss).
-        ``write``: for writing a version (GetBlocks.write, CompleteFile.open_id): only
-        the blocks newer versions drop are kept for it (``settle``)."""
-        if not session or not open_id:
-            return True
-        with self._lock:
-            if ino in self._evicting and not write:
-                return False
-            table = self._write_opens if write else self._opens
-            table.setdefault(ino, set()).add((session, open_id))
-            self._opens_of.setdefault(session, {})[open_id] = ino
-        # an access now, not with the mount's next report: a full pool of 14 MiB chunks
-        # written at 0.5 GB/s turns over in about a second
-        self.lru.touch([ino], time.time_ns())
-        return True
-
-    def opened_by(self, session: int) -> set[int]:
-        """The files ``session`` has recorded opens of."""
-        with self._lock:
-            return set(self._opens_of.get(session, {}).values())
-
-    def note_closed(self, session: int, open_ids) -> None:
-        """Opens recorded by ``note_open`` that are over."""
-        with self._lock:
-            mine = self._opens_of.get(session, {})
-            for oid in open_ids:
-                ino = mine.pop(oid, None)
-                if ino is not None:
-                    self._drop_open(ino, session, oid)
-            if not mine:
-                self._opens_of.pop(session, None)
-        self.release_kept()
-
-    # ------------------------------------------------------------------ kept blocks
-    # A block a file's new version (or a truncate, or its removal) drops is held from the
-    # moment the record is applied (``hold``, in the committer thread, so the next plan
-    # of the same batch can claim it), then kept while some mount has the file open,
-    # else deleted once the record is durable (``settle``).
-
-    def hold(self, replaced) -> None:
-        """``replaced``: (ino, worker, block, bytes) just dropped from a file (a new
-        version, a truncate, its removal); nothing deletes them before ``settle``."""
-        with self._lock:
-            for ino, w, b, n in replaced:
-                self._kept.setdefault(ino, {}).setdefault(b, []).append((w, n))
-                self._settling.add(b)
-
-    def settle(self, replaced) -> None:
-        """The records that dropped ``replaced`` are durable: delete the blocks of
-        files no mount has open (a reader there finishes the version it opened, a
-        writer that shares them can still publish them) unless a CompleteFile has
-        claimed them meanwhile; keep the rest until the last open closes."""
-        now = time.monotonic()
-        free = []
-        with self._lock:
-            for ino, w, b, n in replaced:
-                self._settling.discard(b)
-                if b in self._kept.get(ino, ()) and not self._is_open(ino, now, True):
-                    free.extend((w2, b, n2) for w2, n2 in self._pop_kept(ino, b))
-        self._free_unowned(free)
-
-    def claim(self, ino: int, block_id: int, claimed: dict) -> bool:
-        """For a CompleteFile of ``ino`` being planned: take a kept block it publishes
-        again (nothing frees it from now on) into ``claimed``; False if not kept."""
-        with self._lock:
-            if block_id not in self._kept.get(ino, ()):
-                return False
-            claimed[block_id] = self._pop_kept(ino, block_id)
-            return True
-
-    def unclaim(self, ino: int, claimed: dict) -> None:
-        """The CompleteFile that claimed these failed: kept again, or deleted."""
-        if claimed:
-            replaced = [(ino, w, b, n) for b, locs in claimed.items() for w, n in locs]
-            self.hold(replaced)
-            self.settle(replaced)
-
-    def release_kept(self) -> None:
-        """Delete the kept blocks of files no live mount has open any more."""
-        if not self._kept:
-            return
-        now = time.monotonic()
-        free = []
-        with self._lock:
-            for ino in [i for i in self._kept if not self._is_open(i, now, True)]:
-                for b in [b for b in self._kept[ino] if b not in self._settling]:
-                    free.extend((w, b, n) for w, n in self._pop_kept(ino, b))
-        self._free_unowned(free)
-
-    def _pop_kept(self, ino: int, block_id: int) -> list[tuple[int, int]]:
-        """(under _lock) Take a kept block's locations out, and ``ino`` once it has none."""
-        kept = self._kept[ino]
-        locs = kept.pop(block_id)
-        if not kept:
-            del self._kept[ino]
-        return locs
-
-    def kept_blocks(self) -> int:
-        with self._lock:
-            return sum(len(k) for k in self._kept.values())
-
-    def _free_unowned(self, pairs) -> None:
-        """Queue deletes of (worker, block, bytes), but never of a block a file holds
-        (published again by a CompleteFile that claimed it, or retried)."""
-        if not pairs:
-            return
-        store = self.m.store
-        with store.read() as txn:
-            pairs = [p for p in pairs if store.block_owner(txn, p[1]) is None]
-        self.m.registry.queue_deletes(pairs)
-
-    def _drop_open(self, ino: int, session: int, open_id: int) -> None:
-        """(under _lock)"""
-        for table in (self._opens, self._write_opens):
-            held = table.get(ino)
-            if held is not None:
-                held.discard((session, open_id))
-                if not held:
-                    del table[ino]
-
-    def _is_open(self, ino: int, now: float, writers: bool = False) -> bool:
-        """(under _lock) Whether a live mount (or one gone for less than the orphan
-        timeout: it may reconnect) has ``ino`` open for reading (``writers``: or for
-        writing a version)."""
-        readers = self._opens.get(ino, ())
-        held = itertools.chain(readers, self._write_opens.get(ino, ())) if writers else readers
-        dead = []
-        for sid, oid in held:
-            gone = self._writer_gone_since({sid})
-            if gone is None or now - gone < self.orphan_timeout:
-                return True
-            dead.append((sid, oid))
-        for sid, oid in dead:  # that mount is gone for good: forget its opens
-            self._drop_open(ino, sid, oid)
-            mine = self._opens_of.get(sid)
-            if mine is not None:
-                mine.pop(oid, None)
-                if not mine:
-                    del self._opens_of[sid]
-        return False
-
-    def open_files(self) -> int:
-        with self._lock:
-            return len(self._opens)
-
-    def session_opened(self, sid: int, dropped) -> None:
-        with self._lock:
-            self._open_sessions.add(sid)
-            self._closed_at.pop(sid, None)
-            for old in dropped:
-                if old and old != sid:
-                    self._alias[old] = sid
-
-    def session_closed(self, sid: int) -> None:
-        with self._lock:
-            if sid in self._open_sessions:
-                self._open_sessions.discard(sid)
-                self._closed_at[sid] = time.monotonic()
 
     # ------------------------------------------------------------------ usage
     def usage(self) -> tuple[int, int, int]:
         """(capacity, reported used, estimated used) of the live workers."""
-        live = [u for u in self.m.registry.usage() if u.alive]
+        live = [u for u in self.registry.usage() if u.alive]
         return (sum(u.capacity for u in live), sum(u.reported_used for u in live),
                 sum(u.used for u in live))
 
     def _projected(self) -> tuple[int, int]:
         """(capacity, estimated used less what is being deleted) of the live workers."""
-        live = [u for u in self.m.registry.usage() if u.alive]
+        live = [u for u in self.registry.usage() if u.alive]
         return sum(u.capacity for u in live), sum(u.used - u.pending_free for u in live)
 
     def limits(self, capacity: int) -> tuple[int, int]:
@@ -494,7 +337,7 @@ class Capacity:
             return False
         self.stats["rounds"] += 1
         self._free_abandoned_blocks()
-        self.release_kept()  # of mounts that died with files open
+        self.opens.release_kept()  # of mounts that died with files open
         more = self._expire_ttl()
         more = self._remove_orphans() or more
         more = self._remove_unlinked() or more
@@ -518,7 +361,7 @@ class Capacity:
         log.info("evicted %d least recently used files (%d bytes): pool at %d of %d bytes "
                  "(high %.2f, low %.2f)", len(removed), sum(freed_bytes.values()), projected,
                  capacity, self.high, self.low)
-        self.m.deleter.deliver(time.monotonic() + self.m.deleter.timeout)
+        self.deletes.deliver(time.monotonic() + self.deletes.timeout)
         # more to do if this batch was cut short by its size
         return full and sum(freed.values()) < need
 
@@ -526,11 +369,11 @@ class Capacity:
         """The least recently used complete files that no reader has open, oldest first,
         until ``enough(bytes freed per live worker)`` or a batch is full.  Returns
         (chosen (ino, last access), bytes per worker, whether the batch is full)."""
-        live = {u.worker_id for u in self.m.registry.usage() if u.alive}
+        live = {u.worker_id for u in self.registry.usage() if u.alive}
         chosen: list[tuple[int, int]] = []
         freed: dict[int, int] = {}
         gone = []
-        store = self.m.store
+        store = self.store
         now = time.monotonic()
         with store.read() as txn:
             for ino, t in self.lru.oldest(SCAN_PER_ROUND):
@@ -540,9 +383,8 @@ class Capacity:
                     continue
                 if node.state != COMPLETE:
                     continue  # being written: never evicted (orphans are handled apart)
-                with self._lock:
-                    if self._is_open(ino, now):
-                        continue
+                if self.opens.is_open(ino, now):
+                    continue
                 blocks = store.get_blocks(txn, ino)
                 if not any(b.block_id for b in blocks) and any(b.HasField("data") for b in blocks):
                     continue  # inline (master.inline_capacity bounds those): frees no worker
@@ -589,7 +431,7 @@ class Capacity:
                 workers = place()
                 if workers:
                     return workers
-                eligible = [u for u in self.m.registry.usage()
+                eligible = [u for u in self.registry.usage()
                             if u.alive and u.worker_id not in exclude and u.capacity]
                 if not eligible:
                     raise no_room("no live worker can take the block")
@@ -602,7 +444,7 @@ class Capacity:
                 if any(room[w] + coming[w] >= size for w in room):
                     # Deletes on their way make the room: deliver them and try again; if
                     # a heartbeat reply carried them, the next heartbeat confirms them.
-                    if not self.m.deleter.deliver(deadline):
+                    if not self.deletes.deliver(deadline):
                         time.sleep(ROOM_RETRY)
                     continue
 
@@ -621,7 +463,7 @@ class Capacity:
                 # (counted in curvine_placement_room_made_total: one per store when full)
                 log.debug("made room for a block of %d bytes: evicted %d least recently used "
                          "files (%d bytes)", size, len(removed), sum(freed.values()))
-                self.m.deleter.deliver(deadline)
+                self.deletes.deliver(deadline)
                 self._wake.set()  # the background round brings usage down to the low mark
         finally:
             self._room_lock.release()
@@ -669,50 +511,31 @@ class Capacity:
         while written, e.g. a failed store whose ``.tmp`` was unlinked): that version
         can never be published, so their space goes back now, not at the workers' next
         block report."""
-        m = self.m
-        with m._pending_lock:
-            inos = {p[0] for p in m._pending.values()}
-            # a put's blocks (owner 0) are unclaimed once PutFile is overdue
-            overdue = time.time() - PUT_BLOCK_TTL
-            stale_puts = [b for b, p in m._pending.items() if p[0] == 0 and p[1] < overdue]
+        inos, stale_puts = self.pending.owners_and_overdue_puts()
         if stale_puts:
-            m._free_pending(stale_puts)
+            self.pending.free(stale_puts)
             log.info("freed %d blocks allocated for puts that were never published",
                      len(stale_puts))
         inos.discard(0)
         if not inos:
             return
-        with m.store.read() as txn:
-            gone = {ino for ino in inos if m.store.get_inode(txn, ino) is None}
+        with self.store.read() as txn:
+            gone = {ino for ino in inos if self.store.get_inode(txn, ino) is None}
         if gone:
-            with m._pending_lock:
-                blocks = [b for b, p in m._pending.items() if p[0] in gone]
-            m._free_pending(blocks)
+            blocks = self.pending.of_owners(gone)
+            self.pending.free(blocks)
             log.info("freed %d blocks written for files removed before they completed",
                      len(blocks))
-
-    def _writer_gone_since(self, sessions: set[int]) -> float | None:
-        """When the last of ``sessions`` closed (monotonic); None if one is open."""
-        latest = 0.0
-        for sid in sessions:
-            seen = set()
-            while sid in self._alias and sid not in seen:  # a reconnected mount
-                seen.add(sid)
-                sid = self._alias[sid]
-            if sid in self._open_sessions:
-                return None
-            latest = max(latest, self._closed_at.get(sid, self.started))
-        return latest
 
     def _remove_orphans(self) -> bool:
         now = time.monotonic()
         orphans = []
         with self._lock:
             for ino, sessions in self._writers.items():
-                gone = self._writer_gone_since(sessions)
-                if gone is None or now - gone < self.orphan_timeout:
+                if not self.sessions.gone_for_good(sessions, now):
                     continue
-                if now - self._activity.get(ino, self.started) < self.orphan_timeout:
+                if (now - self._activity.get(ino, self.sessions.started)
+                        < self.sessions.orphan_timeout):
                     continue
                 orphans.append(ino)
                 if len(orphans) >= self.batch:
@@ -732,7 +555,7 @@ class Capacity:
         self.stats["orphan_bytes"] += sum(freed.values())
         if removed:
             log.info("removed %d files whose writer's mount is gone for over %.0fs "
-                     "(orphans, %d bytes)", len(removed), self.orphan_timeout,
+                     "(orphans, %d bytes)", len(removed), self.sessions.orphan_timeout,
                      sum(freed.values()))
         return len(orphans) >= self.batch
 
@@ -740,15 +563,14 @@ class Capacity:
         """Unlinked files kept open by a mount whose session is gone for the orphan
         timeout: nobody can release them any more."""
         now = time.monotonic()
-        with self.m.store.read() as txn:
-            held = list(self.m.store.held(txn))
+        with self.store.read() as txn:
+            held = list(self.store.held(txn))
         if not held:
             return False
         gone = []
         with self._lock:
             for ino, sid in held:
-                since = self._writer_gone_since({sid})
-                if since is not None and now - since >= self.orphan_timeout:
+                if self.sessions.gone_for_good({sid}, now):
                     gone.append(ino)
                     if len(gone) >= self.batch:
                         break
@@ -760,7 +582,7 @@ class Capacity:
         self.stats["unlinked_bytes"] += sum(freed.values())
         if removed:
             log.info("removed %d unlinked files kept open by a mount that is gone for over "
-                     "%.0fs (%d bytes)", len(removed), self.orphan_timeout,
+                     "%.0fs (%d bytes)", len(removed), self.sessions.orphan_timeout,
                      sum(freed.values()))
         return len(gone) >= self.batch
 
@@ -772,19 +594,15 @@ class Capacity:
         until the record is journaled.  Returns (removed, bytes per worker, kept open)."""
         held: list[int] = []
         if keep_open:
-            now = time.monotonic()
-            with self._lock:
-                held = [i for i in inos if self._is_open(i, now)]
-                inos = [i for i in inos if i not in held]
-                self._evicting.update(inos)
-        ns = self.m.ns
+            held = self.opens.begin_eviction(inos, time.monotonic())
+            inos = [i for i in inos if i not in held]
+        ns = self.ns
         try:
-            value = self.m.submit(lambda txn: ns.plan_evict(txn, reason, inos, still_wanted)
-                                  ) if inos else None
+            value = self.submit(lambda txn: ns.plan_evict(txn, reason, inos, still_wanted)
+                                ) if inos else None
         finally:
             if keep_open:
-                with self._lock:
-                    self._evicting.difference_update(inos)
+                self.opens.end_eviction(inos)
         removed, freed = value if value is not None else ([], {})
         self.lru.forget(removed)
         with self._lock:

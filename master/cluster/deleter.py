@@ -4,7 +4,7 @@ A heartbeat comes once a second; a pod writes 1-2 GB/s.  Space that eviction (or
 unlink) freed must be usable at once, so one thread of the master calls each worker's
 ``DeleteBlocks`` (with a write token per block, minted with the master's block key)
 within ``GATHER`` seconds of deletes being queued, and records the worker's answer:
-from then on those bytes are free in the master's account (master/workers.py).
+from then on those bytes are free in the master's account (master/cluster/workers.py).
 Deletes that cannot be delivered go back to their queue and reach the worker with a
 later heartbeat reply.
 
@@ -12,7 +12,7 @@ The calls carry the worker token (the master's ``Security.as_worker()``), the
 credential of the daemons' calls to each other.
 
 ``deliver()`` runs the same delivery on the caller's thread, for a placement that
-waits for room (master/capacity.py ``make_room``): when it returns, every delete
+waits for room (master/cluster/capacity.py ``make_room``): when it returns, every delete
 queued before it was delivered and confirmed (or failed); it returns how many the
 workers confirmed.
 """
@@ -29,6 +29,8 @@ from curvine.common.rpc import RpcClient
 from curvine.common.security import Security
 from curvine.proto import worker_pb2, worker_pb2_grpc
 
+from .workers import WorkerRegistry
+
 log = logging.getLogger(__name__)
 
 BATCH = 1000  # block ids per DeleteBlocks call
@@ -37,15 +39,21 @@ RETRY_AFTER = 1.0  # seconds before a worker that failed a delivery is tried aga
 # deletes of many publishes go in one call: each new version frees its old blocks, and
 # a call per freed block cost the master ~12% of its CPU (and the worker a gRPC call)
 # in a small-file workload.  A placement that needs the room now does not wait for
-# this: it calls deliver() itself (master/capacity.py).
+# this: it calls deliver() itself (master/cluster/capacity.py).
 GATHER = 0.05
 
 
 class DeletePusher:
-    def __init__(self, master, security: Security):
-        self.m = master
+    """Takes the deletes queued in ``registry`` to the workers, each with a write token
+    minted with ``block_key`` (the master's), a call at most ``rpc_timeout`` (and 10 s)
+    long."""
+
+    def __init__(self, registry: WorkerRegistry, block_key: bytes, security: Security,
+                 rpc_timeout: float):
+        self.registry = registry
+        self.block_key = block_key
         self.security = security.as_worker()
-        self.timeout = min(float(master.cfg.cluster.rpc_timeout), 10.0)
+        self.timeout = min(rpc_timeout, 10.0)
         self._clients: dict[str, RpcClient] = {}
         self._failed_at: dict[int, float] = {}  # worker id -> monotonic time it failed
         self._deliver_lock = threading.Lock()  # one delivery at a time: waiters see it done
@@ -58,7 +66,7 @@ class DeletePusher:
 
     def close(self) -> None:
         self._stop.set()
-        registry = self.m.registry
+        registry = self.registry
         with registry.deletes_queued:
             registry.deletes_queued.notify_all()
         self._thread.join(timeout=15)
@@ -67,7 +75,7 @@ class DeletePusher:
         self._clients.clear()
 
     def _run(self) -> None:
-        registry = self.m.registry
+        registry = self.registry
         while not self._stop.is_set():
             with registry.deletes_queued:
                 registry.deletes_queued.wait(timeout=RETRY_AFTER)
@@ -91,9 +99,9 @@ class DeletePusher:
         try:
             confirmed = 0
             now = time.monotonic()
-            for wid, (address, ids) in self.m.registry.take_deletes().items():
+            for wid, (address, ids) in self.registry.take_deletes().items():
                 if deadline is None and now - self._failed_at.get(wid, 0.0) < RETRY_AFTER:
-                    self.m.registry.give_back_deletes(wid, ids)  # the heartbeat may get them
+                    self.registry.give_back_deletes(wid, ids)  # the heartbeat may get them
                     continue
                 confirmed += self._push(wid, address, ids, deadline)
             return confirmed
@@ -102,8 +110,8 @@ class DeletePusher:
 
     def _push(self, wid: int, address: str, ids: list[int], deadline: float | None) -> int:
         """DeleteBlocks of ``ids`` on worker ``wid``; how many it confirmed."""
-        key = self.m.block_key
-        registry = self.m.registry
+        key = self.block_key
+        registry = self.registry
         for i in range(0, len(ids), BATCH):
             batch = ids[i:i + BATCH]
             timeout = self.timeout

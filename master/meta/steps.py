@@ -80,13 +80,17 @@ class StepRunner:
     """Drives mutations from one event loop's thread without parking a thread per call.
 
     ``call_soon_threadsafe``: the loop's; the steps, and ``done``, run in the loop's
-    thread.  A plan goes to the committer (``submit_async``); when its batch is durable
-    the committer hands the item back through one wake-up of the loop per batch (an
-    inbox).  A mutation whose revocation must wait for other mounts' acks waits in
+    thread.  A plan goes to the committer (``submit_async``: Committer.submit_async);
+    when its batch is durable the committer hands the item back through one wake-up of
+    the loop per batch (an inbox).  Then ``revoke_begin(names, inodes, exclude=,
+    created=)`` (LeaseTable.revoke_begin) starts the revocation of other mounts' leases
+    on what it changed; a mutation whose revocation must wait for their acks waits in
     ``pool``, then continues in the loop."""
 
-    def __init__(self, master, call_soon_threadsafe: Callable, pool: futures.Executor):
-        self.m = master
+    def __init__(self, submit_async: Callable, revoke_begin: Callable,
+                 call_soon_threadsafe: Callable, pool: futures.Executor):
+        self._submit_async = submit_async
+        self._revoke_begin = revoke_begin
         self._call_soon = call_soon_threadsafe
         self._pool = pool
         self._lock = threading.Lock()
@@ -108,7 +112,7 @@ class StepRunner:
             done(None, e)
             return
         try:
-            self.m.committer.submit_async(
+            self._submit_async(
                 sub.plan, sub.request_id,
                 lambda item: self._post(self._committed, gen, done, item, sub.session))
         except CurvineError as e:  # the committer is down
@@ -119,7 +123,7 @@ class StepRunner:
             self._step(gen, done, None, item.error)
             return
         fx = item.fx  # None: a retry cache hit, nothing was changed now
-        wait = None if fx is None else self.m.leases.revoke_begin(
+        wait = None if fx is None else self._revoke_begin(
             fx.names, fx.inodes, exclude=session, created=fx.created)
         if wait is not None:  # other mounts hold leases: wait for them off the loop
             self._pool.submit(self._wait_then_step, wait, gen, done, item.result)

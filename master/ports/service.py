@@ -17,9 +17,9 @@ from curvine.common.rpc import handler
 from curvine.common.stream_guard import IdleStreams
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
+from ..master import Master, WouldBlock
+from ..meta.steps import StepRunner
 from . import report
-from .master import Master, WouldBlock
-from .steps import StepRunner
 
 log = logging.getLogger(__name__)
 # Calls of one Calls stream read but whose results the client has not yet taken: past
@@ -268,8 +268,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         finally:
             with self._calls_lock:
                 self._sessions_starting -= 1
-        self.m.capacity.session_opened(sess.id, first.dropped)  # writers' liveness
-        ctx.add_callback(lambda: self.m.capacity.session_closed(sess.id))
+        self.m.sessions.opened(sess.id, first.dropped)  # writers' liveness
+        ctx.add_callback(lambda: self.m.sessions.closed(sess.id))
 
         def read_acks():
             try:
@@ -294,7 +294,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def EndSessions(self, req, ctx):
         self.m.leases.end_sessions(req.sessions)
         for sid in req.sessions:
-            self.m.capacity.session_closed(sid)
+            self.m.sessions.closed(sid)
         return common_pb2.Empty()
 
     def Calls(self, request_iterator, ctx):
@@ -429,10 +429,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     def mutations(self, call_soon_threadsafe) -> "CallMutations":
         """The mutations of Calls read by one event loop's thread, run there as steps
-        (the call port's; master/steps.py)."""
-        return CallMutations(self.m, StepRunner(self.m, call_soon_threadsafe, self._call_pool))
+        (the call port's; master/meta/steps.py)."""
+        return CallMutations(self.m, StepRunner(self.m.committer.submit_async,
+                                                self.m.leases.revoke_begin,
+                                                call_soon_threadsafe, self._call_pool))
 
-    # -- capacity (master/capacity.py)
+    # -- capacity (master/cluster/capacity.py)
     @handler
     def ReportAccess(self, req, ctx):
         self.m.report_access(req)
@@ -446,7 +448,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def CapacityStatus(self, req, ctx):
         return self.m.capacity_status()
 
-    # -- admin (master/report.py)
+    # -- admin (master/ports/report.py)
     @handler
     def Report(self, req, ctx):
         return report.build(self.m, self.lookups)
@@ -472,7 +474,7 @@ def _failed(call_id: int, op: str, e: Exception) -> master_pb2.CallResult:
 
 
 # Call ops that are the master's mutations (Master methods of the same name, made with
-# master/steps.py's @mutation), run as steps by CallMutations; rmdir is Master.unlink's
+# master/meta/steps.py's @mutation), run as steps by CallMutations; rmdir is Master.unlink's
 MUTATION_OPS = frozenset(("create", "mkdir", "unlink", "rmdir", "rename", "complete",
                           "put_file", "setattr", "symlink", "make_node", "link",
                           "release_inode", "set_xattr", "remove_xattr"))

@@ -1,8 +1,12 @@
-"""The master's metrics, read from its live state when scraped, and its health.
+"""The master's metrics and its health: the one place the master process's registry
+is assembled (``registry``, served on master.http_port by server.py).
 
-Nothing here runs on a request path: every value is read at scrape time from state
-the master keeps anyway (LMDB counters, the worker registry, the stats of capacity,
-leases, replication, committer and journal).  Counters restart from 0 with the master.
+It holds the metrics every server updates where they happen (common/metrics.py: RPCs,
+limits), the journal's (journal/metrics.py: fsyncs, group-commit batches), and the
+collectors below.  Nothing of the collectors runs on a request path: every value is
+read at scrape time from state the master keeps anyway (LMDB counters, the worker
+registry, the stats of capacity, open files, leases, replication, committer and
+journal).  Counters restart from 0 with the master.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import time
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from curvine.common import metrics
+from curvine.journal.metrics import JOURNAL_METRICS
 from curvine.proto import common_pb2
 
 # Files and directories are counted by a scan of the inode table (LMDB keeps only the
@@ -136,7 +141,7 @@ def collectors(master) -> list[metrics.Collector]:
         workers.add_metric(["silent"], len(snapshot) - live - lost)
         yield workers
         yield CounterMetricFamily("curvine_master_stalls", "Times the master itself was "
-                                  "stalled for over a second (master/lag.py); workers' "
+                                  "stalled for over a second (master/cluster/lag.py); workers' "
                                   "silence then is not counted against them",
                                   value=master.lag.stalls)
         yield GaugeMetricFamily("curvine_master_max_lag_seconds", "The longest the master "
@@ -172,7 +177,7 @@ def collectors(master) -> list[metrics.Collector]:
                                   "ENOSPC (nothing evictable, or the block fits no worker)",
                                   value=st.get("no_room", 0))
         yield GaugeMetricFamily("curvine_open_files", "Files a mount has open for reading "
-                                "(never evicted)", value=master.capacity.open_files())
+                                "(never evicted)", value=master.opens.open_files())
         ds = dict(master.deleter.stats)
         yield CounterMetricFamily("curvine_block_deletes_delivered", "Block deletes the "
                                   "workers confirmed (DeleteBlocks)", value=ds.get("blocks", 0))
@@ -216,7 +221,8 @@ def collectors(master) -> list[metrics.Collector]:
         if port is None:
             return
         yield GaugeMetricFamily("curvine_call_port_connections", "Mounts connected to the "
-                                "call port (master/call_port.py)", value=port.connections)
+                                "call port (master/ports/call_port_server.py)",
+                                value=port.connections)
         yield CounterMetricFamily("curvine_call_port_calls", "Namespace calls read on the "
                                   "call port (also counted under their unary method in "
                                   "curvine_rpc_server_handled_total)", value=port.calls)
@@ -231,7 +237,7 @@ def collectors(master) -> list[metrics.Collector]:
 
 
 def registry(master):
-    return metrics.registry(groups=(metrics.RPC_METRICS, metrics.JOURNAL_METRICS),
+    return metrics.registry(groups=(metrics.RPC_METRICS, JOURNAL_METRICS),
                             collectors=collectors(master))
 
 

@@ -258,7 +258,7 @@ class Store:
     def put_worker(self, txn, w: common_pb2.WorkerInfo) -> None:
         txn.put(U32.pack(w.worker_id), w.SerializeToString(), db=self.db["worker"])
 
-    # -- capacity (master/capacity.py) ---------------------------------------------
+    # -- capacity (master/cluster/capacity.py) ---------------------------------------------
     def put_writer(self, txn, ino: int, session: int) -> None:
         txn.put(k64(ino), k64(session), db=self.db["writer"])
 

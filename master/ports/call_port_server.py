@@ -7,7 +7,7 @@ threads, the server's reader and response generator) -- most of the ~0.9 ms of m
 CPU and ~0.3 ms of mount CPU per call measured in issue 16.  Here one asyncio loop
 thread serves every connection: a read call (READ_CALLS) is answered in that thread,
 and so is an AddBlock that need not wait (``run_nowait``); a namespace mutation runs
-as steps (master/steps.py): checked in that thread, planned and made durable by the
+as steps (master/meta/steps.py): checked in that thread, planned and made durable by the
 committer, answered in that thread again, with no thread waiting for the journal; the
 other calls go to the call pool.  Each connection is an
 asyncio.Protocol that parses frames as their bytes arrive (no task or stream reader

@@ -12,7 +12,7 @@ A background loop (``ReplicationMonitor``, one round every ``interval``):
    register again, so that its full block report tells what it still holds; back
    within the grace, it keeps every location (a copy made meanwhile that is now one
    too many is deleted from it).  Silence while
-   the master itself was stalled does not count (master/lag.py), and losing more than
+   the master itself was stalled does not count (master/cluster/lag.py), and losing more than
    ``master.max_lost_share`` of the workers at once is held, files kept, for
    ``master.mass_loss_hold`` (a fault of the master or the network, not of them all).
 2. Suspect blocks (hinted by drops, by files completed with fewer replicas than
@@ -45,12 +45,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any, Callable
 
+from curvine.common.config import MasterConfig
 from curvine.common.errors import CurvineError, invalid
-from curvine.proto import common_pb2, journal_pb2, master_pb2
+from curvine.proto import common_pb2, master_pb2
 
-from .namespace import now_ns
-from .store import U64
+from ..meta.committer import Plan
+from ..meta.namespace import Namespace
+from ..meta.store import U64, Store
+from .workers import WorkerRegistry
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +68,28 @@ UNKNOWN_LENGTH = 1 << 63  # a stored length that was not reported: assume it cov
 
 
 class ReplicationMonitor:
-    """Worker loss and re-replication for one Master (see the module docstring)."""
+    """Worker loss and re-replication for one master (see the module docstring).
 
-    def __init__(self, master):
-        self.m = master
-        cfg = master.cfg
-        self.default_replicas = int(cfg.cluster.replicas)
-        self.max_inflight = max(1, int(cfg.master.replication_max_inflight))
-        self.copy_timeout = max(1.0, float(cfg.master.replication_timeout))
-        self.interval = min(1.0, max(0.05, float(cfg.master.worker_lost_after) / 4))
-        self.max_lost_share = float(cfg.master.max_lost_share)
-        self.mass_loss_hold = float(cfg.master.mass_loss_hold)
-        self.lost_grace = float(cfg.master.lost_grace)
+    ``store`` and ``ns``: the metadata it reads and plans records with; ``registry``:
+    the workers; ``submit(plan)``: commits a record (the master's, which revokes leases
+    too); ``started``: when the master started (time.monotonic(): silence counts from
+    there); ``mc``: the master.* settings; ``default_replicas``: cluster.replicas."""
+
+    def __init__(self, store: Store, ns: Namespace, registry: WorkerRegistry,
+                 submit: Callable[[Plan], Any], started: float, mc: MasterConfig,
+                 default_replicas: int):
+        self.store = store
+        self.ns = ns
+        self.registry = registry
+        self.submit = submit
+        self.started = started
+        self.default_replicas = int(default_replicas)
+        self.max_inflight = max(1, int(mc.replication_max_inflight))
+        self.copy_timeout = max(1.0, float(mc.replication_timeout))
+        self.interval = min(1.0, max(0.05, float(mc.worker_lost_after) / 4))
+        self.max_lost_share = float(mc.max_lost_share)
+        self.mass_loss_hold = float(mc.mass_loss_hold)
+        self.lost_grace = float(mc.lost_grace)
         self._held: set[int] = set()  # silent workers of a mass loss being held
         self._held_since = 0.0  # since (time.monotonic())
         self._held_logged = 0.0
@@ -135,7 +149,7 @@ class ReplicationMonitor:
     def hint_completed(self, blocks, node: common_pb2.Inode) -> None:
         """A version was published: its blocks written to fewer workers than wanted
         (a worker failed, or too few were alive) are suspects."""
-        wanted = self.m.ns.wanted_replicas(node, self.default_replicas)
+        wanted = self.ns.wanted_replicas(node, self.default_replicas)
         self.hint(b.block_id for b in blocks if b.block_id and len(b.worker_ids) < wanted)
 
     # ------------------------------------------------------------------ lost workers
@@ -151,10 +165,10 @@ class ReplicationMonitor:
         if self._held:
             self._held &= set(silent)  # the ones that came back are fine
         if not self._held:
-            registered = self.m.registry.count()
+            registered = self.registry.count()
             # Workers that fail together fall silent within a heartbeat or two of each
             # other: the ones half way to being lost count as going with these.
-            going = set(self.m.registry.silent(self.m.started, 0.5)) | set(silent)
+            going = set(self.registry.silent(self.started, 0.5)) | set(silent)
             with self._lock:
                 lost = len(self._lost)
                 going -= self._lost
@@ -181,7 +195,7 @@ class ReplicationMonitor:
         return [w for w in silent if w not in self._held]
 
     def _declare_lost(self) -> None:
-        silent = [w for w in self.m.registry.silent(self.m.started) if not self.is_lost(w)]
+        silent = [w for w in self.registry.silent(self.started) if not self.is_lost(w)]
         if not silent and not self._held:
             return
         new = self._to_declare(silent)
@@ -196,13 +210,13 @@ class ReplicationMonitor:
                     targets.pop(wid, None)
                 for b in dropped_cmds:
                     self._suspects.setdefault(b, 0.0)
-            with self.m.store.read() as txn:
-                ids = list(self.m.store.blocks_on_worker(txn, wid))
-            info = self.m.registry.info(wid)
+            with self.store.read() as txn:
+                ids = list(self.store.blocks_on_worker(txn, wid))
+            info = self.registry.info(wid)
             log.warning("worker %d (%s) missed heartbeats for %.0fs: declared lost (no "
                         "placements, reads go elsewhere); its %d block locations are kept "
                         "for %.0fs (master.lost_grace)", wid, info.address if info else "?",
-                        self.m.registry.lost_after, len(ids), self.lost_grace)
+                        self.registry.lost_after, len(ids), self.lost_grace)
             self.hint(ids)  # copied from the other replicas where files want more
         if new and self.lost_grace <= 0:
             self._drop_expired()
@@ -215,9 +229,9 @@ class ReplicationMonitor:
                    if now - self._lost_at.get(w, now) >= self.lost_grace]
             self._dropping.update(due)
         for wid in due:
-            with self.m.store.read() as txn:
-                ids = list(self.m.store.blocks_on_worker(txn, wid))
-            info = self.m.registry.info(wid)
+            with self.store.read() as txn:
+                ids = list(self.store.blocks_on_worker(txn, wid))
+            info = self.registry.info(wid)
             log.warning("worker %d (%s) still lost after %.0fs (master.lost_grace): "
                         "dropping its %d block locations", wid,
                         info.address if info else "?", self.lost_grace, len(ids))
@@ -233,17 +247,7 @@ class ReplicationMonitor:
             self.hint(ids)
 
     def _drop(self, wid: int, block_ids: list[int]) -> None:
-        store = self.m.store
-
-        def plan(txn):
-            still = [b for b in block_ids if store.block_owner(txn, b) is not None]
-            if not still:
-                return None, None
-            rec = journal_pb2.DropLocationsRecord(worker_id=wid, block_ids=still,
-                                                  time_ns=now_ns())
-            return journal_pb2.JournalEntry(drop_locations=rec), None
-
-        self.m.submit(plan)
+        self.submit(lambda txn: self.ns.plan_drop_locations(txn, wid, block_ids))
 
     def held_count(self) -> int:
         return len(self._held)
@@ -256,7 +260,7 @@ class ReplicationMonitor:
     def _scan(self) -> None:
         """Every file's blocks once (after a master start nothing in memory says which
         blocks are short of replicas)."""
-        store, ns = self.m.store, self.m.ns
+        store, ns = self.store, self.ns
         found = []
         with store.read() as txn:
             for key, value in txn.cursor(db=store.db["fblocks"]):
@@ -273,7 +277,7 @@ class ReplicationMonitor:
 
     def _evaluate(self, txn, block_id: int):
         """(ino, block, wanted) of a block some file still has, else None."""
-        store = self.m.store
+        store = self.store
         ino = store.block_owner(txn, block_id)
         node = store.get_inode(txn, ino) if ino is not None else None
         if node is None:
@@ -281,7 +285,7 @@ class ReplicationMonitor:
         block = next((b for b in store.get_blocks(txn, ino) if b.block_id == block_id), None)
         if block is None:
             return None
-        return ino, block, self.m.ns.wanted_replicas(node, self.default_replicas)
+        return ino, block, self.ns.wanted_replicas(node, self.default_replicas)
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -298,7 +302,7 @@ class ReplicationMonitor:
                     del self._inflight[b]
 
     def _plan(self) -> None:
-        registry = self.m.registry
+        registry = self.registry
         now = time.monotonic()
         alive = registry.alive_ids()
         with self._lock:
@@ -311,7 +315,7 @@ class ReplicationMonitor:
                     load[wid] = load.get(wid, 0) + 1
         busy = {wid for wid, n in load.items() if n >= self.max_inflight}
         stale: dict[int, list[int]] = {}  # locations on dropped workers (written after the drop)
-        with self.m.store.read() as txn:
+        with self.store.read() as txn:
             for b in due:
                 ev = self._evaluate(txn, b)
                 with self._lock:
@@ -395,7 +399,7 @@ class ReplicationMonitor:
         locates there, or of unknown crc32, are ignored)."""
         if len(copies) > MAX_BAD_REPORT:
             raise invalid("bad_copies", f"{len(copies)} entries, at most {MAX_BAD_REPORT}")
-        store = self.m.store
+        store = self.store
         with store.read() as txn:
             found = []
             for block_id, wid in copies:
@@ -428,7 +432,7 @@ class ReplicationMonitor:
         their file is short of replicas, else deleted."""
         wid = req.worker_id
         lengths = list(req.block_lengths) if len(req.block_lengths) == len(req.block_ids) else []
-        store = self.m.store
+        store = self.store
         candidates: dict[int, int] = {}
         with store.read() as txn:
             located = set(store.blocks_on_worker(txn, wid))
@@ -455,7 +459,7 @@ class ReplicationMonitor:
         """Worker ``wid`` came back within the grace: where a copy made meanwhile left
         a block with more locations than its file wants, its own copy goes (dropped,
         journaled, and deleted on it)."""
-        store, ns = self.m.store, self.m.ns
+        store = self.store
         extra: list[tuple[int, int]] = []
         with store.read() as txn:
             for b in store.blocks_on_worker(txn, wid):
@@ -468,21 +472,21 @@ class ReplicationMonitor:
                  "too many (copied elsewhere meanwhile); deleting them", wid, len(extra))
         for i in range(0, len(extra), DROP_CHUNK):
             self._drop(wid, [b for b, _ in extra[i:i + DROP_CHUNK]])
-        self.m.registry.queue_deletes([(wid, b, n) for b, n in extra])
+        self.registry.queue_deletes([(wid, b, n) for b, n in extra])
 
     def admit(self, wid: int, lengths: dict[int, int]) -> list[int]:
         """Record copies on worker ``wid`` as locations where wanted (journaled); ask
         the worker to delete the others.  Returns the block ids admitted."""
-        ns = self.m.ns
+        ns = self.ns
         with self._lock:
             lost = set(self._lost)  # their locations do not count until they are back
-        added, unwanted = self.m.submit(
+        added, unwanted = self.submit(
             lambda txn: ns.plan_add_locations(txn, wid, lengths, self.default_replicas,
                                               lost))
         if unwanted:
             log.info("worker %d holds %d copies no file wants (enough replicas, or the "
                      "file is gone); deleting them", wid, len(unwanted))
-            self.m.registry.queue_deletes(
+            self.registry.queue_deletes(
                 [(wid, b, lengths[b] if lengths.get(b, UNKNOWN_LENGTH) != UNKNOWN_LENGTH
                   else 0) for b in unwanted])
         return added
@@ -498,7 +502,7 @@ class ReplicationMonitor:
         reply = master_pb2.ReplicationStatusReply(copies_in_flight=in_flight,
                                                   lost_workers=dropped, scanned=self.scanned)
         inos: set[int] = set()
-        with self.m.store.read() as txn:
+        with self.store.read() as txn:
             for b in ids:
                 ev = self._evaluate(txn, b)
                 if ev is None:

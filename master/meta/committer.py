@@ -7,7 +7,7 @@ ONE fsync, and only then commits the LMDB transaction and answers the callers.  
 batch grows while an fsync is running: that is the group commit.  Readers use their
 own LMDB read transactions and so never see a mutation that is not yet durable.
 A caller either waits (``submit``: unary RPCs, background rounds) or is called back
-once its batch is durable (``submit_async``: the call port's steps, master/steps.py).
+once its batch is durable (``submit_async``: the call port's steps, master/meta/steps.py).
 
 On start, records after LMDB's ``applied_seq`` are replayed through the same
 ``Namespace.apply``.
@@ -42,6 +42,12 @@ class RetryHit:
     """A mutation with this request id was already applied; ``ino`` is its result."""
 
     ino: int
+
+
+def result_ino(value: Any, ino: int) -> int:
+    """The inode a mutation's value names: for a request applied before (a RetryHit,
+    from the retry cache), the one its first answer named; else ``ino``."""
+    return value.ino if isinstance(value, RetryHit) else ino
 
 
 class _Latch:

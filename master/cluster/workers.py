@@ -13,7 +13,7 @@ exactly which of its own changes that number already includes:
 - a block placed here (AddBlock, a re-replication copy) counts its reserved bytes
   from placement until the worker reports it finalised or deleted;
 - a block whose deletion the worker has confirmed (the master's DeleteBlocks call
-  returned, master/deleter.py) no longer counts, until a heartbeat reports it removed;
+  returned, master/cluster/deleter.py) no longer counts, until a heartbeat reports it removed;
 - a block queued for deletion but not yet confirmed still counts: it is still on the
   worker's disk, and placing new data in its space would make the worker refuse it.
   Eviction counts such bytes as on their way out (``pending_free``) so that it does
@@ -224,7 +224,7 @@ class WorkerRegistry:
             stale = [b for b, (_, t) in st.placed.items() if now - t > PLACED_EXPIRY]
             for b in stale:
                 del st.placed[b]
-            # whatever master/deleter.py has not delivered yet (it is woken at once, so
+            # whatever master/cluster/deleter.py has not delivered yet (it is woken at once, so
             # these are mostly deletes it could not deliver)
             deletes = sorted(st.deletes)
             st.deletes.clear()
@@ -293,7 +293,7 @@ class WorkerRegistry:
             st.shares_with = tuple(sorted(peers.get(wid, ())))
 
     def apportioned(self) -> None:
-        """Bring every worker's ``capacity`` up to date (master/report.py, which reads
+        """Bring every worker's ``capacity`` up to date (master/ports/report.py, which reads
         the states under the lock itself, calls this first)."""
         with self._lock:
             self._apportion(time.monotonic())

@@ -1,0 +1,138 @@
+"""The master's layers, read from its source: no module imports a layer above its own,
+and no imports go round in a cycle (master/__init__.py says which layer is which).
+
+Also the journal's record kinds: the table of apply functions names every kind the
+proto defines, in the order of their numbers (master/meta/namespace.py, ``APPLY``).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+from curvine.master.meta.namespace import APPLY, Namespace
+from curvine.proto import journal_pb2
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# Lowest first: a module may import its own layer (no cycle) and the layers below it.
+LAYERS = [
+    ("journal", ("curvine.journal",)),
+    ("meta", ("curvine.master.meta",)),
+    ("cluster", ("curvine.master.cluster",)),
+    ("facade", ("curvine.master.master",)),
+    ("ports", ("curvine.master.ports",)),
+    ("server", ("curvine.master.server",)),
+]
+PACKAGES = {"curvine.master": "master", "curvine.journal": "journal"}
+# What the servers never import (DESIGN.md, "Layout"): the clients' side.
+FORBIDDEN = ("curvine.fuse_client", "curvine.connector", "curvine.client", "curvine.cli",
+             "curvine.devtools", "curvine.worker")
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for package, folder in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def _layer(module: str) -> int | None:
+    for rank, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return rank
+    return None
+
+
+def _imports(module: str, path: pathlib.Path) -> list[tuple[str, int]]:
+    """(module imported, line) of every import in ``path``, relative ones resolved;
+    ``from X import name`` counts as X.name where that is a module of ours."""
+    is_package = path.name == "__init__.py"
+    here = module.split(".") if is_package else module.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[:len(here) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            found.append((target, node.lineno))
+            found += [(f"{target}.{alias.name}", node.lineno) for alias in node.names]
+    return found
+
+
+def _graph():
+    modules = _modules()
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    lines: dict[tuple[str, str], int] = {}
+    for module, path in modules.items():
+        for target, line in _imports(module, path):
+            if target in modules and target != module:
+                edges[module].add(target)
+                lines.setdefault((module, target), line)
+            elif any(target == f or target.startswith(f + ".") for f in FORBIDDEN):
+                edges[module].add(target)
+                lines.setdefault((module, target), line)
+    return modules, edges, lines
+
+
+def test_every_master_module_is_in_a_layer():
+    unplaced = [m for m in _modules() if _layer(m) is None and m not in PACKAGES]
+    assert unplaced == [], "place these modules in LAYERS (and in master/__init__.py)"
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    modules, edges, lines = _graph()
+    upward = []
+    for module, targets in edges.items():
+        for target in targets:
+            if any(target == f or target.startswith(f + ".") for f in FORBIDDEN):
+                upward.append(f"{modules[module].relative_to(ROOT)}:{lines[module, target]}: "
+                              f"{module} imports {target} (a server never does)")
+                continue
+            mine, theirs = _layer(module), _layer(target)
+            if mine is not None and theirs is not None and theirs > mine:
+                upward.append(f"{modules[module].relative_to(ROOT)}:{lines[module, target]}: "
+                              f"{module} ({LAYERS[mine][0]}) imports {target} "
+                              f"({LAYERS[theirs][0]})")
+    assert upward == []
+
+
+def test_no_import_cycle():
+    _, edges, _ = _graph()
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(edges.get(module, ())):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in state and target in edges:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module)
+    assert cycles == []
+
+
+def test_the_record_table_names_every_kind_in_the_order_of_its_number():
+    fields = journal_pb2.JournalEntry.DESCRIPTOR.oneofs_by_name["op"].fields
+    assert list(APPLY) == [f.name for f in sorted(fields, key=lambda f: f.number)]
+    assert all(fn.__qualname__.startswith("Namespace._apply_") for fn in APPLY.values())
+    # and nothing applies a record but through the table
+    unlisted = {name for name in vars(Namespace) if name.startswith("_apply_")} - {
+        fn.__name__ for fn in APPLY.values()}
+    assert unlisted == {"_apply_exchange"}  # the exchange form of a rename record
