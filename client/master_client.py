@@ -30,7 +30,7 @@ from curvine.common.rpc import RETRY_MAX, RpcClient
 from curvine.common.security import Security
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
-from .call_port import BlockingCallPort, for_security
+from .call_port import MAX_CONNECTIONS as CALL_PORT_CONNECTIONS, BlockingCallPort, for_security
 
 Inode = common_pb2.Inode
 Block = common_pb2.Block
@@ -97,7 +97,8 @@ class MasterClient:
     from this client (writers, readers) use ``.security`` for their own channels."""
 
     def __init__(self, address: str, timeout: float = 30.0, wait: float = 60.0, *,
-                 security: Security, call_port: bool = False):
+                 security: Security, call_port: bool = False,
+                 call_port_connections: int = CALL_PORT_CONNECTIONS):
         self.address = address
         self.security = security
         self.timeout = timeout
@@ -109,6 +110,9 @@ class MasterClient:
         self._port: BlockingCallPort | None = None
         self._port_checked = 0.0 if call_port else None  # monotonic time of the last StatFs
         self._port_lock = threading.Lock()
+        # calls in flight on the port at once: as many as the caller's threads that call
+        # (a call past them goes as a unary RPC, which costs both sides several times more)
+        self._port_connections = call_port_connections
 
     def _call(self, method: str, request):
         # Reads are naturally idempotent; mutations carry a request id that the
@@ -153,7 +157,8 @@ class MasterClient:
                     return None
                 if number:
                     host = self.address.rpartition(":")[0].strip("[]")
-                    self._port = for_security(host, number, self.security, self.timeout)
+                    self._port = for_security(host, number, self.security, self.timeout,
+                                              self._port_connections)
         return self._port
 
     # -- namespace -------------------------------------------------------------

@@ -218,14 +218,18 @@ class KVStore:
         # lookup or store that cannot be answered now is a miss or a skipped store.
         self.fs = fs or CurvineFS(cfg=cfg, master=MasterClient(
             cfg.cluster.master_addr, timeout=self.timeout, wait=0,
-            security=Security.load(cfg), call_port=cfg.client.call_port))
+            security=Security.load(cfg), call_port=cfg.client.call_port,
+            call_port_connections=threads))
         self.master = self.fs.master
         self.security = self.fs.security
         self.host = host_id()
         if short_circuit is None:
             short_circuit = bool(cfg.client.short_circuit)
         self.short_circuit = short_circuit
-        self.sockets = (LocalSockets(cfg.client.domain_socket_dir, timeout=self.timeout)
+        # a connection kept per thread that reads or writes: a put or a read in flight
+        # never opens one (a worker thread, a Hello) nor closes it afterwards
+        self.sockets = (LocalSockets(cfg.client.domain_socket_dir, timeout=self.timeout,
+                                     pool_size=threads)
                         if short_circuit and cfg.client.domain_socket_dir else None)
         # for callers that move several chunks at once (the adapters' batches)
         # remote reads: the workers' bulk read ports (plain TCP + sendfile, straight
