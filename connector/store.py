@@ -654,7 +654,7 @@ class KVStore:
         """One block of a put on its workers (every target; the failed ones excluded on
         one retry).  None if the name exists."""
         n = sum(len(v) for v in piece)
-        crc = _crc(piece)
+        crc: int | None = None  # one local target takes it as it writes (_write_to)
         exclude: list[int] = []
         errors: list[str] = []
         for _attempt in range(2):
@@ -662,6 +662,8 @@ class KVStore:
                                               exclude=exclude, timeout=budget.left(), wait=0)
             if r.HasField("existing"):
                 return None
+            if crc is None and (len(r.workers) != 1 or not self._local(r.workers[0])):
+                crc = _crc(piece)  # what every target's copy is checked against
             futs = {w.worker_id: self._fanout.submit(self._write_to, w, r.block_id,
                                                   r.block_token, piece, crc, budget)
                     if len(r.workers) > 1 else None for w in r.workers}
@@ -669,7 +671,7 @@ class KVStore:
             for w in r.workers:
                 try:
                     fut = futs[w.worker_id]
-                    fut.result() if fut is not None else self._write_to(
+                    crc = fut.result() if fut is not None else self._write_to(
                         w, r.block_id, r.block_token, piece, crc, budget)
                     ok.append(w.worker_id)
                     written.append((w, r.block_id, r.block_token))
@@ -685,10 +687,14 @@ class KVStore:
                                                     + "; ".join(errors))
 
     def _write_to(self, worker, block_id: int, token: bytes, piece: list[memoryview],
-                  crc: int, budget: _Budget) -> None:
+                  crc: int | None, budget: _Budget) -> int:
+        """The block on ``worker``; its crc32 (``crc``, or, None, the one a local write
+        took of the bytes it wrote)."""
         if self._local(worker):
             length, got = self.sockets.write(worker, block_id, token, piece, crc,
                                              timeout=budget.left())
+            if crc is None:
+                return got
         else:
             data = piece[0] if len(piece) == 1 else b"".join(piece)
             length, got = block_client.write_block(worker, block_id, data,
@@ -697,6 +703,7 @@ class KVStore:
         if got != crc:
             raise CurvineError(ErrorKind.CHECKSUM, f"block {block_id:016x} stored with crc32 "
                                                    f"{got:08x}, sent {crc:08x}")
+        return crc
 
     def _delete_blocks(self, written: list) -> None:
         by_worker: dict[str, tuple] = {}
