@@ -854,6 +854,13 @@ def _fmt_ratio(r: float | None) -> str:
 
 # --------------------------------------------------------------------------- driver
 
+def _own_cluster(cluster, workload: str, module: str) -> None:
+    """A workload that measures the bench's own cluster's daemons needs one."""
+    if cluster is None:
+        raise BenchError(f"{workload} runs on the bench's own cluster (no --mounts); for "
+                         f"another cluster: python -m curvine.devtools.{module} --base BASE")
+
+
 def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None = None,
               workdir: str | None = None, json_path: str | None = "bench-results.json",
               drop_caches: bool = True, out=sys.stdout,
@@ -1003,10 +1010,7 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
                         sm.cleanup()
                     done("smallio", t0)
                 if "meta-scale" in params.workloads:
-                    if cluster is None:
-                        raise BenchError("meta-scale runs on the bench's own cluster (no "
-                                         "--mounts); for another cluster: python -m "
-                                         "curvine.devtools.bench_meta_scale --base BASE")
+                    _own_cluster(cluster, "meta-scale", "bench_meta_scale")
                     from .bench_meta_scale import MetaScale, report
                     say(f"[{WORKLOAD_TITLES['meta-scale']}]")
                     t0 = time.perf_counter()
@@ -1016,10 +1020,7 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
                     say(report(medians))
                     done("meta-scale", t0)
                 if "puts" in params.workloads:
-                    if cluster is None:
-                        raise BenchError("puts runs on the bench's own cluster (no --mounts); "
-                                         "for another cluster: python -m "
-                                         "curvine.devtools.bench_puts --base BASE")
+                    _own_cluster(cluster, "puts", "bench_puts")
                     from .bench_puts import PutsBench, report as puts_report
                     say(f"[{WORKLOAD_TITLES['puts']}]")
                     t0 = time.perf_counter()
