@@ -609,6 +609,7 @@ class Master:
             raise
         if req.abandoned_block_ids:
             self.pending.free_abandoned(req.ino, req.abandoned_block_ids)
+        self.registry.published(req.blocks)  # a create's block reserved a whole one
         node = self.getattr(result_ino(value, req.ino))
         self.replication.hint_completed(req.blocks, node)
         self.capacity.on_complete(node)
