@@ -28,14 +28,14 @@ import grpc
 import outcome
 import trio
 
-from curvine.client.call_port import BlockingCallPort
-from curvine.client.master_client import MasterClient, Prepared, StreamThread
+from curvine.client.master.call_port_blocking import BlockingCallPort
+from curvine.client.master.master_client import MasterClient, Prepared, StreamThread
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO
 from curvine.common.rpc import RETRY_MAX
 from curvine.proto import master_pb2
 
-from .call_port import CallPortClient, PortDown, reply_of
+from .call_port_trio import CallPortClient, PortDown, reply_of
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class CallStream(StreamThread):
 
 class Calls:
     """``await calls.run(op, *args)``: master call ``op`` of MasterClient.prepare, on
-    the master's call port when it is up (fuse_client/call_port.py), else on the Calls
+    the master's call port when it is up (fuse_client/call_port_trio.py), else on the Calls
     stream when it is up, for calls that have a field in master.Call; else (or when
     both break with the call in flight) as a unary RPC through ``to_thread`` (a
     function that runs a blocking callable in a thread)."""
@@ -190,7 +190,7 @@ class Calls:
         self.to_thread = to_thread
         self.stream = stream
         self.port = port
-        # the same port from threads on connections of their own (client/call_port.py):
+        # the same port from threads on connections of their own (client/master/call_port_blocking.py):
         # a writer's AddBlock and CompleteFile without a hop into the trio loop
         self.thread_port = thread_port
 

@@ -30,10 +30,10 @@ from typing import Awaitable, Callable, NamedTuple
 
 import trio
 
-from curvine.client.domain_socket import LocalSockets
-from curvine.client.file_reader import FileReader
-from curvine.client.file_writer import FileWriter, LocalWorker
-from curvine.client.master_client import AccessReporter, MasterClient
+from curvine.client.blocks.domain_socket import LocalSockets
+from curvine.client.files.file_reader import FileReader
+from curvine.client.files.file_writer import FileWriter, LocalWorker
+from curvine.client.master.master_client import AccessReporter, MasterClient
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, check_name, host_id

@@ -20,8 +20,8 @@ import stat
 import pyfuse3
 import trio
 
-from curvine.client.call_port import BlockingCallPort
-from curvine.client.master_client import AccessReporter, MasterClient
+from curvine.client.master.call_port_blocking import BlockingCallPort
+from curvine.client.master.master_client import AccessReporter, MasterClient
 from curvine.common import tls
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, to_errno
@@ -29,7 +29,7 @@ from curvine.common.ids import MIB
 from curvine.proto import common_pb2
 
 from . import features
-from .call_port import CallPortClient
+from .call_port_trio import CallPortClient
 from .calls import Calls, CallStream
 from .filesystem import XATTR_PREFIX, Absent, Attributes, FileSystem, Handle, Opened
 from .kernel_cache import KernelCache

@@ -1,5 +1,5 @@
 """The master's call port (master/ports/call_port_server.py), the mount's client of it
-(fuse_client/call_port.py) and the path client's (client/call_port.py), against a real
+(fuse_client/call_port_trio.py) and the path client's (client/master/call_port_blocking.py), against a real
 master served in-process: the same answers as the unary RPCs, the token checked, the
 connection cap, a client that takes no replies cut off, every pending call failed over
 (PortDown) when the port goes, a path client's calls unary when the port cannot
@@ -18,15 +18,15 @@ from concurrent import futures
 import pytest
 import trio
 
-from curvine.client.call_port import BlockingCallPort
-from curvine.client.master_client import MasterClient
+from curvine.client.master.call_port_blocking import BlockingCallPort
+from curvine.client.master.master_client import MasterClient
 from curvine.common import rpc
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO
 from curvine.common.metrics import RPC_UNAUTHENTICATED, STREAMS_CANCELLED_IDLE
 from curvine.common.security import NO_SECURITY, Security
-from curvine.fuse_client.call_port import CallPortClient, PortDown, PortRefused
+from curvine.fuse_client.call_port_trio import CallPortClient, PortDown, PortRefused
 from curvine.fuse_client.calls import Calls
 from curvine.common.call_wire import ANSWER, FRAME, HELLO, MAGIC
 from curvine.master.ports.call_port_server import CallPort
@@ -356,7 +356,7 @@ def test_the_master_closing_the_port_leaves_the_mount_working(served):
     trio.run(go)
 
 
-# -- the blocking client (client/call_port.py) of MasterClient(call_port=True) --------------
+# -- the blocking client (client/master/call_port_blocking.py) of MasterClient(call_port=True) --------------
 
 def _port_client(servicer, port: CallPort, token: str = TOKEN, **kw) -> MasterClient:
     """A path client whose master advertises ``port`` (StatFs) and whose token is ``token``."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from curvine.client.master_client import MasterClient
+from curvine.client.master.master_client import MasterClient
 from curvine.common import rpc
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind

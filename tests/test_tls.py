@@ -32,9 +32,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fs_helpers import log_text, wait_until
 from test_call_port_mounts import CONNECTED, _master_metric
 
-from curvine.client.call_port import BlockingCallPort, for_security
-from curvine.client.fs import CurvineFS
-from curvine.client.master_client import MasterClient
+from curvine.client.master.call_port_blocking import BlockingCallPort, for_security
+from curvine.client.files.fs import CurvineFS
+from curvine.client.master.master_client import MasterClient
 from curvine.common import auth, rpc, tls
 from curvine.common.config import Config, SecurityConfig
 from curvine.common.security import Security
@@ -437,7 +437,7 @@ def test_call_port_with_tls(tls_port, pki):
 
     from curvine.common.call_wire import PortDown
     from curvine.common.ids import ROOT_INO
-    from curvine.fuse_client.call_port import CallPortClient
+    from curvine.fuse_client.call_port_trio import CallPortClient
 
     _, start = tls_port
     port = start(client_auth=False)
@@ -505,5 +505,5 @@ def test_call_port_with_mutual_tls(tls_port, pki):
 
 def _prepared(op: str, request):
     """A Prepared call of ``op`` whose reply is returned as it is."""
-    from curvine.client.master_client import Prepared
+    from curvine.client.master.master_client import Prepared
     return Prepared(method=op, op=op, request=request, convert=lambda r: r)

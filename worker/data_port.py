@@ -4,7 +4,7 @@ gRPC streaming costs several copies of every byte on each side and about 0.6-0.9
 per stream on loopback (docs/measurements.md).  A reader on another node (the cross-pod hit the
 L2 exists for) needs more, so a worker also serves block reads on this port: the
 kernel copies the block from the page cache to the socket (no copy in Python here) and
-the client receives straight into its buffer (client/data_port.py, ``recv_into``).
+the client receives straight into its buffer (client/blocks/data_port.py, ``recv_into``).
 
 Wire (big-endian), many requests per connection, one at a time:
   request  b"CVR1" block_id:u64 offset:u64 length:u64 token_len:u16 token

@@ -1,4 +1,4 @@
-"""The mount's connection to the master's call port (master/call_port.py, which has the
+"""The mount's connection to the master's call port (master/ports/call_port_server.py, which has the
 protocol): master.Call frames out, master.CallResult frames back, all in the trio loop.
 
 A call from the trio loop registers its task, writes its frame straight into the
@@ -29,7 +29,7 @@ import time
 import outcome
 import trio
 
-from curvine.client.master_client import Prepared
+from curvine.client.master.master_client import Prepared
 from curvine.common.call_wire import (ANSWER, FRAME, UNAUTHENTICATED, PortDown, PortRefused,
                                       check_answer, hello, reply_of)
 from curvine.common.errors import CurvineError, ErrorKind

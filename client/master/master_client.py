@@ -30,7 +30,7 @@ from curvine.common.rpc import RETRY_MAX, RpcClient
 from curvine.common.security import Security
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
-from .call_port import BlockingCallPort, for_security
+from .call_port_blocking import BlockingCallPort, for_security
 
 Inode = common_pb2.Inode
 Block = common_pb2.Block
@@ -105,7 +105,7 @@ class MasterClient:
                               timeout=timeout, wait=wait)
         self.session = 0  # lease session id while a LeaseSession is up (0 = none)
         # ``call_port``: namespace calls on the master's call port when it has one
-        # (client/call_port.py; learned from StatFs at the first call), else unary
+        # (client/master/call_port_blocking.py; learned from StatFs at the first call), else unary
         self._port: BlockingCallPort | None = None
         self._port_checked = 0.0 if call_port else None  # monotonic time of the last StatFs
         self._port_lock = threading.Lock()
