@@ -18,7 +18,8 @@ from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO
 from curvine.common.security import NO_SECURITY
 from curvine.proto import common_pb2
-from curvine.worker.data_port import REQUEST, DataPortServer
+from curvine.common.data_wire import REQUEST
+from curvine.worker.data_port import DataPortServer
 
 from inproc import InprocCluster, empty_data_dir, wait_until
 
