@@ -877,14 +877,14 @@ async def aerrno(coro_fn, *args):
 def test_ops_unexpected_exception_is_eio_and_logged_once(cluster, caplog, monkeypatch):
     master = cluster.client
     ops = make_ops(master)
-    real_call = master.call
+    real_unary = master.unary
 
-    def boom(prepared):  # a bug in the mount while it gets attributes
+    def boom(prepared, timeout, wait):  # a bug in the mount while it gets attributes
         if prepared.method == "GetAttr":
             raise ValueError("bug")
-        return real_call(prepared)
+        return real_unary(prepared, timeout, wait)
 
-    monkeypatch.setattr(master, "call", boom)
+    monkeypatch.setattr(master, "unary", boom)
     assert errno_of(ops.getattr, 1, Ctx()) == errno.EIO
     assert sum("getattr" in r.getMessage() for r in caplog.records) == 1
 

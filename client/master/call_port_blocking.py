@@ -89,9 +89,10 @@ class BlockingCallPort:
         self.calls += 1
         return reply_of(result)
 
-    def call_blocking(self, prepared):
-        """A MasterClient.Prepared call (the mount's writer threads: fuse_client/calls.py)."""
-        return self.call(prepared.op, prepared.request)
+    def call_blocking(self, prepared, timeout: float | None = None):
+        """A Prepared call (client/master/requests.py) as a carrier of the route
+        (client/master/route.py)."""
+        return self.call(prepared.op, prepared.request, timeout)
 
     def close(self) -> None:
         with self._lock:
