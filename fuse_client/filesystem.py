@@ -195,7 +195,7 @@ class Handle:
 
 
 @dataclass
-class Listing:
+class OpenDirectory:
     """An open directory: the entries loaded from the master so far."""
 
     ino: int
@@ -239,7 +239,7 @@ class FileSystem:
         self._write_handles: dict[int, Handle] = {}
         self._writers: dict[int, list[int]] = {}  # ino -> write handles, last used last
         self._of_inode: dict[int, dict[int, Handle]] = {}  # ino -> its handles (fh -> handle)
-        self._dirs: dict[int, Listing] = {}
+        self._dirs: dict[int, OpenDirectory] = {}
         self._versions: OrderedDict[int, int] = OrderedDict()  # ino -> version last opened
         self._block_size: int | None = None  # the master's, asked for at the first write
         self._inline_max = 0  # the master's, with the block size
@@ -1042,13 +1042,13 @@ class FileSystem:
 
     def opendir(self, ino: int) -> int:
         fh = next(self._fh)
-        self._dirs[fh] = Listing(ino)
+        self._dirs[fh] = OpenDirectory(ino)
         return fh
 
-    def listing(self, fh: int) -> Listing | None:
+    def listing(self, fh: int) -> OpenDirectory | None:
         return self._dirs.get(fh)
 
-    async def dir_entries(self, d: Listing, i: int,
+    async def dir_entries(self, d: OpenDirectory, i: int,
                           n: int = READDIR_BATCH) -> list[tuple[bytes, Attributes]]:
         """Up to ``n`` entries of the listing from entry ``i`` (loaded from the master
         page by page); [] past the last.  A readdir request takes a few dozen."""

@@ -29,7 +29,7 @@ from curvine.common.ids import MIB
 from curvine.proto import common_pb2
 
 from . import features
-from .call_port_trio import CallPortClient
+from .call_port_trio import TrioCallPort
 from .calls import Calls, CallStream
 from .filesystem import XATTR_PREFIX, Absent, Attributes, FileSystem, Handle, Opened
 from .kernel_cache import KernelCache
@@ -203,7 +203,7 @@ class Operations(pyfuse3.Operations):
         context, name = tls.client_side(self.master.security.material, host)
         self.calls.route.thread_port = BlockingCallPort(host, port, token, timeout,
                                                         tls=context, server_name=name)
-        self.calls.route.port = trio_port = CallPortClient(host, port, token, timeout,
+        self.calls.route.port = trio_port = TrioCallPort(host, port, token, timeout,
                                                            tls=context, server_name=name)
         await trio_port.run()
 
