@@ -32,20 +32,18 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import mmap
 import os
 import secrets
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 import urllib.request
 from typing import Callable
 
 from .lmcache_pod import master_rpcs, rpc_delta
-from .local import LocalCluster
+from .local import LocalCluster, bench_cluster
 
 MiB = 1 << 20
 CHUNK = 14 * MiB
@@ -258,28 +256,13 @@ def main(argv: list[str] | None = None) -> int:
                                     "cluster)")
     args = ap.parse_args(argv)
     say = lambda s: print(s, flush=True)  # noqa: E731
-    top = None
-    cluster = None
-    bench = None
-    try:
-        top = tempfile.mkdtemp(prefix="curvine-bench-puts-")
-        if args.base:
-            cluster = LocalCluster.attach(args.base)
-        else:
-            cluster = LocalCluster(os.path.join(top, "cluster"), workers=2, mounts=0)
-            say(f"starting a local cluster in {cluster.base} ...")
-            cluster.up()
+    with bench_cluster(args.base, "curvine-bench-puts-", say, mounts=0) as (cluster, top):
         bench = PutsBench(cluster, args.plain or top, say, args.runs)
-        medians = bench.run()
+        try:
+            medians = bench.run()
+        finally:
+            bench.close()
         print(report(medians, bench.calls))
-    finally:
-        if bench is not None:
-            with contextlib.suppress(Exception):
-                bench.close()
-        if cluster is not None and not args.base:
-            cluster.down()
-        if top:
-            shutil.rmtree(top, ignore_errors=True)
     return 0
 
 
