@@ -138,6 +138,9 @@ class LeaseTable:
         self.grace_until = 0.0  # monotonic; revocations wait for it (leases of a past run)
         self._grace_sessions: set[int] = set()
         self._grace_cv = threading.Condition(self._lock)
+        # notified when a closed session's mount says it is gone (end_sessions, or its
+        # next session naming it as dropped): revocations waiting for it stop
+        self._released_cv = threading.Condition(self._lock)
         self.stats = {"granted": 0, "denied": 0, "revocations": 0, "invalidations": 0,
                       "waited_out": 0}
         self._load_state()
@@ -161,6 +164,8 @@ class LeaseTable:
                         log.info("every mount of the previous run is back: lease grace over")
                         self.grace_until = 0.0
                         self._grace_cv.notify_all()
+            if dropped:
+                self._released_cv.notify_all()
         self._save_state(force=True)
         log.info("session %x opened by %s", sid, peer)
         return s
@@ -180,6 +185,7 @@ class LeaseTable:
             if self.grace_until and not self._grace_sessions:
                 self.grace_until = 0.0
                 self._grace_cv.notify_all()
+            self._released_cv.notify_all()
         for s in ended:
             s.close()
         self._save_state(force=True)
@@ -353,27 +359,42 @@ class LeaseTable:
         for sid, (nm, ino, exp) in holders.items():
             s = sessions[sid]
             if s is not None and s.alive:
-                waits.append((s, s.send(nm, ino), exp + MARGIN))
+                waits.append((sid, s, s.send(nm, ino), exp + MARGIN))
                 self.stats["invalidations"] += 1
             else:
-                waits.append((None, 0, exp + MARGIN))
+                waits.append((sid, None, 0, exp + MARGIN))
         if not waits and not (grace and time.monotonic() < grace):
             return None
         return lambda: self._revoke_wait(waits, grace)
 
     def _revoke_wait(self, waits: list, grace: float) -> None:
-        for s, inv, deadline in waits:
+        for sid, s, inv, deadline in waits:
             if s is not None and s.wait_ack(inv, deadline):
                 continue
-            # dead or silent: its kernel forgets the entry when the lease runs out
-            self.stats["waited_out"] += 1
-            left = deadline - time.monotonic()
-            if left > 0:
-                log.warning("session %x did not drop a lease; waiting %.1fs for it to run out",
-                            s.id if s is not None else 0, left)
-                time.sleep(left)
+            if s is not None and s.alive:  # open but silent for a whole lease
+                log.warning("session %x of %s did not ack a revocation before its lease ran "
+                            "out", sid, s.peer)
+                self.stats["waited_out"] += 1
+            elif not self._wait_released(sid, deadline):
+                self.stats["waited_out"] += 1
         if grace and time.monotonic() < grace:
             self._wait_grace()
+
+    def _wait_released(self, sid: int, deadline: float) -> bool:
+        """A closed session (its mount unmounting, or its stream broken: logged when it
+        closed): its kernel forgets what it holds when the lease runs out.  Wait until
+        ``deadline`` or until its mount says it dropped everything (EndSessions at
+        unmount, or its next session naming it); True for the latter."""
+        with self._lock:
+            if sid in self._sessions or sid in self._gone_until:
+                log.info("session %x closed holding a lease: waiting up to %.1fs for it "
+                         "to run out", sid, deadline - time.monotonic())
+            while sid in self._sessions or sid in self._gone_until:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._released_cv.wait(left)
+            return True
 
     def _wait_grace(self) -> None:
         with self._grace_cv:
