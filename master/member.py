@@ -143,9 +143,14 @@ class Member:
         reply = master_pb2.GetGroupReply(commit_seq=commit,
                                          leader=self.leadership.leader_grpc(),
                                          answered_by=self.me.id)
-        for m in sorted(self.leadership.members(), key=lambda m: str(m.get("id", ""))):
+        members = {str(m.get("id", "")): m for m in self.leadership.members()}
+        # this member as it is now (the others as they last published: every
+        # campaign round)
+        members[self.me.id] = {"grpc": self.me.grpc, "role": self.role(),
+                               "applied": self.applied_seq()}
+        for mid, m in sorted(members.items()):
             applied = int(m.get("applied", 0))
-            reply.members.add(id=str(m.get("id", "")), grpc=str(m.get("grpc", "")),
+            reply.members.add(id=mid, grpc=str(m.get("grpc", "")),
                               role=str(m.get("role", "standby")), applied_seq=applied,
                               lag_records=max(0, commit - applied))
         return reply
