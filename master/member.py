@@ -32,6 +32,7 @@ import time
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.security import Security
+from curvine.journal import JournalError
 from curvine.proto import master_pb2
 
 from .group.etcd import Etcd
@@ -73,6 +74,7 @@ class Member:
         self._index: tuple[float, int] = (0.0, 0)  # (sent, commit) of the last commit read
         self._index_inflight: threading.Event | None = None
         self.failovers = 0
+        self.behind: str | None = None  # why this standby cannot follow the journal
         self.call_port_server = None  # the CallPort serving (server.py), told to each Master
         self._term = 0  # the leadership term the current Master leads in (0: standby)
         try:
@@ -132,7 +134,13 @@ class Member:
         """Why this member cannot serve its role now (/healthz), or None: a standby
         serves reads; a leader must be able to commit."""
         master = self.master
-        return master.committer.problem() if master.leading else None
+        return master.committer.problem() if master.leading else self.behind
+
+    def step_down(self) -> None:
+        """Planned switchover (StepDown): give up the lease now; another member is
+        elected within a campaign round, this one becomes its standby."""
+        self.leadership.resign()
+        self._wake.set()
 
     def role(self) -> str:
         return "leader" if self.master.leading else "standby"
@@ -167,6 +175,9 @@ class Member:
             return master
         if not read:
             raise not_leader(self.leadership.leader_grpc())
+        if self.behind is not None:
+            raise CurvineError(ErrorKind.UNAVAILABLE, f"this standby cannot catch up: "
+                                                      f"{self.behind}")
         self.read_index()
         return master
 
@@ -245,6 +256,13 @@ class Member:
                         self._applied_cv.notify_all()
             except CurvineError as e:
                 log.info("standby: cannot read the journal in etcd: %s", e)
+            except JournalError as e:
+                # behind the oldest record kept in etcd (compacted after every member
+                # had applied it: this one was gone that long).  Fetching a checkpoint
+                # from the leader is not built yet: the operator copies one (docs)
+                if self.behind is None:
+                    log.error("standby cannot catch up: %s", e)
+                self.behind = str(e)
 
     def _take_over(self, term: int) -> None:
         started = time.monotonic()

@@ -861,6 +861,10 @@ class GetGroupRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class StepDownRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class GroupMember(_message.Message):
     __slots__ = ("id", "grpc", "role", "applied_seq", "lag_records")
     ID_FIELD_NUMBER: _ClassVar[int]

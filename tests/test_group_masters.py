@@ -251,3 +251,19 @@ def test_a_read_on_a_standby_finds_what_the_leader_just_created(group):
         name = b"r%03d" % i
         ino = create(leader, name)
         assert lookup(standby, name) == ino, name
+
+
+# the planned switchover is a lost leadership like any other, for the logs
+@pytest.mark.expect_log(r"WARNING curvine\.master\.group\.leadership: lost leadership: "
+                        r"resigned")
+def test_step_down_hands_over_to_a_standby(group):
+    first, second = group(2)
+    create(first, b"before")
+    with pytest.raises(grpc.RpcError) as err:  # only the leader can step down
+        second.stub.StepDown(master_pb2.StepDownRequest(), timeout=5)
+    assert from_rpc_error(err.value).kind == ErrorKind.NOT_LEADER
+    first.stub.StepDown(master_pb2.StepDownRequest(), timeout=5)
+    wait_for(lambda: second.role() == "leader", TAKEOVER_TIMEOUT, what="the standby leads")
+    wait_for(lambda: first.role() == "standby", TAKEOVER_TIMEOUT, what="the old one follows")
+    create(second, b"after")
+    assert lookup(first, b"before") and lookup(first, b"after")

@@ -508,6 +508,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             commit_seq=applied)
 
     @handler
+    def StepDown(self, req, ctx):
+        if self.member is None:
+            raise CurvineError(ErrorKind.NOT_SUPPORTED, "this master is not one of a group "
+                                                        "(master.etcd_endpoints is empty)")
+        self.member.step_down()
+        return common_pb2.Empty()
+
+    @handler
     def Checkpoint(self, req, ctx):
         remaining = ctx.time_remaining() if ctx is not None else None
         return report.checkpoint_now(self.m, remaining)
