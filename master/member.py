@@ -39,7 +39,7 @@ from .group.etcd import Etcd
 from .group.etcd_journal import EtcdJournal
 from .group.etcd_state import EtcdLeaseState, shared_block_key
 from .group.leadership import Leadership, MemberAddress, not_leader
-from .master import GroupRole, Master, private_dirs
+from .master import GroupRole, Master, WouldBlock, private_dirs
 from .meta.metadata import Metadata
 
 log = logging.getLogger(__name__)
@@ -164,11 +164,12 @@ class Member:
         return reply
 
     # ------------------------------------------------------------------ calls
-    def admit(self, read: bool) -> Master:
+    def admit(self, read: bool, wait: bool = True) -> Master:
         """The Master to answer a call with, or NOT_LEADER (naming the leader) for a
         call this member cannot answer now: anything but a read on a standby, and
         anything on a leader whose fence closed.  A read on a standby first waits
-        to have applied what the group had committed when it arrived."""
+        to have applied what the group had committed when it arrived (``wait``
+        False: WouldBlock instead, for the call port's loop)."""
         master = self.master
         if master.leading:
             self.leadership.fence()
@@ -178,6 +179,8 @@ class Member:
         if self.behind is not None:
             raise CurvineError(ErrorKind.UNAVAILABLE, f"this standby cannot catch up: "
                                                       f"{self.behind}")
+        if not wait:
+            raise WouldBlock()
         self.read_index()
         return master
 

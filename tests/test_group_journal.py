@@ -33,7 +33,8 @@ def _leader(client: Etcd, name: str, ttl: float = 3.0) -> Leadership:
 
 
 def _writer(client: Etcd, lead: Leadership) -> EtcdJournal:
-    return EtcdJournal(client, PREFIX, lead.leader_key, fence=lead.fence, on_fenced=lead.lost)
+    return EtcdJournal(client, PREFIX, lead.leader_key, fence=lead.fence, term=lead.term,
+                       on_fenced=lead.lost)
 
 
 def test_batches_are_appended_in_order_and_read_by_another_member(etcd):  # noqa: F811

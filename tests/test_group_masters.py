@@ -21,16 +21,18 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import grpc
 import lmdb
 import pytest
 
+from curvine.client.call_port import BlockingCallPort
 from curvine.common.errors import LEADER_KEY, CurvineError, ErrorKind, from_rpc_error
 from curvine.devtools.local import free_ports
 from curvine.proto import master_pb2, master_pb2_grpc
 
-from cluster_util import wait_for
+from cluster_util import metric_samples, wait_for
 from etcd_util import etcd  # noqa: F401 - the fixture
 
 ROOT_INO = 1
@@ -45,7 +47,7 @@ class MasterProc:
         self.base = os.path.join(base, f"m{index}")
         os.makedirs(self.base, exist_ok=True)
         self.id = f"m{index}"
-        self.port, worker_port, self.http_port, call_port = free_ports(4)
+        self.port, worker_port, self.http_port, self.call_port = free_ports(4)
         self.addr = f"127.0.0.1:{self.port}"
         self.meta_dir = os.path.join(self.base, "meta")
         self.conf = os.path.join(self.base, "curvine.toml")
@@ -54,7 +56,7 @@ class MasterProc:
             f.write(f'[cluster]\nname = "group-test"\nmaster_addr = "{self.addr}"\n'
                     f'[master]\nhost = "127.0.0.1"\nport = {self.port}\n'
                     f'worker_port = {worker_port}\nhttp_port = {self.http_port}\n'
-                    f'call_port = {call_port}\nmeta_dir = "{self.meta_dir}"\n'
+                    f'call_port = {self.call_port}\nmeta_dir = "{self.meta_dir}"\n'
                     f'etcd_endpoints = [{endpoints}]\nmember_id = "{self.id}"\n'
                     f'[journal]\ndir = "{os.path.join(self.base, "journal")}"\n')
         self.log_path = os.path.join(self.base, "master.log")
@@ -175,6 +177,13 @@ def test_standby_applies_what_the_leader_journals(group):
     reply = standby.group()
     assert {m.id: m.role for m in reply.members} == {"m0": "leader", "m1": "standby"}
     assert reply.leader == leader.addr and reply.commit_seq == seq
+    # each reports its role in its metrics, and a standby is healthy
+    for m, role in ((leader, 1), (standby, 0)):
+        assert [s.value for s in metric_samples(m.http_port, "curvine_master_role")] == [role]
+        with urllib.request.urlopen(f"http://127.0.0.1:{m.http_port}/healthz", timeout=10) as r:
+            assert r.status == 200
+    assert metric_samples(standby.http_port, "curvine_master_applied_seq")[0].value == seq
+    assert metric_samples(leader.http_port, "curvine_master_failovers_total")[0].value == 1
     # a mutation on the standby: NOT_LEADER, naming the leader (message and trailer)
     with pytest.raises(grpc.RpcError) as err:
         create(standby, b"refused")
@@ -247,10 +256,23 @@ def test_a_stopped_leader_is_fenced_and_steps_down(group):
 
 def test_a_read_on_a_standby_finds_what_the_leader_just_created(group):
     leader, standby = group(2)
-    for i in range(300):
-        name = b"r%03d" % i
-        ino = create(leader, name)
-        assert lookup(standby, name) == ino, name
+    port = BlockingCallPort("127.0.0.1", standby.call_port, "", timeout=10)
+    try:
+        for i in range(300):
+            name = b"r%03d" % i
+            ino = create(leader, name)
+            if i % 2:  # the mounts' way: the call port
+                reply = port.call("lookup", master_pb2.LookupRequest(parent=ROOT_INO, name=name))
+                assert reply.inode.ino == ino, name
+            else:
+                assert lookup(standby, name) == ino, name
+        # a mutation on the standby's call port: NOT_LEADER naming the leader, at once
+        with pytest.raises(CurvineError) as err:
+            port.call("create", master_pb2.CreateRequest(parent=ROOT_INO, name=b"x",
+                                                         mode=0o644, request_id=b"r1"))
+        assert err.value.kind == ErrorKind.NOT_LEADER and err.value.message == leader.addr
+    finally:
+        port.close()
 
 
 # the planned switchover is a lost leadership like any other, for the logs

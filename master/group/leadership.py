@@ -169,9 +169,11 @@ class Leadership:
                 elif now >= next_keepalive:
                     self._keepalive()
                     next_keepalive = now + self.ttl / 3
-                if not self.term and time.monotonic() >= self._no_campaign_until:
+                # never a key without our lease (it would outlive us): only with one
+                if self._lease and not self.term and time.monotonic() >= self._no_campaign_until:
                     self._campaign()
-                self._publish()
+                if self._lease:
+                    self._publish()
             except CurvineError as e:
                 self.stats["renew_failures"] += 1
                 log.info("etcd: %s", e)

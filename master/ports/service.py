@@ -20,6 +20,7 @@ from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 from ..master import Master, WouldBlock
 from ..meta.steps import StepRunner
 from . import report
+from .call_port_server import IN_POOL
 
 log = logging.getLogger(__name__)
 # Calls of one Calls stream read but whose results the client has not yet taken: past
@@ -107,13 +108,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def m(self) -> Master:
         return self._master if self.member is None else self.member.master
 
-    def admit(self, method: str, req) -> Master:
+    def admit(self, method: str, req, wait: bool = True) -> Master:
         """The Master that answers ``method`` now; NOT_LEADER on a member that cannot
-        (master/member.py ``Member.admit``)."""
+        (master/member.py ``Member.admit``; ``wait`` False: WouldBlock rather than
+        wait for a read index)."""
         if self.member is None or method in ANY_MEMBER:
             return self.m
         read = STANDBY_READS.get(method)
-        return self.member.admit(read is not None and read(req))
+        return self.member.admit(read is not None and read(req), wait)
 
     @handler
     def Lookup(self, req, ctx):
@@ -408,18 +410,22 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def run_call_nowait(self, call) -> master_pb2.CallResult | None:
         """One Call answered at once if it need not wait and costs little (the call
         port's loop thread); None: run it elsewhere (``run_heavy`` for a read in
-        READ_CALLS, ``run_call`` for the rest).  A read is answered here in its cheap
+        READ_CALLS, ``run_call`` for the rest); IN_POOL: a read on a standby, which
+        waits for its read index in the call pool.  A read is answered here in its cheap
         form or not at all (see HEAVY_READS).  AddBlock waits only for a journal record
         every BLOCK_ID_CHUNK ids, or for eviction when no worker has room; a pool
         thread's hand-off both ways would cost more than the call itself."""
         op = call.WhichOneof("op")
-        if self.member is not None and not self.m.leading:
-            # a standby: a read waits for its read index (in a thread); the rest is
-            # refused here at once
+        if self.member is not None:
+            # the fence of a leader, or a standby's refusal, at once; a read on a
+            # standby waits for its read index elsewhere (WouldBlock: not in the loop)
             method = CALL_METHODS.get(op, ("", ""))[0]
-            if method in STANDBY_READS:
-                return None
-            return self._run_call(call)
+            try:
+                self.admit(method, getattr(call, op), wait=False)
+            except WouldBlock:
+                return IN_POOL
+            except CurvineError as e:
+                return _failed(call.id, op, e)
         light = self._light.get(op)
         if light is not None:
             return self._run_light(call, op, light)
