@@ -44,7 +44,7 @@ from .meta.metadata import Metadata
 
 log = logging.getLogger(__name__)
 
-FOLLOW_INTERVAL = 0.02  # seconds between a standby's looks at etcd for new records
+FOLLOW_INTERVAL = 0.1  # seconds between a standby's looks at etcd for new records (a read wakes it)
 READ_INDEX_WAIT = 5.0  # how long a read on a standby waits to have applied the commit
 
 
