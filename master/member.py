@@ -24,6 +24,7 @@ restarting the process.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -36,7 +37,7 @@ from curvine.journal import JournalError
 from curvine.proto import master_pb2
 
 from .group.etcd import Etcd
-from .group.etcd_journal import EtcdJournal
+from .group.etcd_journal import CHECKPOINT_BYTES_MAX, CHECKPOINT_EVERY_MAX, EtcdJournal
 from .group.etcd_state import EtcdLeaseState, shared_block_key
 from .group.leadership import Leadership, MemberAddress, not_leader
 from .master import GroupRole, Master, WouldBlock, private_dirs
@@ -60,6 +61,14 @@ class Member:
     """One master of a group; ``master`` is the Master of its current role."""
 
     def __init__(self, cfg: Config, security: Security, me: MemberAddress):
+        # etcd holds the journal until a checkpoint retires it: checkpoint often enough
+        # to stay well within etcd's quota
+        cfg = dataclasses.replace(cfg, journal=dataclasses.replace(
+            cfg.journal,
+            checkpoint_every=min(cfg.journal.checkpoint_every or CHECKPOINT_EVERY_MAX,
+                                 CHECKPOINT_EVERY_MAX),
+            checkpoint_bytes=min(int(cfg.journal.checkpoint_bytes) or CHECKPOINT_BYTES_MAX,
+                                 CHECKPOINT_BYTES_MAX)))
         self.cfg = cfg
         self.security = security
         self.me = me

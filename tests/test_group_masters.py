@@ -30,6 +30,7 @@ import pytest
 from curvine.client.call_port import BlockingCallPort
 from curvine.common.errors import LEADER_KEY, CurvineError, ErrorKind, from_rpc_error
 from curvine.devtools.local import free_ports
+from curvine.master.group.etcd import Etcd, prefix_end
 from curvine.proto import master_pb2, master_pb2_grpc
 
 from cluster_util import metric_samples, wait_for
@@ -289,3 +290,23 @@ def test_step_down_hands_over_to_a_standby(group):
     wait_for(lambda: first.role() == "standby", TAKEOVER_TIMEOUT, what="the old one follows")
     create(second, b"after")
     assert lookup(first, b"before") and lookup(first, b"after")
+
+
+def test_a_checkpoint_retires_what_every_member_applied(group, etcd):  # noqa: F811
+    leader, standby = group(2)
+    for i in range(50):
+        create(leader, b"c%02d" % i)
+    seq = leader.group().commit_seq
+    wait_for(lambda: standby.applied() >= seq, 10, what="the standby applied the journal")
+    time.sleep(1.0)  # the standby publishes its applied seq every campaign round
+    reply = leader.stub.Checkpoint(master_pb2.CheckpointRequest(), timeout=30)
+    assert reply.seq >= seq and reply.retired_segments > 0
+    client = Etcd(etcd.endpoints)
+    try:
+        prefix = b"/curvine/group-test/journal/"
+        oldest = client.range(prefix, prefix_end(prefix), limit=1).kvs[0].key
+        assert int(oldest[len(prefix):]) > 1
+    finally:
+        client.close()
+    create(leader, b"after")  # the standby follows on from the retired prefix
+    assert lookup(standby, b"after") and lookup(standby, b"c00")
