@@ -310,3 +310,53 @@ def test_a_checkpoint_retires_what_every_member_applied(group, etcd):  # noqa: F
         client.close()
     create(leader, b"after")  # the standby follows on from the retired prefix
     assert lookup(standby, b"after") and lookup(standby, b"c00")
+
+
+# the member restarted behind the compacted journal restores the leader's checkpoint
+@pytest.mark.expect_log(r"WARNING curvine\.master\.member: took the checkpoint at seq",
+                        r"WARNING curvine\.master\.meta\.metadata: metadata at seq \d+ is "
+                        r"older than the journal",
+                        r"WARNING curvine\.master\.meta\.metadata: previous metadata moved",
+                        r"WARNING curvine\.master\.meta\.metadata: restoring checkpoint")
+def test_a_member_gone_past_the_compacted_journal_takes_the_leaders_checkpoint(group):
+    leader, standby = group(2)
+    create(leader, b"early")
+    wait_for(lambda: lookup(standby, b"early"), 10, what="the standby has the first name")
+    standby.stop()
+    for i in range(100):
+        create(leader, b"g%03d" % i)
+    # with the standby gone, the leader's checkpoint retires every journal key before it
+    assert leader.stub.Checkpoint(master_pb2.CheckpointRequest(), timeout=30).retired_segments
+    standby.channel = grpc.insecure_channel(standby.addr)
+    standby.stub = master_pb2_grpc.MasterStub(standby.channel)
+    standby.start()
+    create(leader, b"late")
+    for name in (b"early", b"g000", b"g099", b"late"):
+        assert lookup(standby, name), name
+    assert standby.role() == "standby"
+
+
+# a standby stopped past its lease leaves the members; the leader compacts without it
+@pytest.mark.expect_log(r"WARNING curvine\.master\.member: standby behind the journal",
+                        r"WARNING curvine\.master\.member: took the checkpoint at seq",
+                        r"WARNING curvine\.master\.meta\.metadata: metadata at seq \d+ is "
+                        r"older than the journal",
+                        r"WARNING curvine\.master\.meta\.metadata: previous metadata moved",
+                        r"WARNING curvine\.master\.meta\.metadata: restoring checkpoint",
+                        r"WARNING curvine\.master\.cluster\.lag: the master stalled for")
+def test_a_standby_stalled_past_the_compacted_journal_catches_up_while_running(group):
+    leader, standby = group(2)
+    standby.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: [m.id for m in leader.group().members] == [leader.id], 10,
+                 what="the stopped standby's lease runs out")
+        for i in range(100):
+            create(leader, b"s%03d" % i)
+        assert leader.stub.Checkpoint(master_pb2.CheckpointRequest(), timeout=30).retired_segments
+    finally:
+        standby.proc.send_signal(signal.SIGCONT)
+    create(leader, b"late")
+    wait_for(lambda: standby.applied() >= leader.group().commit_seq, 15,
+             what="the standby catches up from the leader's checkpoint")
+    for name in (b"s000", b"s099", b"late"):
+        assert lookup(standby, name), name

@@ -13,7 +13,8 @@ import grpc
 from curvine.common.errors import CurvineError, ErrorKind, status_code
 from curvine.common.ids import check_ino
 from curvine.common import checked_service, metrics
-from curvine.common.rpc import abort as rpc_abort, handler
+from curvine.common.rpc import abort as rpc_abort, handler, stream_handler
+from curvine.journal.checkpoint import checkpoint_chunks, latest_checkpoint
 from curvine.common.stream_guard import IdleStreams
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
@@ -521,6 +522,22 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.member.step_down()
         return common_pb2.Empty()
 
+    @stream_handler
+    def FetchCheckpoint(self, req, ctx):
+        """The newest checkpoint at or after ``min_seq`` (written now if there is
+        none), file by file, for a member of the group behind the journal in etcd."""
+        m = self.m
+        found = latest_checkpoint(m.ckpt_root)
+        if found is None or found[0] < req.min_seq:
+            report.checkpoint_now(m)
+            found = latest_checkpoint(m.ckpt_root)
+        if found is None or found[0] < req.min_seq:
+            raise CurvineError(ErrorKind.UNAVAILABLE, f"no checkpoint at seq {req.min_seq} "
+                                                      "or later")
+        seq, path = found
+        for name, data in checkpoint_chunks(path):
+            yield master_pb2.CheckpointChunk(seq=seq, file=name, data=data)
+
     @handler
     def Checkpoint(self, req, ctx):
         remaining = ctx.time_remaining() if ctx is not None else None
@@ -594,7 +611,9 @@ class CallMutations:
 
 # Served on the master's worker port only (master.worker_port, the worker credential):
 # client traffic can neither call them nor take the threads that answer them.
-WORKER_METHODS = frozenset(("RegisterWorker", "BlockReport", "WorkerHeartbeat"))
+# (FetchCheckpoint: another master of the group, which holds the worker credential)
+WORKER_METHODS = frozenset(("RegisterWorker", "BlockReport", "WorkerHeartbeat",
+                            "FetchCheckpoint"))
 
 
 class _ClientPort:
