@@ -83,7 +83,6 @@ class Member:
         self.etcd = Etcd(list(cfg.master.etcd_endpoints),
                          timeout=min(2.0, float(cfg.master.ha_lease_ttl)))
         self._closed = False
-        self._role_lock = threading.Lock()  # role changes
         self._wake = threading.Event()
         self._applied_cv = threading.Condition()
         self._index_lock = threading.Lock()  # read_index batching
@@ -93,6 +92,8 @@ class Member:
         self.behind: str | None = None  # why this standby cannot follow the journal
         self.call_port_server = None  # the CallPort serving (server.py), told to each Master
         self._term = 0  # the leadership term the current Master leads in (0: standby)
+        self.leadership = Leadership(self.etcd, self.prefix, me, float(cfg.master.ha_lease_ttl),
+                                     applied=self.applied_seq, on_change=self._wake.set)
         try:
             private_dirs(os.path.abspath(cfg.master.meta_dir), os.path.abspath(cfg.journal.dir))
             shared_block_key(self.etcd, self.prefix, cfg.master.meta_dir)
@@ -104,8 +105,6 @@ class Member:
         except BaseException:
             self.etcd.close()
             raise
-        self.leadership = Leadership(self.etcd, self.prefix, me, float(cfg.master.ha_lease_ttl),
-                                     applied=self.applied_seq, on_change=self._wake.set)
         self.master = self._build(leading=False)
         self._thread = threading.Thread(target=self._run, name="member", daemon=True)
 
@@ -168,8 +167,8 @@ class Member:
             self._applied_cv.notify_all()
 
     def _journal(self, leading: bool) -> EtcdJournal:
-        lead = getattr(self, "leadership", None)
-        return EtcdJournal(self.etcd, self.prefix, self.prefix + b"leader",
+        lead = self.leadership
+        return EtcdJournal(self.etcd, self.prefix, lead.leader_key,
                            fence=lead.fence if leading else None,
                            term=self._term if leading else 0,
                            on_fenced=lead.lost if leading else (lambda reason: None),
