@@ -185,6 +185,8 @@ def test_standby_applies_what_the_leader_journals(group):
             assert r.status == 200
     assert metric_samples(standby.http_port, "curvine_master_applied_seq")[0].value == seq
     assert metric_samples(leader.http_port, "curvine_master_failovers_total")[0].value == 1
+    # the admin report is answered by any member, each with its own view
+    assert standby.stub.Report(master_pb2.ReportRequest(), timeout=10).inodes >= 201
     # a mutation on the standby: NOT_LEADER, naming the leader (message and trailer)
     with pytest.raises(grpc.RpcError) as err:
         create(standby, b"refused")
