@@ -459,7 +459,7 @@ def sessions_opened(c) -> int:
         return sum(1 for line in f if "session" in line and "opened by" in line)
 
 
-@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE", r"WARNING curvine\.master\.cluster\.leases: session 0 did not drop a lease")  # mount 0 SIGKILLed (its session gone), the master restarted
+@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # the master restarted
 def test_ttl_orphans_and_replay(make_cluster, tmp_path):
     conf = write_conf(tmp_path, master={"evict_interval": "200ms", "orphan_timeout": "2s",
                                         "lease_time": "3s"})
