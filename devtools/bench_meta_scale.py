@@ -32,13 +32,12 @@ import argparse
 import multiprocessing
 import os
 import secrets
-import shutil
 import statistics
 import sys
 import time
 from typing import Callable
 
-from .local import LocalCluster, proc_stat
+from .local import LocalCluster, bench_cluster, proc_stat
 
 CLIENTS = (1, 4, 16)
 MOUNT_PROCS = (1, 8)
@@ -325,26 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--moosefs", help="a MooseFS mount to compare d. with")
     args = ap.parse_args(argv)
     say = lambda s: print(s, flush=True)  # noqa: E731
-    top = None
-    cluster = None
-    try:
-        if args.base:
-            cluster = LocalCluster.attach(args.base)
-        else:
-            import tempfile
-            top = tempfile.mkdtemp(prefix="curvine-meta-scale-")
-            cluster = LocalCluster(os.path.join(top, "cluster"), workers=2, mounts=1)
-            say(f"starting a local cluster in {cluster.base} ...")
-            cluster.up()
-        plain = args.plain or os.path.join(top or "/tmp", f"plain-{os.getpid()}")
+    with bench_cluster(args.base, "curvine-meta-scale-", say) as (cluster, top):
+        plain = args.plain or os.path.join(top, f"plain-{os.getpid()}")
         os.makedirs(plain, exist_ok=True)
         ms = MetaScale(cluster, plain, say, args.runs, args.seconds, args.files, args.moosefs)
         print(report(ms.run()))
-    finally:
-        if cluster is not None and not args.base:
-            cluster.down()
-        if top:
-            shutil.rmtree(top, ignore_errors=True)
     return 0
 
 

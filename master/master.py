@@ -477,7 +477,23 @@ class Master:
         value = yield Submit(lambda t: self.ns.plan_create(t, req), req.request_id, req.session)
         reply = self._inode_reply(value, req.session, since, (req.parent, req.name))
         self.capacity.on_create(reply.inode, req.session)
+        if req.block_host_id:
+            self._first_block(reply, req.block_host_id)
         return reply
+
+    def _first_block(self, reply: master_pb2.InodeReply, host_id: str) -> None:
+        """The block a Create for writing carries (CreateRequest.block_host_id): placed
+        as the file's AddBlock would place it, when that needs no waiting (on the call
+        port's loop thread too); else none, and the writer asks AddBlock later."""
+        if reply.inode.type != FILE:
+            return
+        try:
+            reply.block.CopyFrom(self.add_block(master_pb2.AddBlockRequest(
+                ino=reply.inode.ino, client_host_id=host_id), wait=False))
+        except WouldBlock:
+            pass
+        except CurvineError as e:  # e.g. no live worker: the writer's AddBlock says so
+            log.debug("no first block for inode %d: %s", reply.inode.ino, e)
 
     @mutation
     def unlink(self, req, rmdir: bool) -> master_pb2.ParentReply:
@@ -621,6 +637,7 @@ class Master:
             raise
         if req.abandoned_block_ids:
             self.pending.free_abandoned(req.ino, req.abandoned_block_ids)
+        self.registry.published(req.blocks)  # a create's block reserved a whole one
         node = self.getattr(result_ino(value, req.ino))
         self.replication.hint_completed(req.blocks, node)
         self.capacity.on_complete(node)

@@ -8,16 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class InodeReply(_message.Message):
-    __slots__ = ("inode", "lease_ms", "parent", "listing_lease_ms")
+    __slots__ = ("inode", "lease_ms", "parent", "listing_lease_ms", "block")
     INODE_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     LISTING_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
     inode: _common_pb2.Inode
     lease_ms: int
     parent: _common_pb2.Inode
     listing_lease_ms: int
-    def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., lease_ms: _Optional[int] = ..., parent: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., listing_lease_ms: _Optional[int] = ...) -> None: ...
+    block: AddBlockReply
+    def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., lease_ms: _Optional[int] = ..., parent: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., listing_lease_ms: _Optional[int] = ..., block: _Optional[_Union[AddBlockReply, _Mapping]] = ...) -> None: ...
 
 class ParentReply(_message.Message):
     __slots__ = ("parent", "new_parent", "moved", "held")
@@ -94,7 +96,7 @@ class MkdirRequest(_message.Message):
     def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
 
 class CreateRequest(_message.Message):
-    __slots__ = ("request_id", "parent", "name", "mode", "uid", "gid", "exclusive", "session")
+    __slots__ = ("request_id", "parent", "name", "mode", "uid", "gid", "exclusive", "session", "block_host_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +105,7 @@ class CreateRequest(_message.Message):
     GID_FIELD_NUMBER: _ClassVar[int]
     EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HOST_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     parent: int
     name: bytes
@@ -111,7 +114,8 @@ class CreateRequest(_message.Message):
     gid: int
     exclusive: bool
     session: int
-    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., exclusive: _Optional[bool] = ..., session: _Optional[int] = ...) -> None: ...
+    block_host_id: str
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., exclusive: _Optional[bool] = ..., session: _Optional[int] = ..., block_host_id: _Optional[str] = ...) -> None: ...
 
 class UnlinkRequest(_message.Message):
     __slots__ = ("request_id", "parent", "name", "session", "open_inos")
