@@ -490,6 +490,8 @@ class Master:
         try:
             reply.block.CopyFrom(self.add_block(master_pb2.AddBlockRequest(
                 ino=reply.inode.ino, client_host_id=host_id), wait=False))
+            self.registry.unsized(reply.block.block_id,
+                                  [w.worker_id for w in reply.block.workers])
         except WouldBlock:
             pass
         except CurvineError as e:  # e.g. no live worker: the writer's AddBlock says so
@@ -637,7 +639,7 @@ class Master:
             raise
         if req.abandoned_block_ids:
             self.pending.free_abandoned(req.ino, req.abandoned_block_ids)
-        self.registry.published(req.blocks)  # a create's block reserved a whole one
+        self.registry.published(req.blocks)  # placed before its length was known
         node = self.getattr(result_ino(value, req.ino))
         self.replication.hint_completed(req.blocks, node)
         self.capacity.on_complete(node)

@@ -12,8 +12,9 @@ exactly which of its own changes that number already includes:
 
 - a block placed here (AddBlock, a re-replication copy) counts its reserved bytes
   from placement until the worker reports it finalised or deleted; once a publish
-  names its length (``published``), that length if smaller (a block placed before its
-  size was known: a create's, a mount writer's later ones);
+  names its length (``published``), that length; a create's block counts nothing
+  before that (``unsized``: the writer has not written yet, as a writer before its
+  AddBlock at close);
 - a block whose deletion the worker has confirmed (the master's DeleteBlocks call
   returned, master/cluster/deleter.py) no longer counts, until a heartbeat reports it removed;
 - a block queued for deletion but not yet confirmed still counts: it is still on the
@@ -377,8 +378,20 @@ class WorkerRegistry:
                 for wid in b.worker_ids:
                     st = self._workers.get(wid)
                     placed = st.placed.get(b.block_id) if st is not None else None
-                    if placed is not None and placed[0] > b.length:
+                    if placed is not None:
                         st.placed[b.block_id] = (b.length, placed[1])
+
+    def unsized(self, block_id: int, worker_ids) -> None:
+        """A block placed before anything was written (a create's): it counts nothing
+        until a publish names its length.  Counted whole, four LMCache writers' creates
+        reserved 256 MiB of a 512 MiB pool and eviction took their newest chunks; a
+        mount writer's own AddBlock comes at close with the length, as this now counts."""
+        with self._lock:
+            for wid in worker_ids:
+                st = self._workers.get(wid)
+                placed = st.placed.get(block_id) if st is not None else None
+                if placed is not None:
+                    st.placed[block_id] = (0, placed[1])
 
     def choose(self, count: int, host_id: str, size: int, exclude: set[int],
                block_id: int) -> list[common_pb2.WorkerInfo]:
