@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from curvine.common.errors import CurvineError, ErrorKind, invalid
-from curvine.common.ids import MAX_FILE_BLOCKS, ROOT_INO, check_file_size, check_ino, check_name
+from curvine.common.ids import (MAX_FILE_BLOCKS, ROOT_INO, check_file_size, check_ino,
+                                check_name, put_request_id)
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
 from .store import Store, inline_size, stored_size
@@ -452,6 +453,59 @@ class Namespace:
                                     inode=node, blocks=req.blocks)
         return journal_pb2.JournalEntry(put=rec), (False, node)
 
+    def plan_put_many(self, txn, req: master_pb2.PutFilesRequest, block_ids_reserved: int,
+                      allocated_here=lambda block_id: True, missing=frozenset()):
+        """Many new complete files of one directory in ONE record (PutManyRecord), each
+        file checked on its own as plan_put checks one: a wrong one is left out, the
+        others stored.  ``missing``: indexes of files with a block not granted to a put
+        (the caller checked the tokens).  Value: per file (PutStatus, the inode or None,
+        why); an entry without files when nothing is stored."""
+        parent = self.directory(txn, req.parent)
+        entry = journal_pb2.JournalEntry()
+        puts = entry.put_many.puts
+        results: list[tuple[int, common_pb2.Inode | None, str]] = []
+        next_ino = max(self.store.get_u64(txn, b"next_ino", ROOT_INO + 1), ROOT_INO + 1)
+        named: set[bytes] = set()  # names stored by this record
+        used: set[int] = set()  # block ids stored by this record
+        for i, f in enumerate(req.files):
+            rid = put_request_id(req.request_id, i)
+            hit = self.retry.get(rid)
+            if hit is not None:  # this file was stored by an earlier attempt of the call
+                results.append((master_pb2.PUT_STORED, self.store.get_inode(txn, hit), ""))
+                continue
+            try:
+                name = check_name(f.name, f"files[{i}].name")
+                existing = self.store.lookup(txn, parent.ino, name)
+                if existing is not None or name in named:
+                    node = self.store.get_inode(txn, existing) if existing is not None else None
+                    results.append((master_pb2.PUT_EXISTS, node, ""))
+                    continue
+                if i in missing:
+                    results.append((master_pb2.PUT_BLOCKS_MISSING, None, "a block is not "
+                                    "granted to a put (freed after the put TTL, or no token)"))
+                    continue
+                ids = [b.block_id for b in f.blocks]
+                if not all(ids) or used.intersection(ids):
+                    raise invalid(f"files[{i}].blocks", "a block on no worker (inline, hole), "
+                                  "or one another file of the call stores")
+                self._check_blocks(txn, f.blocks, f.size, 0, block_ids_reserved, allocated_here)
+                node = self._new_inode(txn, parent, name, FILE, f.mode, f.uid, f.gid)
+            except CurvineError as e:
+                results.append((master_pb2.PUT_INVALID, None, e.message))
+                continue
+            node.ino = next_ino
+            next_ino += 1
+            node.state = common_pb2.COMPLETE
+            node.size = f.size
+            node.version = 1
+            if f.mtime_ns:
+                node.mtime_ns = f.mtime_ns
+            named.add(name)
+            used.update(ids)
+            puts.add(request_id=rid, parent=parent.ino, name=name, inode=node, blocks=f.blocks)
+            results.append((master_pb2.PUT_STORED, node, ""))
+        return (entry if puts else None), results
+
     def _check_blocks(self, txn, blocks, size: int, ino: int, block_ids_reserved: int,
                       allocated_here, freed=lambda block_id: False) -> None:
         """The blocks of a version to publish for inode ``ino`` (0: a new file): each
@@ -519,14 +573,16 @@ class Namespace:
         """Put a record's request id in the retry cache (live path and replay, including
         records older than LMDB's applied seq, so retries survive a restart)."""
         rec = getattr(entry, entry.WhichOneof("op"))
-        request_id = getattr(rec, "request_id", b"")
-        if request_id:
-            fields = rec.DESCRIPTOR.fields_by_name
-            # the result a retry gets: the new inode, the inode changed, or (unlink,
-            # rename) the inode kept by the caller
-            ino = (rec.inode.ino if "inode" in fields else rec.ino if "ino" in fields
-                   else rec.held if "held" in fields else 0)
-            self.retry.put(request_id, ino)
+        # a record of many puts carries each one's request id
+        for rec in (rec.puts if "puts" in rec.DESCRIPTOR.fields_by_name else (rec,)):
+            request_id = getattr(rec, "request_id", b"")
+            if request_id:
+                fields = rec.DESCRIPTOR.fields_by_name
+                # the result a retry gets: the new inode, the inode changed, or (unlink,
+                # rename) the inode kept by the caller
+                ino = (rec.inode.ino if "inode" in fields else rec.ino if "ino" in fields
+                       else rec.held if "held" in fields else 0)
+                self.retry.put(request_id, ino)
 
     def apply(self, txn, entry: journal_pb2.JournalEntry, fx: Effects) -> None:
         """Perform one record, on the live path and at replay alike: the function
@@ -835,6 +891,10 @@ class Namespace:
         s.put_blocks(txn, rec.inode.ino, list(rec.blocks), old=[])  # a new inode
         fx.completed.extend(b.block_id for b in rec.blocks if b.block_id)
 
+    def _apply_put_many(self, txn, rec, fx: Effects) -> None:
+        for put in rec.puts:
+            self._apply_put(txn, put, fx)
+
     # ------------------------------------------------------------------ capacity
     # (master/cluster/capacity.py decides what to remove; these plan and apply it)
 
@@ -905,7 +965,7 @@ class Namespace:
 
     # ------------------------------------------------------------------ blocks and workers
     def plan_reserve_block_ids(self, txn, upto: int):
-        """Block ids below ``upto`` may be handed out (Master._allocate_block_id).
+        """Block ids below ``upto`` may be handed out (Master._allocate_block_ids).
         Value: ``upto``."""
         rec = journal_pb2.ReserveBlockIdsRecord(upto=upto)
         return journal_pb2.JournalEntry(reserve_block_ids=rec), upto
@@ -1040,6 +1100,7 @@ APPLY: dict[str, Callable[[Namespace, Any, Any, Effects], None]] = {
     "xattr": Namespace._apply_xattr,                          # 14: plan_set_xattr, plan_remove_xattr
     "evict": Namespace._apply_evict,                          # 20: plan_evict, plan_release
     "set_policy": Namespace._apply_set_policy,                # 21: plan_set_policy
+    "put_many": Namespace._apply_put_many,                    # 22: plan_put_many
 }
 
 
