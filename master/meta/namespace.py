@@ -152,12 +152,13 @@ class Namespace:
         return journal_pb2.JournalEntry(mkdir=journal_pb2.MkdirRecord(parent=0, inode=root)), root
 
     def _new_inode(self, txn, parent: common_pb2.Inode, name: bytes, kind: int, mode: int,
-                   uid: int, gid: int) -> common_pb2.Inode:
+                   uid: int, gid: int, ino: int = 0) -> common_pb2.Inode:
+        """``ino``: its number when the caller picks it (0: the next free one)."""
         if mode & ~0o7777:
             raise invalid("mode", f"{mode:#o} has bits outside 07777")
         t = now_ns()
         return common_pb2.Inode(
-            ino=max(self.store.get_u64(txn, b"next_ino", ROOT_INO + 1), ROOT_INO + 1),
+            ino=ino or max(self.store.get_u64(txn, b"next_ino", ROOT_INO + 1), ROOT_INO + 1),
             type=kind, mode=mode, uid=uid, gid=gid, atime_ns=t, mtime_ns=t, ctime_ns=t,
             nlink=2 if kind == DIRECTORY else 1,
             state=common_pb2.COMPLETE if kind == DIRECTORY else common_pb2.WRITING,
@@ -489,11 +490,10 @@ class Namespace:
                     raise invalid(f"files[{i}].blocks", "a block on no worker (inline, hole), "
                                   "or one another file of the call stores")
                 self._check_blocks(txn, f.blocks, f.size, 0, block_ids_reserved, allocated_here)
-                node = self._new_inode(txn, parent, name, FILE, f.mode, f.uid, f.gid)
+                node = self._new_inode(txn, parent, name, FILE, f.mode, f.uid, f.gid, next_ino)
             except CurvineError as e:
                 results.append((master_pb2.PUT_INVALID, None, e.message))
                 continue
-            node.ino = next_ino
             next_ino += 1
             node.state = common_pb2.COMPLETE
             node.size = f.size
@@ -602,19 +602,27 @@ class Namespace:
             self.store.put_writer(txn, rec.inode.ino, rec.writer_session)
 
     def _link_new(self, txn, rec, fx: Effects) -> None:
+        self._link_all_new(txn, [rec], fx)
+
+    def _link_all_new(self, txn, recs, fx: Effects) -> None:
+        """New inodes under their names, all in one directory (or the root alone): each
+        inode and entry, then the directory's times and the counters once, as they
+        would be after linking one after another."""
         s = self.store
-        node = rec.inode
-        s.put_inode(txn, node)
-        if rec.parent:  # the root has none
-            s.put_dentry(txn, rec.parent, rec.name, node.ino)
-            fx.created.append((rec.parent, rec.name))
-            parent = s.get_inode(txn, rec.parent)
-            parent.mtime_ns = parent.ctime_ns = node.ctime_ns
-            if node.type == DIRECTORY:
-                parent.nlink += 1
+        for rec in recs:
+            s.put_inode(txn, rec.inode)
+            if rec.parent:  # the root has none
+                s.put_dentry(txn, rec.parent, rec.name, rec.inode.ino)
+                fx.created.append((rec.parent, rec.name))
+        last = recs[-1]
+        if last.parent:
+            parent = s.get_inode(txn, last.parent)
+            parent.mtime_ns = parent.ctime_ns = last.inode.ctime_ns
+            parent.nlink += sum(rec.inode.type == DIRECTORY for rec in recs)
             s.put_inode(txn, parent)
-        s.put_u64(txn, b"next_ino", max(s.get_u64(txn, b"next_ino", ROOT_INO + 1), node.ino + 1))
-        s.put_u64(txn, b"inode_count", s.get_u64(txn, b"inode_count") + 1)
+        top = max(rec.inode.ino for rec in recs)
+        s.put_u64(txn, b"next_ino", max(s.get_u64(txn, b"next_ino", ROOT_INO + 1), top + 1))
+        s.put_u64(txn, b"inode_count", s.get_u64(txn, b"inode_count") + len(recs))
 
     def _names(self, txn, node: common_pb2.Inode) -> list[tuple[int, bytes]]:
         """Every (parent, name) that names ``node`` now: its first name, if still
@@ -882,18 +890,26 @@ class Namespace:
         fx.completed.extend(new_ids)
 
     def _apply_put(self, txn, rec, fx: Effects) -> None:
-        s = self.store
-        rec.inode.stored = stored_size(rec.blocks)
-        self._link_new(txn, rec, fx)
-        for b in rec.blocks:
-            if b.block_id:
-                s.index_block(txn, b, rec.inode.ino)
-        s.put_blocks(txn, rec.inode.ino, list(rec.blocks), old=[])  # a new inode
-        fx.completed.extend(b.block_id for b in rec.blocks if b.block_id)
+        self._store_new_files(txn, [rec], fx)
 
     def _apply_put_many(self, txn, rec, fx: Effects) -> None:
-        for put in rec.puts:
-            self._apply_put(txn, put, fx)
+        if rec.puts:
+            self._store_new_files(txn, rec.puts, fx)
+
+    def _store_new_files(self, txn, puts, fx: Effects) -> None:
+        """New complete files with their blocks, all in one directory (PutRecords)."""
+        s = self.store
+        for put in puts:
+            put.inode.stored = stored_size(put.blocks)
+        self._link_all_new(txn, puts, fx)
+        for put in puts:
+            if not put.blocks:
+                continue
+            for b in put.blocks:
+                if b.block_id:
+                    s.index_block(txn, b, put.inode.ino)
+            s.put_blocks(txn, put.inode.ino, list(put.blocks), old=[])  # a new inode
+            fx.completed.extend(b.block_id for b in put.blocks if b.block_id)
 
     # ------------------------------------------------------------------ capacity
     # (master/cluster/capacity.py decides what to remove; these plan and apply it)
