@@ -13,6 +13,11 @@ namespace directory, without the FUSE hop.
   final name in one journaled step: there is no temporary name, a key that exists is
   not written again, a failed put leaves no name (its blocks are deleted, or freed by
   the master after PUT_BLOCK_TTL).
+- ``put_many(items)``: a batch of chunks with two master calls: one reserves the blocks
+  of every name not stored yet (AddBlocksForPut; names that exist are skipped), the
+  blocks are written with several in flight, one publishes every chunk whose blocks were
+  stored in ONE journal record (PutFiles); a chunk whose blocks failed is left out and
+  its blocks handed back to the master in the same call (docs/lmcache.md).
 
 Failures of the master or of a worker never raise out of the get/lookup/put helpers
 the adapters use (``*_quietly``): they are misses, logged once per outage.  Every call
