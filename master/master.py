@@ -667,7 +667,7 @@ class Master:
         # (blocks stored by this record left ``pending`` when it was applied)
         self.pending.free(unclaimed)
         self.capacity.on_complete_many([r.inode for r in reply.results
-                                        if r.status == master_pb2.PUT_STORED])
+                                        if r.status == master_pb2.PUT_STORED and r.inode.ino])
         return reply
 
     # ------------------------------------------------------------------ blocks
@@ -705,13 +705,17 @@ class Master:
                            wait: bool = True) -> master_pb2.AddBlocksForPutReply:
         """The blocks of many puts into one directory (AddBlocksForPutRequest): placed
         and granted as AddBlock's put form does for each, pending (owner 0) until
-        PutFiles claims them.  ``wait`` False: WouldBlock, before any block is left
-        pending, when block ids need a journal record or some block finds no room."""
+        PutFiles claims them.  ``wait`` False (the call port's loop thread): WouldBlock,
+        before any block is left pending, when block ids need a journal record, some
+        block finds no room, or the call is past the cheap form's LIGHT_NAMES names or
+        blocks (a prompt is 8 to 64 chunks of one block)."""
         names, sizes = req.names, req.sizes
         if len(names) > MAX_LOOKUP_MANY:
             raise invalid("names", f"more than {MAX_LOOKUP_MANY}")
         if len(sizes) != len(names):
             raise invalid("sizes", f"{len(sizes)} sizes for {len(names)} names")
+        if not wait and len(names) > LIGHT_NAMES:
+            raise WouldBlock()
         bs = self.block_size
         for i, size in enumerate(sizes):
             check_file_size(size, bs, f"sizes[{i}]")
@@ -730,6 +734,8 @@ class Master:
             raise invalid("sizes", f"{count} blocks, more than {LOOKUP_REPLY_BLOCKS} in one call")
         if not count:
             return reply
+        if not wait and count > LIGHT_NAMES:
+            raise WouldBlock()
         replicas = node.replicas or self.cfg.cluster.replicas
         block_id = self._allocate_block_ids(count, wait)
         wids: set[int] = set()

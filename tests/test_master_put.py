@@ -13,6 +13,7 @@ from curvine.common import block_tokens
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO, new_request_id
 from curvine.master.cluster import pending
+from curvine.master.master import WouldBlock
 from curvine.proto import common_pb2, master_pb2
 
 from test_master import MiB, add_worker, create, kind_of, make_master, mkdir, publish
@@ -321,3 +322,15 @@ def test_add_blocks_for_put_checks_its_request(master):
     assert kind_of(reserve, master, d.ino, [b"big"], [16385 * 4 * MiB]) == ErrorKind.INVALID
     assert kind_of(reserve, master, d.ino, [b"huge"], [1 << 62]) == ErrorKind.FILE_TOO_BIG
     assert not master.pending.owners_and_overdue_puts()[0]  # nothing left pending
+    # the call port's loop answers a prompt's reservation, not a big one (WouldBlock:
+    # the pool runs it), and what it refuses leaves nothing pending
+    def nowait(names, sizes):
+        return master.add_blocks_for_put(master_pb2.AddBlocksForPutRequest(
+            parent=d.ino, names=names, sizes=sizes, client_host_id="h1"), wait=False)
+    reserve(master, d.ino, [b"first"], [1])  # (block ids reserved: a journal record)
+    assert len(nowait([b"p%d" % i for i in range(8)], [MiB] * 8).results) == 8
+    for names, sizes in (([b"n%d" % i for i in range(129)], [0] * 129),
+                         ([b"one"], [129 * 4 * MiB])):
+        with pytest.raises(WouldBlock):
+            nowait(names, sizes)
+    assert len(master.pending.of_owners({0})) == 9

@@ -96,6 +96,13 @@ def test_put_many_stores_every_name_with_one_reserve_and_one_publish(kv_cluster)
         assert kv.put_many([(n, [b"q"]) for n in more]) == [False] * 3
         assert _since(c, before) == {"AddBlocksForPut": 1}
         assert kv.put_many([]) == []
+    # without the worker's socket: the blocks go over gRPC
+    remote = [os.urandom(n) for n in (BLOCK + 3, 5, 2 * BLOCK)]
+    with KVStore.open(c.client_conf, NS, short_circuit=False) as kv:
+        assert kv.sockets is None
+        names = [f"remote-{i}.data" for i in range(len(remote))]
+        assert kv.put_many([(n, [d]) for n, d in zip(names, remote)]) == [True] * 3
+        assert _read(kv, names) == remote
 
 
 @pytest.mark.expect_log(r"WARNING curvine\.connector: curvine worker \d+ \(\S+\) failing")  # the worker is SIGKILLed on purpose
