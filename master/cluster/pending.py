@@ -64,7 +64,8 @@ class PendingBlocks:
                 p = self._blocks.pop(b, None)
                 if p is not None:
                     pairs.extend((w, b, p[3]) for w in p[2])
-        self._queue_deletes(pairs)
+        if pairs:  # (nothing to delete: no wake-up of the delete thread)
+            self._queue_deletes(pairs)
 
     def free_abandoned(self, ino: int, block_ids: Iterable[int]) -> None:
         """Blocks a writer of ``ino`` was given and dropped (CompleteFileRequest.
