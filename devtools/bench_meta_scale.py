@@ -119,18 +119,30 @@ def _client_loop(conf: str, what: str, parent: int, seconds: float, start, seed:
 
 def _put_many_loop(conf: str, namespace: str, seconds: float, start, seed: int, out) -> None:
     """A pod's connector storing prompts of PROMPT_CHUNKS empty chunks (put_many)."""
+    from curvine.common.errors import CurvineError
     from curvine.connector.store import KVStore
 
     n = 0
-    with KVStore.open(conf, namespace) as kv:
-        kv.directory()
-        kv.fs.block_size()  # (learned once per store: not a cost of its prompts)
-        start.wait()
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            kv.put_many([(f"k-{seed}-{n + j}.data", [b""]) for j in range(PROMPT_CHUNKS)])
-            n += PROMPT_CHUNKS
-    out.put(n)
+    try:
+        with KVStore.open(conf, namespace) as kv:
+            # the connector does not wait for the master (fail-open): on a loaded
+            # machine its first connection may take a few tries
+            for attempt in range(60):
+                try:
+                    kv.directory()
+                    kv.fs.block_size()  # (learned once per store: not a prompt's cost)
+                    break
+                except CurvineError:
+                    if attempt == 59:
+                        raise
+                    time.sleep(0.5)
+            start.wait()
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                kv.put_many([(f"k-{seed}-{n + j}.data", [b""]) for j in range(PROMPT_CHUNKS)])
+                n += PROMPT_CHUNKS
+    finally:
+        out.put(n)  # (the measure waits for every process's count)
 
 
 def touch_memory(share: float = TOUCH_SHARE, limit: int = TOUCH_MAX) -> int:
