@@ -201,7 +201,8 @@ class MetaScale:
     def __init__(self, cluster: LocalCluster, plain_root: str, say: Callable[[str], None],
                  runs: int = 3, seconds: float = 5.0, files: int = 2000,
                  moosefs_root: str | None = None, clients: tuple[int, ...] = CLIENTS,
-                 mount_procs: tuple[int, ...] = MOUNT_PROCS, parts: tuple[str, ...] = PARTS):
+                 mount_procs: tuple[int, ...] = MOUNT_PROCS, parts: tuple[str, ...] = PARTS,
+                 seed_chunk: int = SEED_CHUNK, touch_share: float = TOUCH_SHARE):
         self.cluster = cluster
         self.plain_root = plain_root
         self.say = say
@@ -212,6 +213,8 @@ class MetaScale:
         self.clients = clients
         self.mount_procs = mount_procs
         self.parts = parts
+        self.seed_chunk = seed_chunk  # e.: bytes of a chunk, share of memory touched first
+        self.touch_share = touch_share
         rows = cluster.status()
         self.master_pid = next(r["pid"] for r in rows if r["role"] == "master")
         self.master_metrics = next(r["metrics"] for r in rows if r["role"] == "master")
@@ -290,9 +293,10 @@ class MetaScale:
         import concurrent.futures
         from curvine.connector.store import KVStore
 
-        touched = touch_memory()
-        self.say(f"  seed: touched {touched >> 20} MiB of memory once")
-        chunks = [bytearray(os.urandom(SEED_CHUNK)) for _ in range(PROMPT_CHUNKS)]
+        if self.touch_share:
+            touched = touch_memory(self.touch_share)
+            self.say(f"  seed: touched {touched >> 20} MiB of memory once")
+        chunks = [bytearray(os.urandom(self.seed_chunk)) for _ in range(PROMPT_CHUNKS)]
         plain = os.path.join(self.plain_root, f"{self.tag}-seed")
         os.makedirs(plain, exist_ok=True)
         pool = concurrent.futures.ThreadPoolExecutor(PROMPT_CHUNKS)
