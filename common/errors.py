@@ -110,6 +110,11 @@ _KIND_OF_STATUS = {
 ERROR_KIND_KEY = "curvine-error-kind"
 
 
+class ClusterError(Exception):
+    """Starting, stopping or finding a local cluster failed; ``str()`` says why
+    (devtools/local.py, common/cluster_config.py)."""
+
+
 class ConfigError(Exception):
     """A config value, file or combination that cannot work: one line that names the
     key (and, when it came from a file, the file and line)."""
