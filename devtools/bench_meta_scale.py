@@ -122,7 +122,7 @@ def _put_many_loop(conf: str, namespace: str, seconds: float, start, seed: int, 
     from curvine.common.errors import CurvineError
     from curvine.connector.store import KVStore
 
-    n = 0
+    n, reported = 0, False
     try:
         with KVStore.open(conf, namespace) as kv:
             # the connector does not wait for the master (fail-open): on a loaded
@@ -141,8 +141,11 @@ def _put_many_loop(conf: str, namespace: str, seconds: float, start, seed: int, 
             while time.monotonic() < deadline:
                 kv.put_many([(f"k-{seed}-{n + j}.data", [b""]) for j in range(PROMPT_CHUNKS)])
                 n += PROMPT_CHUNKS
+            out.put(n)  # before the store closes: its threads' end is no prompt's time
+            reported = True
     finally:
-        out.put(n)  # (the measure waits for every process's count)
+        if not reported:
+            out.put(n)  # (the measure waits for every process's count)
 
 
 def touch_memory(share: float = TOUCH_SHARE, limit: int = TOUCH_MAX) -> int:
@@ -229,20 +232,29 @@ class MetaScale:
     def _add(self, key: str, value: float) -> None:
         self.figures.setdefault(key, []).append(value)
 
-    def _snapshot(self) -> tuple[float, float, float, dict | None]:
-        """(now, master CPU seconds, mount CPU seconds, the master's calls by method)."""
-        calls = master_rpcs(self.master_metrics)
+    def _snapshot(self) -> tuple[float, float, float]:
+        """(now, master CPU seconds, mount CPU seconds)."""
         return (time.perf_counter(), _cpu(self.master_pid),
-                _cpu(self.fuse_pid) if self.fuse_pid else 0.0, calls)
+                _cpu(self.fuse_pid) if self.fuse_pid else 0.0)
+
+    # A measure's ends, with the master's calls by method: asked for (over HTTP, slow on
+    # a loaded machine) before the window opens and after it closes, never inside it.
+    def _begin(self) -> tuple:
+        calls = master_rpcs(self.master_metrics)
+        return (*self._snapshot(), calls)
+
+    def _end(self) -> tuple:
+        snap = self._snapshot()
+        return (*snap, master_rpcs(self.master_metrics))
 
     def _measure(self, key: str, run: Callable[[], int]) -> None:
         """Rate and CPU per operation of ``run()``, over the window it ran in: all of
         it, or what ``_processes`` marked (from the start signal to the last count, so
         that starting interpreters is neither time nor CPU of the operations)."""
         self._window = None
-        begin = self._snapshot()
+        begin = self._begin()
         ops = run()
-        begin, (t1, m1, f1, c1) = self._window or (begin, self._snapshot())
+        begin, (t1, m1, f1, c1) = self._window or (begin, self._end())
         t0, m0, f0, c0 = begin
         wall = t1 - t0
         self._add(f"{key} ops/s", ops / wall)
@@ -269,10 +281,10 @@ class MetaScale:
         for p in procs:
             p.start()
         time.sleep(1.0 + 0.1 * n)  # interpreters up, channels made
-        begin = self._snapshot()
+        begin = self._begin()
         start.set()
         total = sum(out.get(timeout=self.seconds + 120) for _ in range(n - helpers))
-        self._window = (begin, self._snapshot())
+        self._window = (begin, self._end())
         total += sum(out.get(timeout=self.seconds + 120) for _ in range(helpers))
         for p in procs:
             p.join(30)

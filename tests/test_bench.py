@@ -361,6 +361,9 @@ def test_meta_scale_measures_every_row_on_a_real_cluster(make_cluster, tmp_path)
             d = mc.lookup(top.ino, b"%s-0-2" % what.encode())
             names = [e.name for e in mc.iterdir(d.ino)]
             assert names and all(n.endswith(suffix) for n in names), what
+            if what == "put_many":  # (the window: the same _processes as the others')
+                assert len(names) % 8 == 0, f"{len(names)}: not whole prompts of 8"
+                continue
             # the rate counts the 0.5 s the clients ran, not the 1.2 s their
             # interpreters took to start (counted, the window would be >= 1.7 s)
             window = len(names) / medians[f"{what} x2 ops/s"]
