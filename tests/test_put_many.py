@@ -105,7 +105,6 @@ def test_put_many_stores_every_name_with_one_reserve_and_one_publish(kv_cluster)
         assert _read(kv, names) == remote
 
 
-@pytest.mark.expect_log(r"WARNING curvine\.connector: curvine worker \d+ \(\S+\) failing")  # the worker is SIGKILLed on purpose
 def test_a_chunk_whose_worker_dies_is_left_out_and_nothing_is_left_behind(kv_cluster,
                                                                           monkeypatch):
     c = kv_cluster
