@@ -145,6 +145,15 @@ class MasterConfig:
     # at most block_size), all of them together up to inline_capacity
     inline_max: Size = Size(256 << 10)
     inline_capacity: Size = Size(1 << 30)
+    # the master group (master/group/, docs/architecture.md "The master group"): the
+    # etcd cluster ("host:port" of its client URLs) where the members elect a leader and
+    # the leader keeps the journal; empty = one master with its local journal, as ever.
+    # member_id names this master in the group (default: host:port of its gRPC port);
+    # ha_lease_ttl is the leader's etcd lease: a failover comes about this long after
+    # the leader stops, and a leader that cannot renew it stops answering as leader
+    etcd_endpoints: list[str] = field(default_factory=list)
+    member_id: str = ""
+    ha_lease_ttl: Duration = Duration(3.0)
 
 
 @dataclass
@@ -425,6 +434,14 @@ def _problems(cfg: Config):
     if m.call_port_buffer < m.client_message_max:
         yield (("master.call_port_buffer", "master.client_message_max"),
                "the call port's buffer must hold at least one frame of the largest size")
+    for i, endpoint in enumerate(m.etcd_endpoints):
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+            yield ("master.etcd_endpoints",), f"entry {i}: expected host:port, got {endpoint!r}"
+    if not 1 <= m.ha_lease_ttl <= 60:
+        yield ("master.ha_lease_ttl",), f"must be between 1s and 60s, got {m.ha_lease_ttl:g}s"
+    if len(m.member_id) > 128 or any(ch in m.member_id for ch in "/\0"):
+        yield ("master.member_id",), "at most 128 characters, no '/'"
     if m.lookup_reply_max < (64 << 10):
         yield ("master.lookup_reply_max",), f"must be at least 64KiB, got {int(m.lookup_reply_max)}"
     for key in _PORTS:

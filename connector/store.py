@@ -224,14 +224,18 @@ class KVStore:
         # lookup or store that cannot be answered now is a miss or a skipped store.
         self.fs = fs or CurvineFS(cfg=cfg, master=MasterClient(
             cfg.cluster.master_addr, timeout=self.timeout, wait=0,
-            security=Security.load(cfg), call_port=cfg.client.call_port))
+            security=Security.load(cfg), call_port=cfg.client.call_port,
+            call_port_connections=threads))
         self.master = self.fs.master
         self.security = self.fs.security
         self.host = host_id()
         if short_circuit is None:
             short_circuit = bool(cfg.client.short_circuit)
         self.short_circuit = short_circuit
-        self.sockets = (LocalSockets(cfg.client.domain_socket_dir, timeout=self.timeout)
+        # a connection kept per thread that reads or writes: a put or a read in flight
+        # never opens one (a worker thread, a Hello) nor closes it afterwards
+        self.sockets = (LocalSockets(cfg.client.domain_socket_dir, timeout=self.timeout,
+                                     pool_size=threads)
                         if short_circuit and cfg.client.domain_socket_dir else None)
         # for callers that move several chunks at once (the adapters' batches)
         # remote reads: the workers' bulk read ports (plain TCP + sendfile, straight
@@ -783,7 +787,7 @@ class KVStore:
         """One block of a put on its workers (every target; the failed ones excluded on
         one retry).  None if the name exists."""
         n = sum(len(v) for v in piece)
-        crc = _crc(piece)
+        crc: int | None = None  # one local target takes it as it writes (_write_to)
         exclude: list[int] = []
         errors: list[str] = []
         for _attempt in range(2):
@@ -791,6 +795,8 @@ class KVStore:
                                               exclude=exclude, timeout=budget.left(), wait=0)
             if r.HasField("existing"):
                 return None
+            if crc is None and (len(r.workers) != 1 or not self._local(r.workers[0])):
+                crc = _crc(piece)  # what every target's copy is checked against
             futs = {w.worker_id: self._fanout.submit(self._write_to, w, r.block_id,
                                                   r.block_token, piece, crc, budget)
                     if len(r.workers) > 1 else None for w in r.workers}
@@ -798,7 +804,7 @@ class KVStore:
             for w in r.workers:
                 try:
                     fut = futs[w.worker_id]
-                    fut.result() if fut is not None else self._write_to(
+                    crc = fut.result() if fut is not None else self._write_to(
                         w, r.block_id, r.block_token, piece, crc, budget)
                     ok.append(w.worker_id)
                     written.append((w, r.block_id, r.block_token))
@@ -814,10 +820,14 @@ class KVStore:
                                                     + "; ".join(errors))
 
     def _write_to(self, worker, block_id: int, token: bytes, piece: list[memoryview],
-                  crc: int, budget: _Budget) -> None:
+                  crc: int | None, budget: _Budget) -> int:
+        """The block on ``worker``; its crc32 (``crc``, or, None, the one a local write
+        took of the bytes it wrote)."""
         if self._local(worker):
             length, got = self.sockets.write(worker, block_id, token, piece, crc,
                                              timeout=budget.left())
+            if crc is None:
+                return got
         else:
             data = piece[0] if len(piece) == 1 else b"".join(piece)
             length, got = block_client.write_block(worker, block_id, data,
@@ -826,6 +836,7 @@ class KVStore:
         if got != crc:
             raise CurvineError(ErrorKind.CHECKSUM, f"block {block_id:016x} stored with crc32 "
                                                    f"{got:08x}, sent {crc:08x}")
+        return crc
 
     def _delete_blocks(self, written: list) -> None:
         by_worker: dict[str, tuple] = {}

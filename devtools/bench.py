@@ -25,6 +25,9 @@ table gives medians and the ratio curvine / plain, next to the targets of issue 
    lookups and empty-chunk stores from 1, 4 and 16 client processes, stat misses from
    1 and 8 processes through a mount, create/stat/listdir/unlink through a mount beside
    the plain directory; ops/s and master and mount CPU per operation (issue 16).
+9. ``puts`` (only when named, on the bench's own cluster; see bench_puts.py): 16 chunks
+   of 14 MiB stored with 1, 4 and 16 in flight and a prompt's 8 at once, through the
+   connector beside ``<key>.tmp`` + rename on the plain directory (issue 36).
 7. ``smallio`` (only when named; see bench_smallio.py): random 4 KiB and 64 KiB writes
    (+ fsync) and reads inside one 64 MiB file, cold and warm, and the multi-process
    namespace workload of posix_workload.py, on curvine, the plain directory and
@@ -61,7 +64,8 @@ from .demo import SEED, chunk_data, chunk_keys, format_table, get_chunk, put_chu
 from .local import ClusterError, LocalCluster, mounted_paths, proc_stat
 
 MiB = 1 << 20
-WORKLOADS = ("kv", "prompt", "meta", "memory", "fill", "lmcache", "smallio", "meta-scale")
+WORKLOADS = ("kv", "prompt", "meta", "memory", "fill", "lmcache", "smallio", "meta-scale",
+             "puts")
 # run without --workloads; "fill" needs a small cluster of its own, "lmcache" torch
 # and lmcache, and "smallio" compares with MooseFS: only when named
 DEFAULT_WORKLOADS = ("kv", "prompt", "meta", "memory")
@@ -826,7 +830,8 @@ def _fmt(x: float | None, unit: str) -> str:
 
 WORKLOAD_TITLES = {"kv": "1 KV chunks", "prompt": "2 prompt", "meta": "3 metadata",
                    "memory": "4 memory", "fill": "5 fill", "lmcache": "6 lmcache",
-                   "smallio": "7 small I/O", "meta-scale": "8 metadata at scale"}
+                   "smallio": "7 small I/O", "meta-scale": "8 metadata at scale",
+                   "puts": "9 concurrent puts"}
 
 
 def format_report(metrics: dict[str, list[Metric]]) -> str:
@@ -848,6 +853,13 @@ def _fmt_ratio(r: float | None) -> str:
 
 
 # --------------------------------------------------------------------------- driver
+
+def _own_cluster(cluster, workload: str, module: str) -> None:
+    """A workload that measures the bench's own cluster's daemons needs one."""
+    if cluster is None:
+        raise BenchError(f"{workload} runs on the bench's own cluster (no --mounts); for "
+                         f"another cluster: python -m curvine.devtools.{module} --base BASE")
+
 
 def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None = None,
               workdir: str | None = None, json_path: str | None = "bench-results.json",
@@ -998,10 +1010,7 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
                         sm.cleanup()
                     done("smallio", t0)
                 if "meta-scale" in params.workloads:
-                    if cluster is None:
-                        raise BenchError("meta-scale runs on the bench's own cluster (no "
-                                         "--mounts); for another cluster: python -m "
-                                         "curvine.devtools.bench_meta_scale --base BASE")
+                    _own_cluster(cluster, "meta-scale", "bench_meta_scale")
                     from .bench_meta_scale import MetaScale, report
                     say(f"[{WORKLOAD_TITLES['meta-scale']}]")
                     t0 = time.perf_counter()
@@ -1010,6 +1019,20 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
                     bench.raw["meta-scale"] = medians
                     say(report(medians))
                     done("meta-scale", t0)
+                if "puts" in params.workloads:
+                    _own_cluster(cluster, "puts", "bench_puts")
+                    from .bench_puts import PutsBench, report as puts_report
+                    say(f"[{WORKLOAD_TITLES['puts']}]")
+                    t0 = time.perf_counter()
+                    cpu.start()
+                    pb = PutsBench(cluster, plain_root, say, max(params.runs, 5))
+                    try:
+                        medians = pb.run()
+                    finally:
+                        pb.close()
+                    bench.raw["puts"] = {"medians": medians, "master_calls": pb.calls}
+                    say(puts_report(medians, pb.calls))
+                    done("puts", t0)
             if "memory" in params.workloads:
                 say(f"[{WORKLOAD_TITLES['memory']}]")
                 t0 = time.perf_counter()

@@ -50,7 +50,7 @@ import time
 from typing import Callable
 
 from .lmcache_pod import master_rpcs, rpc_delta
-from .local import LocalCluster, proc_stat
+from .local import LocalCluster, bench_cluster, proc_stat
 
 PARTS = ("lookup", "store", "put", "put_many", "mount", "ops", "seed")
 PROMPT_CHUNKS = 8  # chunks of a prompt (the seed prompt's 1,925 tokens)
@@ -486,27 +486,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"--parts: unknown {', '.join(sorted(unknown))}")
     say = lambda s: print(s, flush=True)  # noqa: E731
-    top = None
-    cluster = None
-    try:
-        if args.base:
-            cluster = LocalCluster.attach(args.base)
-        else:
-            import tempfile
-            top = tempfile.mkdtemp(prefix="curvine-meta-scale-")
-            cluster = LocalCluster(os.path.join(top, "cluster"), workers=2, mounts=1)
-            say(f"starting a local cluster in {cluster.base} ...")
-            cluster.up()
-        plain = args.plain or os.path.join(top or "/tmp", f"plain-{os.getpid()}")
+    with bench_cluster(args.base, "curvine-meta-scale-", say) as (cluster, top):
+        plain = args.plain or os.path.join(top, f"plain-{os.getpid()}")
         os.makedirs(plain, exist_ok=True)
         ms = MetaScale(cluster, plain, say, args.runs, args.seconds, args.files, args.moosefs,
                        parts=parts)
         print(report(ms.run()))
-    finally:
-        if cluster is not None and not args.base:
-            cluster.down()
-        if top:
-            shutil.rmtree(top, ignore_errors=True)
     return 0
 
 

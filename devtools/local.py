@@ -186,6 +186,30 @@ def mounted_paths() -> set[str]:
     return {m.point for m in mount_table()}
 
 
+@contextlib.contextmanager
+def bench_cluster(base: str | None, prefix: str, say, workers: int = 2, mounts: int = 1):
+    """A benchmark's cluster: the running `curvine local` cluster at ``base`` (left
+    running), else one started here and stopped afterwards.  Yields (the cluster, a
+    temporary directory removed afterwards: the started cluster's, and room for the
+    benchmark's own files)."""
+    import tempfile
+    top = tempfile.mkdtemp(prefix=prefix)
+    cluster = None
+    try:
+        if base:
+            cluster = LocalCluster.attach(base)
+        else:
+            cluster = LocalCluster(os.path.join(top, "cluster"), workers=workers,
+                                   mounts=mounts)
+            say(f"starting a local cluster in {cluster.base} ...")
+            cluster.up()
+        yield cluster, top
+    finally:
+        if cluster is not None and not base:
+            cluster.down()
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def is_mounted(path: str) -> bool:
     return os.path.realpath(path) in mounted_paths()
 

@@ -648,9 +648,17 @@ class FileSystem:
         check_name(name)
         sent = time.monotonic()
         with self.kernel.listings.adding(parent, name):
-            inode, lease_ms, parent_node = await self.calls.run(
-                self.requests.create(parent, name, mode & 0o7777, uid, gid,
-                                     bool(flags & os.O_EXCL)))
+            if flags & os.O_TRUNC:
+                # opened to be written (LMCache's <key>.tmp): the create also places
+                # the first block, which saves the writer its AddBlock at close
+                inode, lease_ms, parent_node, granted = await self.calls.run(
+                    self.requests.create_to_write(parent, name, mode & 0o7777, uid, gid,
+                                                  bool(flags & os.O_EXCL), self.host))
+            else:
+                inode, lease_ms, parent_node = await self.calls.run(
+                    self.requests.create(parent, name, mode & 0o7777, uid, gid,
+                                         bool(flags & os.O_EXCL)))
+                granted = None
         self.kernel.note_dirs(parent_node)
         # Normally a new, empty file.  If another client created the name meanwhile,
         # O_CREAT without O_TRUNC opens its content.
@@ -660,7 +668,7 @@ class FileSystem:
         # returns (release publishes the empty version for the rename guard).  A
         # published one is replaced at close (rule 1: this handle's version).
         unpublished = inode.state != COMPLETE
-        writer, recorded = await self._new_writer(inode.ino, empty, not unpublished)
+        writer, recorded = await self._new_writer(inode.ino, empty, not unpublished, granted)
         tgid = process_of(pid)
         page_cache = flags & os.O_ACCMODE == os.O_RDWR
         h = self._add(inode.ino, State.NEW if unpublished else State.WRITING, writer=writer,
@@ -823,7 +831,8 @@ class FileSystem:
                 if h.empty_publish_due:
                     # with the creation's mtime: a close without writes changes no
                     # attribute, so nobody's cached copy goes stale
-                    await self._publish_empty(h.ino, h.writer.mtime_ns or h.inode.mtime_ns)
+                    await self._publish_empty(h.ino, h.writer.mtime_ns or h.inode.mtime_ns,
+                                              h.writer.take_granted())
             finally:
                 self._write_handles.pop(fh, None)
                 if not h.close_nowait():  # most handles close here, without a thread hop
@@ -856,9 +865,10 @@ class FileSystem:
         return same
 
     async def _new_writer(self, ino: int, truncate: bool, changed: bool,
-                          ) -> tuple[FileWriter, tuple[int, int]]:
+                          granted: tuple | None = None) -> tuple[FileWriter, tuple[int, int]]:
         """A private version of ``ino``: empty, or starting from its current blocks;
-        ``changed``: published at close even without writes.  Also the (session, open
+        ``changed``: published at close even without writes; ``granted``: the block
+        the create placed for it (FileWriter).  Also the (session, open
         id) its open is recorded with at the master: while it is open, blocks another
         writer's version drops stay readable and publishable by this one (at GetBlocks,
         or with a truncated start at its first publish).  In the loop: its master
@@ -888,7 +898,7 @@ class FileSystem:
                             local_worker=self._local_worker, changed=changed,
                             complete=functools.partial(self._complete, open_id=open_id),
                             add_block=self._add_block, sockets=self._sockets,
-                            inline_max=self._inline_max)
+                            inline_max=self._inline_max, granted=granted)
         return writer, (session, open_id)
 
     async def _new_reader(self, ino: int) -> tuple[Inode, FileReader, tuple[int, int]]:
@@ -931,7 +941,7 @@ class FileSystem:
                 try:
                     inode = await self.calls.run(self.requests.complete(
                         h.ino, inline.blocks, inline.size, inline.mtime_ns,
-                        open_id=h.recorded_open[1]))
+                        abandoned=inline.abandoned, open_id=h.recorded_open[1]))
                 except CurvineError as e:
                     if e.kind != ErrorKind.NO_SPACE:
                         raise
@@ -961,11 +971,13 @@ class FileSystem:
             self.kernel.forget_published(h.ino, inode, sent)
         return inode
 
-    async def _publish_empty(self, ino: int, mtime_ns: int = 0) -> None:
+    async def _publish_empty(self, ino: int, mtime_ns: int = 0,
+                             abandoned: list[int] = ()) -> None:
         """Publish the empty version of a file created here, unless some writer has
-        published one meanwhile (theirs is newer than our create)."""
+        published one meanwhile (theirs is newer than our create); ``abandoned``: the
+        block the create placed, unused."""
         try:
-            await self.calls.run(self.requests.complete(ino, [], 0, mtime_ns, True))
+            await self.calls.run(self.requests.complete(ino, [], 0, mtime_ns, True, abandoned))
         except CurvineError as e:
             if e.kind != ErrorKind.NOT_FOUND:
                 raise

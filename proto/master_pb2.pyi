@@ -22,16 +22,18 @@ PUT_INVALID: PutStatus
 PUT_BLOCKS_MISSING: PutStatus
 
 class InodeReply(_message.Message):
-    __slots__ = ("inode", "lease_ms", "parent", "listing_lease_ms")
+    __slots__ = ("inode", "lease_ms", "parent", "listing_lease_ms", "block")
     INODE_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     LISTING_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
     inode: _common_pb2.Inode
     lease_ms: int
     parent: _common_pb2.Inode
     listing_lease_ms: int
-    def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., lease_ms: _Optional[int] = ..., parent: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., listing_lease_ms: _Optional[int] = ...) -> None: ...
+    block: AddBlockReply
+    def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., lease_ms: _Optional[int] = ..., parent: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., listing_lease_ms: _Optional[int] = ..., block: _Optional[_Union[AddBlockReply, _Mapping]] = ...) -> None: ...
 
 class ParentReply(_message.Message):
     __slots__ = ("parent", "new_parent", "moved", "held")
@@ -108,7 +110,7 @@ class MkdirRequest(_message.Message):
     def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
 
 class CreateRequest(_message.Message):
-    __slots__ = ("request_id", "parent", "name", "mode", "uid", "gid", "exclusive", "session")
+    __slots__ = ("request_id", "parent", "name", "mode", "uid", "gid", "exclusive", "session", "block_host_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +119,7 @@ class CreateRequest(_message.Message):
     GID_FIELD_NUMBER: _ClassVar[int]
     EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HOST_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: bytes
     parent: int
     name: bytes
@@ -125,7 +128,8 @@ class CreateRequest(_message.Message):
     gid: int
     exclusive: bool
     session: int
-    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., exclusive: _Optional[bool] = ..., session: _Optional[int] = ...) -> None: ...
+    block_host_id: str
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., exclusive: _Optional[bool] = ..., session: _Optional[int] = ..., block_host_id: _Optional[str] = ...) -> None: ...
 
 class UnlinkRequest(_message.Message):
     __slots__ = ("request_id", "parent", "name", "session", "open_inos")
@@ -966,6 +970,56 @@ class ReportReply(_message.Message):
 class CheckpointRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class GetGroupRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StepDownRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FetchCheckpointRequest(_message.Message):
+    __slots__ = ("min_seq",)
+    MIN_SEQ_FIELD_NUMBER: _ClassVar[int]
+    min_seq: int
+    def __init__(self, min_seq: _Optional[int] = ...) -> None: ...
+
+class CheckpointChunk(_message.Message):
+    __slots__ = ("seq", "file", "data")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    file: str
+    data: bytes
+    def __init__(self, seq: _Optional[int] = ..., file: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class GroupMember(_message.Message):
+    __slots__ = ("id", "grpc", "role", "applied_seq", "lag_records")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    GRPC_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAG_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    grpc: str
+    role: str
+    applied_seq: int
+    lag_records: int
+    def __init__(self, id: _Optional[str] = ..., grpc: _Optional[str] = ..., role: _Optional[str] = ..., applied_seq: _Optional[int] = ..., lag_records: _Optional[int] = ...) -> None: ...
+
+class GetGroupReply(_message.Message):
+    __slots__ = ("members", "commit_seq", "leader", "answered_by")
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[GroupMember]
+    commit_seq: int
+    leader: str
+    answered_by: str
+    def __init__(self, members: _Optional[_Iterable[_Union[GroupMember, _Mapping]]] = ..., commit_seq: _Optional[int] = ..., leader: _Optional[str] = ..., answered_by: _Optional[str] = ...) -> None: ...
 
 class CheckpointReply(_message.Message):
     __slots__ = ("seq", "path", "retired_segments")

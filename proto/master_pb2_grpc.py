@@ -220,6 +220,21 @@ class MasterStub:
                 request_serializer=curvine_dot_proto_dot_master__pb2.CheckpointRequest.SerializeToString,
                 response_deserializer=curvine_dot_proto_dot_master__pb2.CheckpointReply.FromString,
                 _registered_method=True)
+        self.GetGroup = channel.unary_unary(
+                '/curvine.Master/GetGroup',
+                request_serializer=curvine_dot_proto_dot_master__pb2.GetGroupRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.GetGroupReply.FromString,
+                _registered_method=True)
+        self.StepDown = channel.unary_unary(
+                '/curvine.Master/StepDown',
+                request_serializer=curvine_dot_proto_dot_master__pb2.StepDownRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
+        self.FetchCheckpoint = channel.unary_stream(
+                '/curvine.Master/FetchCheckpoint',
+                request_serializer=curvine_dot_proto_dot_master__pb2.FetchCheckpointRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.CheckpointChunk.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -464,6 +479,31 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetGroup(self, request, context):
+        """The master group (docs/architecture.md): its members as etcd has them, answered
+        by any member (a single master: itself, as leader).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StepDown(self, request, context):
+        """Planned switchover: the leader gives up its etcd lease and stays out of the next
+        campaign round; another member takes over.  NOT_LEADER on a standby.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchCheckpoint(self, request, context):
+        """A member of the group behind the journal kept in etcd (compacted after every live
+        member applied it) takes the leader's newest checkpoint at or after min_seq: its
+        files, in chunks.  Worker port only (the masters' and workers' credential).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -651,6 +691,21 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Checkpoint,
                     request_deserializer=curvine_dot_proto_dot_master__pb2.CheckpointRequest.FromString,
                     response_serializer=curvine_dot_proto_dot_master__pb2.CheckpointReply.SerializeToString,
+            ),
+            'GetGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGroup,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.GetGroupRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.GetGroupReply.SerializeToString,
+            ),
+            'StepDown': grpc.unary_unary_rpc_method_handler(
+                    servicer.StepDown,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.StepDownRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'FetchCheckpoint': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchCheckpoint,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.FetchCheckpointRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.CheckpointChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1652,6 +1707,87 @@ class Master:
             '/curvine.Master/Checkpoint',
             curvine_dot_proto_dot_master__pb2.CheckpointRequest.SerializeToString,
             curvine_dot_proto_dot_master__pb2.CheckpointReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/GetGroup',
+            curvine_dot_proto_dot_master__pb2.GetGroupRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.GetGroupReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StepDown(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/StepDown',
+            curvine_dot_proto_dot_master__pb2.StepDownRequest.SerializeToString,
+            curvine_dot_proto_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/curvine.Master/FetchCheckpoint',
+            curvine_dot_proto_dot_master__pb2.FetchCheckpointRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.CheckpointChunk.FromString,
             options,
             channel_credentials,
             insecure,

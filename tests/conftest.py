@@ -42,11 +42,11 @@ LAYERS = {
              "test_listings",
              "test_mounts", "test_pod_fork",
              "test_posix_workload", "test_proto"},
-    "services": {"test_calls", "test_call_port", "test_fuse_ops", "test_fuzz", "test_keepalive", "test_master",
+    "services": {"test_calls", "test_call_port", "test_group_journal", "test_fuse_ops", "test_fuzz", "test_keepalive", "test_master",
                  "test_master_put", "test_master_posix", "test_security", "test_data_port",
                  "test_request_limits"},
     "daemons": {
-        "test_auth", "test_bench", "test_call_port_mounts", "test_bigdir", "test_block_garbage", "test_block_tokens",
+        "test_auth", "test_bench", "test_group_masters", "test_call_port_mounts", "test_bigdir", "test_block_garbage", "test_block_tokens",
         "test_capacity", "test_capacity_defaults", "test_cli_admin", "test_cli_cluster", "test_client_trust",
         "test_concurrency_stress",
         "test_config", "test_connector", "test_crash", "test_deploy", "test_domain_socket", "test_fio", "test_fs_lmcache",

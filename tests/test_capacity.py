@@ -72,6 +72,31 @@ def names(m, ino=ROOT_INO) -> list[bytes]:
     return [e.name for e in m.listdir(ino, b"", 0).entries]
 
 
+def test_a_creates_block_counts_its_length_once_published(tmp_path):
+    """A block placed with its create (before the size is known) reserves a whole block
+    in the estimate; the publish that names its length brings it down to that (issue
+    36: 64 MiB per LMCache chunk of 14 MiB evicted hot chunks of a small pool)."""
+    m = make_master(tmp_path)
+    try:
+        m.capacity.close()
+        add_worker(m, 10 * MiB)
+        m.add_block(master_pb2.AddBlockRequest(ino=create(m, ROOT_INO, b"first").ino,
+                                               client_host_id="h1"))  # block ids reserved
+        before = m.capacity.status().estimated_used
+        r = m.create(master_pb2.CreateRequest(request_id=new_request_id(), parent=ROOT_INO,
+                                              name=b"k.tmp", mode=0o644, block_host_id="h1"))
+        assert r.block.block_id and [w.worker_id for w in r.block.workers]
+        assert m.capacity.status().estimated_used == before + MiB  # the block size
+        block = common_pb2.Block(block_id=r.block.block_id, length=100 << 10, checksum=1,
+                                 worker_ids=[w.worker_id for w in r.block.workers])
+        m.complete(master_pb2.CompleteFileRequest(request_id=new_request_id(),
+                                                  ino=r.inode.ino, blocks=[block],
+                                                  size=100 << 10))
+        assert m.capacity.status().estimated_used == before + (100 << 10)
+    finally:
+        m.close()
+
+
 def test_watermark_config_is_validated():
     with pytest.raises(ConfigError, match="evict_low"):
         apply_dict(Config(), {"master": {"evict_high": 0.5, "evict_low": 0.6}})
@@ -434,7 +459,7 @@ def sessions_opened(c) -> int:
         return sum(1 for line in f if "session" in line and "opened by" in line)
 
 
-@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE", r"WARNING curvine\.master\.cluster\.leases: session 0 did not drop a lease")  # mount 0 SIGKILLed (its session gone), the master restarted
+@pytest.mark.expect_log(r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \(UNAVAILABLE")  # the master restarted
 def test_ttl_orphans_and_replay(make_cluster, tmp_path):
     conf = write_conf(tmp_path, master={"evict_interval": "200ms", "orphan_timeout": "2s",
                                         "lease_time": "3s"})

@@ -674,6 +674,86 @@ def test_ops_write_is_queued_and_close_publishes_it(cluster, monkeypatch):
     trio.run(go)
 
 
+def _pending_of(cluster, ino: int) -> list[int]:
+    """The blocks the master placed for ``ino`` that no published version holds."""
+    return cluster.master.pending.of_owners({ino})
+
+
+def _reserve_block_ids(master) -> None:
+    """One AddBlock: a new master journals a range of block ids at its first, which a
+    create does not wait for (it then places no block)."""
+    master.add_block(new_file(master, b"first"), "test-host")
+
+
+def test_truncating_create_places_the_first_block(cluster, completes):
+    """An O_TRUNC create (LMCache's "wb" of <key>.tmp) brings the file's first block
+    with it: the writer asks AddBlock only for the blocks after it, and once published
+    nothing stays pending."""
+    master = cluster.client
+    _reserve_block_ids(master)
+    ops = make_ops(master)
+    add_blocks = tap(master.requests, "add_block")
+    data = os.urandom(BS + 100)  # two blocks
+
+    async def go():
+        fi, attr = await ops.create(1, b"t", 0o100644, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                                    Ctx())
+        assert _pending_of(cluster, attr.st_ino)  # the create's block
+        assert await ops.write(fi.fh, 0, data) == len(data)
+        await ops.flush(fi.fh)
+        await ops.release(fi.fh)
+        return attr.st_ino
+
+    ino = trio.run(go)
+    assert published(master, ino) == data
+    assert len(add_blocks) == 1  # the second block's only
+    assert _pending_of(cluster, ino) == []
+    assert list(completes[-1].abandoned_block_ids) == []
+
+
+@pytest.mark.parametrize("size", [0, 100], ids=["empty", "inline"])
+def test_unused_first_block_goes_back_with_the_publish(cluster, completes, size):
+    """A create's block that the file never needs (closed empty; small enough to go
+    inline) is handed back by the publish at close: the master frees it."""
+    master = cluster.client
+    _reserve_block_ids(master)
+    ops = make_ops(master)
+    add_blocks = tap(master.requests, "add_block")
+
+    async def go():
+        fi, attr = await ops.create(1, b"u", 0o100644, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                                    Ctx())
+        granted = _pending_of(cluster, attr.st_ino)
+        assert len(granted) == 1
+        if size:
+            assert await ops.write(fi.fh, 0, b"x" * size) == size
+        await ops.flush(fi.fh)
+        await ops.release(fi.fh)
+        return attr.st_ino, granted
+
+    ino, granted = trio.run(go)
+    assert published(master, ino) == b"x" * size
+    assert add_blocks == []
+    assert list(completes[-1].abandoned_block_ids) == granted
+    assert _pending_of(cluster, ino) == []
+
+
+def test_create_without_truncate_places_no_block(cluster):
+    """Other creates (touch, O_EXCL) ask for no block: most stay empty."""
+    master = cluster.client
+    _reserve_block_ids(master)
+    ops = make_ops(master)
+
+    async def go():
+        fi, attr = await ops.create(1, b"e", 0o100644, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                    Ctx())
+        assert _pending_of(cluster, attr.st_ino) == []
+        await ops.flush(fi.fh)
+        await ops.release(fi.fh)
+
+    trio.run(go)
+
+
 # -- FileReader ------------------------------------------------------------------------
 
 

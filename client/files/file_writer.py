@@ -57,6 +57,7 @@ class InlineVersion(NamedTuple):
     size: int
     mtime_ns: int
     seen: int  # the writer's change count when taken
+    abandoned: list[int]  # the create's block, unused: handed back with this publish
 
 
 class FileWriter:
@@ -69,7 +70,9 @@ class FileWriter:
     (None: ``master.add_block``); ``sockets``: the local workers' domain sockets, where
     staging files are adopted when there is one; ``inline_max``: a version of at most
     this many bytes is published inline (its bytes in CompleteFile, kept by the
-    master: StatFs ``inline_max``; 0 = never), with no block and no worker."""
+    master: StatFs ``inline_max``; 0 = never), with no block and no worker;
+    ``granted``: a block the file's create placed (``add_block``'s result), taken by the
+    first upload instead of an AddBlock, else handed back by the first publish."""
 
     def __init__(self, master, ino: int, block_size: int, base_blocks: Iterable[Block],
                  host_id: str, *, workers: Mapping[int, WorkerInfo] | None = None,
@@ -78,7 +81,8 @@ class FileWriter:
                  local_dirs: "block_client.LocalDirs | Iterable[str] | None" = None,
                  changed: bool = False, complete: Callable[..., Inode] | None = None,
                  add_block: Callable[..., tuple] | None = None,
-                 sockets: "LocalSockets | None" = None, inline_max: int = 0):
+                 sockets: "LocalSockets | None" = None, inline_max: int = 0,
+                 granted: tuple | None = None):
         self.master = master
         self.ino = ino
         self.block_size = block_size
@@ -106,7 +110,7 @@ class FileWriter:
         self.inline_max = min(inline_max, block_size)
         self._uploader = Uploader(master, ino, host_id, self._fetcher,
                                   local_worker or LocalWorker(host_id, dirs), dirs, timeout,
-                                  add_block, sockets)
+                                  add_block, sockets, granted)
         self._cur: Extent | None = None  # the one buffer being written
         self._uploading: Extent | None = None  # at most one background upload
         # Changes made and changes published: dirty while they differ.  Counted under
@@ -349,6 +353,11 @@ class FileWriter:
                     return inode
             return self._complete_version(self.blocks())
 
+    def take_granted(self) -> list[int]:
+        """The create's block if no upload took it, for a publish made without this
+        writer (an empty one) to hand back."""
+        return self._uploader.take_granted()
+
     def no_inline_room(self, e: CurvineError) -> None:
         """The master refused inline bytes (NO_SPACE: master.inline_capacity is
         full): this writer stores every later version on workers."""
@@ -371,7 +380,8 @@ class FileWriter:
             blocks = self._inline_version()
             if blocks is None:
                 return None
-            return InlineVersion(blocks, self._extents.size, self.mtime_ns, self._changes)
+            return InlineVersion(blocks, self._extents.size, self.mtime_ns, self._changes,
+                                 self._uploader.take_granted())
         finally:
             self._lock.release()
 

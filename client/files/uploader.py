@@ -53,7 +53,7 @@ class Uploader:
     def __init__(self, master, ino: int, host_id: str, fetcher: BlockFetcher,
                  local: LocalWorker, dirs: block_client.LocalDirs, timeout: float,
                  add_block: Callable[..., tuple] | None = None,
-                 sockets: "LocalSockets | None" = None):
+                 sockets: "LocalSockets | None" = None, granted: tuple | None = None):
         self.master = master
         self.sockets = sockets  # the local workers' domain sockets, for AdoptBlock
         # AddBlock: ``add_block(ino, host_id, length, exclude)`` (None: the master's RPC)
@@ -71,6 +71,10 @@ class Uploader:
         # block id -> the master's write token, for every block this handle was given
         # (AddBlock): the workers serve a block only with its token
         self._tokens: dict[int, bytes] = {}
+        # A block the master placed with the file's create (block id, targets, token):
+        # the first allocate takes it instead of asking; unused, it goes back with the
+        # next publish (``abandoned``, ``take_granted``).
+        self._granted = granted
 
     @property
     def short_circuit(self) -> bool:
@@ -93,8 +97,11 @@ class Uploader:
         worker.stream_idle_timeout)."""
         exclude = list(exclude)
         try:
-            block_id, targets, token = self._add_block(self.ino, self.host_id,
-                                                             length, exclude)
+            if self._granted is not None and not exclude:
+                (block_id, targets, token), self._granted = self._granted, None
+            else:
+                block_id, targets, token = self._add_block(self.ino, self.host_id,
+                                                           length, exclude)
         except CurvineError as e:
             if e.kind != ErrorKind.NO_SPACE or not exclude:
                 raise
@@ -108,8 +115,15 @@ class Uploader:
 
     def abandoned(self, published: set[int]) -> list[int]:
         """The block ids allocated since the last publish that are not in
-        ``published``: for the publish to hand back."""
-        return sorted(self._allocated - published)
+        ``published``, and the create's block if unused: for the publish to hand
+        back (``forget_allocated`` follows it)."""
+        return sorted(self._allocated - published) + self.take_granted()
+
+    def take_granted(self) -> list[int]:
+        """The create's block if no allocate took it ([] else), for a publish to hand
+        back: from here on it is the master's again."""
+        granted, self._granted = self._granted, None
+        return [granted[0]] if granted is not None else []
 
     @property
     def allocated(self) -> bool:

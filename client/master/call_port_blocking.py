@@ -34,12 +34,14 @@ from curvine.proto import master_pb2
 
 log = logging.getLogger(__name__)
 
+MAX_CONNECTIONS = 4  # connections of one client, unless it calls from more threads
+
 
 class BlockingCallPort:
     """``call(op, request)`` (op: a field of master.Call) from any thread."""
 
     def __init__(self, host: str, port: int, token: str, timeout: float,
-                 max_connections: int = 4, tls: "ssl.SSLContext | None" = None,
+                 max_connections: int = MAX_CONNECTIONS, tls: "ssl.SSLContext | None" = None,
                  server_name: str = ""):
         self.host = host
         self._tls = tls  # with TLS on: the master is verified as server_name (or host)
@@ -157,11 +159,12 @@ class BlockingCallPort:
             raise
 
 
-def for_security(host: str, port: int, security, timeout: float) -> BlockingCallPort:
+def for_security(host: str, port: int, security, timeout: float,
+                 max_connections: int = MAX_CONNECTIONS) -> BlockingCallPort:
     """A BlockingCallPort with ``security``'s token, and its TLS when TLS is on."""
     context, name = tls.client_side(security.material, host)
-    return BlockingCallPort(host, port, security.token, timeout, tls=context,
-                            server_name=name)
+    return BlockingCallPort(host, port, security.token, timeout, max_connections,
+                            tls=context, server_name=name)
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:

@@ -29,7 +29,8 @@ from curvine.common.rpc import RETRY_MAX, RpcClient
 from curvine.common.security import Security
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
-from .call_port_blocking import BlockingCallPort, for_security
+from .call_port_blocking import (MAX_CONNECTIONS as CALL_PORT_CONNECTIONS, BlockingCallPort,
+                                 for_security)
 from .requests import LISTDIR_PAGE, Prepared, Requests
 from .route import Route
 
@@ -48,7 +49,8 @@ class MasterClient:
     from this client (writers, readers) use ``.security`` for their own channels."""
 
     def __init__(self, address: str, timeout: float = 30.0, wait: float = 60.0, *,
-                 security: Security, call_port: bool = False):
+                 security: Security, call_port: bool = False,
+                 call_port_connections: int = CALL_PORT_CONNECTIONS):
         self.address = address
         self.security = security
         self.timeout = timeout
@@ -61,6 +63,9 @@ class MasterClient:
         # the route's thread_port), else unary
         self._port_checked = 0.0 if call_port else None  # monotonic time of the last StatFs
         self._port_lock = threading.Lock()
+        # calls in flight on the port at once: as many as the caller's threads that call
+        # (a call past them goes as a unary RPC, which costs both sides several times more)
+        self._port_connections = call_port_connections
 
     def _call(self, method: str, request):
         # Reads are naturally idempotent; mutations carry a request id that the
@@ -109,7 +114,7 @@ class MasterClient:
                 if number:
                     host = self.address.rpartition(":")[0].strip("[]")
                     route.thread_port = for_security(host, number, self.security,
-                                                     self.timeout)
+                                                     self.timeout, self._port_connections)
 
     # -- namespace -------------------------------------------------------------
 

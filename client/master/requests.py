@@ -54,6 +54,15 @@ def _inode_lease_parent(reply: master_pb2.InodeReply) -> tuple[Inode, int, Inode
     return reply.inode, reply.lease_ms, _field(reply, "parent")
 
 
+def _created_to_write(reply: master_pb2.InodeReply
+                      ) -> tuple[Inode, int, Inode | None, tuple | None]:
+    """``_inode_lease_parent`` and the first block (as ``add_block`` returns it), or
+    None when the master placed none."""
+    block = reply.block if reply.block.block_id else None
+    return (*_inode_lease_parent(reply),
+            (block.block_id, list(block.workers), block.block_token) if block else None)
+
+
 def _mkdir_reply(reply: master_pb2.InodeReply) -> tuple[Inode, int, Inode | None, int]:
     return reply.inode, reply.lease_ms, _field(reply, "parent"), reply.listing_lease_ms
 
@@ -120,6 +129,14 @@ class Requests:
         return Prepared("Create", "create", master_pb2.CreateRequest(
             request_id=new_request_id(), parent=parent, name=name, mode=mode & 0o7777,
             uid=uid, gid=gid, exclusive=exclusive, session=self.session), _inode_lease_parent)
+
+    def create_to_write(self, parent: int, name: bytes, mode: int, uid: int, gid: int,
+                        exclusive: bool, host_id: str) -> Prepared:
+        """create for a writer on ``host_id``: also its file's first block (the result's
+        fourth item, or None), so that the writer needs no AddBlock for it."""
+        prepared = self.create(parent, name, mode, uid, gid, exclusive)
+        prepared.request.block_host_id = host_id
+        return prepared._replace(convert=_created_to_write)
 
     def unlink(self, parent: int, name: bytes, open_inos: Sequence[int] = ()
                ) -> Prepared:

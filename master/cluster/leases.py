@@ -113,12 +113,15 @@ class Session:
 
 class LeaseTable:
     def __init__(self, lease_time: float, state_path: str | None = None,
-                 absent_time: float | None = None):
+                 absent_time: float | None = None, state=None):
         self.lease_time = max(0.0, float(lease_time))
         # leases on a name's absence (negative entries): at most lease_time
         self.absent_time = min(self.lease_time, max(0.0, float(
             self.lease_time if absent_time is None else absent_time)))
-        self.state_path = state_path
+        # where the restart state lives (load() -> dict | None, save(dict)): a file
+        # in the meta dir (state_path), or what ``state`` names (a group's etcd)
+        self.state = state if state is not None else (
+            FileLeaseState(state_path) if state_path else None)
         self._lock = threading.Lock()
         self._names: dict[NameKey, dict[int, float]] = {}  # key -> {session: expiry}
         self._inodes: dict[int, dict[int, float]] = {}
@@ -138,6 +141,9 @@ class LeaseTable:
         self.grace_until = 0.0  # monotonic; revocations wait for it (leases of a past run)
         self._grace_sessions: set[int] = set()
         self._grace_cv = threading.Condition(self._lock)
+        # notified when a closed session's mount says it is gone (end_sessions, or its
+        # next session naming it as dropped): revocations waiting for it stop
+        self._released_cv = threading.Condition(self._lock)
         self.stats = {"granted": 0, "denied": 0, "revocations": 0, "invalidations": 0,
                       "waited_out": 0}
         self._load_state()
@@ -161,6 +167,8 @@ class LeaseTable:
                         log.info("every mount of the previous run is back: lease grace over")
                         self.grace_until = 0.0
                         self._grace_cv.notify_all()
+            if dropped:
+                self._released_cv.notify_all()
         self._save_state(force=True)
         log.info("session %x opened by %s", sid, peer)
         return s
@@ -180,6 +188,7 @@ class LeaseTable:
             if self.grace_until and not self._grace_sessions:
                 self.grace_until = 0.0
                 self._grace_cv.notify_all()
+            self._released_cv.notify_all()
         for s in ended:
             s.close()
         self._save_state(force=True)
@@ -196,6 +205,14 @@ class LeaseTable:
             self._gone_until[s.id] = time.monotonic() + self.lease_time + MARGIN
         s.close()
         log.info("session %x of %s closed", s.id, s.peer)
+
+    def close_sessions(self) -> None:
+        """End every session stream (a leader stepping down, master/member.py): each
+        mount drops what it cached and opens its session with the next leader."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for s in sessions:
+            self.close_session(s)
 
     def _forget_session(self, sid: int) -> None:
         for table in (self._names, self._inodes):
@@ -353,27 +370,42 @@ class LeaseTable:
         for sid, (nm, ino, exp) in holders.items():
             s = sessions[sid]
             if s is not None and s.alive:
-                waits.append((s, s.send(nm, ino), exp + MARGIN))
+                waits.append((sid, s, s.send(nm, ino), exp + MARGIN))
                 self.stats["invalidations"] += 1
             else:
-                waits.append((None, 0, exp + MARGIN))
+                waits.append((sid, None, 0, exp + MARGIN))
         if not waits and not (grace and time.monotonic() < grace):
             return None
         return lambda: self._revoke_wait(waits, grace)
 
     def _revoke_wait(self, waits: list, grace: float) -> None:
-        for s, inv, deadline in waits:
+        for sid, s, inv, deadline in waits:
             if s is not None and s.wait_ack(inv, deadline):
                 continue
-            # dead or silent: its kernel forgets the entry when the lease runs out
-            self.stats["waited_out"] += 1
-            left = deadline - time.monotonic()
-            if left > 0:
-                log.warning("session %x did not drop a lease; waiting %.1fs for it to run out",
-                            s.id if s is not None else 0, left)
-                time.sleep(left)
+            if s is not None and s.alive:  # open but silent for a whole lease
+                log.warning("session %x of %s did not ack a revocation before its lease ran "
+                            "out", sid, s.peer)
+                self.stats["waited_out"] += 1
+            elif not self._wait_released(sid, deadline):
+                self.stats["waited_out"] += 1
         if grace and time.monotonic() < grace:
             self._wait_grace()
+
+    def _wait_released(self, sid: int, deadline: float) -> bool:
+        """A closed session (its mount unmounting, or its stream broken: logged when it
+        closed): its kernel forgets what it holds when the lease runs out.  Wait until
+        ``deadline`` or until its mount says it dropped everything (EndSessions at
+        unmount, or its next session naming it); True for the latter."""
+        with self._lock:
+            if sid in self._sessions or sid in self._gone_until:
+                log.info("session %x closed holding a lease: waiting up to %.1fs for it "
+                         "to run out", sid, deadline - time.monotonic())
+            while sid in self._sessions or sid in self._gone_until:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._released_cv.wait(left)
+            return True
 
     def _wait_grace(self) -> None:
         with self._grace_cv:
@@ -386,19 +418,18 @@ class LeaseTable:
 
     # ------------------------------------------------------------------ restart state
     def _load_state(self) -> None:
-        if not self.state_path:
+        if self.state is None:
             return
         try:
-            with open(self.state_path, encoding="ascii") as f:
-                state = json.load(f)
+            state = self.state.load()
+            if state is None:
+                return
             until = float(state["until"])
             sessions = {int(s) for s in state["sessions"]}
-        except FileNotFoundError:
-            return
         except (OSError, ValueError, TypeError, KeyError) as e:
             # unknown holders: wait for the longest lease any run may have granted
             log.warning("cannot read %s (%s): revocations wait %.0fs for leases of the "
-                        "previous run", self.state_path, e, 1.25 * self.lease_time + MARGIN)
+                        "previous run", self.state, e, 1.25 * self.lease_time + MARGIN)
             until, sessions = time.time() + 1.25 * self.lease_time + MARGIN, {-1}
         left = until - time.time()
         if left > 0 and sessions:  # no session ever opened: nobody holds a lease
@@ -411,7 +442,7 @@ class LeaseTable:
     def _save_state(self, force: bool = False) -> None:
         """Durably record that leases may exist until ``_horizon`` (extended ahead of
         time, so this runs about once per lease time)."""
-        if not self.state_path or self.lease_time <= 0:
+        if self.state is None or self.lease_time <= 0:
             return
         with self._state_lock:
             now = time.time()
@@ -421,16 +452,38 @@ class LeaseTable:
             with self._lock:
                 sessions = sorted(set(self._sessions) | set(self._gone_until)
                                   | self._grace_sessions)
-            tmp = self.state_path + ".tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w", encoding="ascii") as f:
-                json.dump({"until": horizon, "sessions": [str(s) for s in sessions]}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.state_path)
-            dfd = os.open(os.path.dirname(self.state_path) or ".", os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            self.state.save({"until": horizon, "sessions": [str(s) for s in sessions]})
             self._horizon = horizon
+
+
+class FileLeaseState:
+    """The lease state of a single master: a JSON file in its meta dir, replaced
+    atomically and fsynced.  (A master group keeps it in etcd instead, where the next
+    leader finds it: master/group/etcd_state.py.)"""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.path
+
+    def load(self) -> dict | None:
+        try:
+            with open(self.path, encoding="ascii") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+
+    def save(self, state: dict) -> None:
+        tmp = self.path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            json.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        dfd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)

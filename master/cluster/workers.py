@@ -11,7 +11,9 @@ block ids it finalised and deleted since the previous heartbeat, so the master k
 exactly which of its own changes that number already includes:
 
 - a block placed here (AddBlock, a re-replication copy) counts its reserved bytes
-  from placement until the worker reports it finalised or deleted;
+  from placement until the worker reports it finalised or deleted; once a publish
+  names its length (``published``), that length if smaller (a block placed before its
+  size was known: a create's, a mount writer's later ones);
 - a block whose deletion the worker has confirmed (the master's DeleteBlocks call
   returned, master/cluster/deleter.py) no longer counts, until a heartbeat reports it removed;
 - a block queued for deletion but not yet confirmed still counts: it is still on the
@@ -365,6 +367,18 @@ class WorkerRegistry:
         with self._lock:
             st = self._workers.get(worker_id)
             return st.info if st is not None else None
+
+    def published(self, blocks) -> None:
+        """Blocks (common_pb2.Block) a publish put in a file: those still counted at
+        what placement reserved count their length from now on, until their workers
+        report them."""
+        with self._lock:
+            for b in blocks:
+                for wid in b.worker_ids:
+                    st = self._workers.get(wid)
+                    placed = st.placed.get(b.block_id) if st is not None else None
+                    if placed is not None and placed[0] > b.length:
+                        st.placed[b.block_id] = (b.length, placed[1])
 
     def choose(self, count: int, host_id: str, size: int, exclude: set[int],
                block_id: int) -> list[common_pb2.WorkerInfo]:

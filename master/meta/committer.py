@@ -136,12 +136,33 @@ class Committer:
                 f"journal ends at seq {self.journal.last_seq} but the metadata in {s.path} "
                 f"has applied seq {applied}: the journal directory is not this master's")
         started = time.monotonic()
+        # Records LMDB already holds only refill the retry cache.
+        count = self._apply_records(self.journal.records(min(applied, self.journal.first_seq - 1)),
+                                    applied)
+        self._last_checkpoint_seq = self.applied_seq if count == 0 else self._last_checkpoint_seq
+        if count:
+            log.info("replayed %d journal records in %.2fs (applied seq %d)",
+                     count, time.monotonic() - started, self.applied_seq)
+        return count
+
+    def follow(self) -> int:
+        """A standby's round (the committer thread is not running): apply the records
+        the leader made durable since this member's applied seq, through the same
+        apply as replay; returns how many."""
+        if self.journal.refresh() <= self.applied_seq:  # one read of etcd when idle
+            return 0
+        return self._apply_records(self.journal.records(self.applied_seq), self.applied_seq)
+
+    def _apply_records(self, records, applied: int) -> int:
+        """Apply ``records`` with seq > ``applied`` (remembering every one in the retry
+        cache), REPLAY_TXN_RECORDS per LMDB transaction, each storing its applied seq;
+        hands the effects to ``on_effects``; returns how many were applied."""
+        s = self.store
         count = 0
         fx = Effects()
         txn = s.env.begin(write=True)
         try:
-            # Records LMDB already holds only refill the retry cache.
-            for rec in self.journal.records(min(applied, self.journal.first_seq - 1)):
+            for rec in records:
                 entry = journal_pb2.JournalEntry()
                 entry.ParseFromString(rec.payload)
                 self.ns.remember(entry)
@@ -160,11 +181,7 @@ class Committer:
             txn.abort()
             raise
         self.applied_seq = applied
-        self._last_checkpoint_seq = applied if count == 0 else self._last_checkpoint_seq
         self.on_effects(fx)
-        if count:
-            log.info("replayed %d journal records in %.2fs (applied seq %d)",
-                     count, time.monotonic() - started, applied)
         return count
 
     # ------------------------------------------------------------------ live path
@@ -195,8 +212,7 @@ class Committer:
     def submit_fx(self, plan: Plan, request_id: bytes = b"", timeout: float = 30.0
                   ) -> tuple[Any, Effects | None]:
         """Like submit; also returns the Effects of the record (None if it wrote none)."""
-        if self.fatal is not None:
-            raise CurvineError(ErrorKind.UNAVAILABLE, "master is shutting down after a journal failure")
+        self._check_running()
         item = _Item(plan, request_id)
         self._queue.put(item)
         if not item.done.wait(timeout):
@@ -210,9 +226,22 @@ class Committer:
         """Queue ``plan`` and return at once; once its batch is durable (or failed)
         ``then(item)`` is called in the committer thread, with item.result (or a
         RetryHit), item.error and item.fx set.  ``then`` must not block."""
-        if self.fatal is not None:
-            raise CurvineError(ErrorKind.UNAVAILABLE, "master is shutting down after a journal failure")
+        self._check_running()
         self._queue.put(_Item(plan, request_id, then))
+
+    def _check_running(self) -> None:
+        if self.fatal is not None:
+            raise self.refusal()
+        if self._thread is None:  # a mutation admitted just before its master changed
+            raise CurvineError(ErrorKind.UNAVAILABLE, "this master commits nothing now "
+                                                      "(a standby of a group, or stopping)")
+
+    def refusal(self) -> CurvineError:
+        """The error of a mutation after the journal failed: NOT_LEADER when it failed
+        because another member leads, else UNAVAILABLE."""
+        if isinstance(self.fatal, CurvineError) and self.fatal.kind == ErrorKind.NOT_LEADER:
+            return self.fatal
+        return CurvineError(ErrorKind.UNAVAILABLE, "master is shutting down after a journal failure")
 
     def request_checkpoint(self) -> None:
         self._checkpoint_requested.set()
@@ -235,9 +264,24 @@ class Committer:
                     break
                 items.append(nxt)
             self._commit_batch(items)
-            self._maybe_checkpoint()
-            if stop or self.fatal is not None:
+            if self.fatal is not None:
+                self._fail_queued()
                 return
+            self._maybe_checkpoint()
+            if stop:
+                return
+
+    def _fail_queued(self) -> None:
+        """After a journal failure: answer what is still queued, and what comes while
+        this drains, with the refusal (submit refuses the rest itself)."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                item.error = self.refusal()
+                item.finish()
 
     def _commit_batch(self, items: list[_Item]) -> None:
         s = self.store
@@ -284,9 +328,15 @@ class Committer:
         except BaseException as e:  # journal write/fsync failed: durability unknown, stop
             txn.abort()
             self.fatal = e
-            log.critical("journal commit failed, the master stops: %s", e)
+            if isinstance(e, CurvineError) and e.kind == ErrorKind.NOT_LEADER:
+                # the journal in etcd found another leader (master/group/etcd_journal.py):
+                # nothing of this batch is acknowledged; the member steps down
+                error = e
+            else:
+                log.critical("journal commit failed, the master stops: %s", e)
+                error = CurvineError(ErrorKind.UNAVAILABLE, "journal failure")
             for it in items:
-                it.error = CurvineError(ErrorKind.UNAVAILABLE, "journal failure")
+                it.error = error
                 it.finish()
             return
         if appended:

@@ -1,0 +1,403 @@
+"""Two or three real ``curvine-master`` processes on one real etcd (the master group's core).
+
+Each test starts etcd (tests/etcd_util.py) and the masters as processes with their own
+meta dirs, at the default group timers (master.ha_lease_ttl 3 s), and talks to them
+with plain gRPC stubs, so that what a client library does with NOT_LEADER (follow the
+leader) is not part of what is checked here:
+
+- a standby applies what the leader journals, and its LMDB ends up the same;
+- the leader SIGKILLed: a standby takes over, and every acknowledged create is there;
+- the leader SIGSTOPped past its lease: another is elected; SIGCONTed, the calls it had
+  taken fail NOT_LEADER, it steps down, and nothing it acknowledged after the takeover
+  is lost or seen as a second truth;
+- a name created on the leader is found at once by a lookup on a standby (read index).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import grpc
+import lmdb
+import pytest
+
+from curvine.client.master.call_port_blocking import BlockingCallPort
+from curvine.common.errors import LEADER_KEY, CurvineError, ErrorKind, from_rpc_error
+from curvine.devtools.local import free_ports
+from curvine.master.group.etcd import Etcd, prefix_end
+from curvine.proto import master_pb2, master_pb2_grpc
+
+from cluster_util import metric_samples, wait_for
+from etcd_util import etcd  # noqa: F401 - the fixture
+
+ROOT_INO = 1
+START_TIMEOUT = 20.0
+TAKEOVER_TIMEOUT = 15.0  # lease TTL 3 s + campaign round + replay, with room on a busy box
+
+
+class MasterProc:
+    """One curvine-master of the group, its config written under ``base``."""
+
+    def __init__(self, base: str, index: int, etcd_endpoints: list[str]):
+        self.base = os.path.join(base, f"m{index}")
+        os.makedirs(self.base, exist_ok=True)
+        self.id = f"m{index}"
+        self.port, worker_port, self.http_port, self.call_port = free_ports(4)
+        self.addr = f"127.0.0.1:{self.port}"
+        self.meta_dir = os.path.join(self.base, "meta")
+        self.conf = os.path.join(self.base, "curvine.toml")
+        endpoints = ", ".join(f'"{e}"' for e in etcd_endpoints)
+        with open(self.conf, "w") as f:
+            f.write(f'[cluster]\nname = "group-test"\nmaster_addr = "{self.addr}"\n'
+                    f'[master]\nhost = "127.0.0.1"\nport = {self.port}\n'
+                    f'worker_port = {worker_port}\nhttp_port = {self.http_port}\n'
+                    f'call_port = {self.call_port}\nmeta_dir = "{self.meta_dir}"\n'
+                    f'etcd_endpoints = [{endpoints}]\nmember_id = "{self.id}"\n'
+                    f'[journal]\ndir = "{os.path.join(self.base, "journal")}"\n')
+        self.log_path = os.path.join(self.base, "master.log")
+        self.proc: subprocess.Popen | None = None
+        self.channel = grpc.insecure_channel(self.addr)
+        self.stub = master_pb2_grpc.MasterStub(self.channel)
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "curvine.master.server",
+                                      "--conf", self.conf], stdout=log, stderr=log,
+                                     stdin=subprocess.DEVNULL)
+        log.close()
+        wait_for(self._answers, START_TIMEOUT, what=f"{self.id} serving")
+
+    def _answers(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"{self.id} exited {self.proc.returncode}: "
+                                 f"{open(self.log_path).read()[-3000:]}")
+        try:
+            self.group()
+            return True
+        except grpc.RpcError:
+            return False
+
+    def group(self) -> master_pb2.GetGroupReply:
+        return self.stub.GetGroup(master_pb2.GetGroupRequest(), timeout=5)
+
+    def role(self) -> str:
+        reply = self.group()
+        return next((m.role for m in reply.members if m.id == self.id), "")
+
+    def applied(self) -> int:
+        reply = self.group()
+        return next((m.applied_seq for m in reply.members if m.id == self.id), 0)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.channel.close()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def group(tmp_path, etcd):  # noqa: F811
+    made: list[MasterProc] = []
+
+    def start(n: int) -> list[MasterProc]:
+        for i in range(n):
+            m = MasterProc(str(tmp_path), len(made), etcd.endpoints)
+            made.append(m)
+            m.start()
+            if i == 0:  # the first one leads: the others start as its standbys
+                wait_for(lambda: m.role() == "leader", TAKEOVER_TIMEOUT, what="a leader")
+        return made
+
+    yield start
+    for m in made:
+        m.stop()
+
+
+def create(m: MasterProc, name: bytes, request_id: bytes = b"") -> int:
+    reply = m.stub.Create(master_pb2.CreateRequest(
+        parent=ROOT_INO, name=name, mode=0o644, request_id=request_id or os.urandom(16)),
+        timeout=10)
+    return reply.inode.ino
+
+
+def lookup(m: MasterProc, name: bytes) -> int:
+    reply = m.stub.Lookup(master_pb2.LookupRequest(parent=ROOT_INO, name=name, miss_ok=True),
+                          timeout=10)
+    return reply.inode.ino if reply.HasField("inode") else 0
+
+
+def leader_of(members: list[MasterProc], skip=()) -> MasterProc:
+    for m in members:
+        if m not in skip and m.proc.poll() is None and m.role() == "leader":
+            return m
+    raise AssertionError("no leader")
+
+
+def _lmdb_dump(path: str) -> dict:
+    """Every named database's records (the main database holds only where they are
+    on disk, which differs between two copies)."""
+    env = lmdb.open(path, readonly=True, lock=False, max_dbs=64, subdir=True)
+    out = {}
+    try:
+        with env.begin() as txn:
+            names = [k for k, _ in txn.cursor()]
+        for name in names:
+            try:
+                db = env.open_db(name, create=False)
+            except lmdb.Error:
+                continue  # a plain key of the main database, not a named one
+            with env.begin(db=db) as txn:
+                out[name] = dict(txn.cursor())
+    finally:
+        env.close()
+    return out
+
+
+def test_standby_applies_what_the_leader_journals(group):
+    leader, standby = group(2)
+    assert standby.role() == "standby"
+    for i in range(200):
+        create(leader, b"f%03d" % i)
+    seq = leader.applied()
+    wait_for(lambda: standby.applied() >= seq, 10, what="the standby applied the journal")
+    reply = standby.group()
+    assert {m.id: m.role for m in reply.members} == {"m0": "leader", "m1": "standby"}
+    assert reply.leader == leader.addr and reply.commit_seq == seq
+    # each reports its role in its metrics, and a standby is healthy
+    for m, role in ((leader, 1), (standby, 0)):
+        assert [s.value for s in metric_samples(m.http_port, "curvine_master_role")] == [role]
+        with urllib.request.urlopen(f"http://127.0.0.1:{m.http_port}/healthz", timeout=10) as r:
+            assert r.status == 200
+    assert metric_samples(standby.http_port, "curvine_master_applied_seq")[0].value == seq
+    assert metric_samples(leader.http_port, "curvine_master_failovers_total")[0].value == 1
+    # the admin report is answered by any member, each with its own view
+    assert standby.stub.Report(master_pb2.ReportRequest(), timeout=10).inodes >= 201
+    # a mutation on the standby: NOT_LEADER, naming the leader (message and trailer)
+    with pytest.raises(grpc.RpcError) as err:
+        create(standby, b"refused")
+    error = from_rpc_error(err.value)
+    assert error.kind == ErrorKind.NOT_LEADER and error.message == leader.addr
+    assert (LEADER_KEY, leader.addr) in tuple(err.value.trailing_metadata())
+    leader.stop()
+    standby.stop()
+    a, b = (_lmdb_dump(os.path.join(m.meta_dir, "lmdb")) for m in (leader, standby))
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name] == b[name], f"LMDB database {name!r} differs"
+
+
+def test_leader_killed_a_standby_takes_over_with_every_acknowledged_create(group):
+    first, second = group(2)
+    acked = [b"k%03d" % i for i in range(100)]
+    for name in acked:
+        create(first, name)
+    killed_at = time.monotonic()
+    first.kill()
+    wait_for(lambda: second.role() == "leader", TAKEOVER_TIMEOUT, what="the standby leads")
+    create(second, b"after")
+    print(f"takeover and first acknowledged create: {time.monotonic() - killed_at:.2f}s")
+    for name in acked + [b"after"]:
+        assert lookup(second, name), name
+
+
+# the stopped leader finds it lost, and that it was stalled itself
+@pytest.mark.expect_log(r"WARNING curvine\.master\.group\.leadership: lost leadership",
+                        r"WARNING curvine\.master\.cluster\.lag: the master stalled for")
+def test_a_stopped_leader_is_fenced_and_steps_down(group):
+    old, new, third = group(3)
+    create(old, b"before")
+    results: dict[bytes, object] = {}
+
+    def call(name: bytes) -> None:
+        try:
+            results[name] = create(old, name)
+        except grpc.RpcError as e:
+            results[name] = from_rpc_error(e)
+
+    old.proc.send_signal(signal.SIGSTOP)
+    try:
+        # calls sent to the stopped leader wait in its sockets
+        callers = [threading.Thread(target=call, args=(b"inflight%d" % i,)) for i in range(8)]
+        for t in callers:
+            t.start()
+        others = [new, third]
+        wait_for(lambda: any(m.role() == "leader" for m in others), TAKEOVER_TIMEOUT,
+                 what="another member leads")
+        leader = leader_of(others)
+        create(leader, b"during")
+    finally:
+        old.proc.send_signal(signal.SIGCONT)
+    for t in callers:
+        t.join(timeout=20)
+    wait_for(lambda: old.role() == "standby", TAKEOVER_TIMEOUT, what="the old leader steps down")
+    for name, result in results.items():
+        if isinstance(result, CurvineError):
+            assert result.kind == ErrorKind.NOT_LEADER, result
+        else:  # acknowledged (by whoever answered): must be the one truth
+            assert lookup(leader, name) == result, name
+    assert any(isinstance(r, CurvineError) for r in results.values()), results
+    assert lookup(leader, b"before") and lookup(leader, b"during")
+    # the old one, a standby now, follows the new leader's journal
+    create(leader, b"later")
+    assert lookup(old, b"later")
+
+
+def test_a_read_on_a_standby_finds_what_the_leader_just_created(group):
+    leader, standby = group(2)
+    port = BlockingCallPort("127.0.0.1", standby.call_port, "", timeout=10)
+    try:
+        for i in range(300):
+            name = b"r%03d" % i
+            ino = create(leader, name)
+            if i % 2:  # the mounts' way: the call port
+                reply = port.call("lookup", master_pb2.LookupRequest(parent=ROOT_INO, name=name))
+                assert reply.inode.ino == ino, name
+            else:
+                assert lookup(standby, name) == ino, name
+        # a mutation on the standby's call port: NOT_LEADER naming the leader, at once
+        with pytest.raises(CurvineError) as err:
+            port.call("create", master_pb2.CreateRequest(parent=ROOT_INO, name=b"x",
+                                                         mode=0o644, request_id=b"r1"))
+        assert err.value.kind == ErrorKind.NOT_LEADER and err.value.message == leader.addr
+    finally:
+        port.close()
+
+
+# the planned switchover is a lost leadership like any other, for the logs
+@pytest.mark.expect_log(r"WARNING curvine\.master\.group\.leadership: lost leadership: "
+                        r"resigned")
+def test_step_down_hands_over_to_a_standby(group):
+    first, second = group(2)
+    create(first, b"before")
+    with pytest.raises(grpc.RpcError) as err:  # only the leader can step down
+        second.stub.StepDown(master_pb2.StepDownRequest(), timeout=5)
+    assert from_rpc_error(err.value).kind == ErrorKind.NOT_LEADER
+    first.stub.StepDown(master_pb2.StepDownRequest(), timeout=5)
+    wait_for(lambda: second.role() == "leader", TAKEOVER_TIMEOUT, what="the standby leads")
+    wait_for(lambda: first.role() == "standby", TAKEOVER_TIMEOUT, what="the old one follows")
+    create(second, b"after")
+    assert lookup(first, b"before") and lookup(first, b"after")
+
+
+def test_a_checkpoint_retires_what_every_member_applied(group, etcd):  # noqa: F811
+    leader, standby = group(2)
+    for i in range(50):
+        create(leader, b"c%02d" % i)
+    seq = leader.group().commit_seq
+    wait_for(lambda: standby.applied() >= seq, 10, what="the standby applied the journal")
+    time.sleep(1.0)  # the standby publishes its applied seq every campaign round
+    reply = leader.stub.Checkpoint(master_pb2.CheckpointRequest(), timeout=30)
+    assert reply.seq >= seq and reply.retired_segments > 0
+    client = Etcd(etcd.endpoints)
+    try:
+        prefix = b"/curvine/group-test/journal/"
+        oldest = client.range(prefix, prefix_end(prefix), limit=1).kvs[0].key
+        assert int(oldest[len(prefix):]) > 1
+    finally:
+        client.close()
+    create(leader, b"after")  # the standby follows on from the retired prefix
+    assert lookup(standby, b"after") and lookup(standby, b"c00")
+
+
+# the member restarted behind the compacted journal restores the leader's checkpoint
+@pytest.mark.expect_log(r"WARNING curvine\.master\.member: took the checkpoint at seq",
+                        r"WARNING curvine\.master\.meta\.metadata: metadata at seq \d+ is "
+                        r"older than the journal",
+                        r"WARNING curvine\.master\.meta\.metadata: previous metadata moved",
+                        r"WARNING curvine\.master\.meta\.metadata: restoring checkpoint")
+def test_a_member_gone_past_the_compacted_journal_takes_the_leaders_checkpoint(group):
+    leader, standby = group(2)
+    create(leader, b"early")
+    wait_for(lambda: lookup(standby, b"early"), 10, what="the standby has the first name")
+    standby.stop()
+    for i in range(100):
+        create(leader, b"g%03d" % i)
+    # with the standby gone, the leader's checkpoint retires every journal key before it
+    assert leader.stub.Checkpoint(master_pb2.CheckpointRequest(), timeout=30).retired_segments
+    standby.channel = grpc.insecure_channel(standby.addr)
+    standby.stub = master_pb2_grpc.MasterStub(standby.channel)
+    standby.start()
+    create(leader, b"late")
+    for name in (b"early", b"g000", b"g099", b"late"):
+        assert lookup(standby, name), name
+    assert standby.role() == "standby"
+
+
+# a standby stopped past its lease leaves the members; the leader compacts without it
+@pytest.mark.expect_log(r"WARNING curvine\.master\.member: standby behind the journal",
+                        r"WARNING curvine\.master\.member: took the checkpoint at seq",
+                        r"WARNING curvine\.master\.meta\.metadata: metadata at seq \d+ is "
+                        r"older than the journal",
+                        r"WARNING curvine\.master\.meta\.metadata: previous metadata moved",
+                        r"WARNING curvine\.master\.meta\.metadata: restoring checkpoint",
+                        r"WARNING curvine\.master\.cluster\.lag: the master stalled for")
+def test_a_standby_stalled_past_the_compacted_journal_catches_up_while_running(group):
+    leader, standby = group(2)
+    standby.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: [m.id for m in leader.group().members] == [leader.id], 10,
+                 what="the stopped standby's lease runs out")
+        for i in range(100):
+            create(leader, b"s%03d" % i)
+        assert leader.stub.Checkpoint(master_pb2.CheckpointRequest(), timeout=30).retired_segments
+    finally:
+        standby.proc.send_signal(signal.SIGCONT)
+    create(leader, b"late")
+    wait_for(lambda: standby.applied() >= leader.group().commit_seq, 15,
+             what="the standby catches up from the leader's checkpoint")
+    for name in (b"s000", b"s099", b"late"):
+        assert lookup(standby, name), name
+
+
+# etcd gone past the lease: the leader stops answering as leader by its own timer
+@pytest.mark.expect_log(r"WARNING curvine\.master\.group\.leadership: lost leadership: "
+                        r"no answer from etcd")
+def test_etcd_down_the_leader_stops_acknowledging_and_the_group_comes_back(group, etcd):  # noqa: F811
+    leader, standby = group(2)
+    acked = []
+    for i in range(20):
+        create(leader, b"e%02d" % i)
+        acked.append(b"e%02d" % i)
+    etcd.kill(0)
+    lost_at = time.monotonic() + 3.0 + 1.0  # ha_lease_ttl, and a round of its thread
+
+    def refused() -> bool:
+        try:
+            create(leader, b"during%f" % time.monotonic())
+        except grpc.RpcError as e:
+            return from_rpc_error(e).kind in (ErrorKind.NOT_LEADER, ErrorKind.UNAVAILABLE,
+                                              ErrorKind.TIMEOUT)
+        return False
+    wait_for(refused, 20, what="the leader refuses once its lease may be gone")
+    assert time.monotonic() < lost_at + 10
+    with pytest.raises(grpc.RpcError):  # and reads, on either: nothing stale
+        lookup(standby, b"e00")
+    etcd.restart(0)
+
+    def led() -> bool:
+        try:
+            return any(m.role() == "leader" for m in (leader, standby))
+        except grpc.RpcError:  # GetGroup reads etcd, which they reach again soon
+            return False
+    wait_for(led, 30, what="a leader again")
+    now = leader_of([leader, standby])
+    create(now, b"after")
+    other = standby if now is leader else leader
+    wait_for(lambda: other.role() == "standby", 15, what="the other one follows")
+    for name in acked + [b"after"]:
+        assert lookup(now, name) and lookup(other, name), name
