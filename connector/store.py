@@ -768,19 +768,19 @@ class KVStore:
                      budget: _Budget) -> tuple[int, list[int]]:
         """One block of put_many on each of its targets: (its crc32, the workers that
         stored it).  Never raises: a worker that failed is logged by its _Outage."""
-        crc = _crc(piece)
+        targets = [workers[w] for w in grant.worker_ids if w in workers]
+        # one local target takes the crc32 as it writes (_write_to): one pass over the
+        # caller's memory; any other is checked against the one taken here
+        crc = None if len(targets) == 1 and self._local(targets[0]) else _crc(piece)
         stored_on = []
-        for wid in grant.worker_ids:
-            w = workers.get(wid)
-            if w is None:
-                continue
+        for w in targets:
             try:
-                self._write_to(w, grant.block_id, grant.block_token, piece, crc, budget)
-                stored_on.append(wid)
+                crc = self._write_to(w, grant.block_id, grant.block_token, piece, crc, budget)
+                stored_on.append(w.worker_id)
                 self.worker_outage(w).ok()
             except CurvineError as e:
                 self.worker_outage(w).failed(e)
-        return crc, stored_on
+        return crc or 0, stored_on
 
     def _put_block(self, parent: int, bname: bytes, piece: list[memoryview],
                    written: list, budget: _Budget) -> common_pb2.Block | None:
