@@ -54,7 +54,7 @@ LAYERS = {
         "test_random_io",
         "test_journal_hardening", "test_kvstore", "test_leases", "test_lmcache",
         "test_local_cli", "test_master_guards", "test_master_outage", "test_metrics",
-        "test_permissions", "test_private_files", "test_replicas", "test_roles", "test_shared_disk",
+        "test_permissions", "test_private_files", "test_put_many", "test_replicas", "test_roles", "test_shared_disk",
         "test_small_hardening", "test_starvation", "test_stream_limits", "test_tls", "test_port_limits",
         "test_worker", "test_worker_safety"},
 }

@@ -278,6 +278,23 @@ class MasterClient:
         return self.call(self.requests.put_file(parent, name, blocks, size, mode, uid, gid,
                                                 mtime_ns), timeout, wait)
 
+    def add_blocks_for_put(self, parent: int, names: Sequence[bytes], sizes: Sequence[int],
+                           client_host_id: str, timeout: float | None = None,
+                           wait: float | None = None) -> master_pb2.AddBlocksForPutReply:
+        """The blocks of many puts into ``parent`` in one call: per name (results
+        parallel to ``names``) its existing inode, or its blocks (ids, lengths, targets
+        and write tokens) for PutFiles; ``reply.workers`` lists the targets."""
+        return self.call(self.requests.add_blocks_for_put(parent, names, sizes,
+                                                          client_host_id), timeout, wait)
+
+    def put_files(self, parent: int, files: Sequence[master_pb2.PutFileEntry],
+                  abandoned: Sequence[Block] = (), timeout: float | None = None,
+                  wait: float | None = None) -> list[master_pb2.PutFileResult]:
+        """Publish many new files of ``parent`` in one journaled step, each whole or not
+        at all: a result per file (PutStatus, inode, why).  ``abandoned``: blocks of
+        this caller's reservation it does not publish (with their tokens: freed now)."""
+        return self.call(self.requests.put_files(parent, files, abandoned), timeout, wait)
+
     # -- capacity (master/capacity.py) ------------------------------------------
 
     def report_access(self, inos: Sequence[int], timeout: float | None = None,
