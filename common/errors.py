@@ -42,6 +42,9 @@ class ErrorKind(enum.IntEnum):
     NOT_PERMITTED = 20  # EPERM: e.g. a hard link to a directory
     TOO_MANY_LINKS = 21  # EMLINK
     FILE_TOO_BIG = 22  # EFBIG: past the largest file (common/ids.max_file_size)
+    # a standby master refused a call only the leader serves; the message is the
+    # leader's gRPC address ("host:port", "" while unknown): common/master_group.py
+    NOT_LEADER = 23
 
 
 _ERRNO = {
@@ -67,6 +70,7 @@ _ERRNO = {
     ErrorKind.NOT_PERMITTED: errno.EPERM,
     ErrorKind.TOO_MANY_LINKS: errno.EMLINK,
     ErrorKind.FILE_TOO_BIG: errno.EFBIG,
+    ErrorKind.NOT_LEADER: errno.EIO,
 }
 
 _STATUS = {
@@ -92,6 +96,7 @@ _STATUS = {
     ErrorKind.NOT_PERMITTED: grpc.StatusCode.PERMISSION_DENIED,
     ErrorKind.TOO_MANY_LINKS: grpc.StatusCode.FAILED_PRECONDITION,
     ErrorKind.FILE_TOO_BIG: grpc.StatusCode.OUT_OF_RANGE,
+    ErrorKind.NOT_LEADER: grpc.StatusCode.UNAVAILABLE,
 }
 
 # gRPC statuses that arrive without our trailer (raised by the transport itself).

@@ -1,0 +1,86 @@
+"""The masters' addresses: cluster.master_addrs in the config, and which master a client
+calls next (common/master_group.py).  Failover itself: tests/test_master_group.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from curvine.common import config
+from curvine.common.errors import ConfigError, CurvineError, ErrorKind
+from curvine.common.master_group import MasterGroup
+
+
+def _load(tmp_path, text: str) -> config.Config:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return config.load(str(path))
+
+
+def test_one_master_is_a_group_of_one(tmp_path):
+    cfg = _load(tmp_path, '[cluster]\nmaster_addr = "m:7"\n[master]\nworker_port = 9\n')
+    assert config.master_addrs(cfg) == ["m:7"]
+    assert config.master_worker_addrs(cfg) == ["m:9"]
+
+
+def test_group_addresses_and_worker_ports(tmp_path):
+    cfg = _load(tmp_path, '[cluster]\nmaster_addrs = ["a:1", "b:1", "c:1"]\n'
+                          '[master]\nworker_port = 2\n')
+    assert config.master_addrs(cfg) == ["a:1", "b:1", "c:1"]
+    assert config.master_worker_addrs(cfg) == ["a:2", "b:2", "c:2"]
+    cfg = _load(tmp_path, '[cluster]\nmaster_addrs = ["h:1", "h:3"]\n'
+                          'master_worker_addrs = ["h:2", "h:4"]\n')
+    assert config.master_worker_addrs(cfg) == ["h:2", "h:4"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('master_addrs = ["a:1", "b"]', "cluster.master_addrs: expected a list of host:port, got 'b'"),
+    ('master_addrs = ["a:1", "a:1"]', "cluster.master_addrs: a:1 is listed twice"),
+    ('master_addrs = ["a:1", "b:70000"]', "expected a list of host:port, got 'b:70000'"),
+    ('master_addrs = ["a:1", "b:1"]\nmaster_worker_addrs = ["a:2"]',
+     "one worker address per master: 1 for 2 masters"),
+    ('master_worker_addrs = ["a:2", "b:2"]', "one worker address per master: 2 for 1 masters"),
+    ('master_addrs = ["a:1"]\nmaster_worker_addrs = ["a:2"]\nmaster_worker_addr = "a:2"',
+     "set one of them"),
+    ('master_addrs = ["a:1", "b:1"]\nmaster_addr = "c:1"', "c:1 is not one of master_addrs"),
+])
+def test_bad_group_addresses_are_named(tmp_path, text, message):
+    with pytest.raises(ConfigError) as e:
+        _load(tmp_path, f"[cluster]\n{text}\n")
+    assert message in str(e.value)
+    assert str(e.value).startswith(f"{tmp_path / 'c.toml'}:")
+
+
+def test_master_addr_may_repeat_one_of_the_group(tmp_path):
+    cfg = _load(tmp_path, '[cluster]\nmaster_addr = "b:1"\nmaster_addrs = ["a:1", "b:1"]\n')
+    assert config.master_addrs(cfg) == ["a:1", "b:1"]
+
+
+def _not_leader(leader: str) -> CurvineError:
+    return CurvineError(ErrorKind.NOT_LEADER, leader)
+
+
+def test_follows_the_named_leader_at_once():
+    g = MasterGroup(["a:2", "b:2", "c:2"], ["a:1", "b:1", "c:1"])
+    assert g.current == "a:2"
+    assert g.after_failure(_not_leader("c:1")) is True
+    assert g.current == "c:2"
+
+
+def test_each_member_in_turn_then_a_pause():
+    g = MasterGroup(["a", "b", "c"])
+    down = CurvineError(ErrorKind.UNAVAILABLE, "connection refused")
+    # an election is on: a standby knows no leader yet
+    assert g.after_failure(down) is True and g.current == "b"
+    assert g.after_failure(_not_leader("")) is True and g.current == "c"
+    assert g.after_failure(down) is False and g.current == "a"  # all failed: pause
+    assert g.after_failure(down) is True and g.current == "b"  # a new round
+    g.answered()
+    assert g.after_failure(_not_leader("unknown:9")) is True and g.current == "c"
+
+
+def test_other_errors_and_one_master_do_not_move():
+    g = MasterGroup(["a", "b"])
+    assert g.after_failure(CurvineError(ErrorKind.NOT_FOUND, "x")) is False
+    assert g.current == "a"
+    one = MasterGroup(["a"])
+    assert one.after_failure(_not_leader("")) is False and one.current == "a"
