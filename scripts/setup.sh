@@ -13,8 +13,10 @@ cd "$(dirname "$0")/.."
 # fio: tests/test_fio.py verifies data written through a mount (skipped without it);
 # openssl: `curvine local up --tls` makes its CA and certificate with it;
 # stress-ng: tests/test_fs_stress.py runs its file-system stressors on a mount;
-# python3-venv: the venv below, and the ones tests/test_install.py makes
-DEV_PACKAGES=(python3-venv fio openssl stress-ng)
+# python3-venv: the venv below, and the ones tests/test_install.py makes;
+# etcd-server: the master group's consensus engine, started by the tests (tests/etcd_util.py)
+# and by `curvine local up --masters 3` (Debian's package does not start a service here)
+DEV_PACKAGES=(python3-venv fio openssl stress-ng etcd-server)
 
 if command -v dpkg >/dev/null 2>&1; then
   read -r -a missing <<<"$(apt_missing "${DEV_PACKAGES[@]}")"
@@ -25,7 +27,7 @@ if command -v dpkg >/dev/null 2>&1; then
     apt_install "${missing[@]}"
   fi
 else
-  for cmd in fio openssl stress-ng; do
+  for cmd in fio openssl stress-ng etcd; do
     command -v "$cmd" >/dev/null 2>&1 || { echo "setup: missing $cmd; install it yourself" >&2; exit 1; }
   done
 fi
