@@ -151,6 +151,14 @@ class MasterConfig:
     # at most block_size), all of them together up to inline_capacity
     inline_max: Size = Size(256 << 10)
     inline_capacity: Size = Size(1 << 30)
+    # a master group (docs/operations.md, "Master group"): the etcd members' client
+    # addresses (host:port); empty = one master with its local journal, no etcd
+    etcd_endpoints: list[str] = field(default_factory=list)
+    # this master's name in the group (unique); empty = derived from its gRPC address
+    member_id: str = ""
+    # the leader's etcd lease: a leader that cannot renew it for this long acknowledges
+    # nothing more, and a standby takes over about this long after the leader died
+    ha_lease_ttl: Duration = Duration(3.0)
 
 
 @dataclass
@@ -402,6 +410,20 @@ def _problems(cfg: Config):
     if not 1 <= c.replicas <= 8:
         yield ("cluster.replicas",), f"must be between 1 and 8, got {c.replicas}"
     yield from _group_problems(c)
+    for a in m.etcd_endpoints:
+        if not is_host_port(a):
+            yield ("master.etcd_endpoints",), f"expected a list of host:port, got {a!r}"
+    if m.etcd_endpoints and m.ha_lease_ttl < 1:
+        yield ("master.ha_lease_ttl",), (f"must be at least 1s (etcd's lease granularity), "
+                                         f"got {float(m.ha_lease_ttl):g}s")
+    if len(master_addrs_of(c)) > 1 and not m.etcd_endpoints:
+        # each master would take itself for the only one: two truths
+        yield (("cluster.master_addrs", "master.etcd_endpoints"),
+               f"{len(master_addrs_of(c))} masters need master.etcd_endpoints (the group's "
+               "etcd), in every process's config")
+    if m.member_id and not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", m.member_id):
+        yield ("master.member_id",), (f"1..64 of A-Z a-z 0-9 . _ - (it names an etcd key), "
+                                      f"got {m.member_id!r}")
     if c.rpc_timeout <= 0:
         yield ("cluster.rpc_timeout",), "must be positive"
     if not 0 < m.evict_low < m.evict_high <= 1:

@@ -10,6 +10,9 @@ from curvine.common.errors import ConfigError, CurvineError, ErrorKind
 from curvine.common.master_group import MasterGroup
 
 
+ETCD = '[master]\netcd_endpoints = ["e:1"]\n'
+
+
 def _load(tmp_path, text: str) -> config.Config:
     path = tmp_path / "c.toml"
     path.write_text(text)
@@ -24,11 +27,11 @@ def test_one_master_is_a_group_of_one(tmp_path):
 
 def test_group_addresses_and_worker_ports(tmp_path):
     cfg = _load(tmp_path, '[cluster]\nmaster_addrs = ["a:1", "b:1", "c:1"]\n'
-                          '[master]\nworker_port = 2\n')
+                          '[master]\nworker_port = 2\netcd_endpoints = ["e:1"]\n')
     assert config.master_addrs(cfg) == ["a:1", "b:1", "c:1"]
     assert config.master_worker_addrs(cfg) == ["a:2", "b:2", "c:2"]
     cfg = _load(tmp_path, '[cluster]\nmaster_addrs = ["h:1", "h:3"]\n'
-                          'master_worker_addrs = ["h:2", "h:4"]\n')
+                          'master_worker_addrs = ["h:2", "h:4"]\n' + ETCD)
     assert config.master_worker_addrs(cfg) == ["h:2", "h:4"]
 
 
@@ -45,13 +48,14 @@ def test_group_addresses_and_worker_ports(tmp_path):
 ])
 def test_bad_group_addresses_are_named(tmp_path, text, message):
     with pytest.raises(ConfigError) as e:
-        _load(tmp_path, f"[cluster]\n{text}\n")
+        _load(tmp_path, f"[cluster]\n{text}\n" + ETCD)
     assert message in str(e.value)
     assert str(e.value).startswith(f"{tmp_path / 'c.toml'}:")
 
 
 def test_master_addr_may_repeat_one_of_the_group(tmp_path):
-    cfg = _load(tmp_path, '[cluster]\nmaster_addr = "b:1"\nmaster_addrs = ["a:1", "b:1"]\n')
+    cfg = _load(tmp_path, '[cluster]\nmaster_addr = "b:1"\nmaster_addrs = ["a:1", "b:1"]\n'
+                + ETCD)
     assert config.master_addrs(cfg) == ["a:1", "b:1"]
 
 
@@ -84,3 +88,16 @@ def test_other_errors_and_one_master_do_not_move():
     assert g.current == "a"
     one = MasterGroup(["a"])
     assert one.after_failure(_not_leader("")) is False and one.current == "a"
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[cluster]\nmaster_addrs = ["a:1", "b:1"]',
+     "2 masters need master.etcd_endpoints"),
+    ('[master]\netcd_endpoints = ["e"]', "master.etcd_endpoints: expected a list of host:port"),
+    ('[master]\netcd_endpoints = ["e:1"]\nha_lease_ttl = "500ms"', "must be at least 1s"),
+    ('[master]\nmember_id = "a/b"', "master.member_id: 1..64 of"),
+])
+def test_bad_group_settings_are_named(tmp_path, text, message):
+    with pytest.raises(ConfigError) as e:
+        _load(tmp_path, text + "\n")
+    assert message in str(e.value)
