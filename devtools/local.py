@@ -354,9 +354,11 @@ class LocalCluster:
             raise ClusterError(f"etcd members: 1, 3 or 5 (a quorum of an even number "
                                f"tolerates no more failures than one fewer), got {etcd}")
         # masters > 1: a group (docs/operations.md, "Master group") over ``etcd``
-        # members (default one: a local box has no failure domains to spread them over)
+        # members (default one: a local box has no failure domains to spread them over;
+        # none when the config names master.etcd_endpoints: an etcd already running)
         self.n_masters = masters
         self.n_etcd = etcd or (1 if masters > 1 else 0)
+        self._etcd_asked = etcd
         if worker_capacity < 0:
             raise ClusterError("worker_capacity must not be negative")
         if replicas and not 1 <= replicas <= 8:
@@ -501,7 +503,8 @@ class LocalCluster:
             c = cls(base, workers=int(state["workers"]), mounts=int(state["mounts"]),
                     conf=state.get("conf"), short_circuit=state.get("short_circuit"),
                     env=state.get("env") or {}, host_ids=state.get("host_ids") or {},
-                    masters=int(state.get("masters", 1)), etcd=int(state.get("etcd", 0)))
+                    masters=int(state.get("masters", 1)))
+            c.n_etcd = int(state.get("etcd", 0))  # 0 also when an outside etcd serves it
             c.master_addr = str(state.get("master_addr", ""))
             c.master_addrs = [str(a) for a in state.get("master_addrs") or [c.master_addr]]
             c.etcd_endpoints = [str(a) for a in state.get("etcd_endpoints") or []]
@@ -673,6 +676,12 @@ class LocalCluster:
         self.master_addr = self.master_addrs[0]
         self.master_worker_port = worker_ports[0]
         self.etcd_endpoints = [f"{HOST}:{p}" for p in etcd_client]
+        if cfg.master.etcd_endpoints:
+            if self._etcd_asked:
+                raise ClusterError("the config names master.etcd_endpoints (an etcd of its "
+                                   "own): leave out --etcd")
+            self.n_etcd, etcd_client, etcd_peer = 0, [], []
+            self.etcd_endpoints = list(cfg.master.etcd_endpoints)
         cfg.master = dataclasses.replace(cfg.master, worker_port=worker_ports[0],
                                          call_port=call_ports[0] if cfg.master.call_port else 0)
         if nm > 1:
