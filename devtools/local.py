@@ -45,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from typing import Any
 
 from curvine.cli import argtypes
@@ -549,6 +550,29 @@ class LocalCluster:
         return [{"role": p.role, "index": p.index, "pid": p.pid, "alive": p.alive(),
                  "address": p.address, "mount": p.mount, "metrics": p.metrics_url,
                  "log": p.log} for p in procs]
+
+    def leader(self, timeout: float = 30.0) -> int:
+        """The index of the master that leads the group now (its /metrics say
+        curvine_master_role 1), waiting up to ``timeout`` for one; a lone master leads."""
+        from prometheus_client.parser import text_string_to_metric_families
+        deadline = time.monotonic() + timeout
+        while True:
+            for p in self._procs.values():
+                if p.role != "master" or not p.alive() or not p.metrics_url:
+                    continue
+                try:
+                    with urllib.request.urlopen(p.metrics_url, timeout=2.0) as r:
+                        text = r.read().decode()
+                except OSError:
+                    continue
+                if any(s.name == "curvine_master_role" and s.value == 1
+                       for fam in text_string_to_metric_families(text) for s in fam.samples):
+                    return p.index
+                if self.n_masters == 1:
+                    return p.index
+            if time.monotonic() > deadline:
+                raise ClusterError(f"no master of {self.base} leads after {timeout:g}s")
+            time.sleep(0.05)
 
     def pids(self) -> list[int]:
         """Pids of the processes of this cluster that are alive now."""
