@@ -42,8 +42,9 @@ class ErrorKind(enum.IntEnum):
     NOT_PERMITTED = 20  # EPERM: e.g. a hard link to a directory
     TOO_MANY_LINKS = 21  # EMLINK
     FILE_TOO_BIG = 22  # EFBIG: past the largest file (common/ids.max_file_size)
-    # a standby master refused a call only the leader serves; the message is the
-    # leader's gRPC address ("host:port", "" while unknown): common/master_group.py
+    # a standby master (or a leader that lost its lease) cannot serve this call: the
+    # message is the leader's gRPC address ("host:port", "" if unknown), also sent as
+    # the trailer LEADER_KEY; clients move there (master group, docs/architecture.md)
     NOT_LEADER = 23
 
 
@@ -113,6 +114,7 @@ _KIND_OF_STATUS = {
 }
 
 ERROR_KIND_KEY = "curvine-error-kind"
+LEADER_KEY = "curvine-leader"  # trailer of a NOT_LEADER error: the leader's gRPC address
 
 
 class ConfigError(Exception):

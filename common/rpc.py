@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 import grpc
 
 from . import auth, metrics, tls
-from .errors import ERROR_KIND_KEY, CurvineError, ErrorKind, from_rpc_error, status_code
+from .errors import ERROR_KIND_KEY, LEADER_KEY, CurvineError, ErrorKind, from_rpc_error, status_code
 from .security import CLIENT, Role, Security
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,10 @@ SERVER_OPTIONS = [
 
 
 def abort(context: grpc.ServicerContext, err: CurvineError) -> None:
-    context.set_trailing_metadata(((ERROR_KIND_KEY, str(int(err.kind))),))
+    trailers = [(ERROR_KIND_KEY, str(int(err.kind)))]
+    if err.kind == ErrorKind.NOT_LEADER:
+        trailers.append((LEADER_KEY, err.message))
+    context.set_trailing_metadata(tuple(trailers))
     context.abort(status_code(err.kind), err.message)
 
 

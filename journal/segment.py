@@ -173,6 +173,30 @@ class SegmentReader:
                 expect += 1
 
 
+def decode_frames(data: bytes, first_seq: int, where: str) -> Iterator[JournalRecord]:
+    """The frames of ``data`` (consecutive :func:`encode_frame` output starting at
+    ``first_seq``, e.g. one batch of the journal kept in etcd), checked like a
+    segment's; any damage is JournalCorruption naming ``where`` and the offset."""
+    view = memoryview(data)
+    off, expect = 0, first_seq
+    while off < len(view):
+        if len(view) - off < FRAME_HEADER_SIZE:
+            raise JournalCorruption(where, off, "truncated frame header")
+        head = bytes(view[off:off + FRAME_HEADER_SIZE])
+        length, crc, seq, typ = FRAME_HEADER.unpack(head)
+        end = off + FRAME_HEADER_SIZE + length
+        if end > len(view):
+            raise JournalCorruption(where, off, f"frame of {length} bytes runs past the end")
+        payload = bytes(view[off + FRAME_HEADER_SIZE:end])
+        if zlib.crc32(payload, zlib.crc32(head[_CRC_START:])) != crc:
+            raise JournalCorruption(where, off, "checksum mismatch")
+        if seq != expect:
+            raise JournalCorruption(where, off, f"record has seq {seq} where {expect} was "
+                                                f"expected")
+        yield JournalRecord(seq, typ, payload)
+        off, expect = end, expect + 1
+
+
 _KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
           (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))

@@ -42,7 +42,7 @@ LAYERS = {
              "test_listings", "test_master_addrs",
              "test_mounts", "test_pod_fork",
              "test_posix_workload", "test_proto"},
-    "services": {"test_calls", "test_call_port", "test_fuse_ops", "test_fuzz", "test_keepalive", "test_master",
+    "services": {"test_calls", "test_call_port", "test_group_journal", "test_fuse_ops", "test_fuzz", "test_keepalive", "test_master",
                  "test_master_put", "test_master_posix", "test_security", "test_data_port",
                  "test_request_limits"},
     "daemons": {

@@ -196,7 +196,7 @@ class Committer:
                   ) -> tuple[Any, Effects | None]:
         """Like submit; also returns the Effects of the record (None if it wrote none)."""
         if self.fatal is not None:
-            raise CurvineError(ErrorKind.UNAVAILABLE, "master is shutting down after a journal failure")
+            raise self.refusal()
         item = _Item(plan, request_id)
         self._queue.put(item)
         if not item.done.wait(timeout):
@@ -211,8 +211,15 @@ class Committer:
         ``then(item)`` is called in the committer thread, with item.result (or a
         RetryHit), item.error and item.fx set.  ``then`` must not block."""
         if self.fatal is not None:
-            raise CurvineError(ErrorKind.UNAVAILABLE, "master is shutting down after a journal failure")
+            raise self.refusal()
         self._queue.put(_Item(plan, request_id, then))
+
+    def refusal(self) -> CurvineError:
+        """The error of a mutation after the journal failed: NOT_LEADER when it failed
+        because another member leads, else UNAVAILABLE."""
+        if isinstance(self.fatal, CurvineError) and self.fatal.kind == ErrorKind.NOT_LEADER:
+            return self.fatal
+        return CurvineError(ErrorKind.UNAVAILABLE, "master is shutting down after a journal failure")
 
     def request_checkpoint(self) -> None:
         self._checkpoint_requested.set()
@@ -235,9 +242,24 @@ class Committer:
                     break
                 items.append(nxt)
             self._commit_batch(items)
-            self._maybe_checkpoint()
-            if stop or self.fatal is not None:
+            if self.fatal is not None:
+                self._fail_queued()
                 return
+            self._maybe_checkpoint()
+            if stop:
+                return
+
+    def _fail_queued(self) -> None:
+        """After a journal failure: answer what is still queued, and what comes while
+        this drains, with the refusal (submit refuses the rest itself)."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                item.error = self.refusal()
+                item.finish()
 
     def _commit_batch(self, items: list[_Item]) -> None:
         s = self.store
@@ -284,9 +306,15 @@ class Committer:
         except BaseException as e:  # journal write/fsync failed: durability unknown, stop
             txn.abort()
             self.fatal = e
-            log.critical("journal commit failed, the master stops: %s", e)
+            if isinstance(e, CurvineError) and e.kind == ErrorKind.NOT_LEADER:
+                # the journal in etcd found another leader (master/group/etcd_journal.py):
+                # nothing of this batch is acknowledged; the member steps down
+                error = e
+            else:
+                log.critical("journal commit failed, the master stops: %s", e)
+                error = CurvineError(ErrorKind.UNAVAILABLE, "journal failure")
             for it in items:
-                it.error = CurvineError(ErrorKind.UNAVAILABLE, "journal failure")
+                it.error = error
                 it.finish()
             return
         if appended:

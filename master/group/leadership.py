@@ -1,0 +1,243 @@
+"""Leader election of the master group on etcd, and the leader's fence.
+
+Keys (``prefix`` = ``/curvine/<cluster.name>/``):
+
+- ``leader``: JSON ``{"id", "grpc", "call_port", "http"}`` of the leader, put with its
+  etcd lease by the campaign Txn ``create_revision(leader) == 0 -> put``.  The
+  revision of that Txn names this term: the journal's Txns compare the leader key's
+  create revision with it (etcd_journal.py), so no write of an earlier term can
+  land once the key was deleted (lease expired, revoked) and created again.
+- ``members/<id>``: JSON ``{"id", "grpc", "applied", "role"}`` of every live member,
+  put with its own lease each round (GetGroup, and the journal's compaction: the
+  lowest applied seq of the members).
+
+One thread per member (``leadership``) keeps the lease alive every ``ttl / 3`` and,
+while it does not lead, tries the campaign Txn every ``ttl / 6``.
+
+The fence.  etcd expires the lease ``ttl`` after the last keepalive it *received*; the
+leader counts its own ``ttl`` from the moment it *sent* the last keepalive that was
+answered (``valid_until``), which is earlier.  Past it the leader acknowledges
+nothing (``fence()`` raises NOT_LEADER), even if it has not heard yet that it lost:
+a leader stopped (SIGSTOP) or cut off from etcd cannot answer as leader after another
+member may have been elected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from curvine.common.errors import CurvineError, ErrorKind
+
+from .etcd import Etcd, created_at, get_op, put_op, prefix_end
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MemberAddress:
+    """What a member publishes about itself (the leader record's fields)."""
+
+    id: str
+    grpc: str
+    call_port: int = 0
+    http: int = 0
+
+    def record(self) -> dict:
+        return {"id": self.id, "grpc": self.grpc, "call_port": self.call_port,
+                "http": self.http}
+
+
+def not_leader(leader_grpc: str) -> CurvineError:
+    """The contract's answer of a member that cannot serve a call: the leader's gRPC
+    address ("" when unknown) as the message."""
+    return CurvineError(ErrorKind.NOT_LEADER, leader_grpc)
+
+
+class Leadership:
+    """Campaigns for ``prefix + 'leader'`` and keeps this member's lease.
+
+    ``on_change()`` is called (in the leadership thread; it must not block) whenever
+    ``leading`` changes; ``applied()`` is the member's applied seq, published under
+    ``members/<id>``."""
+
+    def __init__(self, etcd: Etcd, prefix: bytes, me: MemberAddress, ttl: float,
+                 applied: Callable[[], int], on_change: Callable[[], None]):
+        self.etcd = etcd
+        self.prefix = prefix
+        self.leader_key = prefix + b"leader"
+        self.members_prefix = prefix + b"members/"
+        self.me = me
+        self.ttl = max(1, math.ceil(ttl))  # etcd leases are whole seconds
+        self.applied = applied
+        self.on_change = on_change
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._lease = 0
+        self._valid_until = 0.0  # monotonic; the fence (module docstring)
+        self._term = 0  # create revision of our leader key while we lead
+        self._drop_lease = False  # revoke the lease in the thread (lost())
+        self.leader: dict = {}  # the leader record last seen (ours while we lead)
+        self.role = "standby"  # published in members/<id>
+        self.stats = {"renewals": 0, "renew_failures": 0, "elected": 0, "lost": 0}
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ state
+    @property
+    def term(self) -> int:
+        """The create revision of our leader key while we lead, else 0."""
+        with self._lock:
+            return self._term
+
+    def fence(self) -> int:
+        """The term, if this member leads and its lease is surely still valid; else
+        NOT_LEADER naming the leader it knows."""
+        with self._lock:
+            if self._term and time.monotonic() < self._valid_until:
+                return self._term
+        raise not_leader(self.leader_grpc())
+
+    def leading(self) -> bool:
+        try:
+            self.fence()
+        except CurvineError:
+            return False
+        return True
+
+    def leader_grpc(self) -> str:
+        """The leader's gRPC address as last seen ("" when unknown or this member)."""
+        with self._lock:
+            leader = self.leader
+            if self._term:
+                return self.me.grpc
+        return str(leader.get("grpc", ""))
+
+    def lost(self, reason: str) -> None:
+        """This member no longer leads (a fenced Txn failed, the lease is gone): log
+        once, stop acknowledging, let the member step down."""
+        with self._lock:
+            if not self._term:
+                return
+            self._term = 0
+            self.leader = {}
+            self.stats["lost"] += 1
+            # our key may still stand (our own timer ran out first): the lease that
+            # holds it is given up, so that a member (maybe this one) is elected anew
+            self._drop_lease = True
+        log.warning("lost leadership: %s", reason)
+        self.on_change()
+
+    # ------------------------------------------------------------------ thread
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="leadership", daemon=True)
+        self._thread.start()
+
+    def close(self, resign: bool = True) -> None:
+        """Stop campaigning; with ``resign`` revoke the lease, so that another member
+        takes over at once instead of after the TTL."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.etcd.timeout + 1)
+        if resign and self._lease:
+            try:
+                self.etcd.lease_revoke(self._lease, timeout=1.0)
+            except CurvineError as e:
+                log.info("could not revoke the etcd lease at close: %s", e)
+
+    def resign(self) -> None:
+        """Give up leadership now (planned switchover): the lease is revoked, the
+        members campaign (this one too, after a pause of one campaign round)."""
+        self.lost("resigned")
+
+    def _run(self) -> None:
+        next_keepalive = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            try:
+                if self._drop_lease:
+                    self._revoke()
+                if not self._lease:
+                    self._grant()
+                    next_keepalive = time.monotonic() + self.ttl / 3
+                elif now >= next_keepalive:
+                    self._keepalive()
+                    next_keepalive = now + self.ttl / 3
+                if not self.term:
+                    self._campaign()
+                self._publish()
+            except CurvineError as e:
+                self.stats["renew_failures"] += 1
+                log.info("etcd: %s", e)
+                next_keepalive = min(next_keepalive, time.monotonic() + self.ttl / 6)
+            if self.term and time.monotonic() >= self._valid_until:
+                self.lost(f"no answer from etcd for the lease's {self.ttl}s")
+            self._stop.wait(self.ttl / 6)
+
+    def _revoke(self) -> None:
+        self._drop_lease = False
+        lease, self._lease = self._lease, 0
+        if lease:
+            try:
+                self.etcd.lease_revoke(lease)
+            except CurvineError as e:  # it expires by itself: nobody keeps it alive
+                log.info("could not revoke the old etcd lease: %s", e)
+
+    def _grant(self) -> None:
+        sent = time.monotonic()
+        lease = self.etcd.lease_grant(self.ttl)
+        with self._lock:
+            self._lease = lease
+            self._valid_until = sent + self.ttl
+
+    def _keepalive(self) -> None:
+        sent = time.monotonic()
+        left = self.etcd.lease_keepalive(self._lease)
+        if left <= 0:  # the lease expired in etcd: every key it held is gone
+            self._lease = 0
+            self.lost("the etcd lease expired")
+            return
+        with self._lock:
+            self._valid_until = sent + self.ttl
+        self.stats["renewals"] += 1
+
+    def _campaign(self) -> None:
+        record = json.dumps(self.me.record()).encode()
+        reply = self.etcd.txn([created_at(self.leader_key, 0)],
+                              [put_op(self.leader_key, record, self._lease)],
+                              [get_op(self.leader_key)])
+        if reply.succeeded:
+            with self._lock:
+                self._term = reply.header.revision
+                self.leader = self.me.record()
+                self.stats["elected"] += 1
+            self.on_change()
+            return
+        kvs = reply.responses[0].response_range.kvs
+        try:
+            leader = json.loads(kvs[0].value) if kvs else {}
+        except ValueError:
+            leader = {}
+        with self._lock:
+            self.leader = leader if isinstance(leader, dict) else {}
+
+    def _publish(self) -> None:
+        record = {"id": self.me.id, "grpc": self.me.grpc, "applied": self.applied(),
+                  "role": self.role}
+        self.etcd.put(self.members_prefix + self.me.id.encode(), json.dumps(record).encode(),
+                      lease=self._lease)
+
+    def members(self) -> list[dict]:
+        """Every live member's record (linearizable read)."""
+        reply = self.etcd.range(self.members_prefix, prefix_end(self.members_prefix))
+        out = []
+        for kv in reply.kvs:
+            try:
+                out.append(json.loads(kv.value))
+            except ValueError:
+                continue
+        return out

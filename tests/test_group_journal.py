@@ -1,0 +1,123 @@
+"""The journal kept in etcd and the leader's fence, against a real etcd (tests/etcd_util.py).
+
+The unit level of the master group (master/group/): a leader's batches are appended
+by leader-guarded Txns and read back in order by another member; a leader whose
+lease was revoked (another member may lead now) gets NOT_LEADER from its next write,
+acknowledges nothing more, and the records it wrote before stay; a write after the
+fence timer ran out is refused before it reaches etcd.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.journal import JournalError
+from curvine.master.group.etcd import Etcd
+from curvine.master.group.etcd_journal import EtcdJournal
+from curvine.master.group.leadership import Leadership, MemberAddress
+
+from cluster_util import wait_for
+from etcd_util import etcd  # noqa: F401 - the fixture
+
+PREFIX = b"/curvine/test/"
+
+
+def _leader(client: Etcd, name: str, ttl: float = 3.0) -> Leadership:
+    changes = []
+    lead = Leadership(client, PREFIX, MemberAddress(name, f"127.0.0.1:{len(name)}"), ttl,
+                      applied=lambda: 0, on_change=lambda: changes.append(1))
+    return lead
+
+
+def _writer(client: Etcd, lead: Leadership) -> EtcdJournal:
+    return EtcdJournal(client, PREFIX, lead.leader_key, fence=lead.fence, on_fenced=lead.lost)
+
+
+def test_batches_are_appended_in_order_and_read_by_another_member(etcd):  # noqa: F811
+    client = Etcd(etcd.endpoints)
+    lead = _leader(client, "m1")
+    lead.start()
+    try:
+        wait_for(lead.leading, 5, what="m1 leads")
+        journal = _writer(client, lead)
+        payloads = [b"r%d" % i for i in range(10)]
+        for p in payloads[:3]:
+            journal.append(7, p)
+        assert journal.sync() == 3
+        for p in payloads[3:]:
+            journal.append(8, p)
+        assert journal.sync() == 7
+        reader = EtcdJournal(client, PREFIX, lead.leader_key)  # a standby's, read-only
+        assert reader.durable_seq == 10 and reader.first_seq == 1
+        assert [(r.seq, r.payload) for r in reader.records(0)] == list(
+            zip(range(1, 11), payloads))
+        assert [r.seq for r in reader.records(5)] == [6, 7, 8, 9, 10]  # mid-batch start
+        with pytest.raises(JournalError, match="read-only"):
+            reader.append(7, b"x")
+        # compaction keeps the batch holding the next record
+        assert journal.retire(5) == 1
+        assert reader.records(3) is not None
+        with pytest.raises(JournalError, match="compacted"):
+            reader.records(2)
+    finally:
+        lead.close()
+        client.close()
+
+
+def test_a_revoked_lease_fences_the_old_leader(etcd):  # noqa: F811
+    client = Etcd(etcd.endpoints)
+    old = _leader(client, "old")
+    old.start()
+    new = None
+    try:
+        wait_for(old.leading, 5, what="old leads")
+        journal = _writer(client, old)
+        journal.append(1, b"acked")
+        journal.sync()
+        # etcd drops the old leader's key (as a lease expiry would) and another
+        # member is elected; the old one has not noticed yet
+        client.lease_revoke(old._lease)
+        new = _leader(client, "new")
+        new.start()
+        wait_for(new.leading, 5, what="new leads")
+        journal.append(1, b"never acked")
+        with pytest.raises(CurvineError) as err:
+            journal.sync()
+        assert err.value.kind == ErrorKind.NOT_LEADER
+        assert not old.leading()
+        with pytest.raises(JournalError):  # nothing more, ever
+            journal.append(1, b"later")
+        # the new leader writes on from what was acknowledged
+        after = _writer(client, new)
+        after.append(1, b"new term")
+        after.sync()
+        seen = [(r.seq, r.payload) for r in EtcdJournal(client, PREFIX, new.leader_key).records(0)]
+        assert seen == [(1, b"acked"), (2, b"new term")]
+    finally:
+        old.close()
+        if new is not None:
+            new.close()
+        client.close()
+
+
+@pytest.mark.expect_log(r"WARNING curvine\.master\.group\.leadership: lost leadership")
+def test_the_fence_timer_refuses_before_etcd_is_asked(etcd):  # noqa: F811
+    client = Etcd(etcd.endpoints)
+    lead = _leader(client, "m1")
+    lead.start()
+    try:
+        wait_for(lead.leading, 5, what="m1 leads")
+        journal = _writer(client, lead)
+        lead._valid_until = time.monotonic() - 1  # as if no keepalive was answered for the TTL
+        journal.append(1, b"x")
+        with pytest.raises(CurvineError) as err:
+            journal.sync()
+        assert err.value.kind == ErrorKind.NOT_LEADER
+        assert journal.stats["txns"] == 0
+        assert EtcdJournal(client, PREFIX, lead.leader_key).durable_seq == 0
+    finally:
+        lead.close()
+        client.close()
