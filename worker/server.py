@@ -558,7 +558,7 @@ def run(cfg: config_mod.Config, stop: threading.Event, security: Security) -> in
     data_address = advertised_address(wc.host, data_port.port) if data_port else ""
     log.info("worker listening on %s:%d%s, registering with master %s", wc.host, port,
              f" (bulk reads on {data_port.port})" if data_port else "",
-             config_mod.master_worker_addr(cfg))
+             " or ".join(config_mod.master_worker_addrs(cfg)))
     try:
         link = MasterLink(cfg, store, servicer, address, stop, security, data_address)
     except (CurvineError, OSError) as e:
