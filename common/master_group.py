@@ -5,17 +5,23 @@ leader.  A standby refuses what only the leader serves with ``NOT_LEADER`` and t
 leader's gRPC address as the message ("" while an election is on); a master that is
 down is ``UNAVAILABLE``.  ``MasterGroup`` turns those answers into the address to call
 next, and says whether to call it at once (a named leader) or after the caller's
-usual pause (every member tried).  The worker's link to the master holds one; so does
-the clients' route to the master.  One master (no group) is a group of one: nothing
-moves.
+usual pause (every member tried).  The worker's link to the master holds one.
+``GroupRpc`` is an ``RpcClient`` (common/rpc.py) over a group: what the clients' master
+calls go through, so that following the leader is in this one place.  One master (no
+group) is a group of one: nothing moves.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
+from typing import Any, Sequence
 
 from .errors import CurvineError, ErrorKind
+from .rpc import RETRY_FIRST, RETRY_MAX, RpcClient
+from .security import Security
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +46,9 @@ class MasterGroup:
         self.names = names
         self._lock = threading.Lock()
         self._current = start % len(dial)
-        self._tried = 0  # members that failed in a row since one last answered
+        # members that failed since one last answered: a standby that still names a
+        # leader which is gone must not send us back to it
+        self._failed: set[int] = set()
 
     @property
     def current(self) -> str:
@@ -53,25 +61,115 @@ class MasterGroup:
     def answered(self) -> None:
         """The current master served a call."""
         with self._lock:
-            self._tried = 0
+            self._failed.clear()
 
     def after_failure(self, err: CurvineError) -> bool:
-        """The current master failed a call with ``err``: move to the leader it named,
-        else to the next member.  True: call the new current master at once (a named
-        leader, or members of this round not tried yet); False: every member failed
-        in a row, pause first (or ``err`` is not one another master would answer
-        differently, and nothing moved)."""
+        """The current master failed a call with ``err``: move to the leader it named
+        (unless that one failed too since a member last answered), else to the next
+        member that has not.  True: call the new current master at once; False: every
+        member failed in a row, pause first (or ``err`` is not one another master would
+        answer differently, and nothing moved)."""
         if err.kind not in MOVE_ON or len(self.dial) == 1:
             return False
         leader = err.message.strip() if err.kind == ErrorKind.NOT_LEADER else ""
         with self._lock:
-            if leader in self.names and self.names.index(leader) != self._current:
-                self._current = self.names.index(leader)
-                self._tried = 0
+            self._failed.add(self._current)
+            named = self.names.index(leader) if leader in self.names else None
+            if named is not None and named not in self._failed:
+                self._current = named
                 return True
-            self._current = (self._current + 1) % len(self.dial)
-            self._tried += 1
-            if self._tried >= len(self.dial):
-                self._tried = 0
+            untried = [(self._current + k) % len(self.dial) for k in range(1, len(self.dial))]
+            untried = [i for i in untried if i not in self._failed]
+            if not untried:  # a whole round failed: start again after a pause
+                self._failed.clear()
+                self._current = (self._current + 1) % len(self.dial)
                 return False
+            self._current = untried[0]
             return True
+
+
+class GroupRpc:
+    """``RpcClient``'s interface (``call``, ``stub``, ``address``, ``closed``,
+    ``close``) over every master of a group: calls go to the current one; a call that
+    finds it down (UNAVAILABLE, TIMEOUT) or a standby (NOT_LEADER) is made again on the
+    leader that was named, else on the next master, until one serves it or ``wait``
+    runs out.  A NOT_LEADER call was never applied, so even a call that may not be
+    retried (``idempotent=False``) moves on; such a call is not retried after
+    UNAVAILABLE or TIMEOUT, as with ``RpcClient``.  Streams (``stub``) go to the
+    current master: a stream that ends is opened again there, on the leader once a
+    call has found it.  Thread-safe."""
+
+    def __init__(self, addresses: Sequence[str], stub_cls: Any, *, security: Security,
+                 timeout: float = 30.0, wait: float = 60.0):
+        self.masters = MasterGroup(list(addresses))
+        self.timeout = timeout
+        self.wait = wait
+        # channels connect at their first call: a member never called costs nothing
+        self._clients = {a: RpcClient(a, stub_cls, security=security, timeout=timeout,
+                                      wait=0) for a in self.masters.dial}
+        self._closed = threading.Event()
+
+    @property
+    def address(self) -> str:
+        """The master calls go to now (the leader, once a call found it)."""
+        return self.masters.current
+
+    @property
+    def stub(self) -> Any:
+        return self._clients[self.masters.current].stub
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def call(self, method: str, request: Any, *, idempotent: bool = True,
+             timeout: float | None = None, wait: float | None = None) -> Any:
+        wait_s = self.wait if wait is None else wait
+        deadline = time.monotonic() + wait_s
+        delay = RETRY_FIRST
+        while True:
+            address = self.masters.current
+            try:
+                reply = self._clients[address].call(method, request, idempotent=idempotent,
+                                                    timeout=timeout, wait=0)
+            except CurvineError as err:
+                movable = err.kind == ErrorKind.NOT_LEADER or (idempotent
+                                                              and err.kind in MOVE_ON)
+                if not movable or self._closed.is_set():
+                    raise
+                at_once = self.masters.after_failure(err)
+                left = deadline - time.monotonic()
+                # past the wait, a quick answer (refused, a standby) still moves on to the
+                # other members once; a call that ran into its deadline does not
+                if left <= 0 and not (at_once and err.kind != ErrorKind.TIMEOUT):
+                    raise CurvineError(ErrorKind.UNAVAILABLE, f"{method}: no master of "
+                                       f"{', '.join(self.masters.dial)} served it within "
+                                       f"{wait_s:g}s ({address}: {err.message})") from None
+                if self.masters.current != address:
+                    log.debug("%s: master %s %s; trying %s", method, address,
+                              "is a standby" if err.kind == ErrorKind.NOT_LEADER
+                              else "is unavailable", self.masters.current)
+                if not at_once:
+                    # every member failed in a row (an election, or all down): back off
+                    pause = min(delay * (0.5 + random.random()), max(left, 0.0))
+                    if self._closed.wait(pause):
+                        raise err from None
+                    delay = min(delay * 2, RETRY_MAX)
+                continue
+            self.masters.answered()
+            return reply
+
+    def close(self) -> None:
+        self._closed.set()
+        for c in self._clients.values():
+            c.close()
+
+
+def master_rpc(addresses: Sequence[str], stub_cls: Any, *, security: Security,
+               timeout: float = 30.0, wait: float = 60.0) -> RpcClient | GroupRpc:
+    """The client of the masters at ``addresses`` (config.master_addrs): a plain
+    ``RpcClient`` for one, a ``GroupRpc`` that follows the leader for several."""
+    if len(addresses) == 1:
+        return RpcClient(addresses[0], stub_cls, security=security, timeout=timeout,
+                         wait=wait)
+    return GroupRpc(addresses, stub_cls, security=security, timeout=timeout, wait=wait)

@@ -3,6 +3,10 @@ calls next (common/master_group.py).  Failover itself: tests/test_master_group.p
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+
 import pytest
 
 from curvine.common import config
@@ -101,3 +105,91 @@ def test_bad_group_settings_are_named(tmp_path, text, message):
     with pytest.raises(ConfigError) as e:
         _load(tmp_path, text + "\n")
     assert message in str(e.value)
+
+
+# --------------------------------------------------------------------------- GroupRpc
+
+class _Member:
+    """A gRPC server that answers StatFs as a group member would: as the leader (its
+    files count), as a standby naming ``leader``, or not at all (stopped)."""
+
+    def __init__(self, files: int):
+        from curvine.common import rpc
+        from curvine.common.security import NO_SECURITY
+        from curvine.proto import master_pb2, master_pb2_grpc
+
+        member = self
+
+        class Servicer(master_pb2_grpc.MasterServicer):
+            @rpc.handler
+            def StatFs(self, request, context):
+                member.calls += 1
+                if member.leader is not None:
+                    raise CurvineError(ErrorKind.NOT_LEADER, member.leader)
+                return master_pb2.StatFsReply(files=files)
+
+        self.calls = 0
+        self.leader: str | None = None  # None: leads
+        self.server = rpc.make_server(2, security=NO_SECURITY)
+        master_pb2_grpc.add_MasterServicer_to_server(Servicer(), self.server)
+        self.address = f"127.0.0.1:{rpc.bind(self.server, '127.0.0.1', 0, NO_SECURITY)}"
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(0).wait()
+
+
+@pytest.fixture
+def members():
+    made = [_Member(files=i) for i in range(3)]
+    yield made
+    for m in made:
+        m.stop()
+
+
+def _statfs(group, **kw):
+    from curvine.proto import master_pb2
+    return group.call("StatFs", master_pb2.StatFsRequest(), **kw).files
+
+
+def test_group_rpc_follows_the_named_leader(members):
+    from curvine.common.master_group import GroupRpc
+    from curvine.common.security import NO_SECURITY
+    from curvine.proto import master_pb2_grpc
+    a, b, c = members
+    a.leader = b.leader = c.address
+    with contextlib.closing(GroupRpc([m.address for m in members], master_pb2_grpc.MasterStub,
+                                     security=NO_SECURITY, timeout=5, wait=5)) as group:
+        assert _statfs(group) == 2 and group.address == c.address
+        assert (a.calls, b.calls, c.calls) == (1, 0, 1)  # straight to the one named
+        assert _statfs(group) == 2 and c.calls == 2  # and stays there
+        # the leader dies; a standby leads; the other still names the dead one
+        c.stop()
+        b.leader, a.leader = None, c.address
+        assert _statfs(group) == 1 and group.address == b.address
+
+
+def test_group_rpc_waits_out_an_election_within_its_wait(members):
+    from curvine.common.master_group import GroupRpc
+    from curvine.common.security import NO_SECURITY
+    from curvine.proto import master_pb2_grpc
+    for m in members:
+        m.leader = ""  # nobody knows a leader yet
+    with contextlib.closing(GroupRpc([m.address for m in members], master_pb2_grpc.MasterStub,
+                                     security=NO_SECURITY, timeout=5, wait=5)) as group:
+        threading.Timer(0.5, lambda: setattr(members[1], "leader", None)).start()
+        t0 = time.monotonic()
+        assert _statfs(group) == 1
+        assert 0.4 < time.monotonic() - t0 < 3
+        # nobody leads for longer than the wait: UNAVAILABLE, naming the last answer
+        members[1].leader = ""
+        t0 = time.monotonic()
+        with pytest.raises(CurvineError) as e:
+            _statfs(group, wait=1.0)
+        assert e.value.kind == ErrorKind.UNAVAILABLE and "within 1s" in str(e.value)
+        assert 0.9 < time.monotonic() - t0 < 3
+        # no wait at all (the connector's calls): each member once, then the answer
+        before = sum(m.calls for m in members)
+        with pytest.raises(CurvineError):
+            _statfs(group, wait=0)
+        assert sum(m.calls for m in members) - before == 3
