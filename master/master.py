@@ -14,6 +14,8 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from curvine.common import block_tokens, private_files
 from curvine.common.config import Config
@@ -75,26 +77,46 @@ _LOOKUP_LIMITED = {limit: REQUESTS_LIMITED.labels("LookupMany", limit)
                    for limit in ("names", "reply_bytes", "reply_blocks", "file_blocks")}
 
 
+def private_dirs(meta_dir: str, journal_dir: str) -> None:
+    """Make the master's directories, this user's only: they hold the names and the
+    block token key (common/private_files.py)."""
+    try:
+        private_files.private_dir(meta_dir, "master.meta_dir", scan_depth=2, durable=True)
+        private_files.private_dir(journal_dir, "journal.dir", durable=True)
+    except OSError as e:
+        raise CurvineError(ErrorKind.IO, f"{e.filename}: {e.strerror}") from None
+
+
+@dataclass(frozen=True)
+class GroupRole:
+    """What a member of a master group builds its Master with (master/member.py):
+    the member's metadata (store, namespace), and this role's journal in etcd
+    (writable while leading) and lease state.  A standby (``leading`` False) starts
+    no committer and no background round and grants no lease: it answers reads."""
+
+    metadata: Metadata
+    journal: Any
+    leading: bool
+    lease_state: Any
+
+
 class WouldBlock(Exception):
     """A call asked not to wait (``wait=False``) would have to: run it where it may."""
 
 
 class Master:
     def __init__(self, cfg: Config, meta_dir: str | None = None, journal_dir: str | None = None,
-                 *, security: Security):
+                 *, security: Security, group: GroupRole | None = None):
         self.cfg = cfg
+        # a standby of a master group answers reads only (GroupRole)
+        self.leading = group is None or group.leading
         self.meta_dir = os.path.abspath(meta_dir or cfg.master.meta_dir)
         self.journal_dir = os.path.abspath(journal_dir or cfg.journal.dir)
         self.block_size = int(cfg.cluster.block_size)
         self.lookup_reply_max = int(cfg.master.lookup_reply_max)  # bytes of a LookupMany reply
         self.call_port_server = None  # the CallPort serving (master/server.py), if any
         self.ckpt_root = checkpoint_root(self.meta_dir)
-        try:  # names and the block token key: this user's only (common/private_files.py)
-            private_files.private_dir(self.meta_dir, "master.meta_dir", scan_depth=2,
-                                      durable=True)
-            private_files.private_dir(self.journal_dir, "journal.dir", durable=True)
-        except OSError as e:
-            raise CurvineError(ErrorKind.IO, f"{e.filename}: {e.strerror}") from None
+        private_dirs(self.meta_dir, self.journal_dir)
         self.lag = LagMonitor()  # the master's own stalls (master/cluster/lag.py)
         self.lag.start()
         self.registry = WorkerRegistry(float(cfg.master.worker_lost_after), self.lag)
@@ -103,8 +125,9 @@ class Master:
         try:
             # the registry hears of the workers the store knows, then of the replay's
             # effects (master/meta/metadata.py)
-            self.metadata = Metadata.open(cfg, self.meta_dir, self.journal_dir,
-                                          self._on_effects)
+            self.metadata = (Metadata.open(cfg, self.meta_dir, self.journal_dir,
+                                           self._on_effects) if group is None
+                             else group.metadata.over(group.journal, self._on_effects))
         except BaseException:
             self.lag.close()
             raise
@@ -119,20 +142,21 @@ class Master:
             self.metadata.close()
             self.lag.close()
             raise CurvineError(ErrorKind.IO, f"block token key: {e}") from None
-        self.leases = LeaseTable(float(cfg.master.lease_time),
+        self.leases = LeaseTable(float(cfg.master.lease_time) if self.leading else 0.0,
                                  os.path.join(self.meta_dir, "leases.json"),
-                                 absent_time=float(cfg.master.negative_lease_time))
+                                 absent_time=float(cfg.master.negative_lease_time),
+                                 state=group.lease_state if group is not None else None)
         with self.store.read() as txn:
             self._reserved = self.store.get_u64(txn, b"block_ids_reserved", 1)
         self._next_block = max(self._reserved, 1)  # skip ids a previous run may have used
         self._alloc_lock = threading.Lock()
         self.started = time.monotonic()
-        self.committer.start()
-        self.submit(self.ns.plan_root)
+        if self.leading:
+            self.committer.start()
+            self.submit(self.ns.plan_root)
         # block deletes to the workers at once (the master's calls to workers)
         self.deleter = DeletePusher(self.registry, self.block_key, security,
                                     float(cfg.cluster.rpc_timeout))
-        self.deleter.start()
         # mounts' sessions, their open files and the blocks kept for them, and the
         # access order they feed (master/cluster/opens.py)
         self.sessions = MountSessions(float(cfg.master.orphan_timeout))
@@ -144,11 +168,13 @@ class Master:
                                  self.deleter, self.pending, self.opens, self.sessions, lru,
                                  cfg.master)
         self.committer.on_applied = self._on_applied
-        self.capacity.start()
         self.replication = ReplicationMonitor(self.store, self.ns, self.registry, self.submit,
                                               self.started, cfg.master,
                                               int(cfg.cluster.replicas))
-        self.replication.start()
+        if self.leading:
+            self.deleter.start()
+            self.capacity.start()
+            self.replication.start()
 
     def close(self) -> None:
         if hasattr(self, "capacity"):

@@ -18,7 +18,9 @@ from curvine.common.errors import ConfigError, CurvineError
 from curvine.common.security import CLIENT, WORKER, Security
 from curvine.journal import JournalError
 
+from .group.leadership import MemberAddress
 from .master import Master
+from .member import CurrentMaster, Member, default_member_id
 from .ports import metrics as master_metrics
 from .ports.call_port_server import CallPort
 from .ports.service import HEAVY_READS, READ_CALLS, MasterServicer, add_to_server
@@ -65,8 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     # loop wants it (Python's 5 ms default: ~10 ms per call under such load, 4 ms with 1)
     sys.setswitchinterval(SWITCH_INTERVAL)
     _fixed_mmap_threshold()
+    member = None
     try:
-        master = Master(cfg, security=security)
+        if cfg.master.etcd_endpoints:  # one member of a master group (master/member.py)
+            member = Member(cfg, security, MemberAddress(
+                default_member_id(cfg), f"{cfg.master.host}:{cfg.master.port}",
+                cfg.master.call_port, cfg.master.http_port))
+            master = CurrentMaster(member)
+        else:
+            master = Master(cfg, security=security)
     except JournalError as e:
         log.critical("cannot recover the journal: %s", e)
         return 2
@@ -81,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
                              security=security, accept=(CLIENT,),
                              max_message=int(cfg.master.client_message_max),
                              max_age=False)  # mounts' lease sessions (common/rpc.py)
-    servicer = MasterServicer(master, cfg.master.max_sessions, cfg.master.rpc_threads,
-                              float(cfg.master.stream_idle_timeout))
+    servicer = MasterServicer(master if member is None else None, cfg.master.max_sessions,
+                              cfg.master.rpc_threads, float(cfg.master.stream_idle_timeout),
+                              member=member)
     add_to_server(servicer, server, "client")
     # Workers' registrations, heartbeats and block reports have a server of their own
     # (port, threads, credential): a flood of client calls or streams cannot delay
@@ -96,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         wport = rpc.bind(worker_server, cfg.master.host, cfg.master.worker_port, security)
     except CurvineError as e:
         log.critical("%s", e)
-        master.close()
+        (member or master).close()
         return 1
     try:
         calls = _start_call_port(cfg, servicer, security)
@@ -110,16 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     serving = threading.Event()
     http = metrics_mod.serve("master", cfg.master.host, cfg.master.http_port,
-                             "master.http_port", master_metrics.registry(master),
-                             lambda: master_metrics.health(master, serving))
+                             "master.http_port", master_metrics.registry(master, member),
+                             lambda: master_metrics.health(master, serving, member))
     serving.set()
+    if member is not None:
+        member.start()  # campaigns once its ports answer
     log.info("master serving on %s:%d, workers on port %d, call port %s (meta %s, journal "
              "%s, applied seq %d)", cfg.master.host, port, wport, master.call_port or "off",
              master.meta_dir, master.journal_dir, master.committer.applied_seq)
     daemon.notify("READY=1")
     try:
         while not stop.wait(1.0):
-            if master.committer.fatal is not None:
+            if member is None and master.committer.fatal is not None:
                 log.critical("stopping: journal failure")
                 if calls is not None:
                     calls.stop()
@@ -137,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     for event in stopped:
         event.wait(6)
     servicer.close()
-    master.close()
+    (member or master).close()
     log.info("master stopped")
     return 0
 

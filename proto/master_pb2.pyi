@@ -857,6 +857,40 @@ class CheckpointRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class GetGroupRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StepDownRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GroupMember(_message.Message):
+    __slots__ = ("id", "grpc", "role", "applied_seq", "lag_records")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    GRPC_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAG_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    grpc: str
+    role: str
+    applied_seq: int
+    lag_records: int
+    def __init__(self, id: _Optional[str] = ..., grpc: _Optional[str] = ..., role: _Optional[str] = ..., applied_seq: _Optional[int] = ..., lag_records: _Optional[int] = ...) -> None: ...
+
+class GetGroupReply(_message.Message):
+    __slots__ = ("members", "commit_seq", "leader", "answered_by")
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[GroupMember]
+    commit_seq: int
+    leader: str
+    answered_by: str
+    def __init__(self, members: _Optional[_Iterable[_Union[GroupMember, _Mapping]]] = ..., commit_seq: _Optional[int] = ..., leader: _Optional[str] = ..., answered_by: _Optional[str] = ...) -> None: ...
+
 class CheckpointReply(_message.Message):
     __slots__ = ("seq", "path", "retired_segments")
     SEQ_FIELD_NUMBER: _ClassVar[int]

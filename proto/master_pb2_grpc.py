@@ -210,6 +210,16 @@ class MasterStub:
                 request_serializer=curvine_dot_proto_dot_master__pb2.CheckpointRequest.SerializeToString,
                 response_deserializer=curvine_dot_proto_dot_master__pb2.CheckpointReply.FromString,
                 _registered_method=True)
+        self.GetGroup = channel.unary_unary(
+                '/curvine.Master/GetGroup',
+                request_serializer=curvine_dot_proto_dot_master__pb2.GetGroupRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.GetGroupReply.FromString,
+                _registered_method=True)
+        self.StepDown = channel.unary_unary(
+                '/curvine.Master/StepDown',
+                request_serializer=curvine_dot_proto_dot_master__pb2.StepDownRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -441,6 +451,22 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetGroup(self, request, context):
+        """The master group (docs/architecture.md): its members as etcd has them, answered
+        by any member (a single master: itself, as leader).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StepDown(self, request, context):
+        """Planned switchover: the leader gives up its etcd lease and stays out of the next
+        campaign round; another member takes over.  NOT_LEADER on a standby.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -618,6 +644,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Checkpoint,
                     request_deserializer=curvine_dot_proto_dot_master__pb2.CheckpointRequest.FromString,
                     response_serializer=curvine_dot_proto_dot_master__pb2.CheckpointReply.SerializeToString,
+            ),
+            'GetGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGroup,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.GetGroupRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.GetGroupReply.SerializeToString,
+            ),
+            'StepDown': grpc.unary_unary_rpc_method_handler(
+                    servicer.StepDown,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.StepDownRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_common__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1565,6 +1601,60 @@ class Master:
             '/curvine.Master/Checkpoint',
             curvine_dot_proto_dot_master__pb2.CheckpointRequest.SerializeToString,
             curvine_dot_proto_dot_master__pb2.CheckpointReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/GetGroup',
+            curvine_dot_proto_dot_master__pb2.GetGroupRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.GetGroupReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StepDown(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/StepDown',
+            curvine_dot_proto_dot_master__pb2.StepDownRequest.SerializeToString,
+            curvine_dot_proto_dot_common__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

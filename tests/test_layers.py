@@ -18,10 +18,16 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Lowest first: a module may import its own layer (no cycle) and the layers below it.
 LAYERS = [
     ("journal", ("curvine.journal",)),
+    # the master group's consensus parts (etcd, leadership, the journal in etcd):
+    # meta opens an EtcdJournal like a local one, and needs nothing above
+    ("group", ("curvine.master.group",)),
     ("meta", ("curvine.master.meta",)),
     ("cluster", ("curvine.master.cluster",)),
     ("facade", ("curvine.master.master",)),
     ("ports", ("curvine.master.ports",)),
+    # a member of a master group: builds the Master of its role; the ports reach it
+    # through the servicer's ``member`` without importing it
+    ("member", ("curvine.master.member",)),
     ("server", ("curvine.master.server",)),
 ]
 PACKAGES = {"curvine.master": "master", "curvine.journal": "journal"}

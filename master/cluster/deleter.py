@@ -69,7 +69,8 @@ class DeletePusher:
         registry = self.registry
         with registry.deletes_queued:
             registry.deletes_queued.notify_all()
-        self._thread.join(timeout=15)
+        if self._thread.is_alive():  # a standby's (master/member.py) never started
+            self._thread.join(timeout=15)
         for c in self._clients.values():
             c.close()
         self._clients.clear()

@@ -113,12 +113,15 @@ class Session:
 
 class LeaseTable:
     def __init__(self, lease_time: float, state_path: str | None = None,
-                 absent_time: float | None = None):
+                 absent_time: float | None = None, state=None):
         self.lease_time = max(0.0, float(lease_time))
         # leases on a name's absence (negative entries): at most lease_time
         self.absent_time = min(self.lease_time, max(0.0, float(
             self.lease_time if absent_time is None else absent_time)))
-        self.state_path = state_path
+        # where the restart state lives (load() -> dict | None, save(dict)): a file
+        # in the meta dir (state_path), or what ``state`` names (a group's etcd)
+        self.state = state if state is not None else (
+            FileLeaseState(state_path) if state_path else None)
         self._lock = threading.Lock()
         self._names: dict[NameKey, dict[int, float]] = {}  # key -> {session: expiry}
         self._inodes: dict[int, dict[int, float]] = {}
@@ -386,19 +389,18 @@ class LeaseTable:
 
     # ------------------------------------------------------------------ restart state
     def _load_state(self) -> None:
-        if not self.state_path:
+        if self.state is None:
             return
         try:
-            with open(self.state_path, encoding="ascii") as f:
-                state = json.load(f)
+            state = self.state.load()
+            if state is None:
+                return
             until = float(state["until"])
             sessions = {int(s) for s in state["sessions"]}
-        except FileNotFoundError:
-            return
         except (OSError, ValueError, TypeError, KeyError) as e:
             # unknown holders: wait for the longest lease any run may have granted
             log.warning("cannot read %s (%s): revocations wait %.0fs for leases of the "
-                        "previous run", self.state_path, e, 1.25 * self.lease_time + MARGIN)
+                        "previous run", self.state, e, 1.25 * self.lease_time + MARGIN)
             until, sessions = time.time() + 1.25 * self.lease_time + MARGIN, {-1}
         left = until - time.time()
         if left > 0 and sessions:  # no session ever opened: nobody holds a lease
@@ -411,7 +413,7 @@ class LeaseTable:
     def _save_state(self, force: bool = False) -> None:
         """Durably record that leases may exist until ``_horizon`` (extended ahead of
         time, so this runs about once per lease time)."""
-        if not self.state_path or self.lease_time <= 0:
+        if self.state is None or self.lease_time <= 0:
             return
         with self._state_lock:
             now = time.time()
@@ -421,16 +423,38 @@ class LeaseTable:
             with self._lock:
                 sessions = sorted(set(self._sessions) | set(self._gone_until)
                                   | self._grace_sessions)
-            tmp = self.state_path + ".tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w", encoding="ascii") as f:
-                json.dump({"until": horizon, "sessions": [str(s) for s in sessions]}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.state_path)
-            dfd = os.open(os.path.dirname(self.state_path) or ".", os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            self.state.save({"until": horizon, "sessions": [str(s) for s in sessions]})
             self._horizon = horizon
+
+
+class FileLeaseState:
+    """The lease state of a single master: a JSON file in its meta dir, replaced
+    atomically and fsynced.  (A master group keeps it in etcd instead, where the next
+    leader finds it: master/group/etcd_state.py.)"""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.path
+
+    def load(self) -> dict | None:
+        try:
+            with open(self.path, encoding="ascii") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+
+    def save(self, state: dict) -> None:
+        tmp = self.path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            json.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        dfd = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)

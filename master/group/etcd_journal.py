@@ -52,11 +52,13 @@ def batch_key(journal_prefix: bytes, first_seq: int) -> bytes:
 
 class EtcdJournal:
     """The group's journal under ``prefix`` (``journal/``, ``commit``).  ``fence()``
-    returns the term while this member may write, else raises NOT_LEADER; None:
-    read-only.  ``on_fenced(reason)`` hears that a write found another leader."""
+    returns the current term while this member may write, else raises NOT_LEADER;
+    None: read-only.  Writes are guarded by ``term`` (the term this journal was opened
+    in: a later term of the same member is another journal, after a step down).
+    ``on_fenced(reason)`` hears that a write found another leader."""
 
     def __init__(self, etcd: Etcd, prefix: bytes, leader_key: bytes,
-                 fence: Callable[[], int] | None = None,
+                 fence: Callable[[], int] | None = None, term: int = 0,
                  on_fenced: Callable[[str], None] = lambda reason: None,
                  retire_floor: Callable[[], int] | None = None):
         self.etcd = etcd
@@ -65,6 +67,7 @@ class EtcdJournal:
         self.commit_key = prefix + b"commit"
         self.leader_key = leader_key
         self._fence = fence
+        self.term = term
         self._on_fenced = on_fenced
         # the lowest seq every member has applied: keys above it are kept (retire)
         self._retire_floor = retire_floor
@@ -210,12 +213,13 @@ class EtcdJournal:
                put_op(self.commit_key, b"%d" % last)]
         while True:
             try:
-                term = self._fence()
+                if self._fence() != self.term:
+                    raise CurvineError(ErrorKind.NOT_LEADER, "")
             except CurvineError as e:
                 self._failed = e
                 raise
             try:
-                reply = self.etcd.txn([created_at(self.leader_key, term)], ops)
+                reply = self.etcd.txn([created_at(self.leader_key, self.term)], ops)
             except CurvineError as e:
                 if e.kind != ErrorKind.UNAVAILABLE:
                     self._failed = e

@@ -82,6 +82,7 @@ class Leadership:
         self._valid_until = 0.0  # monotonic; the fence (module docstring)
         self._term = 0  # create revision of our leader key while we lead
         self._drop_lease = False  # revoke the lease in the thread (lost())
+        self._no_campaign_until = 0.0  # monotonic; after resign()
         self.leader: dict = {}  # the leader record last seen (ours while we lead)
         self.role = "standby"  # published in members/<id>
         self.stats = {"renewals": 0, "renew_failures": 0, "elected": 0, "lost": 0}
@@ -150,9 +151,10 @@ class Leadership:
                 log.info("could not revoke the etcd lease at close: %s", e)
 
     def resign(self) -> None:
-        """Give up leadership now (planned switchover): the lease is revoked, the
-        members campaign (this one too, after a pause of one campaign round)."""
-        self.lost("resigned")
+        """Give up leadership now (planned switchover): the lease is revoked and this
+        member sits out campaigns for a TTL, so that another one is elected."""
+        self._no_campaign_until = time.monotonic() + self.ttl
+        self.lost("resigned (planned switchover)")
 
     def _run(self) -> None:
         next_keepalive = 0.0
@@ -167,7 +169,7 @@ class Leadership:
                 elif now >= next_keepalive:
                     self._keepalive()
                     next_keepalive = now + self.ttl / 3
-                if not self.term:
+                if not self.term and time.monotonic() >= self._no_campaign_until:
                     self._campaign()
                 self._publish()
             except CurvineError as e:

@@ -136,12 +136,33 @@ class Committer:
                 f"journal ends at seq {self.journal.last_seq} but the metadata in {s.path} "
                 f"has applied seq {applied}: the journal directory is not this master's")
         started = time.monotonic()
+        # Records LMDB already holds only refill the retry cache.
+        count = self._apply_records(self.journal.records(min(applied, self.journal.first_seq - 1)),
+                                    applied)
+        self._last_checkpoint_seq = self.applied_seq if count == 0 else self._last_checkpoint_seq
+        if count:
+            log.info("replayed %d journal records in %.2fs (applied seq %d)",
+                     count, time.monotonic() - started, self.applied_seq)
+        return count
+
+    def follow(self) -> int:
+        """A standby's round (the committer thread is not running): apply the records
+        the leader made durable since this member's applied seq, through the same
+        apply as replay; returns how many."""
+        if self.journal.refresh() <= self.applied_seq:  # one read of etcd when idle
+            return 0
+        return self._apply_records(self.journal.records(self.applied_seq), self.applied_seq)
+
+    def _apply_records(self, records, applied: int) -> int:
+        """Apply ``records`` with seq > ``applied`` (remembering every one in the retry
+        cache), REPLAY_TXN_RECORDS per LMDB transaction, each storing its applied seq;
+        hands the effects to ``on_effects``; returns how many were applied."""
+        s = self.store
         count = 0
         fx = Effects()
         txn = s.env.begin(write=True)
         try:
-            # Records LMDB already holds only refill the retry cache.
-            for rec in self.journal.records(min(applied, self.journal.first_seq - 1)):
+            for rec in records:
                 entry = journal_pb2.JournalEntry()
                 entry.ParseFromString(rec.payload)
                 self.ns.remember(entry)
@@ -160,11 +181,7 @@ class Committer:
             txn.abort()
             raise
         self.applied_seq = applied
-        self._last_checkpoint_seq = applied if count == 0 else self._last_checkpoint_seq
         self.on_effects(fx)
-        if count:
-            log.info("replayed %d journal records in %.2fs (applied seq %d)",
-                     count, time.monotonic() - started, applied)
         return count
 
     # ------------------------------------------------------------------ live path

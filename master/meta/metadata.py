@@ -55,15 +55,22 @@ class Metadata:
     ns: Namespace
     committer: Committer
     replayed: int  # records applied at open
+    owns_store: bool = True  # False: a view made by over(), closing stops its committer
+    cfg: Config | None = None  # what over() makes committers with
+    meta_dir: str = ""
 
     @classmethod
     def open(cls, cfg: Config, meta_dir: str, journal_dir: str,
-             on_effects: Callable[[Effects], None] = _no_effects) -> "Metadata":
+             on_effects: Callable[[Effects], None] = _no_effects,
+             journal=None) -> "Metadata":
         """Open and recover.  ``on_effects`` (the master's registry and pending blocks)
         hears of the workers the store knows first, then of what the replay did, so
-        that the blocks the replay frees find their workers."""
-        journal = Journal(journal_dir, segment_size=int(cfg.journal.segment_size),
-                          fsync=cfg.journal.fsync)
+        that the blocks the replay frees find their workers.  ``journal``: the one to
+        recover from instead of the local one in ``journal_dir`` (a master group's, in
+        etcd: master/group/etcd_journal.py)."""
+        if journal is None:
+            journal = Journal(journal_dir, segment_size=int(cfg.journal.segment_size),
+                              fsync=cfg.journal.fsync)
         try:
             store = _store_in_line(journal, journal_dir, meta_dir)
         except BaseException:
@@ -74,25 +81,44 @@ class Metadata:
                            int(cfg.cluster.block_size),
                            inline_max=min(int(cfg.master.inline_max), int(cfg.cluster.block_size)),
                            inline_capacity=int(cfg.master.inline_capacity))
-            committer = Committer(store, journal, ns, on_effects, checkpoint_root(meta_dir),
-                                  cfg.journal.checkpoint_every,
-                                  checkpoint_bytes=int(cfg.journal.checkpoint_bytes))
-            with store.read() as txn:
-                on_effects(Effects(workers=list(store.workers(txn))))
-            replayed = _replay(committer, journal)
+            committer, replayed = _recovered(cfg, meta_dir, store, journal, ns, on_effects)
         except BaseException:
             store.close()
             journal.close()
             raise
-        return cls(journal, store, ns, committer, replayed)
+        return cls(journal, store, ns, committer, replayed, cfg=cfg, meta_dir=meta_dir)
+
+    def over(self, journal, on_effects: Callable[[Effects], None]) -> "Metadata":
+        """The same store and namespace (its retry cache too) with a new committer over
+        ``journal``, caught up with it the way open() recovers: what a member of a
+        master group does when it changes role (master/member.py).  Closing the view
+        stops only its committer."""
+        committer, replayed = _recovered(self.cfg, self.meta_dir, self.store, journal, self.ns,
+                                         on_effects)
+        return Metadata(journal, self.store, self.ns, committer, replayed, owns_store=False,
+                        cfg=self.cfg, meta_dir=self.meta_dir)
 
     def close(self) -> None:
         """Stop the committer, sync and close LMDB, then release the journal's lock."""
         self.committer.stop()
+        if not self.owns_store:
+            return
         try:
             self.store.close()
         finally:
             self.journal.close()
+
+
+def _recovered(cfg: Config, meta_dir: str, store: Store, journal, ns: Namespace,
+               on_effects: Callable[[Effects], None]) -> tuple[Committer, int]:
+    """A committer over ``journal``, the workers the store knows told to
+    ``on_effects``, and the records LMDB lacks replayed (how many)."""
+    committer = Committer(store, journal, ns, on_effects, checkpoint_root(meta_dir),
+                          cfg.journal.checkpoint_every,
+                          checkpoint_bytes=int(cfg.journal.checkpoint_bytes))
+    with store.read() as txn:
+        on_effects(Effects(workers=list(store.workers(txn))))
+    return committer, _replay(committer, journal)
 
 
 def _replay(committer: Committer, journal: Journal) -> int:

@@ -236,13 +236,39 @@ def collectors(master) -> list[metrics.Collector]:
         ("call_port", call_port))]
 
 
-def registry(master):
+def registry(master, member=None):
+    """``member``: a member of a master group (master/member.py), whose role's Master
+    ``master`` stands for; its metrics are added."""
+    extra = [metrics.Collector("group", group_collector(member))] if member is not None else []
     return metrics.registry(groups=(metrics.RPC_METRICS, JOURNAL_METRICS),
-                            collectors=collectors(master))
+                            collectors=collectors(master) + extra)
 
 
-def health(master, serving: threading.Event):
-    """None when the master serves and can commit mutations, else why not."""
+def group_collector(member):
+    def group():
+        lead = member.leadership
+        applied = member.applied_seq()
+        yield GaugeMetricFamily("curvine_master_role", "1 while this master leads its group, "
+                                "0 as a standby", value=1 if member.master.leading else 0)
+        yield GaugeMetricFamily("curvine_master_applied_seq", "The last journal record this "
+                                "member applied", value=applied)
+        yield GaugeMetricFamily("curvine_master_lag_records", "Records the group committed "
+                                "that this member has not applied (as of its last look)",
+                                value=max(0, member.master.journal.durable_seq - applied))
+        yield CounterMetricFamily("curvine_master_failovers", "Times this member became "
+                                  "leader", value=member.failovers)
+        yield CounterMetricFamily("curvine_master_lease_renewals", "etcd lease keepalives "
+                                  "answered", value=lead.stats["renewals"])
+        yield CounterMetricFamily("curvine_master_lease_renew_failures", "etcd calls of the "
+                                  "leadership thread that failed", value=lead.stats["renew_failures"])
+    return group
+
+
+def health(master, serving: threading.Event, member=None):
+    """None when the master serves and can commit mutations (a standby of a group:
+    serves reads), else why not."""
     if not serving.is_set():
         return "not serving (starting or shutting down)"
+    if member is not None:
+        return member.problem()
     return master.committer.problem()

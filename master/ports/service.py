@@ -13,7 +13,7 @@ import grpc
 from curvine.common.errors import CurvineError, ErrorKind, status_code
 from curvine.common.ids import check_ino
 from curvine.common import checked_service, metrics
-from curvine.common.rpc import handler
+from curvine.common.rpc import abort as rpc_abort, handler
 from curvine.common.stream_guard import IdleStreams
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
@@ -56,10 +56,32 @@ CALL_METHODS = {
 }
 
 
+def _always(req) -> bool:
+    return True
+
+
+# What a standby of a master group answers (master/member.py), each after its read
+# index: the read-only calls, by RPC name, with what makes this request one.  A
+# GetBlocks that records an open (eviction must not take the file from its reader) or
+# starts a version goes to the leader, which keeps the opens.  Anything else on a
+# standby is NOT_LEADER naming the leader.
+STANDBY_READS = {
+    "Lookup": _always, "GetAttr": _always, "ListDir": _always, "StatFs": _always,
+    "LookupMany": _always, "GetXattr": _always, "ListXattr": _always,
+    "GetBlocks": lambda req: not (req.open_id or req.write),
+}
+# answered by any member as it is, without a read index
+# (the Calls stream: each of its calls is admitted as its unary RPC would be)
+ANY_MEMBER = frozenset(("GetGroup", "Report", "Calls"))
+
+
 class MasterServicer(master_pb2_grpc.MasterServicer):
-    def __init__(self, master: Master, max_sessions: int = 1024, call_threads: int = 64,
-                 stream_idle_timeout: float = 0.0):
-        self.m = master
+    def __init__(self, master: Master | None, max_sessions: int = 1024, call_threads: int = 64,
+                 stream_idle_timeout: float = 0.0, member=None):
+        # one master, or the member of a master group whose ``master`` plays its role
+        # now (master/member.py): every call asks for it again
+        self._master = master
+        self.member = member
         self.max_sessions = max_sessions  # also the cap on open Calls streams
         self._calls_open = 0
         self._sessions_starting = 0  # Session streams whose first message is awaited
@@ -80,6 +102,18 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
                        "get_blocks": self._light_get_blocks, "listdir": self._light_listdir}
         self._light_metrics = {op: metrics.MethodMetrics(CALL_METHODS[op][0])
                                for op in self._light}
+
+    @property
+    def m(self) -> Master:
+        return self._master if self.member is None else self.member.master
+
+    def admit(self, method: str, req) -> Master:
+        """The Master that answers ``method`` now; NOT_LEADER on a member that cannot
+        (master/member.py ``Member.admit``)."""
+        if self.member is None or method in ANY_MEMBER:
+            return self.m
+        read = STANDBY_READS.get(method)
+        return self.member.admit(read is not None and read(req))
 
     @handler
     def Lookup(self, req, ctx):
@@ -379,6 +413,13 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         every BLOCK_ID_CHUNK ids, or for eviction when no worker has room; a pool
         thread's hand-off both ways would cost more than the call itself."""
         op = call.WhichOneof("op")
+        if self.member is not None and not self.m.leading:
+            # a standby: a read waits for its read index (in a thread); the rest is
+            # refused here at once
+            method = CALL_METHODS.get(op, ("", ""))[0]
+            if method in STANDBY_READS:
+                return None
+            return self._run_call(call)
         light = self._light.get(op)
         if light is not None:
             return self._run_light(call, op, light)
@@ -422,6 +463,7 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             method, field = CALL_METHODS.get(op) or (None, None)
             if method is None:
                 raise CurvineError(ErrorKind.INVALID, f"op: unknown call {op!r}")
+            self.admit(method, getattr(call, op))
             reply = getattr(type(self), method).__wrapped__(self, getattr(call, op), None)
             return master_pb2.CallResult(id=call.id, **{field: reply})
         except Exception as e:  # noqa: BLE001 - converted for the caller
@@ -430,9 +472,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def mutations(self, call_soon_threadsafe) -> "CallMutations":
         """The mutations of Calls read by one event loop's thread, run there as steps
         (the call port's; master/meta/steps.py)."""
-        return CallMutations(self.m, StepRunner(self.m.committer.submit_async,
-                                                self.m.leases.revoke_begin,
-                                                call_soon_threadsafe, self._call_pool))
+        # the Master is asked for at each call: a member of a group changes it
+        return CallMutations(self, StepRunner(
+            lambda *a: self.m.committer.submit_async(*a),
+            lambda *a, **kw: self.m.leases.revoke_begin(*a, **kw),
+            call_soon_threadsafe, self._call_pool))
 
     # -- capacity (master/cluster/capacity.py)
     @handler
@@ -452,6 +496,24 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     @handler
     def Report(self, req, ctx):
         return report.build(self.m, self.lookups)
+
+    @handler
+    def GetGroup(self, req, ctx):
+        if self.member is not None:
+            return self.member.group()
+        applied = self.m.committer.applied_seq  # one master: the group of one
+        return master_pb2.GetGroupReply(
+            members=[master_pb2.GroupMember(id="", grpc="", role="leader",
+                                            applied_seq=applied)],
+            commit_seq=applied)
+
+    @handler
+    def StepDown(self, req, ctx):
+        if self.member is None:
+            raise CurvineError(ErrorKind.NOT_SUPPORTED, "this master is not one of a group "
+                                                        "(master.etcd_endpoints is empty)")
+        self.member.step_down()
+        return common_pb2.Empty()
 
     @handler
     def Checkpoint(self, req, ctx):
@@ -491,8 +553,8 @@ class CallMutations:
     the same master code as their unary RPCs, answered the same way, counted in the
     same per-method metrics."""
 
-    def __init__(self, master: Master, runner: StepRunner):
-        self.m = master
+    def __init__(self, servicer: MasterServicer, runner: StepRunner):
+        self.servicer = servicer
         self.runner = runner
         self._metrics = {op: metrics.MethodMetrics(CALL_METHODS[op][0]) for op in MUTATION_OPS}
 
@@ -502,9 +564,15 @@ class CallMutations:
         op = call.WhichOneof("op")
         if op not in MUTATION_OPS:
             return False
-        field = CALL_METHODS[op][1]
+        method, field = CALL_METHODS[op]
         m = self._metrics[op]
         started = time.perf_counter()
+        try:
+            master = self.servicer.admit(method, getattr(call, op))
+        except CurvineError as e:  # a standby: NOT_LEADER, at once
+            m.finished(started, _status(e))
+            answer(_failed(call.id, op, e))
+            return True
 
         def done(reply, error) -> None:
             if error is None:
@@ -514,7 +582,7 @@ class CallMutations:
             m.finished(started, _status(error))
             answer(_failed(call.id, op, error))
 
-        self.runner.start(_mutation_steps(self.m, op, getattr(call, op)), done)
+        self.runner.start(_mutation_steps(master, op, getattr(call, op)), done)
         return True
 
 
@@ -532,7 +600,33 @@ class _ClientPort:
     def __getattr__(self, name):
         if name in WORKER_METHODS:
             return _worker_only(name)
-        return getattr(self._servicer, name)
+        return _gated(self._servicer, name)
+
+
+class _WorkerPort:
+    """The servicer as the worker port serves it."""
+
+    def __init__(self, servicer: MasterServicer):
+        self._servicer = servicer
+
+    def __getattr__(self, name):
+        return _gated(self._servicer, name)
+
+
+def _gated(servicer: MasterServicer, name: str):
+    """``name``'s handler, behind the member's admission when the master is one of a
+    group (unary and streaming alike: the handler's iterator is returned as it is)."""
+    method = getattr(servicer, name)
+    if servicer.member is None:
+        return method
+
+    def admitted(req, ctx):
+        try:
+            servicer.admit(name, req)
+        except CurvineError as e:
+            rpc_abort(ctx, e)
+        return method(req, ctx)
+    return admitted
 
 
 def _worker_only(name: str):
@@ -550,6 +644,7 @@ def add_to_server(servicer: MasterServicer, server: grpc.Server, port: str = "cl
     "client": every method but WORKER_METHODS (which refuse); "worker": those only."""
     service = master_pb2.DESCRIPTOR.services_by_name["Master"]
     if port == "worker":
-        checked_service.add_service(server, service, servicer, methods=WORKER_METHODS)
+        checked_service.add_service(server, service, _WorkerPort(servicer),
+                                    methods=WORKER_METHODS)
     else:
         checked_service.add_service(server, service, _ClientPort(servicer))

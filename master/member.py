@@ -1,0 +1,315 @@
+"""A member of a master group: its role, and the Master that plays it.
+
+``master.etcd_endpoints`` set: the process is one member of a group (docs/architecture.md,
+"The master group").  The member owns what outlives a role: the etcd client, its
+``Leadership`` (master/group/leadership.py), and its metadata (the LMDB store and the
+namespace with its retry cache), opened once and recovered from the journal in etcd
+like a restarted master's.  The role is a ``Master`` built over them (``GroupRole``):
+
+- standby: the journal read-only; one thread (``member``) applies what the leader
+  appends (``Committer.follow``: the same apply as replay) and answers reads once it
+  has applied everything committed when the read arrived (``read_index``);
+- leader: the journal writable and fenced (master/group/etcd_journal.py); built like
+  a master that has just restarted: it catches up with ``commit`` (the replay), then
+  workers register again and report their blocks, mounts' sessions are unknown to it
+  (their leases are waited out through the lease state in etcd), open files are
+  reported again, placed blocks of a put are trusted for the same grace.
+
+Changing role replaces the Master: the old one is closed (its committer and rounds
+stop; the store stays open), the new one built over the same store.  Losing
+leadership is found by the leadership thread (lease gone, fence timer) or by a
+journal write (NOT_LEADER); either way the member steps down to standby without
+restarting the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from curvine.common.config import Config
+from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.security import Security
+from curvine.journal import JournalError
+from curvine.proto import master_pb2
+
+from .group.etcd import Etcd
+from .group.etcd_journal import EtcdJournal
+from .group.etcd_state import EtcdLeaseState, shared_block_key
+from .group.leadership import Leadership, MemberAddress, not_leader
+from .master import GroupRole, Master, private_dirs
+from .meta.metadata import Metadata
+
+log = logging.getLogger(__name__)
+
+FOLLOW_INTERVAL = 0.02  # seconds between a standby's looks at etcd for new records
+READ_INDEX_WAIT = 5.0  # how long a read on a standby waits to have applied the commit
+
+
+def key_prefix(cfg: Config) -> bytes:
+    return f"/curvine/{cfg.cluster.name or 'default'}/".encode()
+
+
+def default_member_id(cfg: Config) -> str:
+    return cfg.master.member_id or f"{cfg.master.host}:{cfg.master.port}"
+
+
+class Member:
+    """One master of a group; ``master`` is the Master of its current role."""
+
+    def __init__(self, cfg: Config, security: Security, me: MemberAddress):
+        self.cfg = cfg
+        self.security = security
+        self.me = me
+        self.prefix = key_prefix(cfg)
+        self.etcd = Etcd(list(cfg.master.etcd_endpoints),
+                         timeout=min(2.0, float(cfg.master.ha_lease_ttl)))
+        self._closed = False
+        self._role_lock = threading.Lock()  # role changes
+        self._wake = threading.Event()
+        self._applied_cv = threading.Condition()
+        self._index_lock = threading.Lock()  # read_index batching
+        self._index: tuple[float, int] = (0.0, 0)  # (sent, commit) of the last commit read
+        self._index_inflight: threading.Event | None = None
+        self.failovers = 0
+        self.behind: str | None = None  # why this standby cannot follow the journal
+        self.call_port_server = None  # the CallPort serving (server.py), told to each Master
+        self._term = 0  # the leadership term the current Master leads in (0: standby)
+        try:
+            private_dirs(os.path.abspath(cfg.master.meta_dir), os.path.abspath(cfg.journal.dir))
+            shared_block_key(self.etcd, self.prefix, cfg.master.meta_dir)
+            self.metadata = Metadata.open(cfg, cfg.master.meta_dir, cfg.journal.dir,
+                                          journal=self._journal(leading=False))
+        except BaseException:
+            self.etcd.close()
+            raise
+        self.leadership = Leadership(self.etcd, self.prefix, me, float(cfg.master.ha_lease_ttl),
+                                     applied=self.applied_seq, on_change=self._wake.set)
+        self.master = self._build(leading=False)
+        self._thread = threading.Thread(target=self._run, name="member", daemon=True)
+
+    def _journal(self, leading: bool) -> EtcdJournal:
+        lead = getattr(self, "leadership", None)
+        return EtcdJournal(self.etcd, self.prefix, self.prefix + b"leader",
+                           fence=lead.fence if leading else None,
+                           term=self._term if leading else 0,
+                           on_fenced=lead.lost if leading else (lambda reason: None),
+                           retire_floor=self._lowest_applied)
+
+    def _build(self, leading: bool) -> Master:
+        role = GroupRole(self.metadata, self._journal(leading), leading,
+                         EtcdLeaseState(self.etcd, self.prefix))
+        master = Master(self.cfg, security=self.security, group=role)
+        master.call_port_server = self.call_port_server
+        return master
+
+    def start(self) -> None:
+        self.leadership.start()
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+        self.leadership.close(resign=True)
+        self.master.close()
+        self.metadata.close()
+        self.etcd.close()
+
+    # ------------------------------------------------------------------ state
+    def applied_seq(self) -> int:
+        return self.master.committer.applied_seq
+
+    def _lowest_applied(self) -> int:
+        """The lowest applied seq of the live members (journal compaction's floor)."""
+        try:
+            return min((int(m.get("applied", 0)) for m in self.leadership.members()),
+                       default=0)
+        except CurvineError:
+            return 0
+
+    def problem(self) -> str | None:
+        """Why this member cannot serve its role now (/healthz), or None: a standby
+        serves reads; a leader must be able to commit."""
+        master = self.master
+        return master.committer.problem() if master.leading else self.behind
+
+    def step_down(self) -> None:
+        """Planned switchover (StepDown): give up the lease now; another member is
+        elected within a campaign round, this one becomes its standby."""
+        self.leadership.resign()
+        self._wake.set()
+
+    def role(self) -> str:
+        return "leader" if self.master.leading else "standby"
+
+    def group(self) -> master_pb2.GetGroupReply:
+        """The members as etcd has them (GetGroup)."""
+        commit = self.master.journal.read_commit()
+        reply = master_pb2.GetGroupReply(commit_seq=commit,
+                                         leader=self.leadership.leader_grpc(),
+                                         answered_by=self.me.id)
+        members = {str(m.get("id", "")): m for m in self.leadership.members()}
+        # this member as it is now (the others as they last published: every
+        # campaign round)
+        members[self.me.id] = {"grpc": self.me.grpc, "role": self.role(),
+                               "applied": self.applied_seq()}
+        for mid, m in sorted(members.items()):
+            applied = int(m.get("applied", 0))
+            reply.members.add(id=mid, grpc=str(m.get("grpc", "")),
+                              role=str(m.get("role", "standby")), applied_seq=applied,
+                              lag_records=max(0, commit - applied))
+        return reply
+
+    # ------------------------------------------------------------------ calls
+    def admit(self, read: bool) -> Master:
+        """The Master to answer a call with, or NOT_LEADER (naming the leader) for a
+        call this member cannot answer now: anything but a read on a standby, and
+        anything on a leader whose fence closed.  A read on a standby first waits
+        to have applied what the group had committed when it arrived."""
+        master = self.master
+        if master.leading:
+            self.leadership.fence()
+            return master
+        if not read:
+            raise not_leader(self.leadership.leader_grpc())
+        if self.behind is not None:
+            raise CurvineError(ErrorKind.UNAVAILABLE, f"this standby cannot catch up: "
+                                                      f"{self.behind}")
+        self.read_index()
+        return master
+
+    def read_index(self) -> None:
+        """Wait until this standby has applied the commit seq read from etcd after
+        this call arrived (reads that arrive while a read of etcd is in flight share
+        the next one)."""
+        arrived = time.monotonic()
+        commit = self._commit_after(arrived)
+        if self.applied_seq() >= commit:
+            return
+        self._wake.set()
+        deadline = arrived + READ_INDEX_WAIT
+        with self._applied_cv:
+            while self.applied_seq() < commit:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CurvineError(ErrorKind.UNAVAILABLE,
+                                       f"this standby has applied seq {self.applied_seq()} "
+                                       f"of {commit} committed; ask the leader")
+                self._applied_cv.wait(left)
+
+    def _commit_after(self, arrived: float) -> int:
+        """The commit seq from a read of etcd sent at or after ``arrived``."""
+        while True:
+            with self._index_lock:
+                sent, commit = self._index
+                if sent >= arrived:
+                    return commit
+                inflight = self._index_inflight
+                if inflight is None:
+                    inflight = self._index_inflight = threading.Event()
+                    mine = True
+                else:
+                    mine = False
+            if not mine:
+                inflight.wait(self.etcd.timeout + 1)
+                continue
+            try:
+                started = time.monotonic()
+                commit = self.master.journal.read_commit()
+                with self._index_lock:
+                    self._index = (started, commit)
+            finally:
+                with self._index_lock:
+                    self._index_inflight = None
+                inflight.set()
+            return commit
+
+    # ------------------------------------------------------------------ the role thread
+    def _run(self) -> None:
+        while not self._closed:
+            self._wake.wait(FOLLOW_INTERVAL)
+            self._wake.clear()
+            if self._closed:
+                return
+            try:
+                self._step()
+            except Exception:  # noqa: BLE001 - the member keeps trying; logged once per kind
+                log.exception("master group: role step failed")
+                time.sleep(0.5)
+
+    def _step(self) -> None:
+        term = self.leadership.term
+        if self.master.leading and (term != self._term
+                                    or self.master.committer.fatal is not None):
+            # lost, or lost and elected again since: either way this Master's state
+            # may lack another leader's records
+            self._step_down()
+        elif term and not self.master.leading:
+            self._take_over(term)
+        elif not self.master.leading:
+            try:
+                if self.master.committer.follow():
+                    with self._applied_cv:
+                        self._applied_cv.notify_all()
+            except CurvineError as e:
+                log.info("standby: cannot read the journal in etcd: %s", e)
+            except JournalError as e:
+                # behind the oldest record kept in etcd (compacted after every member
+                # had applied it: this one was gone that long).  Fetching a checkpoint
+                # from the leader is not built yet: the operator copies one (docs)
+                if self.behind is None:
+                    log.error("standby cannot catch up: %s", e)
+                self.behind = str(e)
+
+    def _take_over(self, term: int) -> None:
+        started = time.monotonic()
+        self._term = term
+        try:
+            leader = self._build(leading=True)
+        except BaseException as e:
+            self._term = 0
+            self.leadership.lost(f"the takeover failed: {e}")
+            raise
+        self._swap(leader)
+        self.failovers += 1
+        self.leadership.role = "leader"
+        log.info("became leader at seq %d after %.2f s", self.applied_seq(),
+                 time.monotonic() - started)
+
+    def _step_down(self) -> None:
+        if self.leadership.term == self._term:  # the journal found another leader first
+            self.leadership.lost("a journal write failed")
+        self._term = 0
+        self.leadership.role = "standby"
+        self.master.close()  # its committer and rounds stop; in-flight calls fail
+        self._swap(self._build(leading=False))
+        log.info("stepped down to standby at seq %d", self.applied_seq())
+
+    def _swap(self, master: Master) -> None:
+        old, self.master = self.master, master
+        if old.leading:
+            return  # closed by _step_down
+        old.close()
+        with self._applied_cv:
+            self._applied_cv.notify_all()
+
+
+class CurrentMaster:
+    """The Master of the member's role at each moment, for what holds a master across
+    role changes (the process's metrics collectors and health)."""
+
+    def __init__(self, member: Member):
+        self._member = member
+
+    def __getattr__(self, name: str):
+        return getattr(self._member.master, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "call_port_server":  # server.py: the port, for every role's Master
+            self._member.call_port_server = value
+            self._member.master.call_port_server = value
+            return
+        object.__setattr__(self, name, value)
