@@ -63,6 +63,15 @@ class MasterGroup:
         with self._lock:
             self._failed.clear()
 
+    def move_to(self, name: str) -> bool:
+        """Call the master ``name`` next (its gRPC address, as the group names its
+        leader: GetGroup); False if it is none of ours."""
+        with self._lock:
+            if name not in self.names:
+                return False
+            self._current = self.names.index(name)
+            return True
+
     def after_failure(self, err: CurvineError) -> bool:
         """The current master failed a call with ``err``: move to the leader it named
         (unless that one failed too since a member last answered), else to the next
