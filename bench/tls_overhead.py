@@ -16,7 +16,7 @@ import statistics
 import tempfile
 import time
 
-from curvine.client.fs import CurvineFS
+from curvine.client.files.fs import CurvineFS
 from curvine.common.config import Config
 from curvine.devtools.local import LocalCluster
 

@@ -4,7 +4,7 @@ One local cluster (1 master, 1 worker, no mounts).  The client library writes 8
 values of 32 MiB (one block each), then reads them back, short-circuit (the client's
 config names the worker's data dir) and remote (short-circuit off, every byte over the
 worker's gRPC stream), with the readers' checks on and off
-(``curvine.client.file_reader.VERIFY``, read when a reader is made), the four modes
+(``curvine.client.files.file_reader.VERIFY``, read when a reader is made), the four modes
 interleaved in each of 5 rounds.  Whole files are read as ``CurvineFS.read_bytes``
 does (1 MiB reads, copied and joined) and in one ``FileReader.read`` of the whole file
 (fewer copies: the checks' share is larger); "pread" opens each value and reads 4 KiB
@@ -25,8 +25,8 @@ import statistics
 import tempfile
 import time
 
-from curvine.client import file_reader
-from curvine.client.fs import CurvineFS
+from curvine.client.files import file_reader
+from curvine.client.files.fs import CurvineFS
 from curvine.common.config import Config
 from curvine.devtools.local import LocalCluster
 

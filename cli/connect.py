@@ -25,8 +25,8 @@ import dataclasses
 import os
 import tomllib
 
-from curvine.client.fs import CurvineFS
-from curvine.client.master_client import MasterClient
+from curvine.client.files.fs import CurvineFS
+from curvine.client.master.master_client import MasterClient
 from curvine.common import config as config_mod
 from curvine.common.master_group import GroupRpc, master_rpc
 from curvine.common.rpc import RpcClient

@@ -43,8 +43,8 @@ import sys
 import tempfile
 import time
 
-from curvine.client.fs import CurvineFS
-from curvine.client.master_client import MasterClient
+from curvine.client.files.fs import CurvineFS
+from curvine.client.master.master_client import MasterClient
 from curvine.common import config as config_mod
 from curvine.common.log import escape
 from curvine.common.errors import CurvineError, ErrorKind

@@ -1,6 +1,6 @@
-"""Framing of the master's call port (master/call_port.py, the server, which describes
-the protocol; fuse_client/call_port.py, the mount's client in its trio loop;
-client/call_port.py, the blocking client of the connector and the CLI), and what both
+"""Framing of the master's call port (master/ports/call_port_server.py, the server, which describes
+the protocol; fuse_client/call_port_trio.py, the mount's client in its trio loop;
+client/master/call_port_blocking.py, the blocking client of the connector and the CLI), and what both
 clients share.  Integers big-endian."""
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ class MasterConfig:
     worker_port: int = 8996
     worker_rpc_threads: int = 8
     # mounts' and path clients' namespace calls on a lean framed TCP port
-    # (master/call_port.py), cheaper than gRPC; TLS as the gRPC ports when on; 0 = off
+    # (master/ports/call_port_server.py), cheaper than gRPC; TLS as the gRPC ports when on; 0 = off
     call_port: int = 8994
     worker_lost_after: Duration = Duration(30.0)
     # more than this share of the registered workers lost within worker_lost_after is
@@ -207,7 +207,7 @@ class ClientConfig:
     # "" = no descriptor passing
     domain_socket_dir: str = "/run/curvine"
     # the path API's (and so the LMCache connector's) namespace calls on the master's
-    # call port when it has one (client/call_port.py), else unary gRPC
+    # call port when it has one (client/master/call_port_blocking.py), else unary gRPC
     call_port: bool = True
     # the LMCache connector: every lookup, read and store returns within this (a
     # miss, a skipped store) whatever the master or a worker is doing; after a
@@ -228,7 +228,7 @@ class FuseConfig:
     negative_leases: bool = True
     call_stream: bool = True  # namespace calls on one gRPC stream (else one unary RPC each)
     # namespace calls on the master's call port when it has one (master.call_port),
-    # ahead of the stream: no thread hand-offs (fuse_client/call_port.py)
+    # ahead of the stream: no thread hand-offs (fuse_client/call_port_trio.py)
     call_port: bool = True
     writeback_cache: bool = False  # on, the kernel ignores file sizes from other mounts
     allow_other: bool = False

@@ -1,5 +1,5 @@
 """Framing of the worker's domain socket protocol (worker/domain_socket.py, the
-server; client/domain_socket.py, the client): a 4-byte big-endian length, then a
+server; client/blocks/domain_socket.py, the client): a 4-byte big-endian length, then a
 protobuf message (LocalRequest or LocalReply, proto/worker.proto).  A reply may carry
 file descriptors (SCM_RIGHTS) on its first byte.
 

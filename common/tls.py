@@ -193,7 +193,7 @@ def channel_options(m: Material | None) -> list[tuple[str, str]]:
     return []
 
 
-# -- ssl contexts of a material (the master's call port: master/call_port.py) ---------
+# -- ssl contexts of a material (the master's call port: master/ports/call_port_server.py) ---------
 def server_ssl_context(m: Material) -> ssl.SSLContext:
     """The call port's TLS: what server_credentials gives gRPC ports (this process's
     certificate; a client certificate signed by the CA required with client_auth)."""

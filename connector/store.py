@@ -31,12 +31,12 @@ from collections.abc import Iterable, Sequence
 
 import grpc
 
-from curvine.client import block_client
-from curvine.client.data_port import DataPorts
-from curvine.client.domain_socket import LocalSockets
-from curvine.client.file_reader import check_block_file
-from curvine.client.fs import CurvineFS
-from curvine.client.master_client import AccessReporter, MasterClient
+from curvine.client.blocks import block_client
+from curvine.client.blocks.data_port import DataPorts
+from curvine.client.blocks.domain_socket import LocalSockets
+from curvine.client.files.file_reader import check_block_file
+from curvine.client.files.fs import CurvineFS
+from curvine.client.master.master_client import AccessReporter, MasterClient
 from curvine.common.checksum import crc32
 from curvine.common import config as config_mod
 from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Callable
 
-from curvine.client.master_client import MasterClient
+from curvine.client.master.master_client import MasterClient
 
 from .bench import BenchError, CpuMeter, Metric, MiB, _name_procs
 from .demo import SEED, chunk_data

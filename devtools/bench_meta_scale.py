@@ -55,7 +55,7 @@ def _cpu(pid: int) -> float:
 # -- client processes (spawned: each imports the client and opens its own channel) ----------
 
 def _client_loop(conf: str, what: str, parent: int, seconds: float, start, seed: int, out):
-    from curvine.client.master_client import MasterClient
+    from curvine.client.master.master_client import MasterClient
     from curvine.common import config as config_mod
     from curvine.common.security import Security
 
@@ -268,7 +268,7 @@ class MetaScale:
 
     # -- all --------------------------------------------------------------------------
     def run(self) -> dict[str, float]:
-        from curvine.client.master_client import MasterClient
+        from curvine.client.master.master_client import MasterClient
         from curvine.common import config as config_mod
         from curvine.common.ids import ROOT_INO
         from curvine.common.security import Security

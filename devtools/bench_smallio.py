@@ -137,9 +137,6 @@ class SmallIoBench:
                 shutil.rmtree(w, ignore_errors=True)
         self.moosefs.teardown()
 
-    def _sides(self) -> list[str]:
-        return [s for s in SIDES if self.available.get(s) is None]
-
     def _add(self, side: str, id: str, value: float) -> None:
         self.figures[side].setdefault(id, []).append(value)
 

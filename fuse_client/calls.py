@@ -1,7 +1,8 @@
-"""The one route of the mount's master calls: :class:`Calls`, on the mount's Calls
-stream where the call has a field in master.Call, else as a unary RPC in a thread.
-The trio loop awaits ``Calls.run``; other threads (a writer publishing at close, an
-upload allocating a block) call ``Calls.from_thread``.
+"""The mount's master calls: :class:`Calls`, the route of client/master/route.py (the
+call port, then the mount's Calls stream, for calls with a field in master.Call; else
+a unary RPC in a thread) seen from the trio loop, which awaits ``Calls.run``; other
+threads (a writer publishing at close, an upload allocating a block) call
+``Calls.from_thread``.  :class:`CallStream` is the Calls stream.
 
 A unary gRPC call from trio costs a ``trio.to_thread`` hop there and back plus grpcio's
 per-call set-up, status and trailers on both ends; a message on an open stream costs
@@ -17,7 +18,6 @@ keep their request id, so one the master did apply is answered from its retry ca
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import itertools
 import logging
 import queue
@@ -28,24 +28,22 @@ import grpc
 import outcome
 import trio
 
-from curvine.client.call_port import BlockingCallPort
-from curvine.client.master_client import MasterClient, Prepared, StreamThread
+from curvine.client.master.call_port_blocking import BlockingCallPort
+from curvine.client.master.master_client import MasterClient, StreamThread
+from curvine.client.master.requests import Prepared
+from curvine.client.master.route import Route, StreamDown
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO
 from curvine.common.rpc import RETRY_MAX
 from curvine.proto import master_pb2
 
-from .call_port import CallPortClient, PortDown, reply_of
+from .call_port_trio import CallPortClient, PortDown, reply_of
 
 log = logging.getLogger(__name__)
 
 # The first message of every Calls stream (its result, id 0, is dropped): the master
 # cancels a stream that has sent nothing for master.stream_idle_timeout.
 HELLO = master_pb2.Call(id=0, getattr=master_pb2.GetAttrRequest(ino=ROOT_INO))
-
-
-class _StreamDown(Exception):
-    pass
 
 
 class CallStream(StreamThread):
@@ -62,13 +60,13 @@ class CallStream(StreamThread):
 
     async def call(self, prepared: Prepared):
         """The call's reply message; CurvineError as the master raised it;
-        _StreamDown when the stream cannot carry it (nothing is known of its fate)."""
+        StreamDown when the stream cannot carry it (nothing is known of its fate)."""
         token = trio.lowlevel.current_trio_token()
         task = trio.lowlevel.current_task()
         with self._lock:
             out = self._out
             if out is None:
-                raise _StreamDown()
+                raise StreamDown()
             cid = next(self._ids)
             self._pending[cid] = (token, task)
         out.put(master_pb2.Call(id=cid, **{prepared.op: prepared.request}))
@@ -85,19 +83,20 @@ class CallStream(StreamThread):
             raise self._timeout(prepared)
         return reply_of(result)
 
-    def call_blocking(self, prepared: Prepared):
+    def call_blocking(self, prepared: Prepared, timeout: float | None = None):
         """``call`` from any thread but the trio loop's (a writer publishing, an upload
-        allocating a block): the result comes straight to this thread."""
+        allocating a block): the result comes straight to this thread, within
+        ``timeout`` (None: the stream's)."""
         waiter: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             out = self._out
             if out is None:
-                raise _StreamDown()
+                raise StreamDown()
             cid = next(self._ids)
             self._pending[cid] = waiter
         out.put(master_pb2.Call(id=cid, **{prepared.op: prepared.request}))
         try:
-            result = waiter.result(timeout=self.timeout)
+            result = waiter.result(timeout=self.timeout if timeout is None else timeout)
         except concurrent.futures.TimeoutError:
             with self._lock:
                 self._pending.pop(cid, None)
@@ -170,17 +169,17 @@ class CallStream(StreamThread):
                 if call is not None:
                     call.cancel()
                 for waiter in pending.values():
-                    self._wake(waiter, outcome.Error(_StreamDown()))
+                    self._wake(waiter, outcome.Error(StreamDown()))
             self._stop.wait(delay)
             delay = min(delay * 2, RETRY_MAX)
 
 
 class Calls:
-    """``await calls.run(op, *args)``: master call ``op`` of MasterClient.prepare, on
-    the master's call port when it is up (fuse_client/call_port.py), else on the Calls
-    stream when it is up, for calls that have a field in master.Call; else (or when
-    both break with the call in flight) as a unary RPC through ``to_thread`` (a
-    function that runs a blocking callable in a thread)."""
+    """``await calls.run(prepared)`` from the trio loop, ``calls.from_thread(prepared)``
+    from other threads: a call of ``MasterClient.requests`` on the mount's route
+    (client/master/route.py: the call port, fuse_client/call_port_trio.py; the Calls
+    stream; the unary RPC through ``to_thread``, a function that runs a blocking callable
+    in a thread); its converted result."""
 
     def __init__(self, master: MasterClient,
                  to_thread: Callable[..., Awaitable], stream: CallStream | None = None,
@@ -188,56 +187,23 @@ class Calls:
                  thread_port: BlockingCallPort | None = None):
         self.master = master
         self.to_thread = to_thread
-        self.stream = stream
-        self.port = port
-        # the same port from threads on connections of their own (client/call_port.py):
-        # a writer's AddBlock and CompleteFile without a hop into the trio loop
-        self.thread_port = thread_port
+        self.route = Route(self._unary)
+        self.route.stream = stream
+        self.route.port = port
+        # the same port from threads on connections of their own
+        # (client/master/call_port_blocking.py): a writer's AddBlock and CompleteFile
+        # without a hop into the trio loop
+        self.route.thread_port = thread_port
 
-    async def run(self, op: str, *args, **kwargs):
-        prepared = self.master.prepare(op, *args, **kwargs)
-        for route in self._routes(prepared):
-            try:
-                return prepared.convert(await route.call(prepared))
-            except _ROUTE_DOWN:
-                pass
-            except CurvineError as e:
-                _unless_unavailable(e)
-        return await self.to_thread(functools.partial(self.master.call, prepared))
+    async def run(self, prepared: Prepared):
+        return prepared.convert(await self.route.call(prepared, self.to_thread))
 
-    def from_thread(self, op: str, *args, **kwargs):
+    def from_thread(self, prepared: Prepared):
         """``run`` from a thread (not the trio loop's): on the port or the stream, else
         unary in this very thread.  Not through ``to_thread``: a thread trio started
         already holds a slot of the mount's thread limiter, and threads that all wait
         for another slot would wait forever."""
-        prepared = self.master.prepare(op, *args, **kwargs)
-        routes = self._routes(prepared)
-        if routes and self.thread_port is not None:
-            routes.insert(0, self.thread_port)
-        for route in routes:
-            try:
-                return prepared.convert(route.call_blocking(prepared))
-            except _ROUTE_DOWN:
-                pass
-            except CurvineError as e:
-                _unless_unavailable(e)
-        return self.master.call(prepared)
+        return prepared.convert(self.route.call_blocking(prepared))
 
-    def _routes(self, prepared: Prepared) -> list:
-        """The port and the stream, those that are set, for a call that has a field in
-        master.Call; none for the others (unary only)."""
-        if not prepared.op:
-            return []
-        return [r for r in (self.port, self.stream) if r is not None]
-
-
-# a route that cannot carry a call: it goes on the next one (nothing is known of its fate)
-_ROUTE_DOWN = (PortDown, _StreamDown)
-
-
-def _unless_unavailable(e: CurvineError) -> None:
-    """Re-raise ``e`` unless the master said UNAVAILABLE (e.g. no live workers yet after
-    its restart): that one goes unary, which retries it for up to cluster.master_wait
-    like every unary call."""
-    if e.kind != ErrorKind.UNAVAILABLE:
-        raise e
+    def _unary(self, prepared: Prepared, timeout: float | None, wait: float | None):
+        return self.master.unary(prepared, timeout, wait)

@@ -30,10 +30,10 @@ from typing import Awaitable, Callable, NamedTuple
 
 import trio
 
-from curvine.client.domain_socket import LocalSockets
-from curvine.client.file_reader import FileReader
-from curvine.client.file_writer import FileWriter, LocalWorker
-from curvine.client.master_client import AccessReporter, MasterClient
+from curvine.client.blocks.domain_socket import LocalSockets
+from curvine.client.files.file_reader import FileReader
+from curvine.client.files.file_writer import FileWriter, LocalWorker
+from curvine.client.master.master_client import AccessReporter, MasterClient
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, check_name, host_id
@@ -269,10 +269,16 @@ class FileSystem:
         # ino -> set when one of its page-cache readers closes (_wait_for_cached_readers)
         self._reader_closed: dict[int, trio.Event] = {}
         self._symlinks: OrderedDict[int, bytes] = OrderedDict()  # ino -> target
-        # a writer's publish and its uploads' AddBlock, from their threads: on the
-        # Calls route like every master call
-        self._complete = functools.partial(calls.from_thread, "complete")
-        self._add_block = functools.partial(calls.from_thread, "add_block")
+        self.requests = master.requests  # of every master call, sent on self.calls
+
+    # a writer's publish and its uploads' AddBlock, from their threads: on the Calls
+    # route like every master call
+
+    def _complete(self, *args, **kwargs):
+        return self.calls.from_thread(self.requests.complete(*args, **kwargs))
+
+    def _add_block(self, *args, **kwargs):
+        return self.calls.from_thread(self.requests.add_block(*args, **kwargs))
 
     # -- attributes -------------------------------------------------------------------
 
@@ -331,11 +337,11 @@ class FileSystem:
     async def lookup(self, parent: int, name: bytes) -> Attributes | Absent:
         """The entry ``name`` of ``parent``, or Absent."""
         if name == b".":
-            inode = await self.calls.run("getattr_unleased", parent)
+            inode = await self.calls.run(self.requests.getattr_unleased(parent))
             self.kernel.note_dirs(inode)
         elif name == b"..":
-            inode = await self.calls.run("getattr_unleased", parent)
-            inode = await self.calls.run("getattr_unleased", inode.parent or parent)
+            inode = await self.calls.run(self.requests.getattr_unleased(parent))
+            inode = await self.calls.run(self.requests.getattr_unleased(inode.parent or parent))
             self.kernel.note_dirs(inode)
         else:
             check_name(name)
@@ -351,7 +357,7 @@ class FileSystem:
                 # a miss leased too (fuse.negative_leases): only with a lease session,
                 # which runs only where the kernel's epoch expires negative entries
                 inode, lease_ms = await self.calls.run(
-                    "lookup", parent, name, lease_miss=self.cfg.fuse.negative_leases)
+                    self.requests.lookup(parent, name, lease_miss=self.cfg.fuse.negative_leases))
             except Exception:
                 FUSE_LOOKUP_ERROR.inc()
                 raise
@@ -374,7 +380,7 @@ class FileSystem:
         generation, sent = listings.generation, time.monotonic()
         names, lease_ms = None, 0
         try:
-            names, lease_ms = await self.calls.run("listing", parent, LISTING_MAX)
+            names, lease_ms = await self.calls.run(self.requests.listing(parent, LISTING_MAX))
         except CurvineError as e:
             log.debug("listing of %d not leased: %s", parent, e)
         finally:
@@ -391,7 +397,7 @@ class FileSystem:
             return self.attributes(node)._replace(attr_timeout=left)
         try:
             sent = time.monotonic()
-            node, lease_ms = await self.calls.run("getattr", ino)
+            node, lease_ms = await self.calls.run(self.requests.getattr(ino))
             self.kernel.note_dirs(node)
             return self.attributes(node, lease=self.kernel.lease_ttl(lease_ms, sent))
         except CurvineError as e:
@@ -429,9 +435,9 @@ class FileSystem:
                 w.mtime_ns = mtime_ns  # kept when the handle publishes
         if changes:
             with self.kernel.changing(ino):
-                node = await self.calls.run("setattr", ino, **changes)
+                node = await self.calls.run(self.requests.setattr(ino, **changes))
         else:
-            node = await self.calls.run("getattr_unleased", ino)
+            node = await self.calls.run(self.requests.getattr_unleased(ino))
         self.kernel.note_dirs(node)
         return self.attributes(node, shown)
 
@@ -456,7 +462,7 @@ class FileSystem:
         with listings.adding(parent, name):
             generation = listings.generation
             inode, lease_ms, parent_node, listing_ms = await self.calls.run(
-                "mkdir_listed", parent, name, mode & 0o7777, uid, gid)
+                self.requests.mkdir_listed(parent, name, mode & 0o7777, uid, gid))
             # the new directory is empty: misses there are answered here at once
             listings.install(inode.ino, [], self.kernel.lease_ttl(listing_ms, sent),
                              generation)
@@ -466,14 +472,15 @@ class FileSystem:
     async def rmdir(self, parent: int, name: bytes) -> None:
         check_name(name)
         with self.kernel.listings.removing(parent, name):
-            parent_node = await self.calls.run("rmdir", parent, name)
+            parent_node = await self.calls.run(self.requests.rmdir(parent, name))
         self.kernel.note_dirs(parent_node)
 
     async def unlink(self, parent: int, name: bytes) -> None:
         check_name(name)
         with self.kernel.listings.removing(parent, name), self.kernel.changing((parent, name)):
             parent_node, held = await self.calls.run(
-                "unlink", parent, name, open_inos=await self._open_inos(parent, name))
+                self.requests.unlink(parent, name,
+                                     open_inos=await self._open_inos(parent, name)))
         await self._note_held(held)
         self.kernel.note_dirs(parent_node)
 
@@ -482,7 +489,7 @@ class FileSystem:
         name of: all of them, or (when many are open) the one ``name`` names."""
         if len(self._of_inode) + len(self._opening) <= OPEN_INOS_SENT:
             return list(self._of_inode.keys() | self._opening.keys())
-        inode, _ = await self.calls.run("lookup", parent, name)
+        inode, _ = await self.calls.run(self.requests.lookup(parent, name))
         return [inode.ino] if inode is not None and self._is_open(inode.ino) else []
 
     def _is_open(self, ino: int) -> bool:
@@ -509,7 +516,7 @@ class FileSystem:
             return
         done = self._releasing[ino] = trio.Event()
         try:
-            await self.calls.run("release_inode", ino)
+            await self.calls.run(self.requests.release_inode(ino))
         except CurvineError as e:
             # the master removes it when this mount's session ends
             log.warning("inode %d: unlinked and closed, but the master was not told "
@@ -536,9 +543,9 @@ class FileSystem:
         with (self.kernel.listings.changing(parent, new_parent),
               self.kernel.changing((parent, name), (new_parent, new_name))):
             *changed, held = await self.calls.run(
-                "rename", parent, name, new_parent, new_name, no_replace=no_replace,
-                require_published=True, writer_inos=mine, open_inos=opened,
-                exchange=exchange)
+                self.requests.rename(parent, name, new_parent, new_name, no_replace=no_replace,
+                                     require_published=True, writer_inos=mine,
+                                     open_inos=opened, exchange=exchange))
         if not exchange:  # an exchange leaves both names in place
             self.kernel.listings.removed(parent, name)
             self.kernel.listings.added(new_parent, new_name)
@@ -549,8 +556,8 @@ class FileSystem:
         check_name(new_name)
         sent = time.monotonic()
         with self.kernel.listings.adding(new_parent, new_name), self.kernel.changing(ino):
-            inode, lease_ms, parent_node = await self.calls.run("link", ino, new_parent,
-                                                                new_name)
+            inode, lease_ms, parent_node = await self.calls.run(
+                self.requests.link(ino, new_parent, new_name))
         self.kernel.note_dirs(parent_node)
         return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
 
@@ -559,8 +566,8 @@ class FileSystem:
         check_name(name)
         sent = time.monotonic()
         with self.kernel.listings.adding(parent, name):
-            inode, lease_ms, parent_node = await self.calls.run("symlink", parent, name,
-                                                                target, uid, gid)
+            inode, lease_ms, parent_node = await self.calls.run(
+                self.requests.symlink(parent, name, target, uid, gid))
         self.kernel.note_dirs(parent_node)
         self._remember_symlink(inode)
         return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
@@ -568,7 +575,7 @@ class FileSystem:
     async def readlink(self, ino: int) -> bytes:
         target = self._symlinks.get(ino)
         if target is None:
-            inode = await self.calls.run("getattr_unleased", ino)
+            inode = await self.calls.run(self.requests.getattr_unleased(ino))
             if inode.type != common_pb2.SYMLINK:
                 raise CurvineError(ErrorKind.INVALID, f"inode {ino} is not a symlink")
             target = self._remember_symlink(inode)
@@ -587,7 +594,7 @@ class FileSystem:
         sent = time.monotonic()
         with self.kernel.listings.adding(parent, name):
             inode, lease_ms, parent_node = await self.calls.run(
-                "make_node", parent, name, kind, mode & 0o7777, rdev, uid, gid)
+                self.requests.make_node(parent, name, kind, mode & 0o7777, rdev, uid, gid))
         self.kernel.note_dirs(parent_node)
         return self.attributes(inode, lease=self.kernel.lease_ttl(lease_ms, sent))
 
@@ -597,7 +604,7 @@ class FileSystem:
     async def getxattr(self, ino: int, name: bytes) -> bytes:
         if not name.startswith(XATTR_PREFIX):
             raise CurvineError(ErrorKind.NO_DATA, "no such attribute")
-        return await self.calls.run("get_xattr", ino, name)
+        return await self.calls.run(self.requests.get_xattr(ino, name))
 
     async def setxattr(self, ino: int, name: bytes, value: bytes) -> None:
         if not name.startswith(XATTR_PREFIX):
@@ -605,28 +612,28 @@ class FileSystem:
         if len(value) > XATTR_VALUE_MAX:
             raise CurvineError(ErrorKind.TOO_BIG, "attribute value too large")
         with self.kernel.changing(ino):  # its ctime
-            await self.calls.run("set_xattr", ino, name, value)
+            await self.calls.run(self.requests.set_xattr(ino, name, value))
 
     async def listxattr(self, ino: int) -> list[bytes]:
-        return await self.calls.run("list_xattr", ino)
+        return await self.calls.run(self.requests.list_xattr(ino))
 
     async def removexattr(self, ino: int, name: bytes) -> None:
         if not name.startswith(XATTR_PREFIX):
             raise CurvineError(ErrorKind.NO_DATA, "no such attribute")
         with self.kernel.changing(ino):
-            await self.calls.run("remove_xattr", ino, name)
+            await self.calls.run(self.requests.remove_xattr(ino, name))
 
     async def statfs(self) -> master_pb2.StatFsReply:
-        return await self.calls.run("statfs")
+        return await self.calls.run(self.requests.statfs())
 
     async def mknod(self, parent: int, name: bytes, mode: int, uid: int,
                     gid: int) -> Attributes:
         """An empty regular file, published at once."""
         check_name(name)
         with self.kernel.listings.adding(parent, name):
-            inode, _, _ = await self.calls.run("create", parent, name, mode & 0o7777, uid,
-                                               gid, True)
-        inode = await self.calls.run("complete", inode.ino, [], 0)
+            inode, _, _ = await self.calls.run(
+                self.requests.create(parent, name, mode & 0o7777, uid, gid, True))
+        inode = await self.calls.run(self.requests.complete(inode.ino, [], 0))
         return self.attributes(inode)
 
     # -- files ------------------------------------------------------------------------
@@ -663,7 +670,8 @@ class FileSystem:
         sent = time.monotonic()
         with self.kernel.listings.adding(parent, name):
             inode, lease_ms, parent_node = await self.calls.run(
-                "create", parent, name, mode & 0o7777, uid, gid, bool(flags & os.O_EXCL))
+                self.requests.create(parent, name, mode & 0o7777, uid, gid,
+                                     bool(flags & os.O_EXCL)))
         self.kernel.note_dirs(parent_node)
         # Normally a new, empty file.  If another client created the name meanwhile,
         # O_CREAT without O_TRUNC opens its content.
@@ -930,14 +938,14 @@ class FileSystem:
             # worker holds a block to keep for this open; CompleteFile records it)
             blocks = list(published[1])
         elif not truncate:
-            inode, blocks, workers = await self.calls.run("get_blocks", ino, session,
-                                                          open_id, write=True)
+            inode, blocks, workers = await self.calls.run(
+                self.requests.get_blocks(ino, session, open_id, write=True))
             if inode.type == DIRECTORY:
                 self._access.closed(session, open_id)
                 raise CurvineError(ErrorKind.IS_DIR, f"inode {ino} is a directory")
         if self._block_size is None:
             # Block lengths must not exceed the master's block size.
-            fs = await self.calls.run("statfs")
+            fs = await self.calls.run(self.requests.statfs())
             self._inline_max = fs.inline_max  # small files' bytes go to the master
             self._block_size = fs.block_size or self.cfg.cluster.block_size
             self._local_worker.note(fs.workers)  # where first blocks go
@@ -959,7 +967,8 @@ class FileSystem:
             inode, blocks = published
             return inode, FileReader(blocks, {}, security=self.master.security), (0, 0)
         session, open_id = self.master.session, self._access.new_open_id()
-        inode, blocks, workers = await self.calls.run("get_blocks", ino, session, open_id)
+        inode, blocks, workers = await self.calls.run(
+            self.requests.get_blocks(ino, session, open_id))
         if inode.type == DIRECTORY:
             self._access.closed(session, open_id)
             raise CurvineError(ErrorKind.IS_DIR, f"inode {ino} is a directory")
@@ -987,9 +996,9 @@ class FileSystem:
             if inline is not None:  # a small file: one CompleteFile, from the loop
                 sent = time.monotonic()
                 try:
-                    inode = await self.calls.run("complete", h.ino, inline.blocks,
-                                                 inline.size, inline.mtime_ns,
-                                                 open_id=h.recorded_open[1])
+                    inode = await self.calls.run(self.requests.complete(
+                        h.ino, inline.blocks, inline.size, inline.mtime_ns,
+                        open_id=h.recorded_open[1]))
                 except CurvineError as e:
                     if e.kind != ErrorKind.NO_SPACE:
                         raise
@@ -1023,7 +1032,7 @@ class FileSystem:
         """Publish the empty version of a file created here, unless some writer has
         published one meanwhile (theirs is newer than our create)."""
         try:
-            await self.calls.run("complete", ino, [], 0, mtime_ns, True)
+            await self.calls.run(self.requests.complete(ino, [], 0, mtime_ns, True))
         except CurvineError as e:
             if e.kind != ErrorKind.NOT_FOUND:
                 raise
@@ -1055,7 +1064,7 @@ class FileSystem:
             sent = time.monotonic()
             generation = self.kernel.listings.generation
             page, more, lease_ms, listing_ms = await self.calls.run(
-                "listdir_leased", d.ino, d.after, READDIR_PAGE)
+                self.requests.listdir_leased(d.ino, d.after, READDIR_PAGE))
             if listing_ms:  # the whole directory, leased: misses in it are answered here
                 self.kernel.listings.install(d.ino, [e.name for e in page],
                                              self.kernel.lease_ttl(listing_ms, sent),

@@ -1,6 +1,6 @@
 """What this mount's kernel may cache, for how long, and when it must forget it.
 
-Leases (master/leases.py): names (and, with fuse.negative_leases, the absence of a
+Leases (master/cluster/leases.py): names (and, with fuse.negative_leases, the absence of a
 name) and file attributes the kernel may keep for the lease time; the master revokes
 them, through the mount's :class:`LeaseSession`, before another client changes them.
 A revocation expires every cached name at once, negative entries included (the
@@ -33,7 +33,7 @@ from typing import Iterable
 
 import pyfuse3
 
-from curvine.client.master_client import LeaseSession, MasterClient
+from curvine.client.master.master_client import LeaseSession, MasterClient
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError
 from curvine.proto import common_pb2
@@ -147,7 +147,7 @@ class KernelCache:
         """The master revokes leases (session thread): drop the kernel's copies before
         the ack.  Every cached name goes (one lock-free epoch bump; a lookup in flight
         is stale on arrival), plus the attributes of the inodes named, and the listings
-        named (``(dir, b"")``, master/leases.py LISTING) before that, with the entries
+        named (``(dir, b"")``, master/cluster/leases.py LISTING) before that, with the entries
         the kernel keeps of those directories (``listed``: already dropped, these)."""
         if listed is None:
             dirs = [p for p, n in names if not n]

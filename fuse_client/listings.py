@@ -1,7 +1,7 @@
 """Leased listings: directories whose every name this mount knows, so that a lookup of
 any other name is answered "absent" here, without a round trip to the master.
 
-The master leases a directory's listing (master/leases.py, "Listings") to a mount that
+The master leases a directory's listing (master/cluster/leases.py, "Listings") to a mount that
 read the whole directory in one page, unless its names changed in the last two
 seconds.  A mount asks for one when a directory keeps missing (``MISSES_BEFORE_LISTING``
 lookups of absent names in it), or gets one with the first page of a readdir that held

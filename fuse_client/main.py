@@ -24,8 +24,8 @@ import time
 import pyfuse3
 import trio
 
-from curvine.client import block_client
-from curvine.client.master_client import MasterClient
+from curvine.client.blocks import block_client
+from curvine.client.master.master_client import MasterClient
 from curvine.common import auth
 from curvine.common import config as config_mod
 from curvine.common import daemon

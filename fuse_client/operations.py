@@ -20,8 +20,8 @@ import stat
 import pyfuse3
 import trio
 
-from curvine.client.call_port import BlockingCallPort
-from curvine.client.master_client import AccessReporter, MasterClient
+from curvine.client.master.call_port_blocking import BlockingCallPort
+from curvine.client.master.master_client import AccessReporter, MasterClient
 from curvine.common import tls
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, to_errno
@@ -29,7 +29,7 @@ from curvine.common.ids import MIB
 from curvine.proto import common_pb2
 
 from . import features
-from .call_port import CallPortClient
+from .call_port_trio import CallPortClient
 from .calls import Calls, CallStream
 from .filesystem import XATTR_PREFIX, Absent, Attributes, FileSystem, Handle, Opened
 from .kernel_cache import KernelCache
@@ -176,20 +176,20 @@ class Operations(pyfuse3.Operations):
         kernel can expire every cached name at once (kernel_cache.py); True when
         leases are on."""
         self._access.start()
-        if self.calls.stream is None and self.cfg.fuse.call_stream:
+        if self.calls.route.stream is None and self.cfg.fuse.call_stream:
             stream = CallStream(self.master, float(self.cfg.cluster.rpc_timeout))
             stream.start()
-            self.calls.stream = stream
+            self.calls.route.stream = stream
         return self.kernel.start()
 
     async def run_call_port(self) -> None:
         """A task of the mount's nursery, after start_streams: learns the master's call
         port (StatFs) and keeps a connection to it up (fuse.call_port)."""
-        if not self.cfg.fuse.call_port or self.calls.port is not None:
+        if not self.cfg.fuse.call_port or self.calls.route.port is not None:
             return
         while True:
             try:
-                port = (await self.calls.run("statfs")).call_port
+                port = (await self.calls.run(self.master.requests.statfs())).call_port
                 break
             except CurvineError as e:
                 log.info("asking the master for its call port: %s (trying again)", e)
@@ -201,20 +201,20 @@ class Operations(pyfuse3.Operations):
         token, timeout = self.master.security.token, float(self.cfg.cluster.rpc_timeout)
         # TLS on: the port speaks it too (one context for both clients)
         context, name = tls.client_side(self.master.security.material, host)
-        self.calls.thread_port = BlockingCallPort(host, port, token, timeout, tls=context,
-                                                  server_name=name)
-        self.calls.port = CallPortClient(host, port, token, timeout, tls=context,
-                                         server_name=name)
-        await self.calls.port.run()
+        self.calls.route.thread_port = BlockingCallPort(host, port, token, timeout,
+                                                        tls=context, server_name=name)
+        self.calls.route.port = trio_port = CallPortClient(host, port, token, timeout,
+                                                           tls=context, server_name=name)
+        await trio_port.run()
 
     def stop_streams(self) -> None:
         """Before unmounting: no kernel notification may follow (pyfuse3.close frees
         the session they go through)."""
         self.kernel.stop()
-        if self.calls.stream is not None:
-            self.calls.stream.stop()
-        if self.calls.port is not None:
-            self.calls.port.stop()
+        if self.calls.route.stream is not None:
+            self.calls.route.stream.stop()
+        if self.calls.route.port is not None:
+            self.calls.route.port.stop()
 
     # -- names and attributes ----------------------------------------------------
 
@@ -421,9 +421,9 @@ class Operations(pyfuse3.Operations):
         """Drop every handle (unpublished versions are lost) and the master link."""
         self.fs.close()
         self.kernel.close()
-        if self.calls.stream is not None:
-            self.calls.stream.stop()
-        if self.calls.thread_port is not None:
-            self.calls.thread_port.close()
+        if self.calls.route.stream is not None:
+            self.calls.route.stream.stop()
+        if self.calls.route.thread_port is not None:
+            self.calls.route.thread_port.close()
         self._access.close()
         self.master.close()

@@ -253,7 +253,7 @@ def create_via_client(master_addr: str, security, dir_name: str, names: list[str
     ``threads`` calls in flight."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from curvine.client.master_client import MasterClient
+    from curvine.client.master.master_client import MasterClient
     from curvine.common.ids import ROOT_INO
 
     t0 = time.monotonic()

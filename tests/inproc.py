@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from curvine.client import block_client
-from curvine.client.master_client import MasterClient
+from curvine.client.blocks import block_client
+from curvine.client.master.master_client import MasterClient
 from curvine.common import rpc
 from curvine.common.blocks import block_path
 from curvine.common.config import Config

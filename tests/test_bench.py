@@ -329,7 +329,7 @@ def test_meta_scale_measures_every_row_on_a_real_cluster(make_cluster, tmp_path)
     """bench_meta_scale (issue 16) on a real cluster, small: every row is measured with
     ops and master CPU, and what the store and put rows count was really made (the
     names are in the namespace), so a loop that failed would not pass as a figure."""
-    from curvine.client.master_client import MasterClient
+    from curvine.client.master.master_client import MasterClient
     from curvine.devtools.bench_meta_scale import MetaScale
 
     c = make_cluster(workers=1, mounts=1)

@@ -1,5 +1,5 @@
 """The master's call port (master/ports/call_port_server.py), the mount's client of it
-(fuse_client/call_port.py) and the path client's (client/call_port.py), against a real
+(fuse_client/call_port_trio.py) and the path client's (client/master/call_port_blocking.py), against a real
 master served in-process: the same answers as the unary RPCs, the token checked, the
 connection cap, a client that takes no replies cut off, every pending call failed over
 (PortDown) when the port goes, a path client's calls unary when the port cannot
@@ -18,15 +18,15 @@ from concurrent import futures
 import pytest
 import trio
 
-from curvine.client.call_port import BlockingCallPort
-from curvine.client.master_client import MasterClient
+from curvine.client.master.call_port_blocking import BlockingCallPort
+from curvine.client.master.master_client import MasterClient
 from curvine.common import rpc
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO
 from curvine.common.metrics import RPC_UNAUTHENTICATED, STREAMS_CANCELLED_IDLE
 from curvine.common.security import NO_SECURITY, Security
-from curvine.fuse_client.call_port import CallPortClient, PortDown, PortRefused
+from curvine.fuse_client.call_port_trio import CallPortClient, PortDown, PortRefused
 from curvine.fuse_client.calls import Calls
 from curvine.common.call_wire import ANSWER, FRAME, HELLO, MAGIC
 from curvine.master.ports.call_port_server import CallPort
@@ -89,38 +89,41 @@ def test_calls_on_the_port_answer_like_unary_rpcs(served):
     async def go():
         async with trio.open_nursery() as nursery:
             await _connected(pc, nursery)
-            d, _, parent = await calls.run("mkdir", ROOT_INO, b"d", 0o755)
+            d, _, parent = await calls.run(client.requests.mkdir(ROOT_INO, b"d", 0o755))
             assert parent.ino == ROOT_INO
-            f, _, parent = await calls.run("create", d.ino, b"f.tmp", 0o644)
+            f, _, parent = await calls.run(client.requests.create(d.ino, b"f.tmp", 0o644))
             assert parent.ino == d.ino
-            assert (await calls.run("lookup", d.ino, b"f.tmp"))[0].ino == f.ino
-            assert await calls.run("lookup", d.ino, b"missing") == (None, 0)
+            assert (await calls.run(client.requests.lookup(d.ino, b"f.tmp")))[0].ino == f.ino
+            assert await calls.run(client.requests.lookup(d.ino, b"missing")) == (None, 0)
             # AddBlock from a writer's thread: no worker registered here (UNAVAILABLE goes
             # unary, which retries it for the client's wait, 2 s here)
             with pytest.raises(CurvineError) as e:
-                await trio.to_thread.run_sync(calls.from_thread, "add_block", f.ino, "h", 0)
+                await trio.to_thread.run_sync(calls.from_thread,
+                                              client.requests.add_block(f.ino, "h", 0))
             assert e.value.kind == ErrorKind.UNAVAILABLE
-            node = await calls.run("complete", f.ino, [], 0, 0, True)
+            node = await calls.run(client.requests.complete(f.ino, [], 0, 0, True))
             assert node.version == 1
-            inode, blocks, _ = await calls.run("get_blocks", f.ino)
+            inode, blocks, _ = await calls.run(client.requests.get_blocks(f.ino))
             assert inode.version == 1 and blocks == []
-            _, _, moved, _ = await calls.run("rename", d.ino, b"f.tmp", d.ino, b"f.data")
+            _, _, moved, _ = await calls.run(client.requests.rename(d.ino, b"f.tmp", d.ino,
+                                                                    b"f.data"))
             assert moved.ino == f.ino
-            entries, more = await calls.run("listdir", d.ino)
+            entries, more = await calls.run(client.requests.listdir(d.ino))
             assert [e.name for e in entries] == [b"f.data"] and not more
-            await calls.run("set_xattr", f.ino, b"user.k", b"v")
-            assert await calls.run("get_xattr", f.ino, b"user.k") == b"v"
-            assert await calls.run("list_xattr", f.ino) == [b"user.k"]
-            assert (await calls.run("statfs")).files >= 3
+            await calls.run(client.requests.set_xattr(f.ino, b"user.k", b"v"))
+            assert await calls.run(client.requests.get_xattr(f.ino, b"user.k")) == b"v"
+            assert await calls.run(client.requests.list_xattr(f.ino)) == [b"user.k"]
+            assert (await calls.run(client.requests.statfs())).files >= 3
             # errors come back by kind, from the loop and from a thread
             with pytest.raises(CurvineError) as e:
-                await calls.run("create", d.ino, b"f.data", 0o644, 0, 0, True)
+                await calls.run(client.requests.create(d.ino, b"f.data", 0o644, 0, 0, True))
             assert e.value.kind == ErrorKind.EXISTS
             with pytest.raises(CurvineError) as e:
-                await trio.to_thread.run_sync(calls.from_thread, "getattr", 999_999)
+                await trio.to_thread.run_sync(calls.from_thread,
+                                              client.requests.getattr(999_999))
             assert e.value.kind == ErrorKind.NOT_FOUND
             assert (await trio.to_thread.run_sync(
-                calls.from_thread, "getattr", f.ino))[0].ino == f.ino
+                calls.from_thread, client.requests.getattr(f.ino)))[0].ino == f.ino
             nursery.cancel_scope.cancel()
 
     trio.run(go)
@@ -141,11 +144,11 @@ def test_many_calls_at_once_from_tasks_and_threads(served):
     async def go():
         async with trio.open_nursery() as nursery:
             await _connected(pc, nursery)
-            d, _, _ = await calls.run("mkdir", ROOT_INO, b"many", 0o755)
+            d, _, _ = await calls.run(client.requests.mkdir(ROOT_INO, b"many", 0o755))
             created = {}
 
             async def make(name):
-                f, _, _ = await calls.run("create", d.ino, name, 0o644)
+                f, _, _ = await calls.run(client.requests.create(d.ino, name, 0o644))
                 created[name] = f.ino
 
             async with trio.open_nursery() as inner:
@@ -154,13 +157,13 @@ def test_many_calls_at_once_from_tasks_and_threads(served):
             looked = {}
 
             def look(name):
-                looked[name] = calls.from_thread("lookup", d.ino, name)[0].ino
+                looked[name] = calls.from_thread(client.requests.lookup(d.ino, name))[0].ino
 
             async with trio.open_nursery() as inner:
                 for name in names[:300]:
                     inner.start_soon(trio.to_thread.run_sync, look, name)
             assert looked == created
-            misses = [await calls.run("lookup", d.ino, n) for n in names[300:]]
+            misses = [await calls.run(client.requests.lookup(d.ino, n)) for n in names[300:]]
             assert misses == [(None, 0)] * 300
             nursery.cancel_scope.cancel()
 
@@ -303,7 +306,7 @@ def test_pending_calls_fail_over_when_the_port_goes(served):
             await _connected(pc, nursery)
 
             async def create():
-                results.append(await calls.run("create", ROOT_INO, b"once", 0o644))
+                results.append(await calls.run(client.requests.create(ROOT_INO, b"once", 0o644)))
 
             nursery.start_soon(create)
             await trio.sleep(0.3)
@@ -318,7 +321,7 @@ def test_pending_calls_fail_over_when_the_port_goes(served):
     f = results[0][0]
     assert client.lookup(ROOT_INO, b"once").ino == f.ino
     with pytest.raises(PortDown):
-        trio.run(pc.call, client.prepare("getattr", ROOT_INO))
+        trio.run(pc.call, client.requests.getattr(ROOT_INO))
 
 
 def test_the_master_closing_the_port_leaves_the_mount_working(served):
@@ -333,13 +336,13 @@ def test_the_master_closing_the_port_leaves_the_mount_working(served):
     async def go():
         async with trio.open_nursery() as nursery:
             await _connected(pc, nursery)
-            assert (await calls.run("getattr", ROOT_INO))[0].ino == ROOT_INO
+            assert (await calls.run(client.requests.getattr(ROOT_INO)))[0].ino == ROOT_INO
             await trio.to_thread.run_sync(port.stop)
             with trio.fail_after(10):
                 while pc._sock is not None:  # the client notices
                     await trio.sleep(0.02)
             # meanwhile: unary, same answers
-            assert (await calls.run("getattr", ROOT_INO))[0].ino == ROOT_INO
+            assert (await calls.run(client.requests.getattr(ROOT_INO)))[0].ino == ROOT_INO
             pc.connected = trio.Event()
             again = await trio.to_thread.run_sync(
                 lambda: CallPort(port._run_call, READ_CALLS, port._pool, "127.0.0.1",
@@ -348,7 +351,7 @@ def test_the_master_closing_the_port_leaves_the_mount_working(served):
             try:
                 with trio.fail_after(20):
                     await pc.connected.wait()
-                assert (await calls.run("getattr", ROOT_INO))[0].ino == ROOT_INO
+                assert (await calls.run(client.requests.getattr(ROOT_INO)))[0].ino == ROOT_INO
             finally:
                 await trio.to_thread.run_sync(again.stop)
             nursery.cancel_scope.cancel()
@@ -356,7 +359,7 @@ def test_the_master_closing_the_port_leaves_the_mount_working(served):
     trio.run(go)
 
 
-# -- the blocking client (client/call_port.py) of MasterClient(call_port=True) --------------
+# -- the blocking client (client/master/call_port_blocking.py) of MasterClient(call_port=True) --------------
 
 def _port_client(servicer, port: CallPort, token: str = TOKEN, **kw) -> MasterClient:
     """A path client whose master advertises ``port`` (StatFs) and whose token is ``token``."""
@@ -396,7 +399,7 @@ def test_a_path_client_sends_its_namespace_calls_on_the_port(served_addr):
             mc.create(d.ino, b"a.data", exclusive=True)
         assert e.value.kind == ErrorKind.EXISTS
         assert [e.name for e in mc.iterdir(d.ino)] == [b"a.data", b"b.data"]
-        assert mc._port is not None and mc._port.calls == 11  # every call above
+        assert mc.route.thread_port is not None and mc.route.thread_port.calls == 11  # every call above
         assert port.calls == 11
     finally:
         mc.close()
@@ -408,13 +411,13 @@ def test_a_path_client_without_a_usable_port_calls_unary(served_addr):
     m, unary, servicer, start_port = served_addr
     d = unary.mkdir(ROOT_INO, b"fallback")
     mc = MasterClient(unary.address, timeout=10, wait=2, security=NO_SECURITY, call_port=True)
-    assert mc.lookup_or_none(d.ino, b"x") is None and mc._port is None  # StatFs: no port
+    assert mc.lookup_or_none(d.ino, b"x") is None and mc.route.thread_port is None  # StatFs: no port
     mc.close()
 
     port = start_port()
     wrong = _port_client(servicer, port, token="wrong")
     assert wrong.create(d.ino, b"w").ino and wrong.lookup_or_none(d.ino, b"w") is not None
-    assert wrong._port._refused and port.calls == 0
+    assert wrong.route.thread_port._refused and port.calls == 0
     wrong.close()
 
     mc = _port_client(servicer, port)
@@ -423,7 +426,7 @@ def test_a_path_client_without_a_usable_port_calls_unary(served_addr):
         port.stop()  # the master closes the port and its connections
         created = mc.create(d.ino, b"after")  # the pooled connection fails: unary
         assert unary.lookup(d.ino, b"after").ino == created.ino
-        assert mc._port.calls == 1
+        assert mc.route.thread_port.calls == 1
     finally:
         mc.close()
 
@@ -455,8 +458,8 @@ def test_a_path_client_calls_from_many_threads(served_addr):
             t.join(60)
         assert not errors
         assert len(answers) == 1200 and all(made.get(n) == ino for n, ino in answers)
-        assert 0 < mc._port.calls <= 1200 and mc._port._open <= mc._port.max_connections
-        assert port.calls == mc._port.calls
+        assert 0 < mc.route.thread_port.calls <= 1200 and mc.route.thread_port._open <= mc.route.thread_port.max_connections
+        assert port.calls == mc.route.thread_port.calls
     finally:
         mc.close()
 
@@ -550,7 +553,7 @@ def test_a_mount_call_the_master_does_not_answer_times_out(served):
     call from the loop and one from a thread each end with TIMEOUT soon after their
     deadline (the expiry check), not a hang; the connection stays up for others."""
     m, client, _, _ = served
-    prepared = client.prepare("getattr", ROOT_INO)
+    prepared = client.requests.getattr(ROOT_INO)
     took = []
 
     async def go(number):
@@ -584,11 +587,11 @@ def test_a_mounts_thread_calls_use_their_own_connections(served):
     pc = CallPortClient("127.0.0.1", port.port, TOKEN, timeout=10)  # never connected
     calls = Calls(client, _to_thread, port=pc, thread_port=bp)
     try:
-        f, _, _ = calls.from_thread("create", ROOT_INO, b"from-thread", 0o644)
-        assert calls.from_thread("getattr", f.ino)[0].ino == f.ino
+        f, _, _ = calls.from_thread(client.requests.create(ROOT_INO, b"from-thread", 0o644))
+        assert calls.from_thread(client.requests.getattr(f.ino))[0].ino == f.ino
         assert bp.calls == 2 and port.calls == 2
         port.stop()
-        assert calls.from_thread("getattr", f.ino)[0].ino == f.ino  # unary
+        assert calls.from_thread(client.requests.getattr(f.ino))[0].ino == f.ino  # unary
         assert bp.calls == 2
     finally:
         bp.close()

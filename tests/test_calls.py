@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 import trio
 
-from curvine.client.master_client import MasterClient
+from curvine.client.master.master_client import MasterClient
 from curvine.common import rpc
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO
 from curvine.common.security import NO_SECURITY
-from curvine.fuse_client.calls import Calls, CallStream, _StreamDown
+from curvine.client.master.route import StreamDown
+from curvine.fuse_client.calls import Calls, CallStream
 from curvine.master.master import Master
 from curvine.master.ports.service import MasterServicer
 from curvine.proto import master_pb2_grpc
@@ -49,28 +50,28 @@ def test_calls_on_the_stream_answer_like_unary_rpcs(served):
     async def go():
         while stream._out is None:  # the stream thread opens it
             await trio.sleep(0.01)
-        d, lease, parent = await calls.run("mkdir", ROOT_INO, b"d", 0o755)
+        d, lease, parent = await calls.run(client.requests.mkdir(ROOT_INO, b"d", 0o755))
         assert d.type and parent.ino == ROOT_INO
-        f, _, parent = await calls.run("create", d.ino, b"f.tmp", 0o644)
+        f, _, parent = await calls.run(client.requests.create(d.ino, b"f.tmp", 0o644))
         assert parent.ino == d.ino
-        assert (await calls.run("lookup", d.ino, b"f.tmp"))[0].ino == f.ino
-        assert await calls.run("lookup", d.ino, b"missing") == (None, 0)
-        assert (await calls.run("getattr", f.ino))[0].ino == f.ino
-        node = await calls.run("complete", f.ino, [], 0, 0, True)
+        assert (await calls.run(client.requests.lookup(d.ino, b"f.tmp")))[0].ino == f.ino
+        assert await calls.run(client.requests.lookup(d.ino, b"missing")) == (None, 0)
+        assert (await calls.run(client.requests.getattr(f.ino)))[0].ino == f.ino
+        node = await calls.run(client.requests.complete(f.ino, [], 0, 0, True))
         assert node.version == 1
-        moved = await calls.run("rename", d.ino, b"f.tmp", d.ino, b"f.data",
-                                require_published=True)
+        moved = await calls.run(client.requests.rename(d.ino, b"f.tmp", d.ino, b"f.data",
+                                require_published=True))
         assert moved[2].ino == f.ino and moved[0].ino == d.ino
         with pytest.raises(CurvineError) as e:
-            await calls.run("create", d.ino, b"f.data", 0o644, exclusive=True)
+            await calls.run(client.requests.create(d.ino, b"f.data", 0o644, exclusive=True))
         assert e.value.kind == ErrorKind.EXISTS
         with pytest.raises(CurvineError) as e:
-            await calls.run("unlink", d.ino, b"nope")
+            await calls.run(client.requests.unlink(d.ino, b"nope"))
         assert e.value.kind == ErrorKind.NOT_FOUND
         async with trio.open_nursery() as n:  # many in flight at once, out of order
             for i in range(50):
-                n.start_soon(calls.run, "create", d.ino, b"c%d" % i, 0o644)
-        assert (await calls.run("unlink", d.ino, b"f.data"))[0].ino == d.ino
+                n.start_soon(calls.run, client.requests.create(d.ino, b"c%d" % i, 0o644))
+        assert (await calls.run(client.requests.unlink(d.ino, b"f.data")))[0].ino == d.ino
 
     try:
         trio.run(go)
@@ -86,19 +87,19 @@ def test_a_call_the_stream_cannot_carry_goes_unary_with_the_same_request(served)
     class DownStream:
         async def call(self, prepared):
             sent.append(prepared)
-            raise _StreamDown()
+            raise StreamDown()
 
-    real_call = client.call
+    real_unary = client.unary
 
-    def unary(prepared):
+    def unary(prepared, timeout, wait):
         sent.append(prepared)
-        return real_call(prepared)
+        return real_unary(prepared, timeout, wait)
 
-    client.call = unary
+    client.unary = unary
     calls = Calls(client, _to_thread, DownStream())
 
     async def go():
-        f, _, _ = await calls.run("create", ROOT_INO, b"x", 0o644, exclusive=True)
+        f, _, _ = await calls.run(client.requests.create(ROOT_INO, b"x", 0o644, exclusive=True))
         return f
 
     f = trio.run(go)

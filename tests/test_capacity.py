@@ -21,7 +21,7 @@ import time
 import pytest
 
 from cluster_util import wait_for
-from curvine.client.master_client import MasterClient
+from curvine.client.master.master_client import MasterClient
 from curvine.common.config import Config, apply_dict
 from curvine.common.errors import ConfigError, CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO, new_request_id

@@ -27,8 +27,8 @@ import pytest
 
 from cluster_util import daemon_metric
 from fs_helpers import wait_until
-from curvine.client import block_client
-from curvine.client.fs import CurvineFS
+from curvine.client.blocks import block_client
+from curvine.client.files.fs import CurvineFS
 from curvine.common.blocks import block_relpath
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, to_errno

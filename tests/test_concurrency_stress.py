@@ -100,7 +100,7 @@ def test_concurrency_stress_two_replicas(make_cluster, tmp_path):
 LOG = """\
 --- curvine local: starting fuse 0 at 2026-12-07 04:07:49: python -m curvine.fuse_client.main
 2026-12-07 04:07:50,477 curvine-fuse[7049] INFO curvine.fuse_client: mounted
-2026-12-07 04:07:51,000 curvine-fuse[7049] WARNING curvine.client.file_reader: block 00000000000000ab: \
+2026-12-07 04:07:51,000 curvine-fuse[7049] WARNING curvine.client.files.file_reader: block 00000000000000ab: \
 the local block file of worker 1 ('127.0.0.1:1') is not intact (reading it failed: Bad file \
 descriptor); not reading that copy again
 2026-12-07 04:07:52,000 curvine-fuse[7049] ERROR curvine.fuse_client.operations: release failed

@@ -263,7 +263,7 @@ def test_worker_sigkill_restart_reconciles(make_cluster, tmp_path):
     files = _store_files(a, 10, 7, 256 * 1024, 3 * MIB)
     data_dirs = [os.path.join(c.base, "worker", str(i), "data") for i in range(2)]
 
-    from curvine.client.master_client import MasterClient
+    from curvine.client.master.master_client import MasterClient
     from curvine.common.ids import ROOT_INO
     mc = MasterClient(c.master_addr, timeout=10, wait=10, security=c.security)
     try:
@@ -330,7 +330,7 @@ def put_loop(conf: str, parent: int, results: str, stop, seed: int) -> None:
     """A pod's connector storing empty chunks as curvine's connector does (one PutFile
     each, on the master's call port): every name whose call returned is written to
     ``results`` (flushed), an error as ``ERR ...``."""
-    from curvine.client.master_client import MasterClient
+    from curvine.client.master.master_client import MasterClient
     from curvine.common import config as config_mod
     from curvine.common.security import Security
 
@@ -362,7 +362,7 @@ def test_master_sigkill_under_connector_stores(make_cluster, tmp_path):
     journal) while the master is SIGKILLed and restarted 5 times: every store whose
     call returned is there after the last restart, and no store failed (each only
     stalled, then went on through the unary fallback or the port once it was back)."""
-    from curvine.client.master_client import MasterClient
+    from curvine.client.master.master_client import MasterClient
 
     c = make_cluster(workers=1, mounts=0)
     mc = MasterClient(c.master_addr, security=c.security)

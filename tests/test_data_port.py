@@ -1,4 +1,4 @@
-"""The workers' bulk read port (worker/data_port.py, client/data_port.py) with a real
+"""The workers' bulk read port (worker/data_port.py, client/blocks/data_port.py) with a real
 master and worker servicer in this process: byte-exact ranges straight into the
 caller's buffers, the block token checked like the gRPC service checks it, and the
 bounds (connections, idle and malformed peers)."""
@@ -12,13 +12,14 @@ import time
 
 import pytest
 
-from curvine.client import block_client
-from curvine.client.data_port import DataPorts
+from curvine.client.blocks import block_client
+from curvine.client.blocks.data_port import DataPorts
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO
 from curvine.common.security import NO_SECURITY
 from curvine.proto import common_pb2
-from curvine.worker.data_port import REQUEST, DataPortServer
+from curvine.common.data_wire import REQUEST
+from curvine.worker.data_port import DataPortServer
 
 from inproc import InprocCluster, empty_data_dir, wait_until
 

@@ -1,5 +1,5 @@
 """Short-circuit I/O through the worker's Unix domain socket (worker/domain_socket.py,
-client/domain_socket.py): block descriptors passed by the worker after it checked the
+client/blocks/domain_socket.py): block descriptors passed by the worker after it checked the
 block token, so a local client needs no access to the data dirs.
 
 In-process: the real master and worker (tests/inproc.py) with the worker's
@@ -25,9 +25,9 @@ import zlib
 import pytest
 
 from inproc import InprocCluster, wait_until
-from curvine.client.domain_socket import LocalSockets
-from curvine.client.fs import CurvineFS
-from curvine.client.master_client import MasterClient
+from curvine.client.blocks.domain_socket import LocalSockets
+from curvine.client.files.fs import CurvineFS
+from curvine.client.master.master_client import MasterClient
 from curvine.common import block_tokens, local_wire
 from curvine.common import config as config_mod
 from curvine.common.errors import CurvineError, ErrorKind
@@ -206,7 +206,7 @@ def test_adopt_on_the_socket_takes_a_staging_file_like_the_rpc(inproc, tmp_path)
     worker adopt it on the socket (the mount's small files): the same checks as the
     AdoptBlock RPC, the block byte-exact; a read token, another block's token or a
     path outside the worker's staging dirs is refused and nothing is left behind."""
-    from curvine.client import block_client
+    from curvine.client.blocks import block_client
     c, server, sockets = inproc
     data = os.urandom(100_000)
     crc = zlib.crc32(data)
@@ -385,7 +385,7 @@ def test_a_connection_closed_mid_write_leaves_no_staging_file(inproc):
         raw.close()
     # the client's own failure to write the descriptor aborts too
     _, block_id, worker, token = _new_block(c, b"c")
-    import curvine.client.domain_socket as client_module
+    import curvine.client.blocks.domain_socket as client_module
 
     def full_disk(fd, views):
         os.pwrite(fd, b"some", 0)
@@ -540,8 +540,8 @@ def test_local_workers_serve_their_sockets_and_sigterm_removes_them(make_cluster
 
 _CHILD = r"""
 import hashlib, json, os, sys, time
-from curvine.client.domain_socket import LocalSockets
-from curvine.client.master_client import MasterClient
+from curvine.client.blocks.domain_socket import LocalSockets
+from curvine.client.master.master_client import MasterClient
 from curvine.common import config
 from curvine.common.blocks import block_path
 from curvine.common.ids import ROOT_INO

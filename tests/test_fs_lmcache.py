@@ -116,7 +116,7 @@ def _writer(w: int, directory: str, rounds: int, size: int, barrier, current, ou
 
 def _after_bad_read(path: str, master_addr: str, security) -> str:
     """What the name shows right after a bad read (diagnostics for the report)."""
-    from curvine.client.master_client import MasterClient
+    from curvine.client.master.master_client import MasterClient
     from curvine.common.ids import ROOT_INO
     try:
         mc = MasterClient(master_addr, timeout=5, wait=5, security=security)

@@ -423,7 +423,7 @@ def _worker_used(c) -> float:
 
 
 def _blocks_of(c, path: str) -> list:
-    from curvine.client.master_client import MasterClient
+    from curvine.client.master.master_client import MasterClient
     m = MasterClient(c.master_addr, timeout=10.0, wait=10.0, security=c.security)
     try:
         ino = os.stat(path).st_ino

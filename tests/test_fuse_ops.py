@@ -23,10 +23,10 @@ import pyfuse3
 import pytest
 import trio
 
-from curvine.client import block_client
-from curvine.client.file_reader import FileReader
-from curvine.client.file_writer import FileWriter, LocalWorker
-from curvine.client.master_client import LeaseSession
+from curvine.client.blocks import block_client
+from curvine.client.files.file_reader import FileReader
+from curvine.client.files.file_writer import FileWriter, LocalWorker
+from curvine.client.master.master_client import LeaseSession
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.security import NO_SECURITY
@@ -877,14 +877,14 @@ async def aerrno(coro_fn, *args):
 def test_ops_unexpected_exception_is_eio_and_logged_once(cluster, caplog, monkeypatch):
     master = cluster.client
     ops = make_ops(master)
-    real_call = master.call
+    real_unary = master.unary
 
-    def boom(prepared):  # a bug in the mount while it gets attributes
+    def boom(prepared, timeout, wait):  # a bug in the mount while it gets attributes
         if prepared.method == "GetAttr":
             raise ValueError("bug")
-        return real_call(prepared)
+        return real_unary(prepared, timeout, wait)
 
-    monkeypatch.setattr(master, "call", boom)
+    monkeypatch.setattr(master, "unary", boom)
     assert errno_of(ops.getattr, 1, Ctx()) == errno.EIO
     assert sum("getattr" in r.getMessage() for r in caplog.records) == 1
 
@@ -1103,7 +1103,7 @@ def test_a_reader_closed_during_its_local_check_keeps_the_copy_and_every_descrip
     block file: the check still reads that file (the descriptor stays open until it is
     done), the sound copy is not rejected, and no other descriptor of the process is
     closed in its place (the number the kernel hands out next)."""
-    from curvine.client import file_reader
+    from curvine.client.files import file_reader
 
     master = cluster.client
     data = os.urandom(BS + 100)
@@ -1157,7 +1157,7 @@ def test_a_block_this_process_wrote_is_not_read_whole_again_to_check_it(cluster,
     """The writer knows the crc32 of what it wrote into the staging file the worker
     adopted: a reader of that version here does not read the file whole to check it;
     once the file changes (another identity), it does."""
-    from curvine.client import file_reader
+    from curvine.client.files import file_reader
 
     monkeypatch.setattr(file_reader, "_verified", file_reader._VerifiedFiles())
     checked = []
@@ -1190,7 +1190,7 @@ def test_a_copy_a_reader_rejects_is_checked_by_its_worker_and_dropped(cluster, m
     tell): the reader rejects the copy and reports it; the master has the worker check
     it (never dropping a copy on a client's word), the worker finds it bad and removes
     it, and the master drops it (the file had no other copy: removed, a clean miss)."""
-    from curvine.client import file_reader
+    from curvine.client.files import file_reader
 
     monkeypatch.setattr(file_reader, "_verified", file_reader._VerifiedFiles())
     master = cluster.client
@@ -1235,7 +1235,7 @@ def test_readers_hold_at_most_their_share_of_local_files(cluster, monkeypatch):
     bound a reader reads from the worker instead (same bytes), and every file given
     back frees its place.  Before, 3,000 open handles held 3,000 descriptors (and a
     file of many blocks one per block): a client could take every descriptor."""
-    from curvine.client import file_reader
+    from curvine.client.files import file_reader
 
     master = cluster.client
     data = os.urandom(2 * BS + 7)
@@ -1345,7 +1345,7 @@ def test_ops_read_of_cached_local_bytes_needs_no_thread(cluster, monkeypatch):
 
 
 def test_fs_path_api(cluster, tmp_path):
-    from curvine.client.fs import CurvineFS
+    from curvine.client.files.fs import CurvineFS
     master = cluster.client
     fs = CurvineFS(master=master)
     fs.mkdir("/a/b", parents=True)

@@ -406,7 +406,7 @@ def test_a_lookup_past_the_masters_reply_limit_asks_again_for_the_rest(kv_cluste
     (4 MiB); a prompt of small files kept inline (200 KiB each, their bytes in the
     reply) needs more: the connector asks again from where the reply ended, and every
     name is found (before, the names past the cut were misses)."""
-    from curvine.client.fs import CurvineFS
+    from curvine.client.files.fs import CurvineFS
     from curvine.common import config as config_mod
 
     c = kv_cluster

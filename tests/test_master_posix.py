@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from curvine.client.master_client import MasterClient
+from curvine.client.master.master_client import MasterClient
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO, new_request_id
 from curvine.common.security import NO_SECURITY
@@ -599,13 +599,13 @@ def test_rpcs_on_the_client_port(tmp_path):
         assert e.value.kind == ErrorKind.NOT_PERMITTED
         # the mount's calls: open inodes sent, the kept one answered
         client.session = SESSION
-        parent, held = client.call(client.prepare("unlink", ROOT_INO, b"f2", open_inos=[f.ino]))
+        parent, held = client.call(client.requests.unlink(ROOT_INO, b"f2", open_inos=[f.ino]))
         assert parent.ino == ROOT_INO and held == 0  # not its last name
         g = client.create(d.ino, b"g")
-        *dirs, held = client.call(client.prepare("rename", d.ino, b"f", d.ino, b"g",
-                                                 open_inos=[g.ino]))
+        *dirs, held = client.call(client.requests.rename(d.ino, b"f", d.ino, b"g",
+                                                         open_inos=[g.ino]))
         assert held == g.ino and dirs[0].ino == d.ino and dirs[2].ino == f.ino
-        client.call(client.prepare("rename", d.ino, b"g", d.ino, b"s", exchange=True))
+        client.call(client.requests.rename(d.ino, b"g", d.ino, b"s", exchange=True))
         assert client.lookup(d.ino, b"s").ino == f.ino
         assert client.rename(d.ino, b"s", d.ino, b"s2")[2].ino == f.ino  # 3 values, as before
         client.release_inode(g.ino)

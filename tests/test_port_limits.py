@@ -36,7 +36,7 @@ import grpc
 import pytest
 
 from cluster_util import daemon_metric, wait_for
-from curvine.client.master_client import MasterClient
+from curvine.client.master.master_client import MasterClient
 from curvine.common import config as config_mod, local_wire
 from curvine.common.call_wire import ANSWER, FRAME, hello
 from curvine.common.errors import ErrorKind

@@ -397,7 +397,7 @@ class _Meta:
     """Block locations and replication status straight from the master."""
 
     def __init__(self, c):
-        from curvine.client.master_client import MasterClient
+        from curvine.client.master.master_client import MasterClient
         from curvine.common.rpc import RpcClient
         from curvine.proto import master_pb2_grpc
         self.mc = MasterClient(c.master_addr, timeout=10, wait=10, security=c.security)

@@ -21,7 +21,7 @@ import textwrap
 import time
 import urllib.request
 
-from curvine.client.master_client import MasterClient
+from curvine.client.master.master_client import MasterClient
 from curvine.common import log as log_mod
 from curvine.common import metrics
 from curvine.common.ids import ROOT_INO

@@ -27,7 +27,7 @@ from curvine.common.rpc import make_channel
 from curvine.proto import master_pb2, master_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 DEADLINE = 30.0  # bounds every honest call: a hang fails the test instead of the suite
-# A stream unread for longer than client/file_reader.QUIET_STREAM is not blamed on
+# A stream unread for longer than client/files/file_reader.QUIET_STREAM is not blamed on
 # its worker when it turns out cut
 QUIET_WAIT = 5.5
 
@@ -291,7 +291,7 @@ def remote_client(make_cluster, tmp_path, extra: str = ""):
     (CurvineFS, the worker's HTTP port)."""
     import dataclasses
 
-    from curvine.client.fs import CurvineFS
+    from curvine.client.files.fs import CurvineFS
     from curvine.common.config import Config
     conf = tmp_path / "limits.toml"
     conf.write_text('[worker]\nstream_idle_timeout = "1s"\n' + extra)
@@ -338,7 +338,7 @@ def test_a_reader_that_pauses_past_the_idle_timeout_reads_on(make_cluster, tmp_p
     fs, http_port = remote_client(make_cluster, tmp_path,
                                   '[cluster]\nblock_size = "32MiB"\n')
     data = os.urandom(64 * MIB)
-    caplog.set_level(logging.INFO, logger="curvine.client.file_reader")
+    caplog.set_level(logging.INFO, logger="curvine.client.files.file_reader")
     with fs:
         fs.write_bytes("/r.data", data)
         r = fs.open_reader("/r.data")

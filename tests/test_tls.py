@@ -32,9 +32,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fs_helpers import log_text, wait_until
 from test_call_port_mounts import CONNECTED, _master_metric
 
-from curvine.client.call_port import BlockingCallPort, for_security
-from curvine.client.fs import CurvineFS
-from curvine.client.master_client import MasterClient
+from curvine.client.master.call_port_blocking import BlockingCallPort, for_security
+from curvine.client.files.fs import CurvineFS
+from curvine.client.master.master_client import MasterClient
 from curvine.common import auth, rpc, tls
 from curvine.common.config import Config, SecurityConfig
 from curvine.common.security import Security
@@ -207,7 +207,7 @@ def test_cluster_runs_with_tls(make_cluster, tmp_path, pki):
         assert not os.path.exists(os.path.join(c.mounts[0], f"nothing{i}.data"))
     with CurvineFS(c.master_addr, cfg=cfg) as fs:
         assert fs.exists("/kv1.data") and not fs.exists("/absent.data")
-        assert fs.master._port is not None and fs.master._port.calls >= 2
+        assert fs.master.route.thread_port is not None and fs.master.route.thread_port.calls >= 2
     assert _master_metric(c, "curvine_call_port_calls_total") - before >= 5 + 2
 
     for role, i in (("master", 0), ("worker", 0), ("worker", 1)):
@@ -437,7 +437,7 @@ def test_call_port_with_tls(tls_port, pki):
 
     from curvine.common.call_wire import PortDown
     from curvine.common.ids import ROOT_INO
-    from curvine.fuse_client.call_port import CallPortClient
+    from curvine.fuse_client.call_port_trio import CallPortClient
 
     _, start = tls_port
     port = start(client_auth=False)
@@ -505,5 +505,5 @@ def test_call_port_with_mutual_tls(tls_port, pki):
 
 def _prepared(op: str, request):
     """A Prepared call of ``op`` whose reply is returned as it is."""
-    from curvine.client.master_client import Prepared
+    from curvine.client.master.requests import Prepared
     return Prepared(method=op, op=op, request=request, convert=lambda r: r)

@@ -1,7 +1,7 @@
 """Worker: block store, block service through the block client, and the daemon.
 
 Levels: BlockStore on real directories -> a real WorkerServicer on an in-process gRPC
-server driven through curvine.client.block_client -> `curvine-worker` as a
+server driven through curvine.client.blocks.block_client -> `curvine-worker` as a
 subprocess against a real master served in-process (tests/inproc.py; ``Heard`` taps
 what the worker tells it), including SIGTERM and SIGKILL-mid-write recovery.
 """
@@ -21,7 +21,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from curvine.client import block_client
+from curvine.client.blocks import block_client
 from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error
 from curvine.common.ids import MIB, ROOT_INO, new_request_id
 from curvine.common.rpc import bind, make_server

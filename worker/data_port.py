@@ -4,13 +4,9 @@ gRPC streaming costs several copies of every byte on each side and about 0.6-0.9
 per stream on loopback (docs/measurements.md).  A reader on another node (the cross-pod hit the
 L2 exists for) needs more, so a worker also serves block reads on this port: the
 kernel copies the block from the page cache to the socket (no copy in Python here) and
-the client receives straight into its buffer (client/data_port.py, ``recv_into``).
+the client receives straight into its buffer (client/blocks/data_port.py, ``recv_into``).
 
-Wire (big-endian), many requests per connection, one at a time:
-  request  b"CVR1" block_id:u64 offset:u64 length:u64 token_len:u16 token
-  reply    status:u32 length:u64, then (status 0) length bytes of the block,
-           or (status = an ErrorKind) message_len:u16 message (utf-8)
-``length`` 0 = to the end of the block.  Authorization is the block's read token,
+Wire: common/data_wire.py.  Authorization is the block's read token,
 checked exactly as the gRPC service checks it (``WorkerServicer._authorize``).
 
 Used only when the cluster runs without TLS (the port would bypass it; with TLS the
@@ -29,12 +25,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import struct
 import threading
 import time
 
 from curvine.common import block_tokens
 from curvine.common.blocks import check_block_id
+from curvine.common.data_wire import MAGIC, MAX_TOKEN, REQUEST, data_reply, error_reply
 from curvine.common.errors import CurvineError, ErrorKind, invalid
 from curvine.common.metrics import CONNECTIONS_CUT, WORKER_READ_REMOTE
 
@@ -42,10 +38,6 @@ from .service import WorkerServicer
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"CVR1"
-REQUEST = struct.Struct(">4sQQQH")
-REPLY = struct.Struct(">IQ")
-MAX_TOKEN = 256
 MAX_CONNECTIONS = 64
 PER_PEER = 32  # connections of one peer address (a pod's connector reads with 16 threads)
 IDLE_TIMEOUT = 60.0  # for the first byte of a request
@@ -78,11 +70,6 @@ def _recv_exact(conn: socket.socket, n: int, deadline: float,
             raise ConnectionError("the peer closed mid-request")
         buf += data
     return bytes(buf)
-
-
-def error_reply(e: CurvineError) -> bytes:
-    msg = str(e).encode()[:4000]
-    return REPLY.pack(int(e.kind), 0) + struct.pack(">H", len(msg)) + msg
 
 
 class DataPortServer:
@@ -223,7 +210,7 @@ class DataPortServer:
         sent = 0
         with os.fdopen(fd, "rb", buffering=0) as f:
             try:
-                conn.sendall(REPLY.pack(0, n))
+                conn.sendall(data_reply(n))
                 # socket.sendfile: sendfile(2), waiting for the socket within its timeout
                 # (the socket is non-blocking underneath, so os.sendfile alone would
                 # stop at EAGAIN)

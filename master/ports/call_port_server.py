@@ -12,8 +12,8 @@ committer, answered in that thread again, with no thread waiting for the journal
 other calls go to the call pool.  Each connection is an
 asyncio.Protocol that parses frames as their bytes arrive (no task or stream reader
 per call).  The mount's client
-(fuse_client/call_port.py) runs in its trio loop; the path client's
-(client/call_port.py: the LMCache connector, CLI commands) is blocking and pooled.
+(fuse_client/call_port_trio.py) runs in its trio loop; the path client's
+(client/master/call_port_blocking.py: the LMCache connector, CLI commands) is blocking and pooled.
 
 Protocol (all integers big-endian):
 

@@ -22,10 +22,10 @@ from curvine.common.ids import MIB, ROOT_INO, check_name, host_id
 from curvine.common.security import Security
 from curvine.proto import common_pb2
 
-from . import block_client
+from ..blocks import block_client
 from .file_reader import FileReader
 from .file_writer import FileWriter, LocalWorker
-from .master_client import MasterClient
+from ..master.master_client import MasterClient
 
 Inode = common_pb2.Inode
 CHUNK = MIB

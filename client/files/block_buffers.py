@@ -45,7 +45,7 @@ from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.fds import FdClosed, OwnedFd
 from curvine.proto import common_pb2
 
-from . import block_client
+from ..blocks import block_client
 from .file_reader import note_written_file, zeros
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """A blocking client of the master's call port (master/call_port.py has the protocol),
 for processes that call the master from threads: the LMCache connector's lookups and
 stores, ``curvine`` commands.  The mount has its own client in its trio loop
-(fuse_client/call_port.py).
+(fuse_client/call_port_trio.py).
 
 Why: a unary call through Python gRPC costs the master ~0.6 ms of CPU (thread
 hand-offs in the sync server), against ~0.15 ms on the call port (issue 16).
@@ -89,9 +89,10 @@ class BlockingCallPort:
         self.calls += 1
         return reply_of(result)
 
-    def call_blocking(self, prepared):
-        """A MasterClient.Prepared call (the mount's writer threads: fuse_client/calls.py)."""
-        return self.call(prepared.op, prepared.request)
+    def call_blocking(self, prepared, timeout: float | None = None):
+        """A Prepared call (client/master/requests.py) as a carrier of the route
+        (client/master/route.py)."""
+        return self.call(prepared.op, prepared.request, timeout)
 
     def close(self) -> None:
         with self._lock:

@@ -57,8 +57,8 @@ from curvine.common.metrics import CLIENT_READ_REMOTE, CLIENT_READ_SHORT_CIRCUIT
 from curvine.common.security import Security
 from curvine.proto import common_pb2
 
-from . import block_client
-from .pools import LazyExecutor
+from ..blocks import block_client
+from ..blocks.pools import LazyExecutor
 
 log = logging.getLogger(__name__)
 

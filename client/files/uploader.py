@@ -23,13 +23,13 @@ from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.metrics import CLIENT_WRITTEN_REMOTE, CLIENT_WRITTEN_SHORT_CIRCUIT
 from curvine.proto import common_pb2
 
-from . import block_client
+from ..blocks import block_client
 from .file_reader import note_written_file
-from .pools import LazyExecutor
+from ..blocks.pools import LazyExecutor
 
 if TYPE_CHECKING:
     from .block_buffers import BlockBuffer, LocalWorker
-    from .domain_socket import LocalSockets
+    from ..blocks.domain_socket import LocalSockets
     from .file_reader import BlockFetcher
 
 log = logging.getLogger(__name__)

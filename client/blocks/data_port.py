@@ -1,5 +1,5 @@
-"""Client of the workers' bulk read port (worker/data_port.py): a block range straight
-into the caller's buffers with ``recv_into``, no copy in Python.
+"""Client of the workers' bulk read port (worker/data_port.py; frames: common/data_wire.py):
+a block range straight into the caller's buffers with ``recv_into``, no copy in Python.
 
 Connections are kept per worker address (a few idle ones each) and reused; one that
 fails in any way is closed, never reused.  Every socket call has a deadline.
@@ -14,11 +14,9 @@ import threading
 import time
 from collections.abc import Sequence
 
+from curvine.common import data_wire
 from curvine.common.errors import CurvineError, ErrorKind
 
-MAGIC = b"CVR1"
-REQUEST = struct.Struct(">4sQQQH")
-REPLY = struct.Struct(">IQ")
 IDLE_PER_WORKER = 8
 SOCKET_BUFFER = 4 << 20
 
@@ -84,10 +82,11 @@ class DataPorts:
             raise CurvineError(ErrorKind.UNAVAILABLE, f"data port {address}: {e}") from None
         try:
             sock.settimeout(timeout)
-            sock.sendall(REQUEST.pack(MAGIC, block_id, offset, want, len(token)) + token)
-            status, n = REPLY.unpack(_recv_exact(sock, REPLY.size, deadline))
+            sock.sendall(data_wire.request(block_id, offset, want, token))
+            status, n = data_wire.REPLY.unpack(_recv_exact(sock, data_wire.REPLY.size, deadline))
             if status:
-                (mlen,) = struct.unpack(">H", _recv_exact(sock, 2, deadline))
+                (mlen,) = data_wire.MESSAGE_LEN.unpack(
+                    _recv_exact(sock, data_wire.MESSAGE_LEN.size, deadline))
                 msg = _recv_exact(sock, mlen, deadline).decode(errors="replace")
                 self._release(address, sock)
                 sock = None

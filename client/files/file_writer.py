@@ -26,7 +26,7 @@ from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import check_file_size
 from curvine.proto import common_pb2
 
-from . import block_client
+from ..blocks import block_client
 from .block_buffers import LocalWorker, MemoryBuffer, SmallBuffer, first_buffer, placed_buffer
 from .extents import Extent, ExtentMap
 from .file_reader import BlockFetcher, join
@@ -34,7 +34,7 @@ from .uploader import Uploader
 from .write_behind import WriteBehind
 
 if TYPE_CHECKING:
-    from .domain_socket import LocalSockets
+    from ..blocks.domain_socket import LocalSockets
 
 __all__ = ["FileWriter", "LocalWorker"]
 

@@ -1,4 +1,4 @@
-"""The mount's connection to the master's call port (master/call_port.py, which has the
+"""The mount's connection to the master's call port (master/ports/call_port_server.py, which has the
 protocol): master.Call frames out, master.CallResult frames back, all in the trio loop.
 
 A call from the trio loop registers its task, writes its frame straight into the
@@ -29,7 +29,7 @@ import time
 import outcome
 import trio
 
-from curvine.client.master_client import Prepared
+from curvine.client.master.requests import Prepared
 from curvine.common.call_wire import (ANSWER, FRAME, UNAUTHENTICATED, PortDown, PortRefused,
                                       check_answer, hello, reply_of)
 from curvine.common.errors import CurvineError, ErrorKind
@@ -88,7 +88,8 @@ class CallPortClient:
 
         return reply_of(await trio.lowlevel.wait_task_rescheduled(abort))
 
-    def call_blocking(self, prepared: Prepared):
+    def call_blocking(self, prepared: Prepared, timeout: float | None = None):
+        """The reply from another thread, within ``timeout`` (None: the port's)."""
         token = self._trio_token
         if self._sock is None or token is None:
             raise PortDown()
@@ -99,7 +100,7 @@ class CallPortClient:
         except trio.RunFinishedError:
             raise PortDown() from None
         try:
-            result = waiter.result(timeout=self.timeout)
+            result = waiter.result(timeout=self.timeout if timeout is None else timeout)
         except concurrent.futures.TimeoutError:
             try:
                 token.run_sync_soon(self._pending.pop, cid, None)

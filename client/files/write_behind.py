@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 from curvine.common.errors import CurvineError, ErrorKind
 
-from .pools import LazyExecutor
+from ..blocks.pools import LazyExecutor
 
 log = logging.getLogger(__name__)
 
