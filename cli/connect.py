@@ -114,7 +114,7 @@ def master_client(args: argparse.Namespace) -> MasterClient:
     """A client of the master (close it when done)."""
     cfg = load_config(args)
     # its channels send the cluster token and speak TLS as the config says
-    return MasterClient(cfg.cluster.master_addr, timeout=float(cfg.cluster.rpc_timeout),
+    return MasterClient(config_mod.master_addrs(cfg), timeout=float(cfg.cluster.rpc_timeout),
                         wait=float(cfg.cluster.master_wait), security=Security.load(cfg))
 
 

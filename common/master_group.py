@@ -19,7 +19,9 @@ import threading
 import time
 from typing import Any, Sequence
 
-from .errors import CurvineError, ErrorKind
+import grpc
+
+from .errors import CurvineError, ErrorKind, from_rpc_error
 from .rpc import RETRY_FIRST, RETRY_MAX, RpcClient
 from .security import Security
 
@@ -49,6 +51,12 @@ class MasterGroup:
         # members that failed since one last answered: a standby that still names a
         # leader which is gone must not send us back to it
         self._failed: set[int] = set()
+        self.moves = 0  # times the current master changed: carriers bound to one reconnect
+
+    def _set(self, index: int) -> None:
+        if index != self._current:
+            self._current = index
+            self.moves += 1
 
     @property
     def current(self) -> str:
@@ -69,7 +77,7 @@ class MasterGroup:
         with self._lock:
             if name not in self.names:
                 return False
-            self._current = self.names.index(name)
+            self._set(self.names.index(name))
             return True
 
     def after_failure(self, err: CurvineError) -> bool:
@@ -85,15 +93,15 @@ class MasterGroup:
             self._failed.add(self._current)
             named = self.names.index(leader) if leader in self.names else None
             if named is not None and named not in self._failed:
-                self._current = named
+                self._set(named)
                 return True
             untried = [(self._current + k) % len(self.dial) for k in range(1, len(self.dial))]
             untried = [i for i in untried if i not in self._failed]
             if not untried:  # a whole round failed: start again after a pause
                 self._failed.clear()
-                self._current = (self._current + 1) % len(self.dial)
+                self._set((self._current + 1) % len(self.dial))
                 return False
-            self._current = untried[0]
+            self._set(untried[0])
             return True
 
 
@@ -172,6 +180,23 @@ class GroupRpc:
         self._closed.set()
         for c in self._clients.values():
             c.close()
+
+
+def moves(rpc: RpcClient | GroupRpc) -> int:
+    """How many times ``rpc`` moved to another master (0 for one master): what a
+    carrier bound to one master (a call port connection, a stream) compares with the
+    count it connected at, to reconnect to the leader."""
+    return rpc.masters.moves if isinstance(rpc, GroupRpc) else 0
+
+
+def stream_failed(rpc: RpcClient | GroupRpc, exc: grpc.RpcError, opened_at: int) -> None:
+    """A stream opened on ``rpc.stub`` when ``moves(rpc)`` was ``opened_at`` failed with
+    ``exc``: a standby's NOT_LEADER, or a master that is down, moves ``rpc`` on as a
+    failed call would, so that the stream opens again on the leader.  Nothing when
+    ``rpc`` moved meanwhile (the stream was cancelled for that, or the failure is news
+    of a master the calls have left already)."""
+    if isinstance(rpc, GroupRpc) and rpc.masters.moves == opened_at:
+        rpc.masters.after_failure(from_rpc_error(exc))
 
 
 def master_rpc(addresses: Sequence[str], stub_cls: Any, *, security: Security,

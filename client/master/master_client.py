@@ -25,7 +25,8 @@ import grpc
 
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import new_request_id
-from curvine.common.rpc import RETRY_MAX, RpcClient
+from curvine.common import master_group
+from curvine.common.rpc import RETRY_MAX
 from curvine.common.security import Security
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
@@ -47,13 +48,16 @@ class MasterClient:
     ``security``: the credentials of its channel (common/security.py); objects built
     from this client (writers, readers) use ``.security`` for their own channels."""
 
-    def __init__(self, address: str, timeout: float = 30.0, wait: float = 60.0, *,
-                 security: Security, call_port: bool = False):
-        self.address = address
+    def __init__(self, address: str | Sequence[str], timeout: float = 30.0,
+                 wait: float = 60.0, *, security: Security, call_port: bool = False):
         self.security = security
         self.timeout = timeout
-        self._rpc = RpcClient(address, master_pb2_grpc.MasterStub, security=security,
-                              timeout=timeout, wait=wait)
+        # one master, or every master of a group (config.master_addrs): its calls follow
+        # the leader (common/master_group.py)
+        self._rpc = master_group.master_rpc(
+            [address] if isinstance(address, str) else list(address),
+            master_pb2_grpc.MasterStub, security=security, timeout=timeout, wait=wait)
+        self._port_moves = 0  # master_group.moves() when the call port was learned
         self.requests = Requests()  # they name the lease session (``session``)
         self.route = Route(self.unary, self._learn_call_port)
         # ``call_port``: namespace calls on the master's call port when it has one
@@ -61,6 +65,11 @@ class MasterClient:
         # the route's thread_port), else unary
         self._port_checked = 0.0 if call_port else None  # monotonic time of the last StatFs
         self._port_lock = threading.Lock()
+
+    @property
+    def address(self) -> str:
+        """The master its calls go to now (of a group: the leader once a call found it)."""
+        return self._rpc.address
 
     def _call(self, method: str, request):
         # Reads are naturally idempotent; mutations carry a request id that the
@@ -92,7 +101,16 @@ class MasterClient:
         """Put the call port on the route once StatFs named one (asked with the caller's
         deadline and wait: a connector that must not wait for a master that is down does
         not)."""
-        if route.thread_port is not None or self._port_checked is None:
+        if self._port_checked is None:
+            return
+        if route.thread_port is not None and master_group.moves(self._rpc) != self._port_moves:
+            # the calls moved to another master of the group: its port, not this one
+            with self._port_lock:
+                port, route.thread_port = route.thread_port, None
+                self._port_checked = 0.0
+            if port is not None:
+                port.close()
+        if route.thread_port is not None:
             return
         now = time.monotonic()
         if self._port_checked and now - self._port_checked < PORT_RECHECK:
@@ -106,6 +124,7 @@ class MasterClient:
                 except CurvineError as e:
                     log.debug("asking the master for its call port: %s", e)
                     return
+                self._port_moves = master_group.moves(self._rpc)
                 if number:
                     host = self.address.rpartition(":")[0].strip("[]")
                     route.thread_port = for_security(host, number, self.security,
@@ -386,6 +405,7 @@ class LeaseSession(StreamThread):
 
             idle = False
             call = None
+            moves = master_group.moves(self.client._rpc)
             try:
                 self._call = call = self.client._rpc.stub.Session(requests())
                 events = iter(call)
@@ -408,6 +428,8 @@ class LeaseSession(StreamThread):
                 pass
             except grpc.RpcError as e:
                 if not self._stop.is_set():
+                    # a standby or a master that is down: reopen it on the leader
+                    master_group.stream_failed(self.client._rpc, e, moves)
                     # once per outage; the retries while the master is down go quietly
                     log.log(logging.INFO if self.client.session else logging.DEBUG,
                             "lease session lost: %s (reopening it)",

@@ -13,7 +13,10 @@ Calls without a field in master.Call go unary only.
 
 Where the master is: the carriers are set here (or found by ``discover``, before each
 blocking call) and the unary RPC is one function, so following the master somewhere else
-changes these and nothing of the callers.
+changes these and nothing of the callers.  A master group (common/master_group.py): a
+standby's NOT_LEADER on a carrier passes the call on like UNAVAILABLE; the unary RPC
+(``GroupRpc``) follows the leader it names, within the same wait; carriers bound to one
+master see the move (``master_group.moves``) and reconnect to the leader.
 
 May import: ``curvine.common``, ``curvine.proto``, ``client.master.requests``.
 """
@@ -105,8 +108,13 @@ class Route:
         return await to_thread(functools.partial(self.unary, prepared, None, None))
 
 
+# answers of a carrier's master after which the call goes on: it is down for now, or
+# a standby of a group (the unary RPC then follows the leader it names)
+PASS_ON = (ErrorKind.UNAVAILABLE, ErrorKind.NOT_LEADER)
+
+
 def _unless_unavailable(e: CurvineError) -> None:
-    """Re-raise ``e`` unless the master said UNAVAILABLE: that one goes on (at last unary,
-    which retries it for up to cluster.master_wait)."""
-    if e.kind != ErrorKind.UNAVAILABLE:
+    """Re-raise ``e`` unless the master said UNAVAILABLE or NOT_LEADER: those go on (at
+    last unary, which retries for up to cluster.master_wait, following the leader)."""
+    if e.kind not in PASS_ON:
         raise e
