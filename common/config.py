@@ -213,6 +213,12 @@ class ClientConfig:
     # miss, a skipped store) whatever the master or a worker is doing; after a
     # failure, calls to that master or worker are misses at once for as long
     fail_open_timeout: Duration = Duration(2.0)
+    # a master group: the member that answers this client's unleased reads (lookups,
+    # getattr, listings, block locations, the connector's batched lookups; a standby
+    # answers once it has applied what the leader had committed): "" = one chosen at
+    # start (by process id), "leader" = none (every call to the leader), or host:port
+    # of one of cluster.master_addrs
+    read_member: str = ""
 
 
 @dataclass
@@ -485,6 +491,10 @@ def _problems(cfg: Config):
     if cfg.client.domain_socket_dir and not os.path.isabs(cfg.client.domain_socket_dir):
         yield (("client.domain_socket_dir",), f"must be an absolute path (or \"\" for none), "
                f"got {cfg.client.domain_socket_dir!r}")
+    r = cfg.client.read_member
+    if r and r != "leader" and r not in master_addrs_of(c):
+        yield (("client.read_member",), f"{r!r} is not one of cluster.master_addrs "
+               "(\"\" = one chosen at start, \"leader\" = none)")
     if cfg.client.readahead_blocks < 1:
         yield ("client.readahead_blocks",), "must be at least 1"
     if cfg.log.level.upper() not in _LOG_LEVELS:
@@ -550,6 +560,17 @@ def master_addrs(cfg: Config) -> list[str]:
     """Every master's gRPC address (``cluster.master_addrs``, else the one
     ``cluster.master_addr``): what clients try, leader first once they know it."""
     return master_addrs_of(cfg.cluster)
+
+
+def read_member(cfg: Config) -> str | None:
+    """The member of a master group that answers this process's unleased reads
+    (``client.read_member``; "": one of ``master_addrs`` by process id, so that a
+    node's clients spread over the group); None: one master, or reads to the leader."""
+    addrs = master_addrs(cfg)
+    r = cfg.client.read_member
+    if len(addrs) == 1 or r == "leader":
+        return None
+    return r or addrs[os.getpid() % len(addrs)]
 
 
 def master_worker_addrs(cfg: Config) -> list[str]:

@@ -218,7 +218,8 @@ class KVStore:
         # lookup or store that cannot be answered now is a miss or a skipped store.
         self.fs = fs or CurvineFS(cfg=cfg, master=MasterClient(
             config_mod.master_addrs(cfg), timeout=self.timeout, wait=0,
-            security=Security.load(cfg), call_port=cfg.client.call_port))
+            security=Security.load(cfg), call_port=cfg.client.call_port,
+            read_member=config_mod.read_member(cfg)))
         self.master = self.fs.master
         self.security = self.fs.security
         self.host = host_id()

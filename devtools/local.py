@@ -726,9 +726,12 @@ class LocalCluster:
             # The flags below win anyway; the file repeats them so that it reads as the
             # daemon's whole effective configuration.
             c = seen_by(role)
-            short_circuit = section_values.pop("short_circuit", None)
-            if short_circuit is not None:
-                c.client = dataclasses.replace(cfg.client, short_circuit=short_circuit)
+            # [client] keys of a mount's own
+            client = {k: section_values.pop(k) for k in ("short_circuit", "read_member")
+                      if k in section_values}
+            client = {k: v for k, v in client.items() if v is not None}
+            if client:
+                c.client = dataclasses.replace(cfg.client, **client)
             setattr(c, role, dataclasses.replace(getattr(cfg, role), **section_values))
             if role == "master":
                 c.journal = dataclasses.replace(
@@ -773,8 +776,12 @@ class LocalCluster:
         _write_atomic(self.client_conf, _config.to_toml(seen_by("client")).encode())
         for i, mnt in enumerate(self.mounts):
             http = http_ports[n + i]
+            # a group: each mount reads from one member, round-robin by mount
+            reads = (self.master_addrs[i % nm] if nm > 1 and not cfg.client.read_member
+                     else None)
             fconf = conf_file("fuse", i, mountpoint=mnt, http_port=http,
-                              short_circuit=self.short_circuit[i] and cfg.client.short_circuit)
+                              short_circuit=self.short_circuit[i] and cfg.client.short_circuit,
+                              read_member=reads)
             argv = [mnt, "--conf", fconf, *master_flag]
             if not self.short_circuit[i]:
                 argv.append("--no-short-circuit")

@@ -209,6 +209,8 @@ class Calls:
         # (client/master/call_port_blocking.py): a writer's AddBlock and CompleteFile
         # without a hop into the trio loop
         self.route.thread_port = thread_port
+        # a master group: unleased reads to the member this mount reads from first
+        self.route.reads = master.read if master.reader is not None else None
 
     async def run(self, prepared: Prepared):
         return prepared.convert(await self.route.call(prepared, self.to_thread))

@@ -269,7 +269,8 @@ def run(cfg: config_mod.Config, security: Security) -> int:
     if cfg.client.short_circuit:
         log.info("short-circuit data dirs: %s", ", ".join(dirs.dirs) or "(none)")
     master = MasterClient(config_mod.master_addrs(cfg), timeout=cfg.cluster.rpc_timeout,
-                          wait=cfg.cluster.master_wait, security=security)
+                          wait=cfg.cluster.master_wait, security=security,
+                          read_member=config_mod.read_member(cfg))
     ops = Operations(cfg, master)  # closes the master client with itself
     try:
         pyfuse3.init(ops, cfg.fuse.mountpoint, mount_options(cfg))

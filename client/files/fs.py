@@ -16,7 +16,7 @@ import os
 import time
 from typing import Iterator
 
-from curvine.common.config import Config, master_addrs
+from curvine.common.config import Config, master_addrs, read_member
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, ROOT_INO, check_name, host_id
 from curvine.common.security import Security
@@ -50,7 +50,8 @@ class CurvineFS:
                                              timeout=self.cfg.cluster.rpc_timeout,
                                              wait=self.cfg.cluster.master_wait,
                                              security=Security.load(self.cfg),
-                                             call_port=self.cfg.client.call_port)
+                                             call_port=self.cfg.client.call_port,
+                                             read_member=read_member(self.cfg))
         self.security = self.master.security
         self.host = host_id()
         # The only dirs short-circuit reads and writes may open: this configuration's

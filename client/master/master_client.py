@@ -19,7 +19,7 @@ import logging
 import queue
 import threading
 import time
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import grpc
 
@@ -49,7 +49,8 @@ class MasterClient:
     from this client (writers, readers) use ``.security`` for their own channels."""
 
     def __init__(self, address: str | Sequence[str], timeout: float = 30.0,
-                 wait: float = 60.0, *, security: Security, call_port: bool = False):
+                 wait: float = 60.0, *, security: Security, call_port: bool = False,
+                 read_member: str | None = None):
         self.security = security
         self.timeout = timeout
         # one master, or every master of a group (config.master_addrs): its calls follow
@@ -65,6 +66,12 @@ class MasterClient:
         # the route's thread_port), else unary
         self._port_checked = 0.0 if call_port else None  # monotonic time of the last StatFs
         self._port_lock = threading.Lock()
+        # a master group: the member this client's unleased reads go to first
+        # (config.read_member; client/master/route.py), with its own call port
+        self.reader = (MasterClient(read_member, timeout, 0, security=security,
+                                    call_port=call_port) if read_member else None)
+        if self.reader is not None:
+            self.route.reads = self.read
 
     @property
     def address(self) -> str:
@@ -90,6 +97,11 @@ class MasterClient:
         """Run a call of ``self.requests`` on the route (client/master/route.py); its
         converted result.  ``timeout`` covers the whole route."""
         return prepared.convert(self.route.call_blocking(prepared, timeout, wait))
+
+    def read(self, prepared: Prepared, timeout: float | None) -> Any:
+        """The reply of a spreadable read from the group member this client reads from
+        (``reader``): its call port, else its unary RPC, never waiting for it."""
+        return self.reader.route.call_blocking(prepared, timeout, 0)
 
     def unary(self, prepared: Prepared, timeout: float | None, wait: float | None):
         """The reply of ``prepared`` as its unary RPC (the last carrier of a route)."""
@@ -334,6 +346,8 @@ class MasterClient:
     def close(self) -> None:
         if self.route.thread_port is not None:
             self.route.thread_port.close()
+        if self.reader is not None:
+            self.reader.close()
         self._rpc.close()
 
 
