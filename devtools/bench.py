@@ -25,6 +25,9 @@ table gives medians and the ratio curvine / plain, next to the targets of issue 
    lookups and empty-chunk stores from 1, 4 and 16 client processes, stat misses from
    1 and 8 processes through a mount, create/stat/listdir/unlink through a mount beside
    the plain directory; ops/s and master and mount CPU per operation (issue 16).
+9. ``ha`` (only when named; see bench_ha.py): clusters of its own: failover time over 10
+   leader kills in a group of 3 masters, and lookups and stores of 16 clients on one
+   master and on a group of 3, with the leader's CPU per operation (issue 35).
 7. ``smallio`` (only when named; see bench_smallio.py): random 4 KiB and 64 KiB writes
    (+ fsync) and reads inside one 64 MiB file, cold and warm, and the multi-process
    namespace workload of posix_workload.py, on curvine, the plain directory and
@@ -61,8 +64,9 @@ from .demo import SEED, chunk_data, chunk_keys, format_table, get_chunk, put_chu
 from .local import ClusterError, LocalCluster, mounted_paths, proc_stat
 
 MiB = 1 << 20
-WORKLOADS = ("kv", "prompt", "meta", "memory", "fill", "lmcache", "smallio", "meta-scale")
-# run without --workloads; "fill" needs a small cluster of its own, "lmcache" torch
+WORKLOADS = ("kv", "prompt", "meta", "memory", "fill", "lmcache", "smallio", "meta-scale",
+             "ha")
+# run without --workloads; "fill" and "ha" need clusters of their own, "lmcache" torch
 # and lmcache, and "smallio" compares with MooseFS: only when named
 DEFAULT_WORKLOADS = ("kv", "prompt", "meta", "memory")
 CHUNK_TOKENS = 256  # LMCache's default chunk size in tokens
@@ -826,7 +830,8 @@ def _fmt(x: float | None, unit: str) -> str:
 
 WORKLOAD_TITLES = {"kv": "1 KV chunks", "prompt": "2 prompt", "meta": "3 metadata",
                    "memory": "4 memory", "fill": "5 fill", "lmcache": "6 lmcache",
-                   "smallio": "7 small I/O", "meta-scale": "8 metadata at scale"}
+                   "smallio": "7 small I/O", "meta-scale": "8 metadata at scale",
+                   "ha": "9 master group"}
 
 
 def format_report(metrics: dict[str, list[Metric]]) -> str:
@@ -879,7 +884,8 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
         say("  note: the machine is busy (load average above the CPU count): "
             "figures will be noisy")
 
-    main_wls = [w for w in params.workloads if w != "fill"]  # on the main cluster
+    own_cluster = ("fill", "ha")  # workloads that start clusters of their own
+    main_wls = [w for w in params.workloads if w not in own_cluster]  # on the main cluster
     top = None  # temporary directory this run created (cluster and/or plain dir)
     cluster = None
     bench = None
@@ -888,9 +894,10 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
     lm = None  # the lmcache workload (bench_lmcache.LmcacheBench)
     lm_note = None  # ... or why it was skipped
     sm = None  # the smallio workload (bench_smallio.SmallIoBench)
+    ha_raw = None  # the ha workload's medians (bench_ha.py)
     results["workload_seconds"], results["cpu_seconds"] = {}, {}
     try:
-        if plain is None or mounts is None or "fill" in params.workloads:
+        if plain is None or mounts is None or set(own_cluster) & set(params.workloads):
             parent = workdir or (os.path.dirname(os.path.abspath(plain)) if plain else None)
             top = tempfile.mkdtemp(prefix="curvine-bench-", dir=parent)
         if main_wls:
@@ -1052,6 +1059,15 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
             fill.run()
             results["workload_seconds"]["fill"] = round(time.perf_counter() - t0, 1)
             say(f"  {results['workload_seconds']['fill']:.0f}s wall")
+        if "ha" in params.workloads:
+            from .bench_ha import HaBench, report as ha_report
+            say(f"[{WORKLOAD_TITLES['ha']}]")
+            t0 = time.perf_counter()
+            ha = HaBench(top, say, runs=params.runs)
+            ha_raw = ha.run()
+            ha_raw["failover seconds, each kill"] = ha.failovers
+            say(ha_report({k: v for k, v in ha_raw.items() if not isinstance(v, list)}))
+            results["workload_seconds"]["ha"] = round(time.perf_counter() - t0, 1)
     except BaseException as e:
         results["error"] = ("interrupted" if isinstance(e, KeyboardInterrupt)
                             else f"{type(e).__name__}: {e}")
@@ -1078,7 +1094,8 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
         results["workloads"] = {
             wl: {"metrics": [m.to_json() for m in all_metrics.get(wl, [])],
                  **({"raw": bench.raw[wl]} if bench is not None and wl in bench.raw else {}),
-                 **({"raw": fill.raw} if wl == "fill" and fill is not None else {})}
+                 **({"raw": fill.raw} if wl == "fill" and fill is not None else {}),
+                 **({"raw": ha_raw} if wl == "ha" and ha_raw is not None else {})}
             for wl in WORKLOADS if wl in params.workloads}
         if bench is not None:
             results["memory"] = bench.memory

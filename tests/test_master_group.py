@@ -158,9 +158,10 @@ def test_leader_killed_five_times_under_load(etcd, make_cluster, tmp_path):  # n
             before_files = stored()
             killed_at = time.time()
             c.kill("master", leader, sig=signal.SIGKILL)
-            wait_until(lambda: any(t > killed_at for _, t in _acked_puts(puts)), 30,
+            dead_at = time.time()  # what is acknowledged from now on, the new leader did
+            wait_until(lambda: any(t > dead_at for _, t in _acked_puts(puts)), 30,
                        f"a store acknowledged by the new leader after kill {i + 1}")
-            gaps.append(min(t for _, t in _acked_puts(puts) if t > killed_at) - killed_at)
+            gaps.append(min(t for _, t in _acked_puts(puts) if t > dead_at) - killed_at)
             c.start("master", leader)  # back as a standby
             wait_until(lambda: stored() >= before_files + 2, 60,
                        f"the mounts' writers to go on after kill {i + 1}")
