@@ -80,13 +80,22 @@ def write_checkpoint(env: lmdb.Environment, ckpt_root: str, seq: int) -> str:
     if os.path.isdir(final):
         log.info("checkpoint %s already exists, keeping it", final)
         return final
-    tmp = tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=ckpt_root)
-    try:
+
+    def copy(tmp: str) -> None:
         if env.flags()["subdir"]:
             env.copy(tmp, compact=True)
         else:
             # a no-subdir environment copies to a file name, not a directory
             env.copy(os.path.join(tmp, "data.mdb"), compact=True)
+    return _install(ckpt_root, final, copy, "written")
+
+
+def _install(ckpt_root: str, final: str, fill, how: str) -> str:
+    """Make ``final`` atomically: ``fill(tmp)`` writes the files into a temporary
+    directory, which is made private and durable, then renamed."""
+    tmp = tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=ckpt_root)
+    try:
+        fill(tmp)
         for name in os.listdir(tmp):
             fd = os.open(os.path.join(tmp, name), os.O_RDONLY)
             try:
@@ -100,7 +109,7 @@ def write_checkpoint(env: lmdb.Environment, ckpt_root: str, seq: int) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     fsync_dir(ckpt_root)
-    log.info("checkpoint %s written", final)
+    log.info("checkpoint %s %s", final, how)
     _prune(ckpt_root)
     return final
 
@@ -122,3 +131,47 @@ def _remove_stale_tmp(ckpt_root: str) -> None:
         if name.startswith(_TMP_PREFIX):
             log.info("removing leftover checkpoint temp %s", name)
             shutil.rmtree(os.path.join(ckpt_root, name), ignore_errors=True)
+
+
+CHUNK = 1 << 20  # bytes of a checkpoint file per message when streamed
+
+
+def checkpoint_chunks(path: str):
+    """(file name, bytes) of the checkpoint directory ``path``, CHUNK at a time (a
+    member of a master group sends it to another: master/member.py)."""
+    for name in sorted(os.listdir(path)):
+        with open(os.path.join(path, name), "rb") as f:
+            while True:
+                data = f.read(CHUNK)
+                yield name, data
+                if len(data) < CHUNK:
+                    break
+
+
+def receive_checkpoint(ckpt_root: str, seq: int, chunks) -> str:
+    """Write the checkpoint at ``seq`` from ``chunks`` ((file name, bytes), as
+    checkpoint_chunks gives them) into ``ckpt_root``, durably and atomically like
+    write_checkpoint; returns its path."""
+    private_files.private_dir(ckpt_root, "checkpoints", check_owner=False, durable=True)
+    _remove_stale_tmp(ckpt_root)
+    final = os.path.join(ckpt_root, checkpoint_name(seq))
+    if os.path.isdir(final):
+        return final
+    def write(tmp: str) -> None:
+        files: dict[str, int] = {}
+        try:
+            for name, data in chunks:
+                if os.sep in name or name in ("", ".", ".."):
+                    raise JournalError(f"checkpoint file name {name!r}")
+                fd = files.get(name)
+                if fd is None:
+                    fd = files[name] = os.open(os.path.join(tmp, name),
+                                               os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                               private_files.FILE_MODE)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+        finally:
+            for fd in files.values():
+                os.close(fd)
+    return _install(ckpt_root, final, write, "received")

@@ -177,6 +177,8 @@ class Master:
             self.replication.start()
 
     def close(self) -> None:
+        if hasattr(self, "leases"):
+            self.leases.close_sessions()  # their mounts go to whoever serves next
         if hasattr(self, "capacity"):
             self.capacity.close()
         if hasattr(self, "deleter"):

@@ -24,28 +24,36 @@ restarting the process.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import threading
 import time
 
+import grpc
+
+from curvine.common import rpc
 from curvine.common.config import Config
-from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error
 from curvine.common.security import Security
 from curvine.journal import JournalError
-from curvine.proto import master_pb2
+from curvine.journal.checkpoint import receive_checkpoint
+from curvine.proto import master_pb2, master_pb2_grpc
 
 from .group.etcd import Etcd
-from .group.etcd_journal import EtcdJournal
+from .group.etcd_journal import CHECKPOINT_BYTES_MAX, CHECKPOINT_EVERY_MAX, EtcdJournal
 from .group.etcd_state import EtcdLeaseState, shared_block_key
 from .group.leadership import Leadership, MemberAddress, not_leader
-from .master import GroupRole, Master, private_dirs
-from .meta.metadata import Metadata
+from .master import GroupRole, Master, WouldBlock, private_dirs
+from .meta.metadata import Metadata, NoBridge, checkpoint_root
 
 log = logging.getLogger(__name__)
 
-FOLLOW_INTERVAL = 0.02  # seconds between a standby's looks at etcd for new records
+FOLLOW_INTERVAL = 0.1  # seconds between a standby's looks at etcd for new records (a read wakes it)
 READ_INDEX_WAIT = 5.0  # how long a read on a standby waits to have applied the commit
+FETCH_TIMEOUT = 600.0  # a checkpoint from the leader (a copy of its LMDB)
+READ_DRAIN = 0.2  # seconds for reads already admitted to finish before a store closes
 
 
 def key_prefix(cfg: Config) -> bytes:
@@ -60,6 +68,14 @@ class Member:
     """One master of a group; ``master`` is the Master of its current role."""
 
     def __init__(self, cfg: Config, security: Security, me: MemberAddress):
+        # etcd holds the journal until a checkpoint retires it: checkpoint often enough
+        # to stay well within etcd's quota
+        cfg = dataclasses.replace(cfg, journal=dataclasses.replace(
+            cfg.journal,
+            checkpoint_every=min(cfg.journal.checkpoint_every or CHECKPOINT_EVERY_MAX,
+                                 CHECKPOINT_EVERY_MAX),
+            checkpoint_bytes=min(int(cfg.journal.checkpoint_bytes) or CHECKPOINT_BYTES_MAX,
+                                 CHECKPOINT_BYTES_MAX)))
         self.cfg = cfg
         self.security = security
         self.me = me
@@ -80,8 +96,11 @@ class Member:
         try:
             private_dirs(os.path.abspath(cfg.master.meta_dir), os.path.abspath(cfg.journal.dir))
             shared_block_key(self.etcd, self.prefix, cfg.master.meta_dir)
-            self.metadata = Metadata.open(cfg, cfg.master.meta_dir, cfg.journal.dir,
-                                          journal=self._journal(leading=False))
+            try:
+                self.metadata = self._open_metadata()
+            except NoBridge as e:  # gone for longer than the journal in etcd reaches back
+                self._fetch_checkpoint(e.min_seq)
+                self.metadata = self._open_metadata()
         except BaseException:
             self.etcd.close()
             raise
@@ -89,6 +108,64 @@ class Member:
                                      applied=self.applied_seq, on_change=self._wake.set)
         self.master = self._build(leading=False)
         self._thread = threading.Thread(target=self._run, name="member", daemon=True)
+
+    def _open_metadata(self) -> Metadata:
+        return Metadata.open(self.cfg, self.cfg.master.meta_dir, self.cfg.journal.dir,
+                             journal=self._journal(leading=False))
+
+    def _fetch_checkpoint(self, min_seq: int) -> None:
+        """Take the leader's newest checkpoint (at ``min_seq`` or later) into this
+        member's checkpoints, where the recovery at open restores it from."""
+        kv = self.etcd.get(self.prefix + b"leader")
+        try:
+            leader = json.loads(kv.value) if kv is not None else {}
+        except ValueError:
+            leader = {}
+        address = str(leader.get("worker", "")) if isinstance(leader, dict) else ""
+        if not address or leader.get("id") == self.me.id:
+            raise CurvineError(ErrorKind.UNAVAILABLE, "this member is behind the journal "
+                                                      "in etcd and no other member leads to "
+                                                      "take a checkpoint from")
+        channel = rpc.make_channel(address, self.security.as_worker())
+        try:
+            stream = master_pb2_grpc.MasterStub(channel).FetchCheckpoint(
+                master_pb2.FetchCheckpointRequest(min_seq=min_seq), timeout=FETCH_TIMEOUT)
+            chunks = iter(stream)
+            head = next(chunks)
+
+            def pieces():
+                yield head.file, head.data
+                for chunk in chunks:
+                    yield chunk.file, chunk.data
+            path = receive_checkpoint(checkpoint_root(self.cfg.master.meta_dir), head.seq,
+                                      pieces())
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        finally:
+            channel.close()
+        log.warning("took the checkpoint at seq %d from the leader %s into %s: this member "
+                    "was behind the oldest record of the journal kept in etcd", head.seq,
+                    leader.get("id", "?"), path)
+
+    def _catch_up(self, why: JournalError) -> None:
+        """A standby behind the journal kept in etcd: take a checkpoint from the
+        leader and open the metadata again from it (reads are refused meanwhile)."""
+        if self.behind is None:
+            log.warning("standby behind the journal in etcd: %s", why)
+        self.behind = str(why)
+        try:
+            self._fetch_checkpoint(self.master.journal.first_seq - 1)
+        except CurvineError as e:
+            log.info("no checkpoint from the leader yet: %s", e)
+            return
+        time.sleep(READ_DRAIN)  # reads admitted before ``behind`` was set finish
+        self.master.close()
+        self.metadata.close()
+        self.metadata = self._open_metadata()
+        self.master = self._build(leading=False)
+        self.behind = None
+        with self._applied_cv:
+            self._applied_cv.notify_all()
 
     def _journal(self, leading: bool) -> EtcdJournal:
         lead = getattr(self, "leadership", None)
@@ -125,10 +202,11 @@ class Member:
     def _lowest_applied(self) -> int:
         """The lowest applied seq of the live members (journal compaction's floor)."""
         try:
-            return min((int(m.get("applied", 0)) for m in self.leadership.members()),
-                       default=0)
+            others = [int(m.get("applied", 0)) for m in self.leadership.members()
+                      if m.get("id") != self.me.id]
         except CurvineError:
             return 0
+        return min(others + [self.applied_seq()])  # this member's own, as it is now
 
     def problem(self) -> str | None:
         """Why this member cannot serve its role now (/healthz), or None: a standby
@@ -164,11 +242,12 @@ class Member:
         return reply
 
     # ------------------------------------------------------------------ calls
-    def admit(self, read: bool) -> Master:
+    def admit(self, read: bool, wait: bool = True) -> Master:
         """The Master to answer a call with, or NOT_LEADER (naming the leader) for a
         call this member cannot answer now: anything but a read on a standby, and
         anything on a leader whose fence closed.  A read on a standby first waits
-        to have applied what the group had committed when it arrived."""
+        to have applied what the group had committed when it arrived (``wait``
+        False: WouldBlock instead, for the call port's loop)."""
         master = self.master
         if master.leading:
             self.leadership.fence()
@@ -178,6 +257,8 @@ class Member:
         if self.behind is not None:
             raise CurvineError(ErrorKind.UNAVAILABLE, f"this standby cannot catch up: "
                                                       f"{self.behind}")
+        if not wait:
+            raise WouldBlock()
         self.read_index()
         return master
 
@@ -257,12 +338,9 @@ class Member:
             except CurvineError as e:
                 log.info("standby: cannot read the journal in etcd: %s", e)
             except JournalError as e:
-                # behind the oldest record kept in etcd (compacted after every member
-                # had applied it: this one was gone that long).  Fetching a checkpoint
-                # from the leader is not built yet: the operator copies one (docs)
-                if self.behind is None:
-                    log.error("standby cannot catch up: %s", e)
-                self.behind = str(e)
+                # behind the oldest record kept in etcd (compacted after every live
+                # member had applied it: this one was gone, or stalled, that long)
+                self._catch_up(e)
 
     def _take_over(self, term: int) -> None:
         started = time.monotonic()

@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.master.etcd_endpoints:  # one member of a master group (master/member.py)
             member = Member(cfg, security, MemberAddress(
                 default_member_id(cfg), f"{cfg.master.host}:{cfg.master.port}",
-                cfg.master.call_port, cfg.master.http_port))
+                cfg.master.call_port, cfg.master.http_port,
+                f"{cfg.master.host}:{cfg.master.worker_port}"))
             master = CurrentMaster(member)
         else:
             master = Master(cfg, security=security)

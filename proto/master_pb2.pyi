@@ -865,6 +865,22 @@ class StepDownRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class FetchCheckpointRequest(_message.Message):
+    __slots__ = ("min_seq",)
+    MIN_SEQ_FIELD_NUMBER: _ClassVar[int]
+    min_seq: int
+    def __init__(self, min_seq: _Optional[int] = ...) -> None: ...
+
+class CheckpointChunk(_message.Message):
+    __slots__ = ("seq", "file", "data")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    file: str
+    data: bytes
+    def __init__(self, seq: _Optional[int] = ..., file: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class GroupMember(_message.Message):
     __slots__ = ("id", "grpc", "role", "applied_seq", "lag_records")
     ID_FIELD_NUMBER: _ClassVar[int]

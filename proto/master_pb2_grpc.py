@@ -220,6 +220,11 @@ class MasterStub:
                 request_serializer=curvine_dot_proto_dot_master__pb2.StepDownRequest.SerializeToString,
                 response_deserializer=curvine_dot_proto_dot_common__pb2.Empty.FromString,
                 _registered_method=True)
+        self.FetchCheckpoint = channel.unary_stream(
+                '/curvine.Master/FetchCheckpoint',
+                request_serializer=curvine_dot_proto_dot_master__pb2.FetchCheckpointRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.CheckpointChunk.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -467,6 +472,15 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchCheckpoint(self, request, context):
+        """A member of the group behind the journal kept in etcd (compacted after every live
+        member applied it) takes the leader's newest checkpoint at or after min_seq: its
+        files, in chunks.  Worker port only (the masters' and workers' credential).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -654,6 +668,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.StepDown,
                     request_deserializer=curvine_dot_proto_dot_master__pb2.StepDownRequest.FromString,
                     response_serializer=curvine_dot_proto_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'FetchCheckpoint': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchCheckpoint,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.FetchCheckpointRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.CheckpointChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1655,6 +1674,33 @@ class Master:
             '/curvine.Master/StepDown',
             curvine_dot_proto_dot_master__pb2.StepDownRequest.SerializeToString,
             curvine_dot_proto_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/curvine.Master/FetchCheckpoint',
+            curvine_dot_proto_dot_master__pb2.FetchCheckpointRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.CheckpointChunk.FromString,
             options,
             channel_credentials,
             insecure,

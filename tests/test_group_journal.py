@@ -20,7 +20,7 @@ from curvine.master.group.etcd_journal import EtcdJournal
 from curvine.master.group.leadership import Leadership, MemberAddress
 
 from cluster_util import wait_for
-from etcd_util import etcd  # noqa: F401 - the fixture
+from etcd_util import etcd, etcd3  # noqa: F401 - the fixtures
 
 PREFIX = b"/curvine/test/"
 
@@ -33,7 +33,8 @@ def _leader(client: Etcd, name: str, ttl: float = 3.0) -> Leadership:
 
 
 def _writer(client: Etcd, lead: Leadership) -> EtcdJournal:
-    return EtcdJournal(client, PREFIX, lead.leader_key, fence=lead.fence, on_fenced=lead.lost)
+    return EtcdJournal(client, PREFIX, lead.leader_key, fence=lead.fence, term=lead.term,
+                       on_fenced=lead.lost)
 
 
 def test_batches_are_appended_in_order_and_read_by_another_member(etcd):  # noqa: F811
@@ -118,6 +119,27 @@ def test_the_fence_timer_refuses_before_etcd_is_asked(etcd):  # noqa: F811
         assert err.value.kind == ErrorKind.NOT_LEADER
         assert journal.stats["txns"] == 0
         assert EtcdJournal(client, PREFIX, lead.leader_key).durable_seq == 0
+    finally:
+        lead.close()
+        client.close()
+
+
+def test_the_journal_and_the_lease_survive_the_etcd_member_in_use(etcd3):  # noqa: F811
+    client = Etcd(etcd3.endpoints)
+    lead = _leader(client, "m1")
+    lead.start()
+    try:
+        wait_for(lead.leading, 10, what="m1 leads")
+        journal = _writer(client, lead)
+        journal.append(1, b"one")
+        journal.sync()
+        etcd3.kill(0)  # the member this client talks to
+        journal.append(1, b"two")
+        assert journal.sync() == 1  # moved on to another member, within the fence
+        time.sleep(lead.ttl + 1)  # past the fence unless keepalives went through the others
+        assert lead.leading()
+        seen = [r.payload for r in EtcdJournal(client, PREFIX, lead.leader_key).records(0)]
+        assert seen == [b"one", b"two"]
     finally:
         lead.close()
         client.close()

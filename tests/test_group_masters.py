@@ -21,16 +21,19 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import grpc
 import lmdb
 import pytest
 
+from curvine.client.call_port import BlockingCallPort
 from curvine.common.errors import LEADER_KEY, CurvineError, ErrorKind, from_rpc_error
 from curvine.devtools.local import free_ports
+from curvine.master.group.etcd import Etcd, prefix_end
 from curvine.proto import master_pb2, master_pb2_grpc
 
-from cluster_util import wait_for
+from cluster_util import metric_samples, wait_for
 from etcd_util import etcd  # noqa: F401 - the fixture
 
 ROOT_INO = 1
@@ -45,7 +48,7 @@ class MasterProc:
         self.base = os.path.join(base, f"m{index}")
         os.makedirs(self.base, exist_ok=True)
         self.id = f"m{index}"
-        self.port, worker_port, self.http_port, call_port = free_ports(4)
+        self.port, worker_port, self.http_port, self.call_port = free_ports(4)
         self.addr = f"127.0.0.1:{self.port}"
         self.meta_dir = os.path.join(self.base, "meta")
         self.conf = os.path.join(self.base, "curvine.toml")
@@ -54,7 +57,7 @@ class MasterProc:
             f.write(f'[cluster]\nname = "group-test"\nmaster_addr = "{self.addr}"\n'
                     f'[master]\nhost = "127.0.0.1"\nport = {self.port}\n'
                     f'worker_port = {worker_port}\nhttp_port = {self.http_port}\n'
-                    f'call_port = {call_port}\nmeta_dir = "{self.meta_dir}"\n'
+                    f'call_port = {self.call_port}\nmeta_dir = "{self.meta_dir}"\n'
                     f'etcd_endpoints = [{endpoints}]\nmember_id = "{self.id}"\n'
                     f'[journal]\ndir = "{os.path.join(self.base, "journal")}"\n')
         self.log_path = os.path.join(self.base, "master.log")
@@ -175,6 +178,13 @@ def test_standby_applies_what_the_leader_journals(group):
     reply = standby.group()
     assert {m.id: m.role for m in reply.members} == {"m0": "leader", "m1": "standby"}
     assert reply.leader == leader.addr and reply.commit_seq == seq
+    # each reports its role in its metrics, and a standby is healthy
+    for m, role in ((leader, 1), (standby, 0)):
+        assert [s.value for s in metric_samples(m.http_port, "curvine_master_role")] == [role]
+        with urllib.request.urlopen(f"http://127.0.0.1:{m.http_port}/healthz", timeout=10) as r:
+            assert r.status == 200
+    assert metric_samples(standby.http_port, "curvine_master_applied_seq")[0].value == seq
+    assert metric_samples(leader.http_port, "curvine_master_failovers_total")[0].value == 1
     # a mutation on the standby: NOT_LEADER, naming the leader (message and trailer)
     with pytest.raises(grpc.RpcError) as err:
         create(standby, b"refused")
@@ -247,10 +257,23 @@ def test_a_stopped_leader_is_fenced_and_steps_down(group):
 
 def test_a_read_on_a_standby_finds_what_the_leader_just_created(group):
     leader, standby = group(2)
-    for i in range(300):
-        name = b"r%03d" % i
-        ino = create(leader, name)
-        assert lookup(standby, name) == ino, name
+    port = BlockingCallPort("127.0.0.1", standby.call_port, "", timeout=10)
+    try:
+        for i in range(300):
+            name = b"r%03d" % i
+            ino = create(leader, name)
+            if i % 2:  # the mounts' way: the call port
+                reply = port.call("lookup", master_pb2.LookupRequest(parent=ROOT_INO, name=name))
+                assert reply.inode.ino == ino, name
+            else:
+                assert lookup(standby, name) == ino, name
+        # a mutation on the standby's call port: NOT_LEADER naming the leader, at once
+        with pytest.raises(CurvineError) as err:
+            port.call("create", master_pb2.CreateRequest(parent=ROOT_INO, name=b"x",
+                                                         mode=0o644, request_id=b"r1"))
+        assert err.value.kind == ErrorKind.NOT_LEADER and err.value.message == leader.addr
+    finally:
+        port.close()
 
 
 # the planned switchover is a lost leadership like any other, for the logs
@@ -267,3 +290,73 @@ def test_step_down_hands_over_to_a_standby(group):
     wait_for(lambda: first.role() == "standby", TAKEOVER_TIMEOUT, what="the old one follows")
     create(second, b"after")
     assert lookup(first, b"before") and lookup(first, b"after")
+
+
+def test_a_checkpoint_retires_what_every_member_applied(group, etcd):  # noqa: F811
+    leader, standby = group(2)
+    for i in range(50):
+        create(leader, b"c%02d" % i)
+    seq = leader.group().commit_seq
+    wait_for(lambda: standby.applied() >= seq, 10, what="the standby applied the journal")
+    time.sleep(1.0)  # the standby publishes its applied seq every campaign round
+    reply = leader.stub.Checkpoint(master_pb2.CheckpointRequest(), timeout=30)
+    assert reply.seq >= seq and reply.retired_segments > 0
+    client = Etcd(etcd.endpoints)
+    try:
+        prefix = b"/curvine/group-test/journal/"
+        oldest = client.range(prefix, prefix_end(prefix), limit=1).kvs[0].key
+        assert int(oldest[len(prefix):]) > 1
+    finally:
+        client.close()
+    create(leader, b"after")  # the standby follows on from the retired prefix
+    assert lookup(standby, b"after") and lookup(standby, b"c00")
+
+
+# the member restarted behind the compacted journal restores the leader's checkpoint
+@pytest.mark.expect_log(r"WARNING curvine\.master\.member: took the checkpoint at seq",
+                        r"WARNING curvine\.master\.meta\.metadata: metadata at seq \d+ is "
+                        r"older than the journal",
+                        r"WARNING curvine\.master\.meta\.metadata: previous metadata moved",
+                        r"WARNING curvine\.master\.meta\.metadata: restoring checkpoint")
+def test_a_member_gone_past_the_compacted_journal_takes_the_leaders_checkpoint(group):
+    leader, standby = group(2)
+    create(leader, b"early")
+    wait_for(lambda: lookup(standby, b"early"), 10, what="the standby has the first name")
+    standby.stop()
+    for i in range(100):
+        create(leader, b"g%03d" % i)
+    # with the standby gone, the leader's checkpoint retires every journal key before it
+    assert leader.stub.Checkpoint(master_pb2.CheckpointRequest(), timeout=30).retired_segments
+    standby.channel = grpc.insecure_channel(standby.addr)
+    standby.stub = master_pb2_grpc.MasterStub(standby.channel)
+    standby.start()
+    create(leader, b"late")
+    for name in (b"early", b"g000", b"g099", b"late"):
+        assert lookup(standby, name), name
+    assert standby.role() == "standby"
+
+
+# a standby stopped past its lease leaves the members; the leader compacts without it
+@pytest.mark.expect_log(r"WARNING curvine\.master\.member: standby behind the journal",
+                        r"WARNING curvine\.master\.member: took the checkpoint at seq",
+                        r"WARNING curvine\.master\.meta\.metadata: metadata at seq \d+ is "
+                        r"older than the journal",
+                        r"WARNING curvine\.master\.meta\.metadata: previous metadata moved",
+                        r"WARNING curvine\.master\.meta\.metadata: restoring checkpoint",
+                        r"WARNING curvine\.master\.cluster\.lag: the master stalled for")
+def test_a_standby_stalled_past_the_compacted_journal_catches_up_while_running(group):
+    leader, standby = group(2)
+    standby.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: [m.id for m in leader.group().members] == [leader.id], 10,
+                 what="the stopped standby's lease runs out")
+        for i in range(100):
+            create(leader, b"s%03d" % i)
+        assert leader.stub.Checkpoint(master_pb2.CheckpointRequest(), timeout=30).retired_segments
+    finally:
+        standby.proc.send_signal(signal.SIGCONT)
+    create(leader, b"late")
+    wait_for(lambda: standby.applied() >= leader.group().commit_seq, 15,
+             what="the standby catches up from the leader's checkpoint")
+    for name in (b"s000", b"s099", b"late"):
+        assert lookup(standby, name), name

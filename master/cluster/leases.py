@@ -200,6 +200,14 @@ class LeaseTable:
         s.close()
         log.info("session %x of %s closed", s.id, s.peer)
 
+    def close_sessions(self) -> None:
+        """End every session stream (a leader stepping down, master/member.py): each
+        mount drops what it cached and opens its session with the next leader."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for s in sessions:
+            self.close_session(s)
+
     def _forget_session(self, sid: int) -> None:
         for table in (self._names, self._inodes):
             for holders in table.values():

@@ -89,9 +89,9 @@ class Etcd:
                           timeout)
 
     def delete_range(self, key: bytes, range_end: bytes = b"",
-                     timeout: float | None = None) -> int:
+                     timeout: float | None = None) -> pb.DeleteRangeResponse:
         return self._call(self._kv, "DeleteRange",
-                          pb.DeleteRangeRequest(key=key, range_end=range_end), timeout).deleted
+                          pb.DeleteRangeRequest(key=key, range_end=range_end), timeout)
 
     def txn(self, compare: list, success: list, failure: list = (),
             timeout: float | None = None) -> pb.TxnResponse:

@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 1 << 20  # frames per Txn: under etcd's default --max-request-bytes (1.5 MiB)
 PAGE = 64  # batch keys per Range when reading
 RETRY_PAUSE = 0.1
+# etcd holds the journal from one checkpoint to the next, within its database quota
+# (2 GiB by default): a group checkpoints at least this often (master/member.py)
+CHECKPOINT_EVERY_MAX = 100_000  # records
+CHECKPOINT_BYTES_MAX = 256 << 20
 
 
 def batch_key(journal_prefix: bytes, first_seq: int) -> bytes:
@@ -263,12 +267,18 @@ class EtcdJournal:
                                 limit=1, descending=True, keys_only=True)
         if not reply.kvs:
             return 0
-        removed = self.etcd.delete_range(self.prefix, reply.kvs[0].key)
+        deleted = self.etcd.delete_range(self.prefix, reply.kvs[0].key)
+        removed = deleted.deleted
         self.stats["segments_retired"] += removed
         self._first_seq = self._read_first_seq()
         if removed:
-            log.info("journal in etcd: %d batches before seq %d deleted", removed,
-                     self._first_seq)
+            # etcd keeps every revision until compacted (its --auto-compaction is off
+            # by default), and nobody reads old revisions of ours: drop them, or its
+            # database grows by every batch ever written until it hits its quota
+            self.etcd.compact(deleted.header.revision)
+            log.info("journal in etcd: %d batches before seq %d deleted, history "
+                     "compacted at revision %d", removed, self._first_seq,
+                     deleted.header.revision)
         return removed
 
     def close(self) -> None:

@@ -2,7 +2,7 @@
 
 Keys (``prefix`` = ``/curvine/<cluster.name>/``):
 
-- ``leader``: JSON ``{"id", "grpc", "call_port", "http"}`` of the leader, put with its
+- ``leader``: JSON ``{"id", "grpc", "call_port", "http", "worker"}`` of the leader, put with its
   etcd lease by the campaign Txn ``create_revision(leader) == 0 -> put``.  The
   revision of that Txn names this term: the journal's Txns compare the leader key's
   create revision with it (etcd_journal.py), so no write of an earlier term can
@@ -47,10 +47,11 @@ class MemberAddress:
     grpc: str
     call_port: int = 0
     http: int = 0
+    worker: str = ""  # host:port of its worker port (another member's FetchCheckpoint)
 
     def record(self) -> dict:
         return {"id": self.id, "grpc": self.grpc, "call_port": self.call_port,
-                "http": self.http}
+                "http": self.http, "worker": self.worker}
 
 
 def not_leader(leader_grpc: str) -> CurvineError:
@@ -109,6 +110,11 @@ class Leadership:
         except CurvineError:
             return False
         return True
+
+    def leader_record(self) -> dict:
+        """The leader record as last seen ({} when unknown)."""
+        with self._lock:
+            return dict(self.leader)
 
     def leader_grpc(self) -> str:
         """The leader's gRPC address as last seen ("" when unknown or this member)."""
@@ -169,9 +175,11 @@ class Leadership:
                 elif now >= next_keepalive:
                     self._keepalive()
                     next_keepalive = now + self.ttl / 3
-                if not self.term and time.monotonic() >= self._no_campaign_until:
+                # never a key without our lease (it would outlive us): only with one
+                if self._lease and not self.term and time.monotonic() >= self._no_campaign_until:
                     self._campaign()
-                self._publish()
+                if self._lease:
+                    self._publish()
             except CurvineError as e:
                 self.stats["renew_failures"] += 1
                 log.info("etcd: %s", e)

@@ -40,6 +40,16 @@ def checkpoint_root(meta_dir: str) -> str:
     return os.path.join(meta_dir, "checkpoints")
 
 
+class NoBridge(CurvineError):
+    """The store is behind the journal's oldest record and no local checkpoint fills
+    the gap: a checkpoint at ``min_seq`` or later is needed (a member of a master
+    group fetches one from the leader)."""
+
+    def __init__(self, message: str, min_seq: int):
+        super().__init__(ErrorKind.IO, message)
+        self.min_seq = min_seq
+
+
 def _no_effects(fx: Effects) -> None:
     pass
 
@@ -166,10 +176,9 @@ def _store_in_line(journal: Journal, journal_dir: str, meta_dir: str) -> Store:
     if ckpt is not None and ckpt[0] + 1 < journal.first_seq:
         ckpt = None  # the journal no longer holds the records after it
     if ckpt is None and journal.first_seq > 1:
-        raise CurvineError(ErrorKind.IO,
-                           f"metadata in {path} is at seq {applied}, the journal holds "
-                           f"seqs {journal.first_seq}..{end}, and no checkpoint bridges "
-                           f"the two")
+        raise NoBridge(f"metadata in {path} is at seq {applied}, the journal holds "
+                       f"seqs {journal.first_seq}..{end}, and no checkpoint bridges the two",
+                       journal.first_seq - 1)
     if ahead:
         log.error("metadata in %s is at seq %d but the journal ends at seq %d: records "
                   "%d..%d are lost; rebuilding the metadata from the journal",

@@ -76,6 +76,10 @@ from curvine.common.stream_guard import QuietLog
 from curvine.proto import master_pb2
 
 log = logging.getLogger(__name__)
+# what run_nowait returns for a call that must wait but costs the master little (a read
+# on a standby of a master group waits for its read index): run it in the call pool,
+# where many may wait at once, not in the one heavy-read thread
+IN_POOL = object()
 
 HELLO_TIMEOUT = 10.0
 MAX_TOKEN = 4096
@@ -458,6 +462,10 @@ class _Connection(asyncio.Protocol):
         read = call.WhichOneof("op") in port._read_calls
         if port._run_nowait is not None:
             result = port._run_nowait(call)
+            if result is IN_POOL:  # a read that waits (a standby's read index)
+                self.in_flight += 1
+                port._pool.submit(self._pooled, call, port._run_call)
+                return
             if result is not None:
                 self._send(result)
                 return

@@ -13,13 +13,15 @@ import grpc
 from curvine.common.errors import CurvineError, ErrorKind, status_code
 from curvine.common.ids import check_ino
 from curvine.common import checked_service, metrics
-from curvine.common.rpc import abort as rpc_abort, handler
+from curvine.common.rpc import abort as rpc_abort, handler, stream_handler
+from curvine.journal.checkpoint import checkpoint_chunks, latest_checkpoint
 from curvine.common.stream_guard import IdleStreams
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
 from ..master import Master, WouldBlock
 from ..meta.steps import StepRunner
 from . import report
+from .call_port_server import IN_POOL
 
 log = logging.getLogger(__name__)
 # Calls of one Calls stream read but whose results the client has not yet taken: past
@@ -107,13 +109,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def m(self) -> Master:
         return self._master if self.member is None else self.member.master
 
-    def admit(self, method: str, req) -> Master:
+    def admit(self, method: str, req, wait: bool = True) -> Master:
         """The Master that answers ``method`` now; NOT_LEADER on a member that cannot
-        (master/member.py ``Member.admit``)."""
+        (master/member.py ``Member.admit``; ``wait`` False: WouldBlock rather than
+        wait for a read index)."""
         if self.member is None or method in ANY_MEMBER:
             return self.m
         read = STANDBY_READS.get(method)
-        return self.member.admit(read is not None and read(req))
+        return self.member.admit(read is not None and read(req), wait)
 
     @handler
     def Lookup(self, req, ctx):
@@ -408,18 +411,22 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def run_call_nowait(self, call) -> master_pb2.CallResult | None:
         """One Call answered at once if it need not wait and costs little (the call
         port's loop thread); None: run it elsewhere (``run_heavy`` for a read in
-        READ_CALLS, ``run_call`` for the rest).  A read is answered here in its cheap
+        READ_CALLS, ``run_call`` for the rest); IN_POOL: a read on a standby, which
+        waits for its read index in the call pool.  A read is answered here in its cheap
         form or not at all (see HEAVY_READS).  AddBlock waits only for a journal record
         every BLOCK_ID_CHUNK ids, or for eviction when no worker has room; a pool
         thread's hand-off both ways would cost more than the call itself."""
         op = call.WhichOneof("op")
-        if self.member is not None and not self.m.leading:
-            # a standby: a read waits for its read index (in a thread); the rest is
-            # refused here at once
+        if self.member is not None:
+            # the fence of a leader, or a standby's refusal, at once; a read on a
+            # standby waits for its read index elsewhere (WouldBlock: not in the loop)
             method = CALL_METHODS.get(op, ("", ""))[0]
-            if method in STANDBY_READS:
-                return None
-            return self._run_call(call)
+            try:
+                self.admit(method, getattr(call, op), wait=False)
+            except WouldBlock:
+                return IN_POOL
+            except CurvineError as e:
+                return _failed(call.id, op, e)
         light = self._light.get(op)
         if light is not None:
             return self._run_light(call, op, light)
@@ -515,6 +522,22 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self.member.step_down()
         return common_pb2.Empty()
 
+    @stream_handler
+    def FetchCheckpoint(self, req, ctx):
+        """The newest checkpoint at or after ``min_seq`` (written now if there is
+        none), file by file, for a member of the group behind the journal in etcd."""
+        m = self.m
+        found = latest_checkpoint(m.ckpt_root)
+        if found is None or found[0] < req.min_seq:
+            report.checkpoint_now(m)
+            found = latest_checkpoint(m.ckpt_root)
+        if found is None or found[0] < req.min_seq:
+            raise CurvineError(ErrorKind.UNAVAILABLE, f"no checkpoint at seq {req.min_seq} "
+                                                      "or later")
+        seq, path = found
+        for name, data in checkpoint_chunks(path):
+            yield master_pb2.CheckpointChunk(seq=seq, file=name, data=data)
+
     @handler
     def Checkpoint(self, req, ctx):
         remaining = ctx.time_remaining() if ctx is not None else None
@@ -588,7 +611,9 @@ class CallMutations:
 
 # Served on the master's worker port only (master.worker_port, the worker credential):
 # client traffic can neither call them nor take the threads that answer them.
-WORKER_METHODS = frozenset(("RegisterWorker", "BlockReport", "WorkerHeartbeat"))
+# (FetchCheckpoint: another master of the group, which holds the worker credential)
+WORKER_METHODS = frozenset(("RegisterWorker", "BlockReport", "WorkerHeartbeat",
+                            "FetchCheckpoint"))
 
 
 class _ClientPort:
