@@ -2,14 +2,8 @@
 of every command that talks to a master (fs, report, journal checkpoint, doctor) or
 reads a cluster's config (config show, local status/down).
 
-The config is found the same way by every command, first match wins:
-
-1. ``--base DIR``: the client config of the cluster that `curvine local up --base DIR`
-   started (BASE/conf/client.toml: its master, the cluster token, the TLS keys);
-2. ``--conf FILE``;
-3. ``$CURVINE_CONF``;
-4. /etc/curvine/curvine.toml, when it exists;
-5. none: the defaults (master 127.0.0.1:8995).
+The config is found the same way by every command (common/cluster_config.py: --base,
+--conf, $CURVINE_CONF, /etc/curvine/curvine.toml, else the defaults).
 
 ``--master H:P`` replaces the config's masters (``cluster.master_addr``, or every
 member of ``cluster.master_addrs``: the command then asks that member only).  Channels then carry the
@@ -28,49 +22,14 @@ import tomllib
 from curvine.client.files.fs import CurvineFS
 from curvine.client.master.master_client import MasterClient
 from curvine.common import config as config_mod
+# the commands find their config with these (re-exported: connect is their one client set-up)
+from curvine.common.cluster_config import NOWHERE, Found, add_options, find  # noqa: F401
 from curvine.common.master_group import GroupRpc, master_rpc
 from curvine.common.rpc import RpcClient
 from curvine.common.security import Security
 from curvine.proto import master_pb2_grpc
 
 MASTER_WAIT = 2.0  # seconds: a command should fail fast when the master is down
-NOWHERE = f"no --base, --conf, CURVINE_CONF or {config_mod.DEFAULT_PATH}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Found:
-    """The config file a command reads (None: the defaults) and why that one."""
-    path: str | None
-    origin: str  # "--base DIR", "--conf", "CURVINE_CONF", DEFAULT_PATH, or NOWHERE
-
-
-def add_options(parser: argparse.ArgumentParser, master: bool = True) -> None:
-    """``--master`` (unless ``master`` is False), and ``--conf`` or ``--base`` (not both)."""
-    if master:
-        parser.add_argument("--master", metavar="H:P", help="master address "
-                            "(default: cluster.master_addr of the config)")
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--conf", metavar="FILE", help="config file (default $CURVINE_CONF "
-                       f"or {config_mod.DEFAULT_PATH})")
-    where.add_argument("--base", metavar="DIR", help="the cluster `curvine local up --base "
-                       "DIR` started: its master, token and TLS keys")
-
-
-def find(args: argparse.Namespace) -> Found:
-    """The config file of the command's cluster, in the order of the module docstring."""
-    base = getattr(args, "base", None)
-    if base:
-        from curvine.devtools.local import LocalCluster  # only such a cluster has a base
-        return Found(LocalCluster.client_conf_of(base), f"--base {base}")
-    conf = getattr(args, "conf", None)
-    if conf:
-        return Found(conf, "--conf")
-    env = os.environ.get("CURVINE_CONF")
-    if env:
-        return Found(env, "CURVINE_CONF")
-    if os.path.exists(config_mod.DEFAULT_PATH):
-        return Found(config_mod.DEFAULT_PATH, config_mod.DEFAULT_PATH)
-    return Found(None, NOWHERE)
 
 
 def master_origin(args: argparse.Namespace, found: Found, address: str) -> str:

@@ -31,7 +31,7 @@ from curvine.journal.journal import Damage, gap_damage, list_segments, segment_d
 from curvine.journal.segment import JournalCorruption, SegmentReader
 from curvine.proto import journal_pb2
 
-from . import argtypes
+from curvine.common import argtypes
 from . import connect
 from .show import human_size
 

@@ -18,7 +18,10 @@ import sys
 import traceback
 
 # Command groups, in help order: (name, module).  local, demo and bench are
-# development tooling (curvine.devtools); the rest are the operator commands.
+# development tooling (curvine.devtools); the rest are the operator commands.  This
+# table is the program's composition root: it names the devtools groups without
+# importing them (cli and devtools never import each other; tests/test_layers_client.py),
+# and loads only the group a command needs.
 COMMAND_GROUPS = [
     ("local", "curvine.devtools.local"),
     ("demo", "curvine.devtools.demo"),
@@ -48,9 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
-    from curvine.devtools.local import ClusterError
-    from curvine.common.errors import ConfigError
-    from curvine.common.errors import CurvineError
+    from curvine.common.errors import ClusterError, ConfigError, CurvineError
     from curvine.journal import JournalError
     return (ClusterError, ConfigError, CurvineError, JournalError, OSError)
 

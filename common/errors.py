@@ -117,6 +117,11 @@ ERROR_KIND_KEY = "curvine-error-kind"
 LEADER_KEY = "curvine-leader"  # trailer of a NOT_LEADER error: the leader's gRPC address
 
 
+class ClusterError(Exception):
+    """Starting, stopping or finding a local cluster failed; ``str()`` says why
+    (devtools/local.py, common/cluster_config.py)."""
+
+
 class ConfigError(Exception):
     """A config value, file or combination that cannot work: one line that names the
     key (and, when it came from a file, the file and line)."""

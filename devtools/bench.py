@@ -57,7 +57,7 @@ import threading
 import time
 from typing import Callable
 
-from curvine.cli import argtypes
+from curvine.common import argtypes
 from curvine.common.mounts import mount_table
 
 from .demo import SEED, chunk_data, chunk_keys, format_table, get_chunk, put_chunk

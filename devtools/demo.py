@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from curvine.cli import argtypes
+from curvine.common import argtypes
 
 from .local import LocalCluster, mounted_paths
 

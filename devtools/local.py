@@ -48,24 +48,19 @@ import time
 import urllib.request
 from typing import Any
 
-from curvine.cli import argtypes
+from curvine.common import argtypes
 from curvine.common import auth
 from curvine.common import config as _config
-from curvine.common.errors import ConfigError
+from curvine.common import cluster_config
+from curvine.common.cluster_config import CLIENT_CONF, STATE_FILE, STATE_VERSION
+from curvine.common.errors import ClusterError, ConfigError
 from curvine.common.security import NO_SECURITY, Security
 from curvine.common.mounts import mount_table
 
-STATE_FILE = "cluster.json"
-CLIENT_CONF = os.path.join("conf", "client.toml")
-STATE_VERSION = 1
 ROLES = ("etcd", "master", "worker", "fuse")
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"  # Debian's etcd-server (scripts/setup.sh)
 LOG_TAIL_LINES = 30
 HOST = "127.0.0.1"
-
-
-class ClusterError(Exception):
-    """Starting, stopping or finding a local cluster failed; ``str()`` says why."""
 
 
 # --------------------------------------------------------------------------- helpers
@@ -465,41 +460,16 @@ class LocalCluster:
                           (json.dumps(self._state(), indent=2) + "\n").encode())
 
     @staticmethod
-    def _read_state(base: str) -> dict | None:
-        path = os.path.join(base, STATE_FILE)
-        try:
-            with open(path, "rb") as f:
-                state = json.loads(f.read())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:
-            raise ClusterError(f"cannot read {path}: {e}") from None
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ClusterError(f"{path}: not a curvine local state file (version "
-                               f"{state.get('version') if isinstance(state, dict) else '?'})")
-        return state
-
-    @classmethod
-    def _recorded_state(cls, base: str) -> dict:
-        """The state file of ``base``; ClusterError when no cluster was started there."""
-        state = cls._read_state(base)
-        if state is None:
-            raise ClusterError(f"no cluster in {base} ({STATE_FILE} not found)")
-        return state
-
-    @classmethod
-    def client_conf_of(cls, base: str) -> str:
+    def client_conf_of(base: str) -> str:
         """The client config of the cluster started in ``base`` (``--base`` of the
         other curvine commands)."""
-        base = os.path.realpath(base)
-        cls._recorded_state(base)
-        return os.path.join(base, CLIENT_CONF)
+        return cluster_config.client_conf_of(base)
 
     @classmethod
     def attach(cls, base: str) -> "LocalCluster":
         """The cluster recorded in ``base/cluster.json`` (for `curvine local down/status`)."""
         base = os.path.realpath(base)
-        state = cls._recorded_state(base)
+        state = cluster_config.recorded_state(base)
         try:
             c = cls(base, workers=int(state["workers"]), mounts=int(state["mounts"]),
                     conf=state.get("conf"), short_circuit=state.get("short_circuit"),
@@ -544,7 +514,7 @@ class LocalCluster:
         """One dict per process: role, index, pid, alive, address, mount, metrics (the
         URL of its /metrics), log."""
         if not self._procs:
-            procs = [_Proc(**rec) for rec in self._recorded_state(self.base)["procs"]]
+            procs = [_Proc(**rec) for rec in cluster_config.recorded_state(self.base)["procs"]]
         else:
             procs = list(self._procs.values())
         return [{"role": p.role, "index": p.index, "pid": p.pid, "alive": p.alive(),
@@ -612,7 +582,7 @@ class LocalCluster:
         return list(self.mounts)
 
     def _refuse_if_running(self) -> None:
-        state = self._read_state(self.base)
+        state = cluster_config.read_state(self.base)
         if state is not None:
             old = LocalCluster.attach(self.base)
             live = old.pids()
@@ -1109,10 +1079,10 @@ def base_of(args) -> str:
     /etc/curvine/curvine.toml), when `curvine local up` wrote that config."""
     if args.base:
         return args.base
-    from curvine.cli import connect
-    found = connect.find(args)
+    found = cluster_config.find(args)
     if found.path is None:
-        raise ClusterError(f"which cluster? {connect.NOWHERE} names one (use --base DIR)")
+        raise ClusterError(f"which cluster? {cluster_config.NOWHERE} names one (use --base "
+                           "DIR)")
     conf_dir = os.path.dirname(os.path.abspath(found.path))
     base = os.path.dirname(conf_dir)
     if os.path.basename(conf_dir) == "conf" and (

@@ -42,7 +42,7 @@ RECV_SIZE = 1 << 20
 EXPIRY_CHECK = 0.5  # seconds between checks for calls past their deadline
 
 
-class CallPortClient:
+class TrioCallPort:
     """``await call(prepared)`` from the trio loop, ``call_blocking(prepared)`` from
     other threads; ``run()`` (a task of the mount's nursery) keeps the connection to
     ``host:port`` up."""

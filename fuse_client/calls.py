@@ -38,7 +38,7 @@ from curvine.common.ids import ROOT_INO
 from curvine.common.rpc import RETRY_MAX
 from curvine.proto import master_pb2
 
-from .call_port_trio import CallPortClient, PortDown, reply_of
+from .call_port_trio import TrioCallPort, PortDown, reply_of
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ class Calls:
 
     def __init__(self, master: MasterClient,
                  to_thread: Callable[..., Awaitable], stream: CallStream | None = None,
-                 port: CallPortClient | None = None,
+                 port: TrioCallPort | None = None,
                  thread_port: BlockingCallPort | None = None):
         self.master = master
         self.to_thread = to_thread

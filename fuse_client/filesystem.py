@@ -38,12 +38,13 @@ from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, check_name, host_id
 from curvine.common.metrics import (FUSE_GETATTR_LOCAL, FUSE_LOOKUP_ERROR, FUSE_LOOKUP_HIT,
-                                    FUSE_LOOKUP_LOCAL, FUSE_LOOKUP_MISS, FUSE_OPEN_WAITS)
+                                    FUSE_LOOKUP_LOCAL, FUSE_LOOKUP_MISS)
 from curvine.proto import common_pb2, master_pb2
 
 from .calls import Calls
 from .kernel_cache import KernelCache
 from .listings import LISTING_MAX
+from .page_cache import WRITERS_SIZE, PageCache, process_of
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,6 @@ DIRECTORY = common_pb2.DIRECTORY
 COMPLETE = common_pb2.COMPLETE
 
 VERSION_CACHE = 100_000  # inodes whose last opened version this mount remembers
-TOLD_SIZES = 100_000  # inodes whose last size told to the kernel this mount remembers
 SYMLINK_CACHE = 10_000  # symlink targets kept (a symlink's target never changes)
 OPEN_INOS_SENT = 1024  # open inodes listed in an unlink/rename; more: the target's only
 XATTR_PREFIX = b"user."  # the only namespace stored (others: ENODATA / EOPNOTSUPP)
@@ -64,10 +64,6 @@ READDIR_PAGE = LISTING_MAX
 # writes up to this size into a block held in memory are copied in the trio loop
 # (~10 us for 64 KiB) rather than queued for a thread
 WRITE_NOW_MAX = 128 * 1024
-# an open that empties a file (O_TRUNC) or writes it through the page cache (O_RDWR)
-# waits at most this long for other processes' page-cache readers of it here to close
-# (FileSystem._wait_for_cached_readers)
-CACHED_READERS_WAIT = 2.0
 
 # fallocate(2) modes (linux/falloc.h)
 FALLOC_FL_KEEP_SIZE = 0x01
@@ -145,7 +141,7 @@ class Handle:
     # reader: the kernel reads its version through the page cache, up to the kernel's
     # size of the inode
     page_cache: bool = False
-    pid: int = 0  # the thread that opened it (readers; _tgid finds its process)
+    pid: int = 0  # the thread that opened it (readers; page_cache.process_of: its process)
 
     @property
     def size(self) -> int:
@@ -195,7 +191,7 @@ class Handle:
 
 
 @dataclass
-class Listing:
+class OpenDirectory:
     """An open directory: the entries loaded from the master so far."""
 
     ino: int
@@ -203,19 +199,6 @@ class Listing:
     entries: list = field(default_factory=list)
     after: bytes = b""  # the last name loaded from the master
     done: bool = False
-
-
-def _tgid(pid: int) -> int:
-    """The process (thread group) of a request's thread id.  Read from /proc, which
-    never waits on a disk: called in the trio loop."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Tgid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return pid
 
 
 class FileSystem:
@@ -239,7 +222,7 @@ class FileSystem:
         self._write_handles: dict[int, Handle] = {}
         self._writers: dict[int, list[int]] = {}  # ino -> write handles, last used last
         self._of_inode: dict[int, dict[int, Handle]] = {}  # ino -> its handles (fh -> handle)
-        self._dirs: dict[int, Listing] = {}
+        self._dirs: dict[int, OpenDirectory] = {}
         self._versions: OrderedDict[int, int] = OrderedDict()  # ino -> version last opened
         self._block_size: int | None = None  # the master's, asked for at the first write
         self._inline_max = 0  # the master's, with the block size
@@ -262,12 +245,10 @@ class FileSystem:
         # still know the inode) waits for it and then finds it gone: ESTALE, and the
         # kernel looks the name up again (operations._BY_INODE)
         self._releasing: dict[int, trio.Event] = {}
-        # ino -> the version whose size this mount last gave the kernel (attributes;
-        # -1: a writer's size); a page-cache reader of another version makes the
-        # kernel ask again (_open).  Forgotten all at once when it grows too big.
-        self._told: dict[int, int] = {}
-        # ino -> set when one of its page-cache readers closes (_wait_for_cached_readers)
-        self._reader_closed: dict[int, trio.Event] = {}
+        # the page-cache version rule: the size each inode was told, the readers of a
+        # version through the page cache (a reader of another version makes the kernel
+        # ask again, _open)
+        self.page_cache = PageCache(self._of_inode, self._handles)
         self._symlinks: OrderedDict[int, bytes] = OrderedDict()  # ino -> target
         self.requests = master.requests  # of every master call, sent on self.calls
 
@@ -296,7 +277,7 @@ class FileSystem:
             if pc is not None:
                 # The kernel reads this mount's O_RDWR handles through its page cache,
                 # up to the size it is told: theirs, as a local file system would.
-                size, told = pc.size, -1
+                size, told = pc.size, WRITERS_SIZE
             elif writing and inode.type != DIRECTORY and inode.state != COMPLETE:
                 # Nothing is published yet (readers see an empty file): show the size
                 # this mount is writing, as a local file system would.  Once a version
@@ -304,10 +285,10 @@ class FileSystem:
                 # a reader here would be cut short (consistency rule 1).
                 w = self.writer_of(inode.ino)
                 if w is not None:
-                    size, told = w.size, -1
+                    size, told = w.size, WRITERS_SIZE
         entry_timeout, attr_timeout = self.kernel.timeouts(inode, lease, writing=writing)
         if inode.ino in self._of_inode and inode.type != DIRECTORY:
-            cached = self._page_cache_version(inode.ino)
+            cached = self.page_cache.reader(inode.ino)
             if cached is not None and cached.inode.version != inode.version:
                 # Readers here still read a replaced version through the page cache,
                 # and the kernel's one size of the inode bounds their reads: keep
@@ -318,9 +299,7 @@ class FileSystem:
                 size, told = cached.size, cached.inode.version
                 attr_timeout = 0.0
         if inode.type != DIRECTORY:
-            if len(self._told) >= TOLD_SIZES:
-                self._told.clear()
-            self._told[inode.ino] = told
+            self.page_cache.told(inode.ino, told)
         return Attributes(inode, size, entry_timeout, attr_timeout)
 
     def _open_snapshot(self, ino: int) -> Attributes | None:
@@ -535,7 +514,7 @@ class FileSystem:
         # version release has yet to publish (so `touch a; mv a b` works at once).
         mine = [h.ino for h in self._write_handles.values() if h.state is State.CLOSED_EMPTY]
         if self._writers:
-            caller = _tgid(pid)  # a /proc read: never waits on a disk, so no thread hop
+            caller = process_of(pid)  # a /proc read: never waits on a disk, so no thread hop
             mine += [h.ino for h in self._write_handles.values()
                      if h.tgid == caller and h.fh in self._handles]
         opened = [] if exchange else await self._open_inos(new_parent, new_name)
@@ -682,12 +661,12 @@ class FileSystem:
         # published one is replaced at close (rule 1: this handle's version).
         unpublished = inode.state != COMPLETE
         writer, recorded = await self._new_writer(inode.ino, empty, not unpublished)
-        tgid = _tgid(pid)
+        tgid = process_of(pid)
         page_cache = flags & os.O_ACCMODE == os.O_RDWR
         h = self._add(inode.ino, State.NEW if unpublished else State.WRITING, writer=writer,
                       inode=inode, tgid=tgid, page_cache=page_cache, recorded_open=recorded)
         if flags & os.O_TRUNC or page_cache:  # an existing file: emptied, or written
-            await self._wait_for_cached_readers(inode.ino, tgid)  # in the page cache
+            await self.page_cache.wait_for_readers(inode.ino, tgid)  # in the page cache
         ttl = self.kernel.lease_ttl(lease_ms, sent)
         attrs = self.attributes(inode, lease=ttl)
         if ttl and unpublished:
@@ -724,7 +703,7 @@ class FileSystem:
             node, reader, recorded = await self._new_reader(ino)
             self._access.note(ino)
             if (self._writers.get(ino) or self._write_opening[ino]
-                    or self._cached_readers_of_another_version(ino, node.version)):
+                    or self.page_cache.readers_of_another_version(ino, node.version)):
                 # This mount also writes the inode (or is opening it to write): its
                 # O_TRUNC opens and direct writes set the kernel's file size, which
                 # would cut this reader's version short (the kernel drops the GETATTR
@@ -738,10 +717,10 @@ class FileSystem:
                 return Opened(h.fh, direct_io=True, keep_cache=False)
             keep = node.state == COMPLETE and self._remember_version(ino, node.version)
             # A writer opened later waits for it if it empties the file (O_TRUNC) or
-            # writes it through the page cache (O_RDWR): _wait_for_cached_readers.
+            # writes it through the page cache (O_RDWR): PageCache.wait_for_readers.
             h = self._add(ino, State.READING, reader=reader, inode=node, recorded_open=recorded,
                           page_cache=True, pid=pid)
-            if not keep or self._told.get(ino) != node.version:
+            if not keep or self.page_cache.told_version(ino) != node.version:
                 # The kernel may hold another size than this version's: another
                 # version's, kept for up to attr_timeout without a lease or told while
                 # this open fetched its version, or the one a writer here left (the
@@ -757,7 +736,7 @@ class FileSystem:
                                 "(%s); a read may stop at a stale size", ino, e)
             return Opened(h.fh, direct_io=False, keep_cache=keep)
         truncate = bool(flags & os.O_TRUNC)
-        tgid = _tgid(pid)
+        tgid = process_of(pid)
         # O_RDWR: through the page cache, so that mmap works (O_WRONLY cannot map);
         # O_WRONLY (LMCache's writers) keeps direct_io: one request per buffer, no copy
         page_cache = flags & os.O_ACCMODE == os.O_RDWR
@@ -765,55 +744,12 @@ class FileSystem:
             # Before the handle exists: until then the kernel is told the published
             # size (attributes gives an O_RDWR writer's own), which those readers'
             # reads stop at.
-            await self._wait_for_cached_readers(ino, tgid)
+            await self.page_cache.wait_for_readers(ino, tgid)
         # an emptied file is published at close even without writes
         writer, recorded = await self._new_writer(ino, truncate, truncate)
         h = self._add(ino, State.WRITING, writer=writer, tgid=tgid, page_cache=page_cache,
                       recorded_open=recorded)
         return Opened(h.fh, direct_io=not page_cache, keep_cache=False)
-
-    def _page_cache_version(self, ino: int) -> Handle | None:
-        """A reader of ``ino`` here that reads through the kernel's page cache, if any.
-        All such readers of an inode read one version: a reader of another one reads
-        without the page cache (``_open``)."""
-        for h in self._of_inode.get(ino, {}).values():
-            if h.cached_reader:
-                return h
-        return None
-
-    def _cached_readers_of_another_version(self, ino: int, version: int) -> bool:
-        """Readers of ``ino`` here read a version other than ``version`` through the
-        kernel's page cache."""
-        h = self._page_cache_version(ino)
-        return h is not None and h.inode.version != version
-
-    async def _wait_for_cached_readers(self, ino: int, tgid: int) -> None:
-        """Before an open that empties ``ino`` (O_TRUNC) or writes it through the
-        page cache (O_RDWR) returns: wait, at most CACHED_READERS_WAIT, until the
-        page-cache readers of ``ino`` that other processes opened here have closed.
-
-        The kernel has one page cache and one size per inode.  On an O_TRUNC open's
-        reply it sets the size to 0 for the whole mount, and reads through the page
-        cache stop at that size; an O_RDWR handle's writes land in that page cache
-        before they are published.  A reader of the published version would get a
-        short file or unpublished bytes (consistency rule 1, docs/consistency.md).  Readers opened
-        from now on get direct_io (``_open``), which neither touches.  The caller's
-        own process is not waited for (it could be the one holding the reader open):
-        it may see its own changes, as on a local file system."""
-        # /proc reads for _tgid: rarely any such reader
-        others = [h for h in self._of_inode.get(ino, {}).values()
-                  if h.cached_reader and _tgid(h.pid) != tgid]
-        if not others:
-            return
-        with trio.move_on_after(CACHED_READERS_WAIT) as waited:
-            while any(h.fh in self._handles for h in others):
-                closed = self._reader_closed.setdefault(ino, trio.Event())
-                await closed.wait()
-        FUSE_OPEN_WAITS.labels(outcome="timeout" if waited.cancelled_caught else "closed").inc()
-        if waited.cancelled_caught:
-            log.info("inode %d: opened to be emptied or written through the page cache "
-                     "while another process still reads it here after %.0f s; that reader "
-                     "may now see the change", ino, CACHED_READERS_WAIT)
 
     async def read(self, h: Handle, off: int, size: int):
         if h.writer is not None:
@@ -866,9 +802,7 @@ class FileSystem:
         if h is None:
             return
         if h.cached_reader:
-            closed = self._reader_closed.pop(h.ino, None)
-            if closed is not None:
-                closed.set()
+            self.page_cache.reader_closed(h)
         try:
             await self._publish(h)
         finally:
@@ -879,8 +813,7 @@ class FileSystem:
                     del self._of_inode[h.ino]
                     await self._closed_here(h.ino)
             if h.writer is not None:
-                # its writes set the kernel's size (whether or not it published)
-                self._told.pop(h.ino, None)
+                self.page_cache.writer_closed(h.ino)
                 fhs = self._writers.get(h.ino, [])
                 if fh in fhs:
                     fhs.remove(fh)
@@ -1042,13 +975,13 @@ class FileSystem:
 
     def opendir(self, ino: int) -> int:
         fh = next(self._fh)
-        self._dirs[fh] = Listing(ino)
+        self._dirs[fh] = OpenDirectory(ino)
         return fh
 
-    def listing(self, fh: int) -> Listing | None:
+    def listing(self, fh: int) -> OpenDirectory | None:
         return self._dirs.get(fh)
 
-    async def dir_entries(self, d: Listing, i: int,
+    async def dir_entries(self, d: OpenDirectory, i: int,
                           n: int = READDIR_BATCH) -> list[tuple[bytes, Attributes]]:
         """Up to ``n`` entries of the listing from entry ``i`` (loaded from the master
         page by page); [] past the last.  A readdir request takes a few dozen."""

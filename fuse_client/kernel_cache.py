@@ -39,7 +39,7 @@ from curvine.common.errors import CurvineError
 from curvine.proto import common_pb2
 
 from .kernel import Epoch, fuse_device_fd
-from .listings import Listings
+from .listings import LeasedListings
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class KernelCache:
         # cache always had.
         self._dir_attrs: OrderedDict[int, tuple[Inode, float]] = OrderedDict()
         # whole listings leased to this mount: misses answered here (listings.py)
-        self.listings = Listings()
+        self.listings = LeasedListings()
 
     # -- the lease session ----------------------------------------------------------
 

@@ -45,10 +45,10 @@ MAX_NAMES = 1 << 18  # names kept over all listings (then the oldest listings go
 RETRY_AFTER = 30.0  # seconds before asking again for a listing denied or too large
 SAFETY = 0.2  # seconds a listing is used less than its lease
 KERNEL_RECORDS = 4 * LISTING_MAX  # directories whose entries the kernel may keep
-MAX_MISSING = 1 << 16  # leased absences of single names kept (Listings.missing)
+MAX_MISSING = 1 << 16  # leased absences of single names kept (LeasedListings.missing)
 
 
-class Listings:
+class LeasedListings:
     """The leased listings of one mount (see the module's docstring)."""
 
     def __init__(self, max_names: int = MAX_NAMES):

@@ -29,7 +29,7 @@ from curvine.common.ids import MIB
 from curvine.proto import common_pb2
 
 from . import features
-from .call_port_trio import CallPortClient
+from .call_port_trio import TrioCallPort
 
 MOVE_CHECK = 0.1  # seconds between looks at whether the calls moved to another master
 from .calls import Calls, CallStream
@@ -213,8 +213,8 @@ class Operations(pyfuse3.Operations):
             route = self.calls.route
             route.thread_port = thread_port = BlockingCallPort(host, port, token, timeout,
                                                                tls=context, server_name=name)
-            route.port = trio_port = CallPortClient(host, port, token, timeout,
-                                                    tls=context, server_name=name)
+            route.port = trio_port = TrioCallPort(host, port, token, timeout,
+                                                  tls=context, server_name=name)
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(trio_port.run)

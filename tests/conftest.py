@@ -38,7 +38,7 @@ from curvine.devtools.local import ClusterError, LocalCluster
 
 
 LAYERS = {
-    "unit": {"test_apt_lock", "test_connector_naming", "test_fds", "test_kernel_cache", "test_journal", "test_layers",
+    "unit": {"test_apt_lock", "test_connector_naming", "test_fds", "test_kernel_cache", "test_journal", "test_layers", "test_layers_client",
              "test_listings", "test_master_addrs",
              "test_mounts", "test_pod_fork",
              "test_posix_workload", "test_proto"},

@@ -39,28 +39,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import select
 import sys
 import threading
 import time
-import urllib.request
 
 CHUNK_TOKENS = 256
 STORE_WAIT_S = 120.0  # a store must reach the L2 backend within this long
 PAUSE_WAIT_S = 120.0
-METRICS_TIMEOUT_S = 5.0
-_HANDLED = re.compile(r'^curvine_rpc_server_handled_total\{([^}]*)\}\s+([0-9.eE+-]+)')
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
-# master RPCs that are not a client's (workers' registration and heartbeats, streams)
-NOT_CLIENT_RPCS = frozenset({"RegisterWorker", "BlockReport", "WorkerHeartbeat", "Session",
-                             "Calls"})
 
 
 # --------------------------------------------------------------------------- the engine
 
 # (the same CPU stand-in for vLLM's GPU connector as the benchmark's pods)
-from curvine.devtools.lmcache_pod import cpu_kv_connector  # noqa: E402
+from curvine.devtools.lmcache_pod import cpu_kv_connector, master_rpcs, rpc_delta  # noqa: E402
 
 
 def build_engine(instance: str, config, model_name: str, layers: int, heads: int,
@@ -95,34 +87,11 @@ def sha256_hex(data) -> str:
 
 # --------------------------------------------------------------------------- master RPCs
 
-def master_rpcs(url: str | None) -> dict[str, float] | None:
-    """The master's answered RPCs by method (any status), from its /metrics."""
-    if not url:
-        return None
-    with urllib.request.urlopen(url, timeout=METRICS_TIMEOUT_S) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _HANDLED.match(line)
-        if m:
-            method = dict(_LABEL.findall(m.group(1))).get("method", "?")
-            out[method] = out.get(method, 0.0) + float(m.group(2))
-    return out
-
-
-def rpc_delta(before, after) -> dict | None:
-    if before is None or after is None:
-        return None
-    return {k: int(after[k] - before.get(k, 0.0)) for k in after
-            if k not in NOT_CLIENT_RPCS and after[k] - before.get(k, 0.0) > 0}
-
-
-def _scrape(url):
-    """master_rpcs, or None while the master is down (a fault test killed it)."""
-    try:
-        return master_rpcs(url)
-    except OSError:
-        return None
+def _rpcs_since(before: dict | None, url: str | None) -> dict | None:
+    """The client RPCs the master answered since the scrape ``before``, by method
+    (devtools/lmcache_pod.py scrapes; None while the master is down)."""
+    delta = rpc_delta(before, master_rpcs(url))
+    return None if delta is None else delta["by_method"]
 
 
 # --------------------------------------------------------------------------- engine pod
@@ -222,7 +191,7 @@ def run_engine(spec: dict) -> dict:
             tokens = tokens_of(step["prompt"], n)
             keys = keys_of(tokens)
             res["keys"] = [k.to_string() for k in keys]
-            before = _scrape(url)
+            before = master_rpcs(url)
             t0 = time.monotonic()
             if do == "store":
                 kv = torch.randn(2, layers, n, hidden, generator=torch.Generator()
@@ -265,7 +234,7 @@ def run_engine(spec: dict) -> dict:
             else:
                 raise SystemExit(f"unknown step {do!r}")
             res["s"] = time.monotonic() - t0
-            res["rpcs"] = rpc_delta(before, _scrape(url))
+            res["rpcs"] = _rpcs_since(before, url)
             out["steps"].append(res)
         store = getattr(inner, "store", None)
         out["connector"] = dict(store.stats) if store is not None else None

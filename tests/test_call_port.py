@@ -26,7 +26,7 @@ from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO
 from curvine.common.metrics import RPC_UNAUTHENTICATED, STREAMS_CANCELLED_IDLE
 from curvine.common.security import NO_SECURITY, Security
-from curvine.fuse_client.call_port_trio import CallPortClient, PortDown, PortRefused
+from curvine.fuse_client.call_port_trio import TrioCallPort, PortDown, PortRefused
 from curvine.fuse_client.calls import Calls
 from curvine.common.call_wire import ANSWER, FRAME, HELLO, MAGIC
 from curvine.master.ports.call_port_server import CallPort
@@ -74,7 +74,7 @@ async def _to_thread(fn):
     return await trio.to_thread.run_sync(fn)
 
 
-async def _connected(port_client: CallPortClient, nursery) -> None:
+async def _connected(port_client: TrioCallPort, nursery) -> None:
     nursery.start_soon(port_client.run)
     with trio.fail_after(10):
         await port_client.connected.wait()
@@ -83,7 +83,7 @@ async def _connected(port_client: CallPortClient, nursery) -> None:
 def test_calls_on_the_port_answer_like_unary_rpcs(served):
     m, client, _, start_port = served
     port = start_port()
-    pc = CallPortClient("127.0.0.1", port.port, TOKEN, timeout=10)
+    pc = TrioCallPort("127.0.0.1", port.port, TOKEN, timeout=10)
     calls = Calls(client, _to_thread, port=pc)
 
     async def go():
@@ -137,7 +137,7 @@ def test_many_calls_at_once_from_tasks_and_threads(served):
     connection limit in flight) all get their own answer."""
     m, client, _, start_port = served
     port = start_port(max_in_flight=8)
-    pc = CallPortClient("127.0.0.1", port.port, TOKEN, timeout=20)
+    pc = TrioCallPort("127.0.0.1", port.port, TOKEN, timeout=20)
     calls = Calls(client, _to_thread, port=pc)
     names = [b"n%04d-" % i + b"x" * 200 for i in range(600)]
 
@@ -202,7 +202,7 @@ def test_a_wrong_or_missing_token_is_refused_and_counted(served):
         assert s.recv(1) == b""  # and closed
         s.close()
     assert RPC_UNAUTHENTICATED.labels("CallPort")._value.get() == before + 2
-    pc = CallPortClient("127.0.0.1", port.port, "wrong", timeout=10)
+    pc = TrioCallPort("127.0.0.1", port.port, "wrong", timeout=10)
 
     async def go():
         with trio.fail_after(10):
@@ -288,7 +288,7 @@ def test_pending_calls_fail_over_when_the_port_goes(served):
     applied), so the create happens exactly once."""
     m, client, servicer, start_port = served
     port = start_port()
-    pc = CallPortClient("127.0.0.1", port.port, TOKEN, timeout=10)
+    pc = TrioCallPort("127.0.0.1", port.port, TOKEN, timeout=10)
     calls = Calls(client, _to_thread, port=pc)
     gate = threading.Event()
     real = servicer._run_call
@@ -330,7 +330,7 @@ def test_the_master_closing_the_port_leaves_the_mount_working(served):
     m, client, _, start_port = served
     port = start_port()
     number = port.port
-    pc = CallPortClient("127.0.0.1", number, TOKEN, timeout=10)
+    pc = TrioCallPort("127.0.0.1", number, TOKEN, timeout=10)
     calls = Calls(client, _to_thread, port=pc)
 
     async def go():
@@ -399,7 +399,8 @@ def test_a_path_client_sends_its_namespace_calls_on_the_port(served_addr):
             mc.create(d.ino, b"a.data", exclusive=True)
         assert e.value.kind == ErrorKind.EXISTS
         assert [e.name for e in mc.iterdir(d.ino)] == [b"a.data", b"b.data"]
-        assert mc.route.thread_port is not None and mc.route.thread_port.calls == 11  # every call above
+        port_client = mc.route.thread_port
+        assert port_client is not None and port_client.calls == 11  # every call above
         assert port.calls == 11
     finally:
         mc.close()
@@ -411,7 +412,8 @@ def test_a_path_client_without_a_usable_port_calls_unary(served_addr):
     m, unary, servicer, start_port = served_addr
     d = unary.mkdir(ROOT_INO, b"fallback")
     mc = MasterClient(unary.address, timeout=10, wait=2, security=NO_SECURITY, call_port=True)
-    assert mc.lookup_or_none(d.ino, b"x") is None and mc.route.thread_port is None  # StatFs: no port
+    assert mc.lookup_or_none(d.ino, b"x") is None
+    assert mc.route.thread_port is None  # StatFs: no port
     mc.close()
 
     port = start_port()
@@ -458,8 +460,9 @@ def test_a_path_client_calls_from_many_threads(served_addr):
             t.join(60)
         assert not errors
         assert len(answers) == 1200 and all(made.get(n) == ino for n, ino in answers)
-        assert 0 < mc.route.thread_port.calls <= 1200 and mc.route.thread_port._open <= mc.route.thread_port.max_connections
-        assert port.calls == mc.route.thread_port.calls
+        port_client = mc.route.thread_port
+        assert 0 < port_client.calls <= 1200 and port_client._open <= port_client.max_connections
+        assert port.calls == port_client.calls
     finally:
         mc.close()
 
@@ -557,7 +560,7 @@ def test_a_mount_call_the_master_does_not_answer_times_out(served):
     took = []
 
     async def go(number):
-        pc = CallPortClient("127.0.0.1", number, TOKEN, timeout=1.0)
+        pc = TrioCallPort("127.0.0.1", number, TOKEN, timeout=1.0)
         async with trio.open_nursery() as nursery:
             await _connected(pc, nursery)
             for call in (lambda: pc.call(prepared),
@@ -584,7 +587,7 @@ def test_a_mounts_thread_calls_use_their_own_connections(served):
     m, client, _, start_port = served
     port = start_port()
     bp = BlockingCallPort("127.0.0.1", port.port, TOKEN, timeout=10)
-    pc = CallPortClient("127.0.0.1", port.port, TOKEN, timeout=10)  # never connected
+    pc = TrioCallPort("127.0.0.1", port.port, TOKEN, timeout=10)  # never connected
     calls = Calls(client, _to_thread, port=pc, thread_port=bp)
     try:
         f, _, _ = calls.from_thread(client.requests.create(ROOT_INO, b"from-thread", 0o644))

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from curvine.fuse_client import filesystem
+from curvine.fuse_client import filesystem, page_cache
 
 from cluster_util import daemon_metric, module_cluster, tracebacks_in_logs
 from fs_helpers import MIB, errname, errno_of, read_all, sha256
@@ -307,7 +307,7 @@ def test_reader_keeps_its_version_when_another_process_opens_the_file_to_write(
         os.close(rfd)
     assert first == data[:4096]
     assert rest in (b"", data[4096:]), "a reader got other bytes than its version's"
-    assert waited < filesystem.CACHED_READERS_WAIT, (
+    assert waited < page_cache.CACHED_READERS_WAIT, (
         f"the O_TRUNC open waited {waited:.1f}s for its own process's reader")
 
 

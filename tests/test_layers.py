@@ -36,9 +36,10 @@ FORBIDDEN = ("curvine.fuse_client", "curvine.connector", "curvine.client", "curv
              "curvine.devtools", "curvine.worker")
 
 
-def _modules() -> dict[str, pathlib.Path]:
+def _modules(packages: dict[str, str] = PACKAGES) -> dict[str, pathlib.Path]:
+    """module name -> source file of every module of ``packages`` (name -> folder)."""
     out = {}
-    for package, folder in PACKAGES.items():
+    for package, folder in packages.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
             parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -74,8 +75,10 @@ def _imports(module: str, path: pathlib.Path) -> list[tuple[str, int]]:
     return found
 
 
-def _graph():
-    modules = _modules()
+def _graph(packages: dict[str, str] = PACKAGES, forbidden: tuple[str, ...] = FORBIDDEN):
+    """(modules, edges: module -> the modules of ours and the forbidden ones it imports,
+    the line of each edge)."""
+    modules = _modules(packages)
     edges: dict[str, set[str]] = {m: set() for m in modules}
     lines: dict[tuple[str, str], int] = {}
     for module, path in modules.items():
@@ -83,10 +86,33 @@ def _graph():
             if target in modules and target != module:
                 edges[module].add(target)
                 lines.setdefault((module, target), line)
-            elif any(target == f or target.startswith(f + ".") for f in FORBIDDEN):
+            elif any(target == f or target.startswith(f + ".") for f in forbidden):
                 edges[module].add(target)
                 lines.setdefault((module, target), line)
     return modules, edges, lines
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[str]:
+    """Every import cycle found by a depth-first walk, as "a -> b -> a"."""
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(edges.get(module, ())):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in state and target in edges:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module)
+    return cycles
 
 
 def test_every_master_module_is_in_a_layer():
@@ -113,25 +139,7 @@ def test_no_module_imports_a_layer_above_its_own():
 
 def test_no_import_cycle():
     _, edges, _ = _graph()
-    cycles = []
-    state: dict[str, int] = {}  # 1: on the path, 2: done
-    path: list[str] = []
-
-    def visit(module: str) -> None:
-        state[module] = 1
-        path.append(module)
-        for target in sorted(edges.get(module, ())):
-            if state.get(target) == 1:
-                cycles.append(" -> ".join(path[path.index(target):] + [target]))
-            elif target not in state and target in edges:
-                visit(target)
-        path.pop()
-        state[module] = 2
-
-    for module in sorted(edges):
-        if module not in state:
-            visit(module)
-    assert cycles == []
+    assert _cycles(edges) == []
 
 
 def test_the_record_table_names_every_kind_in_the_order_of_its_number():

@@ -986,7 +986,7 @@ def test_a_leased_miss_is_answered_on_the_mount_when_the_kernel_asks_again(make_
     """At the defaults, in a directory whose listing this mount does not hold (made on
     the other mount): the lookup the kernel makes anyway of a rename's target it knows
     to be absent (LMCache's <key>.tmp -> <key>.data) is answered by the mount
-    (listings.py, Listings.missing), and a name the other mount makes is seen at once."""
+    (listings.py, LeasedListings.missing), and a name the other mount makes is seen at once."""
     c = make_cluster(workers=1, mounts=2)
     a, b = c.mounts
     _sessions_up(c, 2)

@@ -9,16 +9,16 @@ import time
 import pytest
 
 from curvine.fuse_client import listings as listings_mod
-from curvine.fuse_client.listings import MISSES_BEFORE_LISTING, Listings
+from curvine.fuse_client.listings import MISSES_BEFORE_LISTING, LeasedListings
 
 
-def _ask(ls: Listings, parent: int) -> bool:
+def _ask(ls: LeasedListings, parent: int) -> bool:
     """Misses in ``parent`` until the listing is due; True when it became due."""
     return any(ls.missed(parent) for _ in range(MISSES_BEFORE_LISTING))
 
 
 def test_a_directory_that_keeps_missing_is_listed_once_then_answered_here():
-    ls = Listings()
+    ls = LeasedListings()
     assert not any(ls.missed(7) for _ in range(MISSES_BEFORE_LISTING - 1))
     assert ls.missed(7)  # the MISSES_BEFORE_LISTING-th miss
     assert not _ask(ls, 7)  # already being fetched: not twice
@@ -32,7 +32,7 @@ def test_a_directory_that_keeps_missing_is_listed_once_then_answered_here():
 
 
 def test_a_denied_or_too_large_listing_is_not_asked_again_at_once(monkeypatch):
-    ls = Listings()
+    ls = LeasedListings()
     assert _ask(ls, 7)
     ls.fetched(7, None, 5.0, ls.generation)  # more than LISTING_MAX names
     assert ls.absent(7, b"x") == 0 and not _ask(ls, 7)
@@ -46,7 +46,7 @@ def test_a_denied_or_too_large_listing_is_not_asked_again_at_once(monkeypatch):
 
 
 def test_a_listing_read_before_a_drop_or_an_own_change_is_not_installed():
-    ls = Listings()
+    ls = LeasedListings()
     gen = ls.generation
     ls.drop([99])  # a revocation (of any listing) while the listing was on its way
     ls.install(7, [b"a"], 5.0, gen)
@@ -62,7 +62,7 @@ def test_a_listing_read_before_a_drop_or_an_own_change_is_not_installed():
 
 
 def test_own_changes_update_the_copy_and_failures_drop_it():
-    ls = Listings()
+    ls = LeasedListings()
     ls.install(7, [b"a", b"b"], 5.0, ls.generation)
     ls.install(8, [], 5.0, ls.generation)
     with ls.changing(7):
@@ -81,7 +81,7 @@ def test_own_changes_update_the_copy_and_failures_drop_it():
 
 
 def test_revocations_expiry_and_the_size_bound():
-    ls = Listings(max_names=5)
+    ls = LeasedListings(max_names=5)
     ls.install(1, [b"a", b"b"], 5.0, ls.generation)
     ls.install(2, [b"c", b"d"], 5.0, ls.generation)
     ls.install(3, [b"e", b"f"], 5.0, ls.generation)  # 6 names > 5: the oldest goes
@@ -97,7 +97,7 @@ def test_revocations_expiry_and_the_size_bound():
 
 
 def test_adding_and_removing_update_the_copy_only_when_the_change_succeeds():
-    ls = Listings()
+    ls = LeasedListings()
     ls.install(7, [b"a"], 5.0, ls.generation)
     with ls.adding(7, b"new"):
         pass
@@ -114,7 +114,7 @@ def test_the_kernel_keeps_a_directorys_entries_only_under_one_unbroken_lease(mon
     """opendir's (cache_readdir, keep_cache): cache while the listing is held; keep the
     cache only when the previous opendir was under the same lease (a renewal before
     the end counts as the same); a drop names the directories to invalidate."""
-    ls = Listings()
+    ls = LeasedListings()
     assert ls.opendir(7) == (False, False)  # no listing: the kernel neither caches nor keeps
     ls.install(7, [b"a"], 5.0, ls.generation)
     assert ls.opendir(7) == (True, False)  # fills its cache under this lease
@@ -138,7 +138,7 @@ def test_a_single_leased_absence_is_answered_here_until_made_or_revoked():
     here when the kernel asks again anyway (a rename's target, an O_EXCL create),
     until this mount makes the name, a revocation names it, or the lease ends; one
     asked for before a drop or an own change is not kept."""
-    ls = Listings()
+    ls = LeasedListings()
     gen = ls.generation
     ls.missing(7, b"k.data", 5.0, gen)
     assert 4.0 < ls.absent(7, b"k.data") <= 5.0

@@ -437,14 +437,14 @@ def test_call_port_with_tls(tls_port, pki):
 
     from curvine.common.call_wire import PortDown
     from curvine.common.ids import ROOT_INO
-    from curvine.fuse_client.call_port_trio import CallPortClient
+    from curvine.fuse_client.call_port_trio import TrioCallPort
 
     _, start = tls_port
     port = start(client_auth=False)
     ok = client_security("", pki["ca"])
     # the mount's client (trio; TLS over memory buffers): mutations and reads, many
     # frames each way through one TLS connection
-    pc = CallPortClient("127.0.0.1", port, "", timeout=10,
+    pc = TrioCallPort("127.0.0.1", port, "", timeout=10,
                         tls=tls.client_ssl_context(ok.material), server_name="127.0.0.1")
     made = {}
 
