@@ -27,7 +27,7 @@ import grpc
 import lmdb
 import pytest
 
-from curvine.client.call_port import BlockingCallPort
+from curvine.client.master.call_port_blocking import BlockingCallPort
 from curvine.common.errors import LEADER_KEY, CurvineError, ErrorKind, from_rpc_error
 from curvine.devtools.local import free_ports
 from curvine.master.group.etcd import Etcd, prefix_end
