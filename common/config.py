@@ -215,8 +215,8 @@ class ClientConfig:
     fail_open_timeout: Duration = Duration(2.0)
     # a master group: the member that answers this client's unleased reads (lookups,
     # getattr, listings, block locations, the connector's batched lookups; a standby
-    # answers once it has applied what the leader had committed): "" = one chosen at
-    # start (by process id), "leader" = none (every call to the leader), or host:port
+    # answers once it has applied what the leader had committed): "" = a standby chosen
+    # at start (by process id), "leader" = none (every call to the leader), or host:port
     # of one of cluster.master_addrs
     read_member: str = ""
 
@@ -562,15 +562,16 @@ def master_addrs(cfg: Config) -> list[str]:
     return master_addrs_of(cfg.cluster)
 
 
-def read_member(cfg: Config) -> str | None:
-    """The member of a master group that answers this process's unleased reads
-    (``client.read_member``; "": one of ``master_addrs`` by process id, so that a
-    node's clients spread over the group); None: one master, or reads to the leader."""
+def read_members(cfg: Config) -> list[str]:
+    """The members of a master group this process may send its unleased reads to
+    (``client.read_member``): the one it names, or for "" every member (the client
+    picks a standby: client/master/master_client.py); none with one master or
+    "leader"."""
     addrs = master_addrs(cfg)
     r = cfg.client.read_member
     if len(addrs) == 1 or r == "leader":
-        return None
-    return r or addrs[os.getpid() % len(addrs)]
+        return []
+    return [r] if r else addrs
 
 
 def master_worker_addrs(cfg: Config) -> list[str]:

@@ -219,7 +219,7 @@ class KVStore:
         self.fs = fs or CurvineFS(cfg=cfg, master=MasterClient(
             config_mod.master_addrs(cfg), timeout=self.timeout, wait=0,
             security=Security.load(cfg), call_port=cfg.client.call_port,
-            read_member=config_mod.read_member(cfg)))
+            read_from=config_mod.read_members(cfg)))
         self.master = self.fs.master
         self.security = self.fs.security
         self.host = host_id()

@@ -62,7 +62,7 @@ def _client_loop(conf: str, what: str, parent: int, seconds: float, start, seed:
     cfg = config_mod.load(conf)
     mc = MasterClient(config_mod.master_addrs(cfg), timeout=30, wait=10,
                       security=Security.load(cfg), call_port=cfg.client.call_port,
-                      read_member=config_mod.read_member(cfg))
+                      read_from=config_mod.read_members(cfg))
     n = 0
     try:
         start.wait()

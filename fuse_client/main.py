@@ -270,7 +270,7 @@ def run(cfg: config_mod.Config, security: Security) -> int:
         log.info("short-circuit data dirs: %s", ", ".join(dirs.dirs) or "(none)")
     master = MasterClient(config_mod.master_addrs(cfg), timeout=cfg.cluster.rpc_timeout,
                           wait=cfg.cluster.master_wait, security=security,
-                          read_member=config_mod.read_member(cfg))
+                          read_from=config_mod.read_members(cfg))
     ops = Operations(cfg, master)  # closes the master client with itself
     try:
         pyfuse3.init(ops, cfg.fuse.mountpoint, mount_options(cfg))

@@ -16,7 +16,7 @@ import os
 import time
 from typing import Iterator
 
-from curvine.common.config import Config, master_addrs, read_member
+from curvine.common.config import Config, master_addrs, read_members
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, ROOT_INO, check_name, host_id
 from curvine.common.security import Security
@@ -51,7 +51,7 @@ class CurvineFS:
                                              wait=self.cfg.cluster.master_wait,
                                              security=Security.load(self.cfg),
                                              call_port=self.cfg.client.call_port,
-                                             read_member=read_member(self.cfg))
+                                             read_from=read_members(self.cfg))
         self.security = self.master.security
         self.host = host_id()
         # The only dirs short-circuit reads and writes may open: this configuration's

@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -50,7 +51,7 @@ class MasterClient:
 
     def __init__(self, address: str | Sequence[str], timeout: float = 30.0,
                  wait: float = 60.0, *, security: Security, call_port: bool = False,
-                 read_member: str | None = None):
+                 read_from: Sequence[str] = ()):
         self.security = security
         self.timeout = timeout
         # one master, or every master of a group (config.master_addrs): its calls follow
@@ -67,9 +68,10 @@ class MasterClient:
         self._port_checked = 0.0 if call_port else None  # monotonic time of the last StatFs
         self._port_lock = threading.Lock()
         # a master group: the member this client's unleased reads go to first
-        # (config.read_member; client/master/route.py), with its own call port
-        self.reader = (MasterClient(read_member, timeout, 0, security=security,
-                                    call_port=call_port) if read_member else None)
+        # (config.read_members; client/master/route.py), with its own call port
+        member = self._read_member(list(read_from))
+        self.reader = (MasterClient(member, timeout, 0, security=security,
+                                    call_port=call_port) if member else None)
         if self.reader is not None:
             self.route.reads = self.read
 
@@ -97,6 +99,22 @@ class MasterClient:
         """Run a call of ``self.requests`` on the route (client/master/route.py); its
         converted result.  ``timeout`` covers the whole route."""
         return prepared.convert(self.route.call_blocking(prepared, timeout, wait))
+
+    def _read_member(self, candidates: list[str]) -> str | None:
+        """The member to read from: the one named, else a standby (the group as any
+        member tells it, asked once without waiting), one by process id so that a
+        node's clients spread over the standbys; any member if none answers."""
+        if len(candidates) <= 1:
+            return candidates[0] if candidates else None
+        try:
+            group = self._rpc.call("GetGroup", master_pb2.GetGroupRequest(),
+                                   timeout=min(self.timeout, 2.0), wait=0)
+            standbys = [a for a in candidates if a != group.leader]
+        except CurvineError as e:
+            log.debug("no member told the group (%s): reading from any", e)
+            standbys = []
+        pool = standbys or candidates
+        return pool[os.getpid() % len(pool)]
 
     def read(self, prepared: Prepared, timeout: float | None) -> Any:
         """The reply of a spreadable read from the group member this client reads from
