@@ -83,7 +83,6 @@ class Member:
         self.etcd = Etcd(list(cfg.master.etcd_endpoints),
                          timeout=min(2.0, float(cfg.master.ha_lease_ttl)))
         self._closed = False
-        self._role_lock = threading.Lock()  # role changes
         self._wake = threading.Event()
         self._applied_cv = threading.Condition()
         self._index_lock = threading.Lock()  # read_index batching
@@ -93,6 +92,10 @@ class Member:
         self.behind: str | None = None  # why this standby cannot follow the journal
         self.call_port_server = None  # the CallPort serving (server.py), told to each Master
         self._term = 0  # the leadership term the current Master leads in (0: standby)
+        self._retired: Master | None = None  # a leader closed, its standby not built yet
+        self._etcd_down = False  # logged once per outage
+        self.leadership = Leadership(self.etcd, self.prefix, me, float(cfg.master.ha_lease_ttl),
+                                     applied=self.applied_seq, on_change=self._wake.set)
         try:
             private_dirs(os.path.abspath(cfg.master.meta_dir), os.path.abspath(cfg.journal.dir))
             shared_block_key(self.etcd, self.prefix, cfg.master.meta_dir)
@@ -104,8 +107,6 @@ class Member:
         except BaseException:
             self.etcd.close()
             raise
-        self.leadership = Leadership(self.etcd, self.prefix, me, float(cfg.master.ha_lease_ttl),
-                                     applied=self.applied_seq, on_change=self._wake.set)
         self.master = self._build(leading=False)
         self._thread = threading.Thread(target=self._run, name="member", daemon=True)
 
@@ -161,15 +162,23 @@ class Member:
         time.sleep(READ_DRAIN)  # reads admitted before ``behind`` was set finish
         self.master.close()
         self.metadata.close()
-        self.metadata = self._open_metadata()
-        self.master = self._build(leading=False)
+        while True:  # (reads are refused meanwhile: ``behind``)
+            try:
+                self.metadata = self._open_metadata()
+                self.master = self._build(leading=False)
+                break
+            except CurvineError as e:
+                if self._closed:
+                    raise
+                log.info("reopening from the checkpoint: %s; trying again", e)
+                time.sleep(0.5)
         self.behind = None
         with self._applied_cv:
             self._applied_cv.notify_all()
 
     def _journal(self, leading: bool) -> EtcdJournal:
-        lead = getattr(self, "leadership", None)
-        return EtcdJournal(self.etcd, self.prefix, self.prefix + b"leader",
+        lead = self.leadership
+        return EtcdJournal(self.etcd, self.prefix, lead.leader_key,
                            fence=lead.fence if leading else None,
                            term=self._term if leading else 0,
                            on_fenced=lead.lost if leading else (lambda reason: None),
@@ -191,7 +200,8 @@ class Member:
         self._wake.set()
         self._thread.join(timeout=30)
         self.leadership.close(resign=True)
-        self.master.close()
+        if self._retired is None:  # (a retired leader is closed already)
+            self.master.close()
         self.metadata.close()
         self.etcd.close()
 
@@ -221,7 +231,11 @@ class Member:
         self._wake.set()
 
     def role(self) -> str:
-        return "leader" if self.master.leading else "standby"
+        """"leader" while this member leads and its leader Master serves (not while a
+        lost leader waits to become a standby), else "standby"."""
+        leading = (self.master.leading and self._retired is None and self._term != 0
+                   and self.leadership.term == self._term)
+        return "leader" if leading else "standby"
 
     def group(self) -> master_pb2.GetGroupReply:
         """The members as etcd has them (GetGroup)."""
@@ -317,11 +331,22 @@ class Member:
                 return
             try:
                 self._step()
-            except Exception:  # noqa: BLE001 - the member keeps trying; logged once per kind
+                if self._etcd_down:
+                    self._etcd_down = False
+                    log.info("etcd answers again")
+            except CurvineError as e:  # etcd unreachable: once per outage
+                if not self._etcd_down:
+                    self._etcd_down = True
+                    log.info("master group: etcd does not answer (%s); trying again", e)
+                time.sleep(FOLLOW_INTERVAL)
+            except Exception:  # noqa: BLE001 - a bug: the member keeps trying
                 log.exception("master group: role step failed")
                 time.sleep(0.5)
 
     def _step(self) -> None:
+        if self._retired is not None:
+            self._become_standby()  # a step down that could not finish (etcd unreachable)
+            return
         term = self.leadership.term
         if self.master.leading and (term != self._term
                                     or self.master.committer.fatal is not None):
@@ -335,8 +360,6 @@ class Member:
                 if self.master.committer.follow():
                     with self._applied_cv:
                         self._applied_cv.notify_all()
-            except CurvineError as e:
-                log.info("standby: cannot read the journal in etcd: %s", e)
             except JournalError as e:
                 # behind the oldest record kept in etcd (compacted after every live
                 # member had applied it: this one was gone, or stalled, that long)
@@ -363,7 +386,14 @@ class Member:
         self._term = 0
         self.leadership.role = "standby"
         self.master.close()  # its committer and rounds stop; in-flight calls fail
-        self._swap(self._build(leading=False))
+        # it answers nothing more (its fence is closed: NOT_LEADER) until replaced
+        self._retired = self.master
+        self._become_standby()
+
+    def _become_standby(self) -> None:
+        standby = self._build(leading=False)  # reads etcd: may fail, then tried again
+        self._retired = None
+        self._swap(standby)
         log.info("stepped down to standby at seq %d", self.applied_seq())
 
     def _swap(self, master: Master) -> None:

@@ -31,6 +31,7 @@ from curvine.devtools.local import free_ports
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 START_TIMEOUT = 20.0
+STOP_WAIT = 2.0  # seconds after SIGTERM before SIGKILL
 HOST = "127.0.0.1"
 
 
@@ -132,7 +133,9 @@ class EtcdCluster:
             if proc is None:
                 continue
             try:
-                proc.wait(timeout=10)
+                # a member whose peer is gone may try to hand over its leadership for
+                # seconds before it exits: its data dir is thrown away anyway
+                proc.wait(timeout=STOP_WAIT)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)

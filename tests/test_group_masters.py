@@ -185,6 +185,8 @@ def test_standby_applies_what_the_leader_journals(group):
             assert r.status == 200
     assert metric_samples(standby.http_port, "curvine_master_applied_seq")[0].value == seq
     assert metric_samples(leader.http_port, "curvine_master_failovers_total")[0].value == 1
+    # the admin report is answered by any member, each with its own view
+    assert standby.stub.Report(master_pb2.ReportRequest(), timeout=10).inodes >= 201
     # a mutation on the standby: NOT_LEADER, naming the leader (message and trailer)
     with pytest.raises(grpc.RpcError) as err:
         create(standby, b"refused")
@@ -360,3 +362,42 @@ def test_a_standby_stalled_past_the_compacted_journal_catches_up_while_running(g
              what="the standby catches up from the leader's checkpoint")
     for name in (b"s000", b"s099", b"late"):
         assert lookup(standby, name), name
+
+
+# etcd gone past the lease: the leader stops answering as leader by its own timer
+@pytest.mark.expect_log(r"WARNING curvine\.master\.group\.leadership: lost leadership: "
+                        r"no answer from etcd")
+def test_etcd_down_the_leader_stops_acknowledging_and_the_group_comes_back(group, etcd):  # noqa: F811
+    leader, standby = group(2)
+    acked = []
+    for i in range(20):
+        create(leader, b"e%02d" % i)
+        acked.append(b"e%02d" % i)
+    etcd.kill(0)
+    lost_at = time.monotonic() + 3.0 + 1.0  # ha_lease_ttl, and a round of its thread
+
+    def refused() -> bool:
+        try:
+            create(leader, b"during%f" % time.monotonic())
+        except grpc.RpcError as e:
+            return from_rpc_error(e).kind in (ErrorKind.NOT_LEADER, ErrorKind.UNAVAILABLE,
+                                              ErrorKind.TIMEOUT)
+        return False
+    wait_for(refused, 20, what="the leader refuses once its lease may be gone")
+    assert time.monotonic() < lost_at + 10
+    with pytest.raises(grpc.RpcError):  # and reads, on either: nothing stale
+        lookup(standby, b"e00")
+    etcd.restart(0)
+
+    def led() -> bool:
+        try:
+            return any(m.role() == "leader" for m in (leader, standby))
+        except grpc.RpcError:  # GetGroup reads etcd, which they reach again soon
+            return False
+    wait_for(led, 30, what="a leader again")
+    now = leader_of([leader, standby])
+    create(now, b"after")
+    other = standby if now is leader else leader
+    wait_for(lambda: other.role() == "standby", 15, what="the other one follows")
+    for name in acked + [b"after"]:
+        assert lookup(now, name) and lookup(other, name), name

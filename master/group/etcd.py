@@ -23,6 +23,11 @@ log = logging.getLogger(__name__)
 
 CALL_TIMEOUT = 2.0  # seconds: etcd on a healthy quorum answers in milliseconds
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# gRPC backs off reconnecting up to 120 s by default: an etcd back after an outage
+# would then stay unused for minutes.  A member retries within a second.
+CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
+                   ("grpc.min_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -40,7 +45,8 @@ class Etcd:
         self.timeout = timeout
         self._lock = threading.Lock()
         self._index = 0
-        self._channels = [grpc.insecure_channel(e) for e in self.endpoints]
+        self._channels = [grpc.insecure_channel(e, options=CHANNEL_OPTIONS)
+                          for e in self.endpoints]
         self._kv = [pb_grpc.KVStub(c) for c in self._channels]
         self._lease = [pb_grpc.LeaseStub(c) for c in self._channels]
 

@@ -84,6 +84,7 @@ class Leadership:
         self._term = 0  # create revision of our leader key while we lead
         self._drop_lease = False  # revoke the lease in the thread (lost())
         self._no_campaign_until = 0.0  # monotonic; after resign()
+        self._failing = False  # etcd calls failing (logged once per outage)
         self.leader: dict = {}  # the leader record last seen (ours while we lead)
         self.role = "standby"  # published in members/<id>
         self.stats = {"renewals": 0, "renew_failures": 0, "elected": 0, "lost": 0}
@@ -182,8 +183,14 @@ class Leadership:
                     self._publish()
             except CurvineError as e:
                 self.stats["renew_failures"] += 1
-                log.info("etcd: %s", e)
+                if not self._failing:  # once per outage
+                    log.info("leadership: etcd does not answer (%s)", e)
+                self._failing = True
                 next_keepalive = min(next_keepalive, time.monotonic() + self.ttl / 6)
+            else:
+                if self._failing:
+                    log.info("leadership: etcd answers again")
+                self._failing = False
             if self.term and time.monotonic() >= self._valid_until:
                 self.lost(f"no answer from etcd for the lease's {self.ttl}s")
             self._stop.wait(self.ttl / 6)

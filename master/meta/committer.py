@@ -212,8 +212,7 @@ class Committer:
     def submit_fx(self, plan: Plan, request_id: bytes = b"", timeout: float = 30.0
                   ) -> tuple[Any, Effects | None]:
         """Like submit; also returns the Effects of the record (None if it wrote none)."""
-        if self.fatal is not None:
-            raise self.refusal()
+        self._check_running()
         item = _Item(plan, request_id)
         self._queue.put(item)
         if not item.done.wait(timeout):
@@ -227,9 +226,15 @@ class Committer:
         """Queue ``plan`` and return at once; once its batch is durable (or failed)
         ``then(item)`` is called in the committer thread, with item.result (or a
         RetryHit), item.error and item.fx set.  ``then`` must not block."""
+        self._check_running()
+        self._queue.put(_Item(plan, request_id, then))
+
+    def _check_running(self) -> None:
         if self.fatal is not None:
             raise self.refusal()
-        self._queue.put(_Item(plan, request_id, then))
+        if self._thread is None:  # a mutation admitted just before its master changed
+            raise CurvineError(ErrorKind.UNAVAILABLE, "this master commits nothing now "
+                                                      "(a standby of a group, or stopping)")
 
     def refusal(self) -> CurvineError:
         """The error of a mutation after the journal failed: NOT_LEADER when it failed

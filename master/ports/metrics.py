@@ -249,7 +249,7 @@ def group_collector(member):
         lead = member.leadership
         applied = member.applied_seq()
         yield GaugeMetricFamily("curvine_master_role", "1 while this master leads its group, "
-                                "0 as a standby", value=1 if member.master.leading else 0)
+                                "0 as a standby", value=1 if member.role() == "leader" else 0)
         yield GaugeMetricFamily("curvine_master_applied_seq", "The last journal record this "
                                 "member applied", value=applied)
         yield GaugeMetricFamily("curvine_master_lag_records", "Records the group committed "
