@@ -12,7 +12,7 @@ WARNING, ERROR or CRITICAL, a gRPC core line at E or F, or a traceback, unless t
 declares it expected::
 
     # the killed worker's copies are read again from the other replica
-    @pytest.mark.expect_log(r"WARNING curvine\.client\.file_reader: .*Connection refused")
+    @pytest.mark.expect_log(r"WARNING curvine\.client\.files\.file_reader: .*Connection refused")
 
 Each pattern is a regex searched (``re.search``) in the record: its line
 (``<asctime> <role>[pid] LEVEL logger: message``) and the traceback that follows it.
