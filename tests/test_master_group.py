@@ -306,13 +306,19 @@ def test_report_and_step_down(etcd, make_cluster, tmp_path):  # noqa: F811
         assert r.returncode == 0, r.stderr
         return r.stdout
 
-    group = json.loads(curvine("report", "--json"))["group"]
+    def one_leader(but: str = ""):
+        # the members' roles are their own records in etcd: each writes its own when it
+        # starts and when its role changes, so the list may lag the leader key a moment
+        group = json.loads(curvine("report", "--json"))["group"]
+        leaders = [m for m in group["members"] if m["role"] == "leader"]
+        return (group, leaders[0]) if len(leaders) == 1 and leaders[0]["id"] != but else None
+
+    group, old = wait_until(one_leader, 30, "the report to show one leader")
     assert sorted(m["id"] for m in group["members"]) == ["m0", "m1", "m2"]
-    [old] = [m for m in group["members"] if m["role"] == "leader"]
     assert group["leader"] == old["address"] == c.master_addrs[c.leader()]
     out = curvine("master", "step-down")
     assert f"leader {old['id']} ({old['address']}) stepped down" in out
-    group = json.loads(curvine("report", "--json"))["group"]
-    [new] = [m for m in group["members"] if m["role"] == "leader"]
-    assert new["id"] != old["id"] and group["leader"] == new["address"]
+    group, new = wait_until(lambda: one_leader(but=old["id"]), 30,
+                            "the report to show the new leader")
+    assert group["leader"] == new["address"] != old["address"]
     assert "Master group: 3 members" in curvine("report")
