@@ -352,6 +352,10 @@ class MasterClient:
 
     # -- admin (master/report.py) ----------------------------------------------
 
+    def get_group(self, wait: float | None = None) -> master_pb2.GetGroupReply:
+        """The master group as a member has it (a single master: itself, as leader)."""
+        return self._rpc.call("GetGroup", master_pb2.GetGroupRequest(), wait=wait)
+
     def report(self) -> master_pb2.ReportReply:
         return self._call("Report", master_pb2.ReportRequest())
 
