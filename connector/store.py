@@ -223,9 +223,9 @@ class KVStore:
         # The connector never waits for a master that is down (no master_wait): a
         # lookup or store that cannot be answered now is a miss or a skipped store.
         self.fs = fs or CurvineFS(cfg=cfg, master=MasterClient(
-            cfg.cluster.master_addr, timeout=self.timeout, wait=0,
+            config_mod.master_addrs(cfg), timeout=self.timeout, wait=0,
             security=Security.load(cfg), call_port=cfg.client.call_port,
-            call_port_connections=threads))
+            call_port_connections=threads, read_from=config_mod.read_members(cfg)))
         self.master = self.fs.master
         self.security = self.fs.security
         self.host = host_id()

@@ -77,8 +77,9 @@ def _client_loop(conf: str, what: str, parent: int, seconds: float, start, seed:
     from curvine.common.security import Security
 
     cfg = config_mod.load(conf)
-    mc = MasterClient(cfg.cluster.master_addr, timeout=30, wait=10,
-                      security=Security.load(cfg), call_port=cfg.client.call_port)
+    mc = MasterClient(config_mod.master_addrs(cfg), timeout=30, wait=10,
+                      security=Security.load(cfg), call_port=cfg.client.call_port,
+                      read_from=config_mod.read_members(cfg))
     n = 0
     try:
         start.wait()
@@ -290,6 +291,11 @@ class MetaScale:
             p.join(30)
         return total
 
+    def measure_clients(self, key: str, what: str, parent: int, n: int) -> None:
+        """``n`` client processes doing ``what`` ("lookup", "store", "put") in
+        ``parent``: ops/s and master CPU per op under ``key`` (bench_ha.py)."""
+        self._measure(key, lambda: self._clients(what, parent, n))
+
     def _clients(self, what: str, parent: int, n: int) -> int:
         return self._processes(_client_loop, lambda i: (self.cluster.client_conf, what,
                                                         parent, self.seconds), n)
@@ -415,7 +421,7 @@ class MetaScale:
         from curvine.common.security import Security
 
         cfg = config_mod.load(self.cluster.client_conf)
-        mc = MasterClient(cfg.cluster.master_addr, security=Security.load(cfg))
+        mc = MasterClient(config_mod.master_addrs(cfg), security=Security.load(cfg))
         try:
             top = mc.mkdir(ROOT_INO, self.tag.encode())
             look = mc.mkdir(top.ino, b"lookups")
