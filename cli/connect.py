@@ -5,7 +5,8 @@ reads a cluster's config (config show, local status/down).
 The config is found the same way by every command (common/cluster_config.py: --base,
 --conf, $CURVINE_CONF, /etc/curvine/curvine.toml, else the defaults).
 
-``--master H:P`` replaces the config's ``cluster.master_addr``.  Channels then carry the
+``--master H:P`` replaces the config's masters (``cluster.master_addr``, or every
+member of ``cluster.master_addrs``: the command then asks that member only).  Channels then carry the
 token and speak TLS as the config says, and a call fails within MASTER_WAIT when the
 master is down rather than wait ``cluster.master_wait``; that error names the address
 and where it came from (:func:`master_origin`, added by cli/main.py).
@@ -23,7 +24,10 @@ from curvine.client.master.master_client import MasterClient
 from curvine.common import config as config_mod
 # the commands find their config with these (re-exported: connect is their one client set-up)
 from curvine.common.cluster_config import NOWHERE, Found, add_options, find  # noqa: F401
+from curvine.common.master_group import GroupRpc, master_rpc
+from curvine.common.rpc import RpcClient
 from curvine.common.security import Security
+from curvine.proto import master_pb2_grpc
 
 MASTER_WAIT = 2.0  # seconds: a command should fail fast when the master is down
 
@@ -38,11 +42,13 @@ def master_origin(args: argparse.Namespace, found: Found, address: str) -> str:
     source = found.path if found.origin == found.path else f"{found.path}, from {found.origin}"
     try:
         with open(found.path, "rb") as f:
-            named = "master_addr" in (tomllib.load(f).get("cluster") or {})
+            cluster = tomllib.load(f).get("cluster") or {}
+        key = ("master_addrs" if cluster.get("master_addrs") else
+               "master_addr" if "master_addr" in cluster else None)
     except (OSError, ValueError, AttributeError):
-        named = True
-    if named:
-        return f"{address} (cluster.master_addr of {source})"
+        key = "master_addr"
+    if key:
+        return f"{address} (cluster.{key} of {source})"
     given = found.path if found.origin == found.path else f"{found.path} ({found.origin})"
     return f"{address} (the default; {given} sets no cluster.master_addr)"
 
@@ -53,11 +59,13 @@ def load_config(args: argparse.Namespace) -> config_mod.Config:
     ``args.master_origin``), which cli/main.py adds to an error that cannot reach it."""
     found = find(args)
     cfg = config_mod.load(found.path) if found.path else config_mod.Config()
+    named = getattr(args, "master", None)
     cfg.cluster = dataclasses.replace(cfg.cluster,
-                                      master_addr=getattr(args, "master", None) or cfg.cluster.master_addr,
+                                      master_addr=named or cfg.cluster.master_addr,
+                                      master_addrs=[] if named else cfg.cluster.master_addrs,
                                       master_wait=config_mod.Duration(MASTER_WAIT))
-    args.master_addr = cfg.cluster.master_addr
-    args.master_origin = master_origin(args, found, cfg.cluster.master_addr)
+    args.master_addr = " or ".join(config_mod.master_addrs(cfg))
+    args.master_origin = master_origin(args, found, args.master_addr)
     return cfg
 
 
@@ -65,8 +73,17 @@ def master_client(args: argparse.Namespace) -> MasterClient:
     """A client of the master (close it when done)."""
     cfg = load_config(args)
     # its channels send the cluster token and speak TLS as the config says
-    return MasterClient(cfg.cluster.master_addr, timeout=float(cfg.cluster.rpc_timeout),
+    return MasterClient(config_mod.master_addrs(cfg), timeout=float(cfg.cluster.rpc_timeout),
                         wait=float(cfg.cluster.master_wait), security=Security.load(cfg))
+
+
+def admin_rpc(args: argparse.Namespace) -> RpcClient | GroupRpc:
+    """The master's gRPC service for the group's admin calls (GetGroup, StepDown): the
+    leader of a group once a call finds it, else the one master (close it when done)."""
+    cfg = load_config(args)
+    return master_rpc(config_mod.master_addrs(cfg), master_pb2_grpc.MasterStub,
+                      security=Security.load(cfg), timeout=float(cfg.cluster.rpc_timeout),
+                      wait=float(cfg.cluster.master_wait))
 
 
 def curvine_fs(args: argparse.Namespace) -> CurvineFS:

@@ -29,6 +29,7 @@ COMMAND_GROUPS = [
     ("fs", "curvine.cli.fs_cmd"),
     ("config", "curvine.cli.config_cmd"),
     ("report", "curvine.cli.report"),
+    ("master", "curvine.cli.master_cmd"),
     ("journal", "curvine.cli.journal_cmd"),
     ("doctor", "curvine.cli.doctor"),
 ]
@@ -78,7 +79,7 @@ def _unreachable(args: argparse.Namespace, exc: BaseException) -> str:
     from curvine.common.errors import CurvineError, ErrorKind
     addr, origin = getattr(args, "master_addr", None), getattr(args, "master_origin", None)
     if (isinstance(exc, CurvineError) and exc.kind in (ErrorKind.UNAVAILABLE, ErrorKind.TIMEOUT)
-            and origin and addr and addr in str(exc)):
+            and origin and addr and any(a in str(exc) for a in addr.split(" or "))):
         return f"cannot reach the master at {origin}: "
     return ""
 

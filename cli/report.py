@@ -2,7 +2,9 @@
 
     curvine report [--json] [--master H:P] [--conf FILE | --base DIR]
 
-Workers (id, address, host, state, capacity, used, blocks, last heartbeat), the
+The masters (a group: each member's id, address, role, applied sequence and lag in
+records, and the leader's commit sequence), workers (id, address, host, state,
+capacity, used, blocks, last heartbeat), the
 namespace (inodes, files with data, blocks, replicas), under-replicated blocks,
 pool usage and evictions, lookup hits and misses, lease sessions, and where the
 journal stands.  ``--json`` prints one object with the same content (integers as
@@ -12,8 +14,10 @@ numbers, fields as in docs/cli.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
+from curvine.common.master_group import GroupRpc
 from curvine.proto import master_pb2
 
 from . import connect
@@ -32,11 +36,21 @@ def register(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_cmd_report, _parser=p)
 
 
-def report_dict(r: master_pb2.ReportReply, master: str) -> dict:
-    """The report as plain JSON-ready values (what ``--json`` prints)."""
+def group_dict(g: master_pb2.GetGroupReply) -> dict:
+    """The master group as GetGroup answered it: its members, leader and commit seq."""
+    return {"leader": g.leader, "commit_seq": g.commit_seq, "answered_by": g.answered_by,
+            "members": [{"id": m.id, "address": m.grpc, "role": m.role,
+                         "applied_seq": m.applied_seq, "lag_records": m.lag_records}
+                        for m in g.members]}
+
+
+def report_dict(r: master_pb2.ReportReply, master: str, group: dict | None = None) -> dict:
+    """The report as plain JSON-ready values (what ``--json`` prints); ``group``:
+    group_dict's, when the master is one of a group."""
     cap = r.capacity
     return {
         "master": master,
+        "group": group,
         "uptime_seconds": round(r.uptime, 3),
         "workers": [{
             "id": w.worker_id, "address": w.address, "host": w.host_id, "state": w.state,
@@ -97,6 +111,14 @@ def print_report(d: dict) -> None:
     print(f"Master {d['master']}  up {_duration(d['uptime_seconds'])}  journal seq "
           f"{j['applied_seq']} (oldest kept {j['first_seq']}, checkpoint "
           f"{j['checkpoint_seq'] or 'none'})")
+    g = d.get("group")
+    if g:
+        print(f"Master group: {len(g['members'])} members, leader {g['leader'] or 'none'}, "
+              f"commit seq {g['commit_seq']}")
+        print(f"  {'ID':<24} {'ADDRESS':<21} {'ROLE':<8} {'APPLIED':>10} {'LAG':>8}")
+        for m in g["members"]:
+            print(f"  {m['id']:<24} {m['address']:<21} {m['role']:<8} "
+                  f"{m['applied_seq']:>10} {m['lag_records']:>8}")
     print()
     print(f"Workers: {d['workers_live']} live, {d['workers_lost']} lost, "
           f"{len(d['workers'])} registered")
@@ -135,12 +157,16 @@ def print_report(d: dict) -> None:
 
 
 def _cmd_report(args, parser) -> int:
-    client = connect.master_client(args)
-    try:
-        reply = client.report()
-    finally:
-        client.close()
-    d = report_dict(reply, client.address)
+    # the leader's report (workers, capacity and leases live there): GroupRpc finds it
+    with contextlib.closing(connect.admin_rpc(args)) as rpc:
+        group = rpc.call("GetGroup", master_pb2.GetGroupRequest())
+        if isinstance(rpc, GroupRpc):  # any member answers Report: ask the leader
+            rpc.masters.move_to(group.leader)
+        reply = rpc.call("Report", master_pb2.ReportRequest())
+        address = rpc.address
+    # a single master answers a group of one without an id: no group to show
+    in_group = len(group.members) > 1 or any(m.id for m in group.members)
+    d = report_dict(reply, address, group_dict(group) if in_group else None)
     if args.json:
         print(json.dumps(d, indent=2))
     else:

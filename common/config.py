@@ -67,6 +67,12 @@ class ClusterConfig:
     # host:port where workers reach the master (registration, heartbeats, block
     # reports); empty: the host of master_addr and port master.worker_port
     master_worker_addr: str = ""
+    # a master group (docs/operations.md, "Master group"): every master's gRPC address;
+    # clients and workers know them all and follow the leader.  Empty = [master_addr]
+    master_addrs: list[str] = field(default_factory=list)
+    # where workers reach each master of master_addrs (same order); empty = the host of
+    # each master_addrs entry with port master.worker_port
+    master_worker_addrs: list[str] = field(default_factory=list)
     block_size: Size = Size(64 << 20)
     replicas: int = 1
     rpc_timeout: Duration = Duration(30.0)  # deadline of one RPC
@@ -207,6 +213,12 @@ class ClientConfig:
     # miss, a skipped store) whatever the master or a worker is doing; after a
     # failure, calls to that master or worker are misses at once for as long
     fail_open_timeout: Duration = Duration(2.0)
+    # a master group: the member that answers this client's unleased reads (lookups,
+    # getattr, listings, block locations, the connector's batched lookups; a standby
+    # answers once it has applied what the leader had committed): "" = a standby chosen
+    # at start (by process id), "leader" = none (every call to the leader), or host:port
+    # of one of cluster.master_addrs
+    read_member: str = ""
 
 
 @dataclass
@@ -404,9 +416,12 @@ def _problems(cfg: Config):
         yield ("cluster.block_size",), f"must be a positive multiple of 1MiB, got {int(c.block_size)}"
     if not 1 <= c.replicas <= 8:
         yield ("cluster.replicas",), f"must be between 1 and 8, got {c.replicas}"
-    host, sep, port = c.master_addr.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        yield ("cluster.master_addr",), f"expected host:port, got {c.master_addr!r}"
+    yield from _group_problems(c)
+    if len(master_addrs_of(c)) > 1 and not m.etcd_endpoints:
+        # each master would take itself for the only one: two truths
+        yield (("cluster.master_addrs", "master.etcd_endpoints"),
+               f"{len(master_addrs_of(c))} masters need master.etcd_endpoints (the group's "
+               "etcd), in every process's config")
     if c.rpc_timeout <= 0:
         yield ("cluster.rpc_timeout",), "must be positive"
     if not 0 < m.evict_low < m.evict_high <= 1:
@@ -476,6 +491,10 @@ def _problems(cfg: Config):
     if cfg.client.domain_socket_dir and not os.path.isabs(cfg.client.domain_socket_dir):
         yield (("client.domain_socket_dir",), f"must be an absolute path (or \"\" for none), "
                f"got {cfg.client.domain_socket_dir!r}")
+    r = cfg.client.read_member
+    if r and r != "leader" and r not in master_addrs_of(c):
+        yield (("client.read_member",), f"{r!r} is not one of cluster.master_addrs "
+               "(\"\" = one chosen at start, \"leader\" = none)")
     if cfg.client.readahead_blocks < 1:
         yield ("client.readahead_blocks",), "must be at least 1"
     if cfg.log.level.upper() not in _LOG_LEVELS:
@@ -491,12 +510,80 @@ def _problems(cfg: Config):
     # mount, and the mount, which never holds that file, still starts.
     if not 0 < cfg.master.max_lost_share <= 1:
         yield ("master.max_lost_share",), "must be in (0, 1]"
-    if cfg.cluster.master_worker_addr and ":" not in cfg.cluster.master_worker_addr:
+    if cfg.cluster.master_worker_addr and not is_host_port(cfg.cluster.master_worker_addr):
         yield ("cluster.master_worker_addr",), "must be host:port"
     # Checked here too, so that every daemon refuses bad TLS files or keys at start
     # (exit 2).  Nothing to check and nothing read when all are unset.
     for key, message in tls.problems(cfg.security):
         yield (key,), message
+
+
+def is_host_port(address: str) -> bool:
+    """``address`` is ``host:port`` (``[v6]:port`` too) with a port in 1..65535."""
+    host, sep, port = address.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) <= 65535)
+
+
+def _group_problems(c: ClusterConfig):
+    """The masters' addresses: each host:port, none twice, the worker ports one per
+    master; ``master_addr`` one of ``master_addrs`` when both are written."""
+    if not is_host_port(c.master_addr):
+        yield ("cluster.master_addr",), f"expected host:port, got {c.master_addr!r}"
+    for key, addrs in (("cluster.master_addrs", c.master_addrs),
+                       ("cluster.master_worker_addrs", c.master_worker_addrs)):
+        for a in addrs:
+            if not is_host_port(a):
+                yield (key,), f"expected a list of host:port, got {a!r}"
+        twice = sorted({a for a in addrs if addrs.count(a) > 1})
+        if twice:
+            yield (key,), f"{twice[0]} is listed twice"
+    if c.master_worker_addrs and len(c.master_worker_addrs) != len(master_addrs_of(c)):
+        yield (("cluster.master_worker_addrs", "cluster.master_addrs"),
+               f"one worker address per master: {len(c.master_worker_addrs)} for "
+               f"{len(master_addrs_of(c))} masters")
+    if c.master_worker_addrs and c.master_worker_addr:
+        yield (("cluster.master_worker_addr", "cluster.master_worker_addrs"),
+               "set one of them: master_worker_addrs names each master's worker port")
+    if (c.master_addrs and c.master_addr != ClusterConfig.master_addr
+            and c.master_addr not in c.master_addrs):
+        yield (("cluster.master_addr", "cluster.master_addrs"),
+               f"{c.master_addr} is not one of master_addrs (leave master_addr out: "
+               "master_addrs replaces it)")
+
+
+def master_addrs_of(c: ClusterConfig) -> list[str]:
+    """Every master's gRPC address: ``master_addrs``, else ``[master_addr]``."""
+    return list(c.master_addrs) or [c.master_addr]
+
+
+def master_addrs(cfg: Config) -> list[str]:
+    """Every master's gRPC address (``cluster.master_addrs``, else the one
+    ``cluster.master_addr``): what clients try, leader first once they know it."""
+    return master_addrs_of(cfg.cluster)
+
+
+def read_members(cfg: Config) -> list[str]:
+    """The members of a master group this process may send its unleased reads to
+    (``client.read_member``): the one it names, or for "" every member (the client
+    picks a standby: client/master/master_client.py); none with one master or
+    "leader"."""
+    addrs = master_addrs(cfg)
+    r = cfg.client.read_member
+    if len(addrs) == 1 or r == "leader":
+        return []
+    return [r] if r else addrs
+
+
+def master_worker_addrs(cfg: Config) -> list[str]:
+    """Where workers reach each master of :func:`master_addrs`, in the same order:
+    ``cluster.master_worker_addrs``, else each master's host with port
+    ``master.worker_port`` (one master: :func:`master_worker_addr`)."""
+    c = cfg.cluster
+    if c.master_worker_addrs:
+        return list(c.master_worker_addrs)
+    if not c.master_addrs:
+        return [master_worker_addr(cfg)]
+    return [f"{a.rsplit(':', 1)[0]}:{cfg.master.worker_port}" for a in c.master_addrs]
 
 
 def master_worker_addr(cfg: Config) -> str:

@@ -64,6 +64,12 @@ def new_request_id() -> bytes:
     return uuid.uuid4().bytes
 
 
+def put_request_id(request_id: bytes, index: int) -> bytes:
+    """The request id of file ``index`` of a PutFiles call ``request_id``: what the
+    master's retry cache keeps for it, so a retried call finds each file it stored."""
+    return request_id + index.to_bytes(4, "big") if request_id else b""
+
+
 def host_id() -> str:
     """Identifies this machine, so a client can tell which workers are local.
 

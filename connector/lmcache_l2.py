@@ -10,9 +10,10 @@
 LMCache finds ``CurvineL2AdapterConfig`` by its name (class name + "Config").  Objects
 are stored as their raw bytes under the names of LMCache's own ``fs`` L2 adapter
 (``connector.naming.object_key_name``), so a process using that adapter on a mount of
-the same cluster shares the files.  Batched by design: a store, lookup or load task of
-N keys costs one LookupMany (plus one PutFile per stored object), and its objects move
-in parallel.  Tasks run in this adapter's threads; completion is signalled on the three
+the same cluster shares the files.  Batched by design: a lookup or load task of N keys
+costs one LookupMany, a store task two master calls (``KVStore.put_many``: one
+reservation that also answers which keys another instance stored, one publish in one
+journal record), and its objects move in parallel.  Tasks run in this adapter's threads; completion is signalled on the three
 event fds.  "Lock" is a lookup: the master does not pin what it found, and an object
 evicted before its load is a miss in the load's bitmap, as the interface allows.
 """
@@ -130,21 +131,19 @@ class CurvineL2Adapter(L2AdapterInterface):
         ok, written, stored, sizes = True, 0, [], []
         try:
             names = [naming.object_key_name(k) for k in keys]
-            present = self.store.exists_many(names)  # what another instance stored
-            todo = [i for i, p in enumerate(present) if not p]
-            futs = [(i, self.store.pool.submit(self.store.put, names[i],
-                                               [objects[i].byte_array])) for i in todo]
-            for i, fut in futs:
-                try:
-                    if fut.result():
-                        n = len(objects[i].byte_array)
-                        written += n
-                        stored.append(keys[i])
-                        sizes.append(n)
-                except Exception as e:  # noqa: BLE001 - the task fails, nothing raises
+            # one reservation (names another instance stored come back as such: False)
+            # and one publish for the task; failures are logged by the store
+            results = self.store.put_many_quietly(
+                [(n, [o.byte_array]) for n, o in zip(names, objects)])
+            for key, obj, result in zip(keys, objects, results):
+                if result is None:
                     ok = False
-                    log.warning("curvine L2: storing %s failed: %s", names[i], e)
-        except Exception as e:  # noqa: BLE001
+                elif result:
+                    n = len(obj.byte_array)
+                    written += n
+                    stored.append(key)
+                    sizes.append(n)
+        except Exception as e:  # noqa: BLE001 - the task fails, nothing raises
             ok = False
             log.warning("curvine L2: store task %d failed: %s", task_id, e)
         if stored:

@@ -227,16 +227,26 @@ class CurvineRemoteConnector(RemoteConnector):
 
     # -- writes ----------------------------------------------------------------------
 
-    def _put(self, key: CacheEngineKey, memory_obj: MemoryObj) -> None:
+    def _buffers(self, memory_obj: MemoryObj) -> list:
+        """What a chunk file holds: LMCache's metadata header (when it saves one), then
+        the tensor bytes."""
         buf = memory_obj.byte_array
-        buffers = [buf]
-        if self.save_chunk_meta:
-            meta = RemoteMetadata(len(buf), memory_obj.get_shapes(), memory_obj.get_dtypes(),
-                                  memory_obj.get_memory_format())
-            buffers.insert(0, meta.serialize())
+        if not self.save_chunk_meta:
+            return [buf]
+        meta = RemoteMetadata(len(buf), memory_obj.get_shapes(), memory_obj.get_dtypes(),
+                              memory_obj.get_memory_format())
+        return [meta.serialize(), buf]
+
+    def _put(self, key: CacheEngineKey, memory_obj: MemoryObj) -> None:
         # a failure is logged once per outage and the chunk is simply not in L2 (nothing
         # is left behind); no exception goes back into LMCache's event loop
-        self.store.put_quietly(naming.engine_key_name(key), buffers)
+        self.store.put_quietly(naming.engine_key_name(key), self._buffers(memory_obj))
+
+    def _put_many(self, keys: List[CacheEngineKey], memory_objs: List[MemoryObj]) -> None:
+        # one reservation and one publish for the whole batch (KVStore.put_many); the
+        # same quiet failures as _put
+        self.store.put_many_quietly([(naming.engine_key_name(k), self._buffers(o))
+                                     for k, o in zip(keys, memory_objs)])
 
     async def put(self, key: CacheEngineKey, memory_obj: MemoryObj):
         await self._run(self._put, key, memory_obj)
@@ -245,9 +255,7 @@ class CurvineRemoteConnector(RemoteConnector):
         return True
 
     async def batched_put(self, keys: List[CacheEngineKey], memory_objs: List[MemoryObj]):
-        futs = [self.loop.run_in_executor(self._threads, self._put, k, o)
-                for k, o in zip(keys, memory_objs)]
-        await asyncio.gather(*futs)
+        await self._run(self._put_many, list(keys), list(memory_objs))
 
     # -- the rest --------------------------------------------------------------------
 

@@ -13,6 +13,11 @@ namespace directory, without the FUSE hop.
   final name in one journaled step: there is no temporary name, a key that exists is
   not written again, a failed put leaves no name (its blocks are deleted, or freed by
   the master after PUT_BLOCK_TTL).
+- ``put_many(items)``: a batch of chunks with two master calls: one reserves the blocks
+  of every name not stored yet (AddBlocksForPut; names that exist are skipped), the
+  blocks are written with several in flight, one publishes every chunk whose blocks were
+  stored in ONE journal record (PutFiles); a chunk whose blocks failed is left out and
+  its blocks handed back to the master in the same call (docs/lmcache.md).
 
 Failures of the master or of a worker never raise out of the get/lookup/put helpers
 the adapters use (``*_quietly``): they are misses, logged once per outage.  Every call
@@ -43,7 +48,7 @@ from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error
 from curvine.common.fds import close_fd
 from curvine.common.ids import MIB, host_id
 from curvine.common.security import Security
-from curvine.proto import common_pb2, worker_pb2
+from curvine.proto import common_pb2, master_pb2, worker_pb2
 
 log = logging.getLogger("curvine.connector")
 
@@ -51,7 +56,8 @@ DEFAULT_NAMESPACE = "/l2cache"
 # A lookup is on the prompt's critical path: a master that does not answer soon is a
 # miss (the prefill recomputes), not a stall of the inference server.
 LOOKUP_TIMEOUT = 5.0
-MAX_LOOKUP_MANY = 4096  # names per LookupMany, as the master allows (master/master.py)
+MAX_LOOKUP_MANY = 4096  # names per LookupMany (and PutFiles), as the master allows
+MAX_PUT_BLOCKS = 16384  # blocks per AddBlocksForPut (master/master.py LOOKUP_REPLY_BLOCKS)
 # Blocks read or written at once by one store (several chunks of a prompt in flight).
 DEFAULT_THREADS = 16
 READ_CHUNK = MIB  # ReadBlock message size
@@ -217,9 +223,9 @@ class KVStore:
         # The connector never waits for a master that is down (no master_wait): a
         # lookup or store that cannot be answered now is a miss or a skipped store.
         self.fs = fs or CurvineFS(cfg=cfg, master=MasterClient(
-            cfg.cluster.master_addr, timeout=self.timeout, wait=0,
+            config_mod.master_addrs(cfg), timeout=self.timeout, wait=0,
             security=Security.load(cfg), call_port=cfg.client.call_port,
-            call_port_connections=threads))
+            call_port_connections=threads, read_from=config_mod.read_members(cfg)))
         self.master = self.fs.master
         self.security = self.fs.security
         self.host = host_id()
@@ -648,6 +654,133 @@ class KVStore:
             return None
         self.master_outage.ok()
         return stored
+
+    def put_many(self, items: Sequence[tuple[str, Sequence[Buffer]]], mode: int = 0o644,
+                 budget: _Budget | None = None) -> list[bool | None]:
+        """Store many chunks (``items``: name, buffers) within ``budget`` (None:
+        rpc_timeout) with two master calls per MAX_LOOKUP_MANY names: one reserves the
+        blocks of every name not stored yet (AddBlocksForPut), one publishes all the
+        chunks written (PutFiles, one journal record).  Blocks are written with several
+        in flight.  Per item: True stored, False the name existed (nothing written),
+        None not stored: a name no file can have, a block no worker took (its chunk is
+        left out, its blocks freed; logged once per worker outage), or refused by the
+        master (logged).  Raises CurvineError when the master fails; then nothing of the
+        failed call is published and the blocks written for it are deleted."""
+        budget = budget or _Budget(self.timeout)
+        out: list[bool | None] = [None] * len(items)
+        todo = []  # (index, encoded name, views, size)
+        for i, (name, buffers) in enumerate(items):
+            bname = _encode_name(name)
+            if bname is None:
+                log.debug("%r cannot be a file name: not stored", name)
+                continue
+            views = _views(buffers)
+            todo.append((i, bname, views, sum(len(v) for v in views)))
+        if not todo:
+            return out
+        parent = self.directory(budget)
+        block_size = self.fs.block_size(budget.left())
+        page: list = []
+        blocks = 0
+        for t in todo:  # pages within the master's limits on names and blocks
+            n = -(-t[3] // block_size)
+            if page and (len(page) == MAX_LOOKUP_MANY or blocks + n > MAX_PUT_BLOCKS):
+                self._put_page(parent, page, mode, out, budget)
+                page, blocks = [], 0
+            page.append(t)
+            blocks += n
+        self._put_page(parent, page, mode, out, budget)
+        return out
+
+    def put_many_quietly(self, items: Sequence[tuple[str, Sequence[Buffer]]]
+                         ) -> list[bool | None]:
+        """put_many within ``client.fail_open_timeout``, with a master failure as None
+        for every item (logged once per outage; during one, at once but for a probe)."""
+        if not self.master_outage.may_try():
+            return [None] * len(items)
+        try:
+            stored = self.put_many(items, budget=_Budget(self.fail_open))
+        except CurvineError as e:
+            self._master_failed(e)
+            return [None] * len(items)
+        self.master_outage.ok()
+        return stored
+
+    def _put_page(self, parent: int, page: list, mode: int, out: list,
+                  budget: _Budget) -> None:
+        """One reservation, the writes, one publish: put_many's results of ``page``
+        into ``out``."""
+        reply = self.master.add_blocks_for_put(parent, [t[1] for t in page],
+                                               [t[3] for t in page], self.host,
+                                               timeout=budget.left(), wait=0)
+        workers = {w.worker_id: w for w in reply.workers}
+        writes = []  # per chunk to publish: (index, name, size, [(grant, future)])
+        for (i, bname, views, size), res in zip(page, reply.results):
+            if res.HasField("existing"):
+                out[i] = False
+                self.stats["put_existed"] += 1
+                continue
+            futs, pos = [], 0
+            for g in res.blocks:
+                piece = _slice(views, pos, pos + g.length)
+                pos += g.length
+                futs.append((g, self._fanout.submit(self._write_grant, g, workers, piece,
+                                                    budget)))
+            writes.append((i, bname, size, futs))
+        files, abandoned, written, sent = [], [], [], []
+        uid, gid = os.getuid(), os.getgid()
+        try:
+            for i, bname, size, futs in writes:
+                blocks = []
+                for g, fut in futs:
+                    crc, stored_on = fut.result()
+                    written += [(workers[w], g.block_id, g.block_token) for w in stored_on]
+                    blocks.append(common_pb2.Block(block_id=g.block_id, length=g.length,
+                                                   checksum=crc, worker_ids=stored_on,
+                                                   token=g.block_token))
+                if all(b.worker_ids for b in blocks):
+                    files.append(master_pb2.PutFileEntry(name=bname, mode=mode, uid=uid,
+                                                         gid=gid, blocks=blocks, size=size))
+                    sent.append((i, size))
+                else:  # left out: the master frees its blocks (pending) now
+                    abandoned += [common_pb2.Block(block_id=b.block_id, token=b.token)
+                                  for b in blocks]
+            results = self.master.put_files(parent, files, abandoned, timeout=budget.left(),
+                                            wait=0) if files or abandoned else []
+            written.clear()  # published, or freed by the master
+        finally:
+            if written:
+                self._delete_blocks(written)
+        for (i, size), (f, r) in zip(sent, zip(files, results)):
+            if r.status == master_pb2.PUT_STORED:
+                out[i] = True
+                self.stats["puts"] += 1
+                self.stats["bytes_written"] += size
+            elif r.status == master_pb2.PUT_EXISTS:
+                out[i] = False
+                self.stats["put_existed"] += 1
+            else:
+                log.warning("%s: not stored, the master refused it (%s): %s",
+                            f.name.decode(errors="replace"),
+                            master_pb2.PutStatus.Name(r.status), r.error)
+
+    def _write_grant(self, grant, workers: dict, piece: list[memoryview],
+                     budget: _Budget) -> tuple[int, list[int]]:
+        """One block of put_many on each of its targets: (its crc32, the workers that
+        stored it).  Never raises: a worker that failed is logged by its _Outage."""
+        targets = [workers[w] for w in grant.worker_ids if w in workers]
+        # one local target takes the crc32 as it writes (_write_to): one pass over the
+        # caller's memory; any other is checked against the one taken here
+        crc = None if len(targets) == 1 and self._local(targets[0]) else _crc(piece)
+        stored_on = []
+        for w in targets:
+            try:
+                crc = self._write_to(w, grant.block_id, grant.block_token, piece, crc, budget)
+                stored_on.append(w.worker_id)
+                self.worker_outage(w).ok()
+            except CurvineError as e:
+                self.worker_outage(w).failed(e)
+        return crc or 0, stored_on
 
     def _put_block(self, parent: int, bname: bytes, piece: list[memoryview],
                    written: list, budget: _Budget) -> common_pb2.Block | None:

@@ -28,6 +28,9 @@ table gives medians and the ratio curvine / plain, next to the targets of issue 
 9. ``puts`` (only when named, on the bench's own cluster; see bench_puts.py): 16 chunks
    of 14 MiB stored with 1, 4 and 16 in flight and a prompt's 8 at once, through the
    connector beside ``<key>.tmp`` + rename on the plain directory (issue 36).
+10. ``ha`` (only when named; see bench_ha.py): clusters of its own: failover time over 10
+   leader kills in a group of 3 masters, and lookups and stores of 16 clients on one
+   master and on a group of 3, with the leader's CPU per operation (issue 35).
 7. ``smallio`` (only when named; see bench_smallio.py): random 4 KiB and 64 KiB writes
    (+ fsync) and reads inside one 64 MiB file, cold and warm, and the multi-process
    namespace workload of posix_workload.py, on curvine, the plain directory and
@@ -65,8 +68,8 @@ from .local import ClusterError, LocalCluster, mounted_paths, proc_stat
 
 MiB = 1 << 20
 WORKLOADS = ("kv", "prompt", "meta", "memory", "fill", "lmcache", "smallio", "meta-scale",
-             "puts")
-# run without --workloads; "fill" needs a small cluster of its own, "lmcache" torch
+             "puts", "ha")
+# run without --workloads; "fill" and "ha" need clusters of their own, "lmcache" torch
 # and lmcache, and "smallio" compares with MooseFS: only when named
 DEFAULT_WORKLOADS = ("kv", "prompt", "meta", "memory")
 CHUNK_TOKENS = 256  # LMCache's default chunk size in tokens
@@ -831,7 +834,7 @@ def _fmt(x: float | None, unit: str) -> str:
 WORKLOAD_TITLES = {"kv": "1 KV chunks", "prompt": "2 prompt", "meta": "3 metadata",
                    "memory": "4 memory", "fill": "5 fill", "lmcache": "6 lmcache",
                    "smallio": "7 small I/O", "meta-scale": "8 metadata at scale",
-                   "puts": "9 concurrent puts"}
+                   "puts": "9 concurrent puts", "ha": "10 master group"}
 
 
 def format_report(metrics: dict[str, list[Metric]]) -> str:
@@ -891,7 +894,8 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
         say("  note: the machine is busy (load average above the CPU count): "
             "figures will be noisy")
 
-    main_wls = [w for w in params.workloads if w != "fill"]  # on the main cluster
+    own_cluster = ("fill", "ha")  # workloads that start clusters of their own
+    main_wls = [w for w in params.workloads if w not in own_cluster]  # on the main cluster
     top = None  # temporary directory this run created (cluster and/or plain dir)
     cluster = None
     bench = None
@@ -900,9 +904,10 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
     lm = None  # the lmcache workload (bench_lmcache.LmcacheBench)
     lm_note = None  # ... or why it was skipped
     sm = None  # the smallio workload (bench_smallio.SmallIoBench)
+    ha_raw = None  # the ha workload's medians (bench_ha.py)
     results["workload_seconds"], results["cpu_seconds"] = {}, {}
     try:
-        if plain is None or mounts is None or "fill" in params.workloads:
+        if plain is None or mounts is None or set(own_cluster) & set(params.workloads):
             parent = workdir or (os.path.dirname(os.path.abspath(plain)) if plain else None)
             top = tempfile.mkdtemp(prefix="curvine-bench-", dir=parent)
         if main_wls:
@@ -1075,6 +1080,15 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
             fill.run()
             results["workload_seconds"]["fill"] = round(time.perf_counter() - t0, 1)
             say(f"  {results['workload_seconds']['fill']:.0f}s wall")
+        if "ha" in params.workloads:
+            from .bench_ha import HaBench, report as ha_report
+            say(f"[{WORKLOAD_TITLES['ha']}]")
+            t0 = time.perf_counter()
+            ha = HaBench(top, say, runs=params.runs)
+            ha_raw = ha.run()
+            ha_raw["failover seconds, each kill"] = ha.failovers
+            say(ha_report({k: v for k, v in ha_raw.items() if not isinstance(v, list)}))
+            results["workload_seconds"]["ha"] = round(time.perf_counter() - t0, 1)
     except BaseException as e:
         results["error"] = ("interrupted" if isinstance(e, KeyboardInterrupt)
                             else f"{type(e).__name__}: {e}")
@@ -1101,7 +1115,8 @@ def run_bench(params: Params, mounts: list[str] | None = None, plain: str | None
         results["workloads"] = {
             wl: {"metrics": [m.to_json() for m in all_metrics.get(wl, [])],
                  **({"raw": bench.raw[wl]} if bench is not None and wl in bench.raw else {}),
-                 **({"raw": fill.raw} if wl == "fill" and fill is not None else {})}
+                 **({"raw": fill.raw} if wl == "fill" and fill is not None else {}),
+                 **({"raw": ha_raw} if wl == "ha" and ha_raw is not None else {})}
             for wl in WORKLOADS if wl in params.workloads}
         if bench is not None:
             results["memory"] = bench.memory

@@ -9,7 +9,10 @@ a. ``lookup``: 1, 4 and 16 client processes, each with its own channel (a pod's
 b. ``store``: the same processes store empty chunks: create ``<key>.tmp``, publish
    (CompleteFile), rename to ``<key>.data`` (three master calls, as LMCache's
    connector makes through a mount); ``put``: the same chunks as curvine's connector
-   stores them (connector/store.py), one PutFile under ``<key>.data``.
+   stored them one at a time (one PutFile under ``<key>.data``); ``put_many``: prompts
+   of PROMPT_CHUNKS empty chunks through ``KVStore.put_many`` (issue 36: one
+   AddBlocksForPut and one PutFiles per prompt).  Counted per chunk, with the
+   master's client calls per prompt (its ``curvine_rpc_server_handled_total``).
 c. ``mount stat miss``: 1 and 8 processes stat missing names through mount A, each
    name once; then 1 process stats the same 256 missing names over and over.  The
    directory is quiet, so the mount soon holds its listing and answers the misses
@@ -21,9 +24,17 @@ d. ``mount ops``: one process creates+closes, stats, lists and unlinks ``files``
    ``listdir ms`` is the first listing; ``listdir again ms`` the median of 5 more
    (a mount's kernel keeps a leased directory's entries from the second on).
 
+e. ``seed``: the seed prompt's shape, PROMPT_CHUNKS chunks of SEED_CHUNK bytes, stored
+   by the connector (``KVStore.put_many``: the local worker through the descriptor it
+   passes) against LMCache ``fs://``'s way on the plain directory (each chunk written
+   to ``<key>.tmp`` and renamed, the chunks at once), alternating which goes first,
+   ``max(5, 2 x runs)`` times; memory is touched once before (``touch_memory``: this
+   machine backs memory lazily, the first touch of a page costs ~10x).
+
 Each figure is ops/s and, for curvine, master and mount CPU microseconds per
 operation (from /proc: user + system of the daemon during the measure; for client
-processes, from the start signal to the last count).
+processes, from the start signal to the last count).  ``--parts`` runs some of
+lookup, store, put, put_many, mount, ops, seed.
 """
 
 from __future__ import annotations
@@ -32,13 +43,20 @@ import argparse
 import multiprocessing
 import os
 import secrets
+import shutil
 import statistics
 import sys
 import time
 from typing import Callable
 
+from .lmcache_pod import master_rpcs, rpc_delta
 from .local import LocalCluster, bench_cluster, proc_stat
 
+PARTS = ("lookup", "store", "put", "put_many", "mount", "ops", "seed")
+PROMPT_CHUNKS = 8  # chunks of a prompt (the seed prompt's 1,925 tokens)
+SEED_CHUNK = 14 << 20  # bytes of one of its chunks
+TOUCH_SHARE = 0.6  # of MemAvailable written once before the seed comparison
+TOUCH_MAX = 8 << 30
 CLIENTS = (1, 4, 16)
 MOUNT_PROCS = (1, 8)
 HITS = 1000  # existing names per lookup directory
@@ -59,8 +77,9 @@ def _client_loop(conf: str, what: str, parent: int, seconds: float, start, seed:
     from curvine.common.security import Security
 
     cfg = config_mod.load(conf)
-    mc = MasterClient(cfg.cluster.master_addr, timeout=30, wait=10,
-                      security=Security.load(cfg), call_port=cfg.client.call_port)
+    mc = MasterClient(config_mod.master_addrs(cfg), timeout=30, wait=10,
+                      security=Security.load(cfg), call_port=cfg.client.call_port,
+                      read_from=config_mod.read_members(cfg))
     n = 0
     try:
         start.wait()
@@ -99,6 +118,62 @@ def _client_loop(conf: str, what: str, parent: int, seconds: float, start, seed:
         out.put(n)
 
 
+def _put_many_loop(conf: str, namespace: str, seconds: float, start, seed: int, out) -> None:
+    """A pod's connector storing prompts of PROMPT_CHUNKS empty chunks (put_many)."""
+    from curvine.common.errors import CurvineError
+    from curvine.connector.store import KVStore
+
+    n, reported = 0, False
+    try:
+        with KVStore.open(conf, namespace) as kv:
+            # the connector does not wait for the master (fail-open): on a loaded
+            # machine its first connection may take a few tries
+            for attempt in range(60):
+                try:
+                    kv.directory()
+                    kv.fs.block_size()  # (learned once per store: not a prompt's cost)
+                    break
+                except CurvineError:
+                    if attempt == 59:
+                        raise
+                    time.sleep(0.5)
+            start.wait()
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                kv.put_many([(f"k-{seed}-{n + j}.data", [b""]) for j in range(PROMPT_CHUNKS)])
+                n += PROMPT_CHUNKS
+            out.put(n)  # before the store closes: its threads' end is no prompt's time
+            reported = True
+    finally:
+        if not reported:
+            out.put(n)  # (the measure waits for every process's count)
+
+
+def touch_memory(share: float = TOUCH_SHARE, limit: int = TOUCH_MAX) -> int:
+    """Write ``share`` of MemAvailable (at most ``limit`` bytes) once and free it: pages
+    the VM backs lazily are backed afterwards.  Bytes touched."""
+    import ctypes
+    with open("/proc/meminfo") as f:
+        avail = next(int(line.split()[1]) * 1024 for line in f
+                     if line.startswith("MemAvailable:"))
+    total, piece, held = min(int(avail * share), limit), 256 << 20, []
+    for _ in range(total // piece):
+        buf = bytearray(piece)
+        ctypes.memset((ctypes.c_char * piece).from_buffer(buf), 0xA5, piece)
+        held.append(buf)
+    del held
+    return total // piece * piece
+
+
+def _write_plain(directory: str, name: str, buffers) -> None:
+    """LMCache fs://'s put: ``<key>.tmp`` written, closed, renamed to the key."""
+    tmp = os.path.join(directory, name + ".tmp")
+    with open(tmp, "wb") as f:
+        for b in buffers:
+            f.write(b)
+    os.replace(tmp, os.path.join(directory, name))
+
+
 def _stat_loop(root: str, seconds: float, repeat: int, start, seed: int, out) -> None:
     """stat of missing names: each new (``repeat`` 0), or ``repeat`` names over and over
     (a negative entry the mount may cache, fuse.negative_leases)."""
@@ -130,7 +205,8 @@ class MetaScale:
     def __init__(self, cluster: LocalCluster, plain_root: str, say: Callable[[str], None],
                  runs: int = 3, seconds: float = 5.0, files: int = 2000,
                  moosefs_root: str | None = None, clients: tuple[int, ...] = CLIENTS,
-                 mount_procs: tuple[int, ...] = MOUNT_PROCS):
+                 mount_procs: tuple[int, ...] = MOUNT_PROCS, parts: tuple[str, ...] = PARTS,
+                 seed_chunk: int = SEED_CHUNK, touch_share: float = TOUCH_SHARE):
         self.cluster = cluster
         self.plain_root = plain_root
         self.say = say
@@ -140,8 +216,12 @@ class MetaScale:
         self.moosefs_root = moosefs_root
         self.clients = clients
         self.mount_procs = mount_procs
+        self.parts = parts
+        self.seed_chunk = seed_chunk  # e.: bytes of a chunk, share of memory touched first
+        self.touch_share = touch_share
         rows = cluster.status()
         self.master_pid = next(r["pid"] for r in rows if r["role"] == "master")
+        self.master_metrics = next(r["metrics"] for r in rows if r["role"] == "master")
         fuse = [r for r in rows if r["role"] == "fuse"]
         self.mount = fuse[0]["mount"] if fuse else None
         self.fuse_pid = fuse[0]["pid"] if fuse else None
@@ -158,21 +238,35 @@ class MetaScale:
         return (time.perf_counter(), _cpu(self.master_pid),
                 _cpu(self.fuse_pid) if self.fuse_pid else 0.0)
 
+    # A measure's ends, with the master's calls by method: asked for (over HTTP, slow on
+    # a loaded machine) before the window opens and after it closes, never inside it.
+    def _begin(self) -> tuple:
+        calls = master_rpcs(self.master_metrics)
+        return (*self._snapshot(), calls)
+
+    def _end(self) -> tuple:
+        snap = self._snapshot()
+        return (*snap, master_rpcs(self.master_metrics))
+
     def _measure(self, key: str, run: Callable[[], int]) -> None:
         """Rate and CPU per operation of ``run()``, over the window it ran in: all of
         it, or what ``_processes`` marked (from the start signal to the last count, so
         that starting interpreters is neither time nor CPU of the operations)."""
         self._window = None
-        begin = self._snapshot()
+        begin = self._begin()
         ops = run()
-        begin, (t1, m1, f1) = self._window or (begin, self._snapshot())
-        t0, m0, f0 = begin
+        begin, (t1, m1, f1, c1) = self._window or (begin, self._end())
+        t0, m0, f0, c0 = begin
         wall = t1 - t0
         self._add(f"{key} ops/s", ops / wall)
         if ops:
             self._add(f"{key} master us/op", (m1 - m0) / ops * 1e6)
             if self.fuse_pid and key.startswith("mount"):
                 self._add(f"{key} mount us/op", (f1 - f0) / ops * 1e6)
+            calls = rpc_delta(c0, c1)
+            if calls is not None and key.startswith(("store", "put")):  # ops are chunks
+                self._add(f"{key} master calls/prompt",
+                          calls["total"] / ops * PROMPT_CHUNKS)
 
     # -- a, b -------------------------------------------------------------------------
     def _processes(self, target, args: Callable[[int], tuple], n: int, helpers: int = 0) -> int:
@@ -188,18 +282,72 @@ class MetaScale:
         for p in procs:
             p.start()
         time.sleep(1.0 + 0.1 * n)  # interpreters up, channels made
-        begin = self._snapshot()
+        begin = self._begin()
         start.set()
         total = sum(out.get(timeout=self.seconds + 120) for _ in range(n - helpers))
-        self._window = (begin, self._snapshot())
+        self._window = (begin, self._end())
         total += sum(out.get(timeout=self.seconds + 120) for _ in range(helpers))
         for p in procs:
             p.join(30)
         return total
 
+    def measure_clients(self, key: str, what: str, parent: int, n: int) -> None:
+        """``n`` client processes doing ``what`` ("lookup", "store", "put") in
+        ``parent``: ops/s and master CPU per op under ``key`` (bench_ha.py)."""
+        self._measure(key, lambda: self._clients(what, parent, n))
+
     def _clients(self, what: str, parent: int, n: int) -> int:
         return self._processes(_client_loop, lambda i: (self.cluster.client_conf, what,
                                                         parent, self.seconds), n)
+
+    def _put_many_clients(self, namespace: str, n: int) -> int:
+        return self._processes(_put_many_loop, lambda i: (self.cluster.client_conf,
+                                                          namespace, self.seconds), n)
+
+    # -- e ----------------------------------------------------------------------------
+    def _seed(self, namespace: str) -> None:
+        """The seed prompt through the connector and fs://'s way on the plain directory,
+        alternating (see e. in the module doc)."""
+        import concurrent.futures
+        from curvine.connector.store import KVStore
+
+        if self.touch_share:
+            touched = touch_memory(self.touch_share)
+            self.say(f"  seed: touched {touched >> 20} MiB of memory once")
+        chunks = [bytearray(os.urandom(self.seed_chunk)) for _ in range(PROMPT_CHUNKS)]
+        plain = os.path.join(self.plain_root, f"{self.tag}-seed")
+        os.makedirs(plain, exist_ok=True)
+        pool = concurrent.futures.ThreadPoolExecutor(PROMPT_CHUNKS)
+        with KVStore.open(self.cluster.client_conf, namespace) as kv:
+            kv.directory()
+            kv.fs.block_size()
+
+            def connector(run: int) -> None:
+                names = [f"seed-{run}-{j}.data" for j in range(PROMPT_CHUNKS)]
+                got = kv.put_many([(n, [c]) for n, c in zip(names, chunks)])
+                if got != [True] * PROMPT_CHUNKS:
+                    raise RuntimeError(f"seed prompt not stored: {got}")
+
+            def fs_plain(run: int) -> None:
+                list(pool.map(lambda j: _write_plain(plain, f"seed-{run}-{j}.data",
+                                                     [chunks[j]]), range(PROMPT_CHUNKS)))
+
+            sides = (("seed put_many", connector), ("seed plain fs://", fs_plain))
+            connector(-1)  # warm-up of both: connections, worker threads, directory
+            fs_plain(-1)
+            for run in range(max(5, 2 * self.runs)):
+                for key, side in (sides if run % 2 == 0 else sides[::-1]):
+                    t0 = time.perf_counter()
+                    side(run)
+                    self._add(f"{key} ms", (time.perf_counter() - t0) * 1e3)
+            ratios = [a / b for a, b in zip(self.figures["seed put_many ms"],
+                                            self.figures["seed plain fs:// ms"])]
+            self.figures["seed put_many/plain"] = ratios
+            for run in range(-1, max(5, 2 * self.runs)):  # the cluster's disk back
+                for j in range(PROMPT_CHUNKS):
+                    kv.remove(f"seed-{run}-{j}.data")
+        pool.shutdown()
+        shutil.rmtree(plain, ignore_errors=True)
 
     def _mount_stats(self, n: int, repeat: int = 0, busy_parent: int = 0) -> int:
         """``busy_parent``: the inode of the directory (as seen by the master), which
@@ -273,7 +421,7 @@ class MetaScale:
         from curvine.common.security import Security
 
         cfg = config_mod.load(self.cluster.client_conf)
-        mc = MasterClient(cfg.cluster.master_addr, security=Security.load(cfg))
+        mc = MasterClient(config_mod.master_addrs(cfg), security=Security.load(cfg))
         try:
             top = mc.mkdir(ROOT_INO, self.tag.encode())
             look = mc.mkdir(top.ino, b"lookups")
@@ -283,24 +431,38 @@ class MetaScale:
                 os.makedirs(os.path.join(self.mount, self.tag), exist_ok=True)
             for run in range(self.runs):
                 self.say(f"  run {run + 1}/{self.runs}")
-                for n in self.clients:
-                    self._measure(f"lookup x{n}", lambda: self._clients("lookup", look.ino, n))
-                for what in ("store", "put"):
+                if "lookup" in self.parts:
                     for n in self.clients:
-                        store = mc.mkdir(top.ino, b"%s-%d-%d" % (what.encode(), run, n))
-                        self._measure(f"{what} x{n}",
-                                      lambda: self._clients(what, store.ino, n))
-                if self.mount:
+                        self._measure(f"lookup x{n}",
+                                      lambda: self._clients("lookup", look.ino, n))
+                for what in ("store", "put", "put_many"):
+                    if what not in self.parts:
+                        continue
+                    for n in self.clients:
+                        name = b"%s-%d-%d" % (what.encode(), run, n)
+                        store = mc.mkdir(top.ino, name)
+                        if what == "put_many":  # today's per-chunk put beside it
+                            path = f"/{self.tag}/{name.decode()}"
+                            self._measure(f"{what} x{n}",
+                                          lambda: self._put_many_clients(path, n))
+                        else:
+                            self._measure(f"{what} x{n}",
+                                          lambda: self._clients(what, store.ino, n))
+                if self.mount and "mount" in self.parts:
                     for n in self.mount_procs:
                         self._measure(f"mount stat-miss x{n}", lambda: self._mount_stats(n))
                     self._measure("mount stat-same-miss x1",
                                   lambda: self._mount_stats(1, REPEATED_MISSES))
                     self._measure("mount stat-miss-busy x1",
                                   lambda: self._mount_stats(1, busy_parent=top.ino))
-                    self._fs_ops("curvine", os.path.join(self.mount, self.tag))
-                self._fs_ops("plain", self.plain_root)
-                if self.moosefs_root:
-                    self._fs_ops("moosefs", self.moosefs_root)
+                if "ops" in self.parts:
+                    if self.mount:
+                        self._fs_ops("curvine", os.path.join(self.mount, self.tag))
+                    self._fs_ops("plain", self.plain_root)
+                    if self.moosefs_root:
+                        self._fs_ops("moosefs", self.moosefs_root)
+            if "seed" in self.parts:
+                self._seed(f"/{self.tag}/seed")
         finally:
             mc.close()
         return {k: statistics.median(v) for k, v in self.figures.items()}
@@ -322,12 +484,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--plain", help="plain directory (default: a temporary one)")
     ap.add_argument("--moosefs", help="a MooseFS mount to compare d. with")
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help=f"comma-separated, of {', '.join(PARTS)} (default: all)")
     args = ap.parse_args(argv)
+    parts = tuple(p for p in args.parts.split(",") if p)
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        ap.error(f"--parts: unknown {', '.join(sorted(unknown))}")
     say = lambda s: print(s, flush=True)  # noqa: E731
     with bench_cluster(args.base, "curvine-meta-scale-", say) as (cluster, top):
         plain = args.plain or os.path.join(top, f"plain-{os.getpid()}")
         os.makedirs(plain, exist_ok=True)
-        ms = MetaScale(cluster, plain, say, args.runs, args.seconds, args.files, args.moosefs)
+        ms = MetaScale(cluster, plain, say, args.runs, args.seconds, args.files, args.moosefs,
+                       parts=parts)
         print(report(ms.run()))
     return 0
 

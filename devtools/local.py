@@ -1,4 +1,4 @@
-"""A whole cluster on one machine: master, workers and FUSE mounts on 127.0.0.1.
+"""A whole cluster on one machine: master(s), workers and FUSE mounts on 127.0.0.1.
 
 ``LocalCluster`` is what ``curvine local``, ``curvine demo``, the benchmark and the
 integration tests use.  Everything lives under one base directory::
@@ -12,6 +12,8 @@ integration tests use.  Everything lives under one base directory::
     BASE/tls/                  with --tls: ca.pem and node.pem/node.key (made by openssl)
     BASE/master/meta           master LMDB
     BASE/master/journal        master write-ahead journal
+    BASE/master/<i>/{meta,journal}  the same for master i of a group (--masters N > 1)
+    BASE/etcd/<i>              data of etcd member i (a group's consensus; --masters N > 1)
     BASE/worker/<i>/data       block files of worker i
     BASE/mnt/<i>               FUSE mount i
     BASE/logs/<role>-<i>.log   stdout+stderr of each daemon (appended across restarts)
@@ -43,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from typing import Any
 
 from curvine.common import argtypes
@@ -54,7 +57,8 @@ from curvine.common.errors import ClusterError, ConfigError
 from curvine.common.security import NO_SECURITY, Security
 from curvine.common.mounts import mount_table
 
-ROLES = ("master", "worker", "fuse")
+ROLES = ("etcd", "master", "worker", "fuse")
+ETCD = shutil.which("etcd") or "/usr/bin/etcd"  # Debian's etcd-server (scripts/setup.sh)
 LOG_TAIL_LINES = 30
 HOST = "127.0.0.1"
 
@@ -351,14 +355,30 @@ class LocalCluster:
         "master": [sys.executable, "-m", "curvine.master.server"],
         "worker": [sys.executable, "-m", "curvine.worker.server"],
         "fuse": [sys.executable, "-m", "curvine.fuse_client.main"],
+        "etcd": [ETCD],
     }
 
     def __init__(self, base: str, workers: int = 2, mounts: int = 2, conf: str | None = None,
                  short_circuit: list[bool] | None = None, env: dict | None = None,
                  worker_capacity: int = 0, replicas: int = 0, token: bool = True,
-                 tls: bool = False, host_ids: dict[str, str] | None = None):
+                 tls: bool = False, host_ids: dict[str, str] | None = None,
+                 masters: int = 1, etcd: int = 0):
         if workers < 0 or mounts < 0:
             raise ClusterError("workers and mounts must not be negative")
+        if masters < 1 or etcd < 0:
+            raise ClusterError("a cluster needs at least one master, and etcd members must "
+                               "not be negative")
+        if etcd and masters == 1:
+            raise ClusterError("etcd members serve a group of masters: use --masters N > 1")
+        if etcd not in (0, 1, 3, 5):
+            raise ClusterError(f"etcd members: 1, 3 or 5 (a quorum of an even number "
+                               f"tolerates no more failures than one fewer), got {etcd}")
+        # masters > 1: a group (docs/operations.md, "Master group") over ``etcd``
+        # members (default one: a local box has no failure domains to spread them over;
+        # none when the config names master.etcd_endpoints: an etcd already running)
+        self.n_masters = masters
+        self.n_etcd = etcd or (1 if masters > 1 else 0)
+        self._etcd_asked = etcd
         if worker_capacity < 0:
             raise ClusterError("worker_capacity must not be negative")
         if replicas and not 1 <= replicas <= 8:
@@ -386,8 +406,10 @@ class LocalCluster:
         # process name ("worker 1", "fuse 0") -> CURVINE_HOST_ID: daemons that act as if
         # on another machine (placement prefers a worker of the writer's host)
         self.host_ids = {str(k): str(v) for k, v in (host_ids or {}).items()}
-        self.master_addr = ""
-        self.master_worker_port = 0  # the master's port for workers' calls
+        self.master_addr = ""  # master 0's gRPC address (every one: master_addrs)
+        self.master_addrs: list[str] = []
+        self.master_worker_port = 0  # master 0's port for workers' calls
+        self.etcd_endpoints: list[str] = []
         self.mounts: list[str] = [self._path("mnt", str(i)) for i in range(mounts)]
         self._procs: dict[tuple[str, int], _Proc] = {}
         self._popen: dict[tuple[str, int], subprocess.Popen] = {}
@@ -439,7 +461,11 @@ class LocalCluster:
             "version": STATE_VERSION,
             "base": self.base,
             "master_addr": self.master_addr,
+            "master_addrs": self.master_addrs,
             "master_worker_port": self.master_worker_port,
+            "masters": self.n_masters,
+            "etcd": self.n_etcd,
+            "etcd_endpoints": self.etcd_endpoints,
             "workers": self.n_workers,
             "mounts": self.n_mounts,
             "conf": self.conf,
@@ -471,8 +497,12 @@ class LocalCluster:
         try:
             c = cls(base, workers=int(state["workers"]), mounts=int(state["mounts"]),
                     conf=state.get("conf"), short_circuit=state.get("short_circuit"),
-                    env=state.get("env") or {}, host_ids=state.get("host_ids") or {})
+                    env=state.get("env") or {}, host_ids=state.get("host_ids") or {},
+                    masters=int(state.get("masters", 1)))
+            c.n_etcd = int(state.get("etcd", 0))  # 0 also when an outside etcd serves it
             c.master_addr = str(state.get("master_addr", ""))
+            c.master_addrs = [str(a) for a in state.get("master_addrs") or [c.master_addr]]
+            c.etcd_endpoints = [str(a) for a in state.get("etcd_endpoints") or []]
             c.master_worker_port = int(state.get("master_worker_port") or 0)
             c.token_file = str(state.get("token_file") or "")
             c.token = bool(c.token_file)
@@ -515,6 +545,29 @@ class LocalCluster:
                  "address": p.address, "mount": p.mount, "metrics": p.metrics_url,
                  "log": p.log} for p in procs]
 
+    def leader(self, timeout: float = 30.0) -> int:
+        """The index of the master that leads the group now (its /metrics say
+        curvine_master_role 1), waiting up to ``timeout`` for one; a lone master leads."""
+        from prometheus_client.parser import text_string_to_metric_families
+        deadline = time.monotonic() + timeout
+        while True:
+            for p in self._procs.values():
+                if p.role != "master" or not p.alive() or not p.metrics_url:
+                    continue
+                try:
+                    with urllib.request.urlopen(p.metrics_url, timeout=2.0) as r:
+                        text = r.read().decode()
+                except OSError:
+                    continue
+                if any(s.name == "curvine_master_role" and s.value == 1
+                       for fam in text_string_to_metric_families(text) for s in fam.samples):
+                    return p.index
+                if self.n_masters == 1:
+                    return p.index
+            if time.monotonic() > deadline:
+                raise ClusterError(f"no master of {self.base} leads after {timeout:g}s")
+            time.sleep(0.05)
+
     def pids(self) -> list[int]:
         """Pids of the processes of this cluster that are alive now."""
         return [p.pid for p in self._procs.values() if p.alive()]
@@ -539,7 +592,8 @@ class LocalCluster:
                 self._layout()
                 self._plan()
                 self._save()
-                self._start_and_wait([("master", 0)], deadline)
+                self._start_and_wait([("etcd", i) for i in range(self.n_etcd)], deadline)
+                self._start_and_wait([("master", i) for i in range(self.n_masters)], deadline)
                 self._start_and_wait([("worker", i) for i in range(self.n_workers)], deadline)
                 self._start_and_wait([("fuse", i) for i in range(self.n_mounts)], deadline)
             except BaseException as e:
@@ -576,8 +630,11 @@ class LocalCluster:
         st = os.stat(self.base)
         if st.st_uid == os.geteuid() and not st.st_mode & 0o1000:  # S_ISVTX
             os.chmod(self.base, 0o700)
-        private = [("master",), ("master", "meta"), ("master", "journal"), ("logs",),
-                   ("conf",), ("worker",)]
+        private = [("master",), ("logs",), ("conf",), ("worker",)]
+        private += [(*self._master_dir(i), d) for i in range(self.n_masters)
+                    for d in ("meta", "journal")]
+        if self.n_etcd:
+            private += [("etcd",)] + [("etcd", str(i)) for i in range(self.n_etcd)]
         for i in range(self.n_workers):
             private += [("worker", str(i)), ("worker", str(i), "data")]
         for d in private:
@@ -588,6 +645,10 @@ class LocalCluster:
             with contextlib.suppress(OSError):
                 if os.listdir(m):
                     raise ClusterError(f"mount point {m} is not empty")
+
+    def _master_dir(self, index: int) -> tuple[str, ...]:
+        """BASE/master for the one master (as always), BASE/master/<i> in a group."""
+        return ("master",) if self.n_masters == 1 else ("master", str(index))
 
     def _plan(self) -> None:
         """Pick ports and build every daemon's argv and config file."""
@@ -619,15 +680,33 @@ class LocalCluster:
         self.tls_keys = {f.name: getattr(cfg.security, f.name)
                          for f in dataclasses.fields(cfg.security) if f.name.startswith("tls_")}
         self._load_security()
-        n = 1 + self.n_workers
-        ports = free_ports(2 * n + self.n_mounts + 2 + self.n_workers)
-        data_ports, ports = ports[:self.n_workers], ports[self.n_workers:]
-        call_port, ports = ports[0], ports[1:]
-        grpc_ports, http_ports, worker_port = ports[:n], ports[n:-1], ports[-1]
-        self.master_addr = f"{HOST}:{grpc_ports[0]}"
-        self.master_worker_port = worker_port
-        cfg.master = dataclasses.replace(cfg.master, worker_port=worker_port,
-                                         call_port=call_port if cfg.master.call_port else 0)
+        nm, n = self.n_masters, self.n_masters + self.n_workers
+        ports = iter(free_ports(2 * n + self.n_mounts + 2 * nm + self.n_workers
+                                + 2 * self.n_etcd))
+
+        def take(k: int) -> list[int]:
+            return [next(ports) for _ in range(k)]
+
+        data_ports, call_ports, worker_ports = take(self.n_workers), take(nm), take(nm)
+        grpc_ports, http_ports = take(n), take(n + self.n_mounts)
+        etcd_client, etcd_peer = take(self.n_etcd), take(self.n_etcd)
+        self.master_addrs = [f"{HOST}:{p}" for p in grpc_ports[:nm]]
+        self.master_addr = self.master_addrs[0]
+        self.master_worker_port = worker_ports[0]
+        self.etcd_endpoints = [f"{HOST}:{p}" for p in etcd_client]
+        if cfg.master.etcd_endpoints:
+            if self._etcd_asked:
+                raise ClusterError("the config names master.etcd_endpoints (an etcd of its "
+                                   "own): leave out --etcd")
+            self.n_etcd, etcd_client, etcd_peer = 0, [], []
+            self.etcd_endpoints = list(cfg.master.etcd_endpoints)
+        cfg.master = dataclasses.replace(cfg.master, worker_port=worker_ports[0],
+                                         call_port=call_ports[0] if cfg.master.call_port else 0)
+        if nm > 1:
+            cfg.cluster = dataclasses.replace(
+                cfg.cluster, master_addrs=self.master_addrs,
+                master_worker_addrs=[f"{HOST}:{p}" for p in worker_ports])
+            cfg.master = dataclasses.replace(cfg.master, etcd_endpoints=self.etcd_endpoints)
         self._procs.clear()
 
         def seen_by(role: str) -> _config.Config:
@@ -641,32 +720,44 @@ class LocalCluster:
             # The flags below win anyway; the file repeats them so that it reads as the
             # daemon's whole effective configuration.
             c = seen_by(role)
-            short_circuit = section_values.pop("short_circuit", None)
-            if short_circuit is not None:
-                c.client = dataclasses.replace(cfg.client, short_circuit=short_circuit)
+            # [client] keys of a mount's own
+            client = {k: section_values.pop(k) for k in ("short_circuit", "read_member")
+                      if k in section_values}
+            client = {k: v for k, v in client.items() if v is not None}
+            if client:
+                c.client = dataclasses.replace(cfg.client, **client)
             setattr(c, role, dataclasses.replace(getattr(cfg, role), **section_values))
             if role == "master":
-                c.journal = dataclasses.replace(cfg.journal,
-                                                dir=self._path("master", "journal"))
+                c.journal = dataclasses.replace(
+                    cfg.journal, dir=self._path(*self._master_dir(index), "journal"))
             path = self._path("conf", f"{role}-{index}.toml")
             _write_atomic(path, _config.to_toml(c).encode())
             return path
 
-        mport, mhttp = grpc_ports[0], http_ports[0]
-        meta, journal = self._path("master", "meta"), self._path("master", "journal")
-        mconf = conf_file("master", 0, host=HOST, port=mport, http_port=mhttp, meta_dir=meta)
-        self._add("master", 0, ["--conf", mconf, "--host", HOST, "--port", str(mport),
-                                "--meta-dir", meta, "--journal-dir", journal],
-                  address=self.master_addr, http_port=mhttp)
+        self._plan_etcd(etcd_client, etcd_peer)
+        for i in range(nm):
+            mport, mhttp = grpc_ports[i], http_ports[i]
+            meta = self._path(*self._master_dir(i), "meta")
+            journal = self._path(*self._master_dir(i), "journal")
+            group = {"member_id": f"m{i}"} if nm > 1 else {}
+            mconf = conf_file("master", i, host=HOST, port=mport, http_port=mhttp,
+                              meta_dir=meta, worker_port=worker_ports[i],
+                              call_port=call_ports[i] if cfg.master.call_port else 0, **group)
+            self._add("master", i, ["--conf", mconf, "--host", HOST, "--port", str(mport),
+                                    "--meta-dir", meta, "--journal-dir", journal],
+                      address=self.master_addrs[i], http_port=mhttp)
+        # one master: its address on the command line, as always; a group's members
+        # are in every config (cluster.master_addrs)
+        master_flag = ["--master", self.master_addr] if nm == 1 else []
         for i in range(self.n_workers):
-            port, http = grpc_ports[1 + i], http_ports[1 + i]
+            port, http = grpc_ports[nm + i], http_ports[nm + i]
             data = self._path("worker", str(i), "data")
             # its own socket in BASE/run, where this cluster's clients look for them
             sock = self.socket_path(i) if cfg.worker.domain_socket else ""
             wconf = conf_file("worker", i, host=HOST, port=port, http_port=http,
                               data_dirs=[data], domain_socket=sock,
                               data_port=data_ports[i] if cfg.worker.data_port else 0)
-            self._add("worker", i, ["--conf", wconf, "--master", self.master_addr,
+            self._add("worker", i, ["--conf", wconf, *master_flag,
                                     "--host", HOST, "--port", str(port), "--data-dir", data],
                       address=f"{HOST}:{port}", http_port=http)
         # Every worker is on this host: the mounts' short-circuit I/O may go to their
@@ -679,12 +770,30 @@ class LocalCluster:
         _write_atomic(self.client_conf, _config.to_toml(seen_by("client")).encode())
         for i, mnt in enumerate(self.mounts):
             http = http_ports[n + i]
+            # a group: each mount reads from one member, round-robin by mount
+            reads = (self.master_addrs[i % nm] if nm > 1 and not cfg.client.read_member
+                     else None)
             fconf = conf_file("fuse", i, mountpoint=mnt, http_port=http,
-                              short_circuit=self.short_circuit[i] and cfg.client.short_circuit)
-            argv = [mnt, "--conf", fconf, "--master", self.master_addr]
+                              short_circuit=self.short_circuit[i] and cfg.client.short_circuit,
+                              read_member=reads)
+            argv = [mnt, "--conf", fconf, *master_flag]
             if not self.short_circuit[i]:
                 argv.append("--no-short-circuit")
             self._add("fuse", i, argv, mount=mnt, http_port=http)
+
+    def _plan_etcd(self, client_ports: list[int], peer_ports: list[int]) -> None:
+        """The etcd members of a group, on loopback; each tells systemd's READY=1 when it
+        serves, like our daemons."""
+        cluster = ",".join(f"e{i}=http://{HOST}:{p}" for i, p in enumerate(peer_ports))
+        for i, (client, peer) in enumerate(zip(client_ports, peer_ports)):
+            client_url, peer_url = f"http://{HOST}:{client}", f"http://{HOST}:{peer}"
+            self._add("etcd", i, [
+                "--name", f"e{i}", "--data-dir", self._path("etcd", str(i)),
+                "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+                "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                "--initial-cluster", cluster, "--initial-cluster-state", "new",
+                "--initial-cluster-token", f"curvine-local-{secrets.token_hex(4)}"],
+                address=f"{HOST}:{client}")
 
     def _load_security(self) -> None:
         """``self.security``: what clients of this cluster (tests, `curvine local`, the
@@ -853,7 +962,7 @@ class LocalCluster:
         # makes curvine-fuse unmount itself and cut short calls that wait for a master
         # that is down (`fusermount3 -u` would stat the root and wait with them).  The
         # master last: a worker whose heartbeat finds it gone would warn of an outage.
-        for group in (by_role["fuse"], by_role["worker"], by_role["master"]):
+        for group in (by_role["fuse"], by_role["worker"], by_role["master"], by_role["etcd"]):
             for p in group:
                 self._signal(p, signal.SIGTERM)
             if not self._wait_exit(group, deadline):
@@ -942,6 +1051,11 @@ def register(p: argparse.ArgumentParser) -> None:
     up.add_argument("--mounts", type=argtypes.non_negative, default=2, metavar="M",
                     help="number of FUSE mounts, at BASE/mnt/0 ... (default 2)")
     up.add_argument("--conf", metavar="FILE", help="config file passed to every daemon")
+    up.add_argument("--masters", type=argtypes.positive, default=1, metavar="N",
+                    help="masters: 1 (default) runs one with its local journal; N > 1 runs a "
+                         "group (one leader, standbys) over etcd (docs/operations.md)")
+    up.add_argument("--etcd", type=int, choices=(1, 3, 5), default=0, metavar="E",
+                    help="etcd members of a group, 1, 3 or 5 (default 1; needs --masters N > 1)")
     up.add_argument("--no-short-circuit-mount", type=int, nargs="+", action="extend",
                     default=[], metavar="K",
                     help="mount K reads local blocks through the worker instead of the file")
@@ -1013,8 +1127,11 @@ def _cmd_up(args, parser) -> int:
     if args.conf and not os.path.isfile(args.conf):
         raise ClusterError(f"config file {args.conf} not found")
     sc = [i not in args.no_short_circuit_mount for i in range(args.mounts)]
+    if args.etcd and args.masters == 1:
+        parser.error("--etcd: etcd serves a group of masters; add --masters 3")
     cluster = LocalCluster(args.base, workers=args.workers, mounts=args.mounts,
                            conf=args.conf, short_circuit=sc,
+                           masters=args.masters, etcd=args.etcd,
                            worker_capacity=args.worker_capacity, replicas=args.replicas,
                            token=args.token, tls=args.tls)
     for m in cluster.up(timeout=args.timeout):

@@ -32,6 +32,7 @@ from curvine.client.master.call_port_blocking import BlockingCallPort
 from curvine.client.master.master_client import MasterClient, StreamThread
 from curvine.client.master.requests import Prepared
 from curvine.client.master.route import Route, StreamDown
+from curvine.common import master_group
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO
 from curvine.common.rpc import RETRY_MAX
@@ -57,6 +58,21 @@ class CallStream(StreamThread):
         self._out: queue.SimpleQueue | None = None  # set while a stream is open
         self._pending: dict[int, tuple] = {}  # id -> (trio token, task)
         self._ids = itertools.count(1)
+        self._moves = 0  # master_group.moves() of the master the open stream goes to
+
+    def _open_out(self) -> queue.SimpleQueue:
+        """The open stream's queue; StreamDown when there is none, or when the mount's
+        calls moved to another master of the group since it opened (it is cancelled:
+        it opens again on the leader)."""
+        out = self._out
+        if out is None:
+            raise StreamDown()
+        if master_group.moves(self.master._rpc) != self._moves:
+            call = self._call
+            if call is not None:
+                call.cancel()
+            raise StreamDown()
+        return out
 
     async def call(self, prepared: Prepared):
         """The call's reply message; CurvineError as the master raised it;
@@ -64,9 +80,7 @@ class CallStream(StreamThread):
         token = trio.lowlevel.current_trio_token()
         task = trio.lowlevel.current_task()
         with self._lock:
-            out = self._out
-            if out is None:
-                raise StreamDown()
+            out = self._open_out()
             cid = next(self._ids)
             self._pending[cid] = (token, task)
         out.put(master_pb2.Call(id=cid, **{prepared.op: prepared.request}))
@@ -89,9 +103,7 @@ class CallStream(StreamThread):
         ``timeout`` (None: the stream's)."""
         waiter: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
-            out = self._out
-            if out is None:
-                raise StreamDown()
+            out = self._open_out()
             cid = next(self._ids)
             self._pending[cid] = waiter
         out.put(master_pb2.Call(id=cid, **{prepared.op: prepared.request}))
@@ -141,9 +153,11 @@ class CallStream(StreamThread):
 
             call = None
             try:
+                moves = master_group.moves(self.master._rpc)
                 self._call = call = self.master._rpc.stub.Calls(requests())
                 with self._lock:
                     self._out = out
+                    self._moves = moves
                 for result in call:
                     if lost:
                         log.info("calls stream working again")
@@ -152,6 +166,7 @@ class CallStream(StreamThread):
                     self._resolve(result.id, outcome.Value(result))
             except grpc.RpcError as e:
                 if not self._stop.is_set():
+                    master_group.stream_failed(self.master._rpc, e, moves)
                     log.log(logging.DEBUG if lost else logging.INFO,
                             "calls stream lost: %s (namespace calls go unary until it is "
                             "back)", e.code() if hasattr(e, "code") else e)
@@ -194,6 +209,8 @@ class Calls:
         # (client/master/call_port_blocking.py): a writer's AddBlock and CompleteFile
         # without a hop into the trio loop
         self.route.thread_port = thread_port
+        # a master group: unleased reads to the member this mount reads from first
+        self.route.reads = master.read if master.reader is not None else None
 
     async def run(self, prepared: Prepared):
         return prepared.convert(await self.route.call(prepared, self.to_thread))

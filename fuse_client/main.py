@@ -26,7 +26,7 @@ import trio
 
 from curvine.client.blocks import block_client
 from curvine.client.master.master_client import MasterClient
-from curvine.common import auth
+from curvine.common import auth, master_group
 from curvine.common import config as config_mod
 from curvine.common import daemon
 from curvine.common import log as log_mod
@@ -34,7 +34,6 @@ from curvine.common import metrics, stacks
 from curvine.common.errors import ConfigError, CurvineError
 from curvine.common.ids import ROOT_INO
 from curvine.common.mounts import mount_table
-from curvine.common.rpc import RpcClient
 from curvine.common.security import Security
 from curvine.proto import master_pb2, master_pb2_grpc
 
@@ -151,15 +150,15 @@ class FuseHealth:
 
     def __init__(self, cfg: config_mod.Config, security: Security):
         self.mountpoint = cfg.fuse.mountpoint
-        self.master_addr = cfg.cluster.master_addr
+        self.master_addr = " or ".join(config_mod.master_addrs(cfg))
         self.wait = float(cfg.cluster.master_wait)
         self.ready = threading.Event()  # mounted and serving (set once READY=1 is sent)
         self._down_since: float | None = None
         self._lock = threading.Lock()
-        self._probe = RpcClient(self.master_addr, master_pb2_grpc.MasterStub,
-                                security=security,
-                                timeout=min(PROBE_TIMEOUT, float(cfg.cluster.rpc_timeout)),
-                                wait=0)
+        # any member of a group answers it (a read)
+        self._probe = master_group.master_rpc(
+            config_mod.master_addrs(cfg), master_pb2_grpc.MasterStub, security=security,
+            timeout=min(PROBE_TIMEOUT, float(cfg.cluster.rpc_timeout)), wait=0)
 
     def __call__(self) -> str | None:
         if not self.ready.is_set():
@@ -245,7 +244,8 @@ async def serve(cfg: config_mod.Config, ops: Operations,
                                               cfg.fuse.readahead_kb)
             else:
                 await trio.to_thread.run_sync(os.stat, cfg.fuse.mountpoint)
-            log.info("mounted %s (master %s)", cfg.fuse.mountpoint, cfg.cluster.master_addr)
+            log.info("mounted %s (master %s)", cfg.fuse.mountpoint,
+                     " or ".join(config_mod.master_addrs(cfg)))
             if await trio.to_thread.run_sync(ops.start_streams):
                 log.info("caching leased names and file attributes (fuse.leases)")
             nursery.start_soon(ops.run_call_port)
@@ -268,8 +268,9 @@ def run(cfg: config_mod.Config, security: Security) -> int:
     dirs = block_client.set_local_dirs(block_client.LocalDirs.from_config(cfg))
     if cfg.client.short_circuit:
         log.info("short-circuit data dirs: %s", ", ".join(dirs.dirs) or "(none)")
-    master = MasterClient(cfg.cluster.master_addr, timeout=cfg.cluster.rpc_timeout,
-                          wait=cfg.cluster.master_wait, security=security)
+    master = MasterClient(config_mod.master_addrs(cfg), timeout=cfg.cluster.rpc_timeout,
+                          wait=cfg.cluster.master_wait, security=security,
+                          read_from=config_mod.read_members(cfg))
     ops = Operations(cfg, master)  # closes the master client with itself
     try:
         pyfuse3.init(ops, cfg.fuse.mountpoint, mount_options(cfg))

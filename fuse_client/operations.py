@@ -22,7 +22,7 @@ import trio
 
 from curvine.client.master.call_port_blocking import BlockingCallPort
 from curvine.client.master.master_client import AccessReporter, MasterClient
-from curvine.common import tls
+from curvine.common import master_group, tls
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, to_errno
 from curvine.common.ids import MIB
@@ -30,6 +30,8 @@ from curvine.proto import common_pb2
 
 from . import features
 from .call_port_trio import TrioCallPort
+
+MOVE_CHECK = 0.1  # seconds between looks at whether the calls moved to another master
 from .calls import Calls, CallStream
 from .filesystem import XATTR_PREFIX, Absent, Attributes, FileSystem, Handle, Opened
 from .kernel_cache import KernelCache
@@ -184,28 +186,49 @@ class Operations(pyfuse3.Operations):
 
     async def run_call_port(self) -> None:
         """A task of the mount's nursery, after start_streams: learns the master's call
-        port (StatFs) and keeps a connection to it up (fuse.call_port)."""
+        port (StatFs) and keeps a connection to it up (fuse.call_port).  Of a master
+        group, the port of the master the mount's calls go to: when they move to
+        another (the leader), this connection is closed and that master's port used."""
         if not self.cfg.fuse.call_port or self.calls.route.port is not None:
             return
         while True:
+            while True:
+                try:
+                    port = (await self.calls.run(self.master.requests.statfs())).call_port
+                    break
+                except CurvineError as e:
+                    log.info("asking the master for its call port: %s (trying again)", e)
+                    await trio.sleep(5)
+            moves = master_group.moves(self.master._rpc)
+            if not port:
+                log.info("the master has no call port: namespace calls go on the stream")
+                if not isinstance(self.master._rpc, master_group.GroupRpc):
+                    return
+                await self._until_moved(moves)
+                continue
+            host = self.master.address.rpartition(":")[0].strip("[]")
+            token, timeout = self.master.security.token, float(self.cfg.cluster.rpc_timeout)
+            # TLS on: the port speaks it too (one context for both clients)
+            context, name = tls.client_side(self.master.security.material, host)
+            route = self.calls.route
+            route.thread_port = thread_port = BlockingCallPort(host, port, token, timeout,
+                                                               tls=context, server_name=name)
+            route.port = trio_port = TrioCallPort(host, port, token, timeout,
+                                                  tls=context, server_name=name)
             try:
-                port = (await self.calls.run(self.master.requests.statfs())).call_port
-                break
-            except CurvineError as e:
-                log.info("asking the master for its call port: %s (trying again)", e)
-                await trio.sleep(5)
-        if not port:
-            log.info("the master has no call port: namespace calls go on the stream")
-            return
-        host = self.cfg.cluster.master_addr.rpartition(":")[0].strip("[]")
-        token, timeout = self.master.security.token, float(self.cfg.cluster.rpc_timeout)
-        # TLS on: the port speaks it too (one context for both clients)
-        context, name = tls.client_side(self.master.security.material, host)
-        self.calls.route.thread_port = BlockingCallPort(host, port, token, timeout,
-                                                        tls=context, server_name=name)
-        self.calls.route.port = trio_port = TrioCallPort(host, port, token, timeout,
-                                                           tls=context, server_name=name)
-        await trio_port.run()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(trio_port.run)
+                    await self._until_moved(moves)
+                    nursery.cancel_scope.cancel()
+            finally:
+                route.port = route.thread_port = None
+                trio_port.stop()
+                thread_port.close()
+
+    async def _until_moved(self, moves: int) -> None:
+        """Return once the mount's master calls went to another master of the group."""
+        while master_group.moves(self.master._rpc) == moves:
+            await trio.sleep(MOVE_CHECK)
 
     def stop_streams(self) -> None:
         """Before unmounting: no kernel notification may follow (pyfuse3.close frees

@@ -20,7 +20,7 @@ from typing import Any
 from curvine.common import block_tokens, private_files
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, invalid
-from curvine.common.ids import check_ino, check_name
+from curvine.common.ids import check_file_size, check_ino, check_name
 from curvine.common.metrics import REQUESTS_LIMITED
 from curvine.common.security import Security
 from curvine.proto import common_pb2, master_pb2
@@ -645,21 +645,26 @@ class Master:
         self.capacity.on_complete(node)
         return master_pb2.InodeReply(inode=node)
 
+    def _granted_to_puts(self, blocks) -> set[int]:
+        """The ids among ``blocks`` that a put may publish: each came with the write
+        token AddBlock (or AddBlocksForPut) handed out for it, and is not pending for a
+        file being written: proof that the caller allocated it (block ids are
+        sequential; an id alone proves nothing).  Tokens are cleared: never stored."""
+        owners = self.pending.owners(b.block_id for b in blocks)
+        just_started = time.monotonic() - self.started < PUT_BLOCK_TTL
+        granted = {b.block_id for b in blocks
+                   if b.block_id and owners.get(b.block_id, 0 if just_started else None) == 0
+                   and b.token and block_tokens.allows(self.block_key, b.block_id, b.token,
+                                                       block_tokens.WRITE)}
+        for b in blocks:
+            b.ClearField("token")
+        return granted
+
     @mutation
     def put_file(self, req: master_pb2.PutFileRequest) -> master_pb2.PutFileReply:
         """A whole file under its final name in one journaled step (PutFileRequest)."""
         check_ino(req.parent, "parent")
-        # Each new block must come with the write token AddBlock handed out for it, and
-        # must not be pending for a file being written: proof that the caller allocated
-        # it (block ids are sequential; an id alone proves nothing).
-        owners = self.pending.owners(b.block_id for b in req.blocks)
-        just_started = time.monotonic() - self.started < PUT_BLOCK_TTL
-        granted = {b.block_id for b in req.blocks
-                   if b.block_id and owners.get(b.block_id, 0 if just_started else None) == 0
-                   and b.token and block_tokens.allows(self.block_key, b.block_id, b.token,
-                                                       block_tokens.WRITE)}
-        for b in req.blocks:
-            b.ClearField("token")
+        granted = self._granted_to_puts(req.blocks)
         try:
             value = yield Submit(lambda t: self.ns.plan_put(t, req, self._reserved,
                                                             granted.__contains__),
@@ -676,6 +681,41 @@ class Master:
         self.replication.hint_completed(req.blocks, node)
         self.capacity.on_complete(node)
         return master_pb2.PutFileReply(inode=node)
+
+    @mutation
+    def put_files(self, req: master_pb2.PutFilesRequest) -> master_pb2.PutFilesReply:
+        """Many whole files of one directory in ONE journal record (PutFilesRequest):
+        each file stored whole or left out with its reason; the blocks of every file
+        not stored, and the ``abandoned`` ones, are freed once the record is durable."""
+        check_ino(req.parent, "parent")
+        if len(req.files) > MAX_LOOKUP_MANY:
+            raise invalid("files", f"more than {MAX_LOOKUP_MANY}")
+        granted = self._granted_to_puts([b for f in req.files for b in f.blocks])
+        missing = {i for i, f in enumerate(req.files)
+                   if any(b.block_id not in granted for b in f.blocks)}
+        # abandoned blocks with their tokens: only a put's pending blocks can go
+        abandoned = self._granted_to_puts(req.abandoned)
+        try:
+            value = yield Submit(lambda t: self.ns.plan_put_many(
+                t, req, self._reserved, granted.__contains__, missing), b"", req.session)
+        except CurvineError:
+            self.pending.free(granted | abandoned)
+            raise
+        reply = master_pb2.PutFilesReply()
+        unclaimed = set(abandoned)
+        for f, (status, node, why) in zip(req.files, value):
+            r = reply.results.add(status=status, error=why)
+            if node is not None:
+                r.inode.CopyFrom(node)
+            if status != master_pb2.PUT_STORED:
+                unclaimed.update(b.block_id for b in f.blocks if b.block_id in granted)
+            elif f.blocks:
+                self.replication.hint_completed(f.blocks, node)
+        # (blocks stored by this record left ``pending`` when it was applied)
+        self.pending.free(unclaimed)
+        self.capacity.on_complete_many([r.inode for r in reply.results
+                                        if r.status == master_pb2.PUT_STORED and r.inode.ino])
+        return reply
 
     # ------------------------------------------------------------------ blocks
     def add_block(self, req: master_pb2.AddBlockRequest,
@@ -700,11 +740,82 @@ class Master:
             raise invalid("size_hint", f"larger than the block size {self.block_size}")
         replicas = node.replicas or self.cfg.cluster.replicas
         size = req.size_hint or self.block_size
-        exclude = set(req.exclude_workers)
-        block_id = self._allocate_block_id(wait)
+        block_id = self._allocate_block_ids(1, wait)
+        workers = self._place(block_id, owner, replicas, req.client_host_id, size,
+                              set(req.exclude_workers), wait)
+        self.capacity.on_add_block(owner)
+        token = block_tokens.mint(self.block_key, block_id, block_tokens.WRITE,
+                                  [w.worker_id for w in workers])
+        return master_pb2.AddBlockReply(block_id=block_id, workers=workers, block_token=token)
+
+    def add_blocks_for_put(self, req: master_pb2.AddBlocksForPutRequest,
+                           wait: bool = True) -> master_pb2.AddBlocksForPutReply:
+        """The blocks of many puts into one directory (AddBlocksForPutRequest): placed
+        and granted as AddBlock's put form does for each, pending (owner 0) until
+        PutFiles claims them.  ``wait`` False (the call port's loop thread): WouldBlock,
+        before any block is left pending, when block ids need a journal record, some
+        block finds no room, or the call is past the cheap form's LIGHT_NAMES names or
+        blocks (a prompt is 8 to 64 chunks of one block)."""
+        names, sizes = req.names, req.sizes
+        if len(names) > MAX_LOOKUP_MANY:
+            raise invalid("names", f"more than {MAX_LOOKUP_MANY}")
+        if len(sizes) != len(names):
+            raise invalid("sizes", f"{len(sizes)} sizes for {len(names)} names")
+        if not wait and len(names) > LIGHT_NAMES:
+            raise WouldBlock()
+        bs = self.block_size
+        for i, size in enumerate(sizes):
+            check_file_size(size, bs, f"sizes[{i}]")
+        reply = master_pb2.AddBlocksForPutReply()
+        with self.store.read() as txn:
+            node = self.ns.directory(txn, check_ino(req.parent, "parent"))
+            for i, name in enumerate(names):
+                ino = self.store.lookup(txn, node.ino, check_name(name, f"names[{i}]"))
+                existing = self.store.get_inode(txn, ino) if ino is not None else None
+                r = reply.results.add()
+                if existing is not None:
+                    r.existing.CopyFrom(existing)
+        new = [i for i, r in enumerate(reply.results) if not r.HasField("existing")]
+        count = sum(-(-sizes[i] // bs) for i in new)
+        if count > LOOKUP_REPLY_BLOCKS:
+            raise invalid("sizes", f"{count} blocks, more than {LOOKUP_REPLY_BLOCKS} in one call")
+        if not count:
+            return reply
+        if not wait and count > LIGHT_NAMES:
+            raise WouldBlock()
+        replicas = node.replicas or self.cfg.cluster.replicas
+        block_id = self._allocate_block_ids(count, wait)
+        wids: set[int] = set()
+        placed: list[int] = []
+        try:
+            for i in new:
+                grants = reply.results[i].blocks
+                for start in range(0, sizes[i], bs):
+                    length = min(bs, sizes[i] - start)
+                    workers = self._place(block_id, 0, replicas, req.client_host_id, length,
+                                          set(), wait)
+                    placed.append(block_id)
+                    ids = [w.worker_id for w in workers]
+                    wids.update(ids)
+                    grants.add(block_id=block_id, length=length, worker_ids=ids,
+                               block_token=block_tokens.mint(self.block_key, block_id,
+                                                             block_tokens.WRITE, ids))
+                    block_id += 1
+        except BaseException:
+            self.pending.free(placed)  # nothing granted: nothing left pending
+            raise
+        self.capacity.on_add_block(0)
+        reply.workers.extend(self.registry.for_readers(wids))
+        return reply
+
+    def _place(self, block_id: int, owner: int, replicas: int, host_id: str, size: int,
+               exclude: set[int], wait: bool) -> list[common_pb2.WorkerInfo]:
+        """Place ``block_id`` (``size`` bytes reserved) on its workers and record it
+        pending for inode ``owner`` (0: a put's, freed by Capacity if no PutFile claims
+        it in time).  No room: WouldBlock (``wait`` False), else evict and place."""
 
         def place():
-            return self.registry.choose(replicas, req.client_host_id, size, exclude, block_id)
+            return self.registry.choose(replicas, host_id, size, exclude, block_id)
 
         workers = place()
         if not workers and not wait:
@@ -715,23 +826,20 @@ class Master:
             # No room: evict synchronously, leaving the reply time to reach the client.
             deadline = time.monotonic() + 0.8 * float(self.cfg.cluster.rpc_timeout)
             workers = self.capacity.make_room(place, size, exclude, deadline)
-        wids = [w.worker_id for w in workers]
-        # owner 0: a put's block (freed by Capacity if no PutFile claims it in time)
-        self.pending.add(block_id, owner, wids, size)
-        self.capacity.on_add_block(owner)
-        token = block_tokens.mint(self.block_key, block_id, block_tokens.WRITE, wids)
-        return master_pb2.AddBlockReply(block_id=block_id, workers=workers, block_token=token)
+        self.pending.add(block_id, owner, [w.worker_id for w in workers], size)
+        return workers
 
-    def _allocate_block_id(self, wait: bool = True) -> int:
+    def _allocate_block_ids(self, count: int, wait: bool = True) -> int:
+        """``count`` consecutive new block ids; the first."""
         with self._alloc_lock:
-            if self._next_block >= self._reserved:
+            if self._next_block + count > self._reserved:
                 if not wait:
                     raise WouldBlock()
-                upto = max(self._reserved, self._next_block) + BLOCK_ID_CHUNK
+                upto = max(self._reserved, self._next_block) + max(BLOCK_ID_CHUNK, count)
                 self._reserved = self.submit(
                     lambda txn: self.ns.plan_reserve_block_ids(txn, upto))
             block_id = self._next_block
-            self._next_block += 1
+            self._next_block += count
             return block_id
 
     # ------------------------------------------------------------------ workers

@@ -177,6 +177,12 @@ class PutRecord(_message.Message):
     blocks: _containers.RepeatedCompositeFieldContainer[_common_pb2.Block]
     def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., name: _Optional[bytes] = ..., inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ...) -> None: ...
 
+class PutManyRecord(_message.Message):
+    __slots__ = ("puts",)
+    PUTS_FIELD_NUMBER: _ClassVar[int]
+    puts: _containers.RepeatedCompositeFieldContainer[PutRecord]
+    def __init__(self, puts: _Optional[_Iterable[_Union[PutRecord, _Mapping]]] = ...) -> None: ...
+
 class ReserveBlockIdsRecord(_message.Message):
     __slots__ = ("upto",)
     UPTO_FIELD_NUMBER: _ClassVar[int]
@@ -208,7 +214,7 @@ class AddLocationsRecord(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., block_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class JournalEntry(_message.Message):
-    __slots__ = ("mkdir", "create", "unlink", "rename", "set_attr", "complete", "reserve_block_ids", "register_worker", "drop_locations", "add_locations", "put", "make_node", "link", "xattr", "evict", "set_policy")
+    __slots__ = ("mkdir", "create", "unlink", "rename", "set_attr", "complete", "reserve_block_ids", "register_worker", "drop_locations", "add_locations", "put", "make_node", "link", "xattr", "evict", "set_policy", "put_many")
     MKDIR_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
     UNLINK_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +231,7 @@ class JournalEntry(_message.Message):
     XATTR_FIELD_NUMBER: _ClassVar[int]
     EVICT_FIELD_NUMBER: _ClassVar[int]
     SET_POLICY_FIELD_NUMBER: _ClassVar[int]
+    PUT_MANY_FIELD_NUMBER: _ClassVar[int]
     mkdir: MkdirRecord
     create: CreateRecord
     unlink: UnlinkRecord
@@ -241,7 +248,8 @@ class JournalEntry(_message.Message):
     xattr: XattrRecord
     evict: EvictRecord
     set_policy: SetPolicyRecord
-    def __init__(self, mkdir: _Optional[_Union[MkdirRecord, _Mapping]] = ..., create: _Optional[_Union[CreateRecord, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRecord, _Mapping]] = ..., rename: _Optional[_Union[RenameRecord, _Mapping]] = ..., set_attr: _Optional[_Union[SetAttrRecord, _Mapping]] = ..., complete: _Optional[_Union[CompleteRecord, _Mapping]] = ..., reserve_block_ids: _Optional[_Union[ReserveBlockIdsRecord, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerRecord, _Mapping]] = ..., drop_locations: _Optional[_Union[DropLocationsRecord, _Mapping]] = ..., add_locations: _Optional[_Union[AddLocationsRecord, _Mapping]] = ..., put: _Optional[_Union[PutRecord, _Mapping]] = ..., make_node: _Optional[_Union[MakeNodeRecord, _Mapping]] = ..., link: _Optional[_Union[LinkRecord, _Mapping]] = ..., xattr: _Optional[_Union[XattrRecord, _Mapping]] = ..., evict: _Optional[_Union[EvictRecord, _Mapping]] = ..., set_policy: _Optional[_Union[SetPolicyRecord, _Mapping]] = ...) -> None: ...
+    put_many: PutManyRecord
+    def __init__(self, mkdir: _Optional[_Union[MkdirRecord, _Mapping]] = ..., create: _Optional[_Union[CreateRecord, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRecord, _Mapping]] = ..., rename: _Optional[_Union[RenameRecord, _Mapping]] = ..., set_attr: _Optional[_Union[SetAttrRecord, _Mapping]] = ..., complete: _Optional[_Union[CompleteRecord, _Mapping]] = ..., reserve_block_ids: _Optional[_Union[ReserveBlockIdsRecord, _Mapping]] = ..., register_worker: _Optional[_Union[RegisterWorkerRecord, _Mapping]] = ..., drop_locations: _Optional[_Union[DropLocationsRecord, _Mapping]] = ..., add_locations: _Optional[_Union[AddLocationsRecord, _Mapping]] = ..., put: _Optional[_Union[PutRecord, _Mapping]] = ..., make_node: _Optional[_Union[MakeNodeRecord, _Mapping]] = ..., link: _Optional[_Union[LinkRecord, _Mapping]] = ..., xattr: _Optional[_Union[XattrRecord, _Mapping]] = ..., evict: _Optional[_Union[EvictRecord, _Mapping]] = ..., set_policy: _Optional[_Union[SetPolicyRecord, _Mapping]] = ..., put_many: _Optional[_Union[PutManyRecord, _Mapping]] = ...) -> None: ...
 
 class EvictRecord(_message.Message):
     __slots__ = ("reason", "inos", "time_ns")

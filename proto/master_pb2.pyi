@@ -1,11 +1,25 @@
 from curvine.proto import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class PutStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PUT_STATUS_UNSPECIFIED: _ClassVar[PutStatus]
+    PUT_STORED: _ClassVar[PutStatus]
+    PUT_EXISTS: _ClassVar[PutStatus]
+    PUT_INVALID: _ClassVar[PutStatus]
+    PUT_BLOCKS_MISSING: _ClassVar[PutStatus]
+PUT_STATUS_UNSPECIFIED: PutStatus
+PUT_STORED: PutStatus
+PUT_EXISTS: PutStatus
+PUT_INVALID: PutStatus
+PUT_BLOCKS_MISSING: PutStatus
 
 class InodeReply(_message.Message):
     __slots__ = ("inode", "lease_ms", "parent", "listing_lease_ms", "block")
@@ -457,6 +471,94 @@ class PutFileReply(_message.Message):
     existed: bool
     def __init__(self, inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., existed: _Optional[bool] = ...) -> None: ...
 
+class AddBlocksForPutRequest(_message.Message):
+    __slots__ = ("parent", "names", "sizes", "client_host_id")
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    parent: int
+    names: _containers.RepeatedScalarFieldContainer[bytes]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    client_host_id: str
+    def __init__(self, parent: _Optional[int] = ..., names: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., client_host_id: _Optional[str] = ...) -> None: ...
+
+class BlockGrant(_message.Message):
+    __slots__ = ("block_id", "length", "worker_ids", "block_token")
+    BLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    WORKER_IDS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    block_id: int
+    length: int
+    worker_ids: _containers.RepeatedScalarFieldContainer[int]
+    block_token: bytes
+    def __init__(self, block_id: _Optional[int] = ..., length: _Optional[int] = ..., worker_ids: _Optional[_Iterable[int]] = ..., block_token: _Optional[bytes] = ...) -> None: ...
+
+class PutReservation(_message.Message):
+    __slots__ = ("existing", "blocks")
+    EXISTING_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    existing: _common_pb2.Inode
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockGrant]
+    def __init__(self, existing: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., blocks: _Optional[_Iterable[_Union[BlockGrant, _Mapping]]] = ...) -> None: ...
+
+class AddBlocksForPutReply(_message.Message):
+    __slots__ = ("results", "workers")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PutReservation]
+    workers: _containers.RepeatedCompositeFieldContainer[_common_pb2.WorkerInfo]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutReservation, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[_common_pb2.WorkerInfo, _Mapping]]] = ...) -> None: ...
+
+class PutFilesRequest(_message.Message):
+    __slots__ = ("request_id", "parent", "files", "session", "abandoned")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_FIELD_NUMBER: _ClassVar[int]
+    request_id: bytes
+    parent: int
+    files: _containers.RepeatedCompositeFieldContainer[PutFileEntry]
+    session: int
+    abandoned: _containers.RepeatedCompositeFieldContainer[_common_pb2.Block]
+    def __init__(self, request_id: _Optional[bytes] = ..., parent: _Optional[int] = ..., files: _Optional[_Iterable[_Union[PutFileEntry, _Mapping]]] = ..., session: _Optional[int] = ..., abandoned: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ...) -> None: ...
+
+class PutFileEntry(_message.Message):
+    __slots__ = ("name", "mode", "uid", "gid", "blocks", "size", "mtime_ns")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    name: bytes
+    mode: int
+    uid: int
+    gid: int
+    blocks: _containers.RepeatedCompositeFieldContainer[_common_pb2.Block]
+    size: int
+    mtime_ns: int
+    def __init__(self, name: _Optional[bytes] = ..., mode: _Optional[int] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.Block, _Mapping]]] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ...) -> None: ...
+
+class PutFileResult(_message.Message):
+    __slots__ = ("status", "inode", "error")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    status: PutStatus
+    inode: _common_pb2.Inode
+    error: str
+    def __init__(self, status: _Optional[_Union[PutStatus, str]] = ..., inode: _Optional[_Union[_common_pb2.Inode, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class PutFilesReply(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PutFileResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutFileResult, _Mapping]]] = ...) -> None: ...
+
 class CompleteFileRequest(_message.Message):
     __slots__ = ("request_id", "ino", "blocks", "size", "mtime_ns", "if_unpublished", "session", "abandoned_block_ids", "open_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -638,7 +740,7 @@ class SessionEvent(_message.Message):
     def __init__(self, session_id: _Optional[int] = ..., lease_ms: _Optional[int] = ..., invalidate_id: _Optional[int] = ..., names: _Optional[_Iterable[_Union[NameKey, _Mapping]]] = ..., inodes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Call(_message.Message):
-    __slots__ = ("id", "lookup", "getattr", "create", "mkdir", "unlink", "rmdir", "rename", "complete", "setattr", "listdir", "statfs", "get_blocks", "add_block", "symlink", "make_node", "link", "release_inode", "set_xattr", "get_xattr", "list_xattr", "remove_xattr", "lookup_many", "put_file")
+    __slots__ = ("id", "lookup", "getattr", "create", "mkdir", "unlink", "rmdir", "rename", "complete", "setattr", "listdir", "statfs", "get_blocks", "add_block", "symlink", "make_node", "link", "release_inode", "set_xattr", "get_xattr", "list_xattr", "remove_xattr", "lookup_many", "put_file", "add_blocks_for_put", "put_files")
     ID_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_FIELD_NUMBER: _ClassVar[int]
     GETATTR_FIELD_NUMBER: _ClassVar[int]
@@ -663,6 +765,8 @@ class Call(_message.Message):
     REMOVE_XATTR_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_MANY_FIELD_NUMBER: _ClassVar[int]
     PUT_FILE_FIELD_NUMBER: _ClassVar[int]
+    ADD_BLOCKS_FOR_PUT_FIELD_NUMBER: _ClassVar[int]
+    PUT_FILES_FIELD_NUMBER: _ClassVar[int]
     id: int
     lookup: LookupRequest
     getattr: GetAttrRequest
@@ -687,10 +791,12 @@ class Call(_message.Message):
     remove_xattr: RemoveXattrRequest
     lookup_many: LookupManyRequest
     put_file: PutFileRequest
-    def __init__(self, id: _Optional[int] = ..., lookup: _Optional[_Union[LookupRequest, _Mapping]] = ..., getattr: _Optional[_Union[GetAttrRequest, _Mapping]] = ..., create: _Optional[_Union[CreateRequest, _Mapping]] = ..., mkdir: _Optional[_Union[MkdirRequest, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRequest, _Mapping]] = ..., rmdir: _Optional[_Union[RmdirRequest, _Mapping]] = ..., rename: _Optional[_Union[RenameRequest, _Mapping]] = ..., complete: _Optional[_Union[CompleteFileRequest, _Mapping]] = ..., setattr: _Optional[_Union[SetAttrRequest, _Mapping]] = ..., listdir: _Optional[_Union[ListDirRequest, _Mapping]] = ..., statfs: _Optional[_Union[StatFsRequest, _Mapping]] = ..., get_blocks: _Optional[_Union[GetBlocksRequest, _Mapping]] = ..., add_block: _Optional[_Union[AddBlockRequest, _Mapping]] = ..., symlink: _Optional[_Union[SymlinkRequest, _Mapping]] = ..., make_node: _Optional[_Union[MakeNodeRequest, _Mapping]] = ..., link: _Optional[_Union[LinkRequest, _Mapping]] = ..., release_inode: _Optional[_Union[ReleaseInodeRequest, _Mapping]] = ..., set_xattr: _Optional[_Union[SetXattrRequest, _Mapping]] = ..., get_xattr: _Optional[_Union[GetXattrRequest, _Mapping]] = ..., list_xattr: _Optional[_Union[ListXattrRequest, _Mapping]] = ..., remove_xattr: _Optional[_Union[RemoveXattrRequest, _Mapping]] = ..., lookup_many: _Optional[_Union[LookupManyRequest, _Mapping]] = ..., put_file: _Optional[_Union[PutFileRequest, _Mapping]] = ...) -> None: ...
+    add_blocks_for_put: AddBlocksForPutRequest
+    put_files: PutFilesRequest
+    def __init__(self, id: _Optional[int] = ..., lookup: _Optional[_Union[LookupRequest, _Mapping]] = ..., getattr: _Optional[_Union[GetAttrRequest, _Mapping]] = ..., create: _Optional[_Union[CreateRequest, _Mapping]] = ..., mkdir: _Optional[_Union[MkdirRequest, _Mapping]] = ..., unlink: _Optional[_Union[UnlinkRequest, _Mapping]] = ..., rmdir: _Optional[_Union[RmdirRequest, _Mapping]] = ..., rename: _Optional[_Union[RenameRequest, _Mapping]] = ..., complete: _Optional[_Union[CompleteFileRequest, _Mapping]] = ..., setattr: _Optional[_Union[SetAttrRequest, _Mapping]] = ..., listdir: _Optional[_Union[ListDirRequest, _Mapping]] = ..., statfs: _Optional[_Union[StatFsRequest, _Mapping]] = ..., get_blocks: _Optional[_Union[GetBlocksRequest, _Mapping]] = ..., add_block: _Optional[_Union[AddBlockRequest, _Mapping]] = ..., symlink: _Optional[_Union[SymlinkRequest, _Mapping]] = ..., make_node: _Optional[_Union[MakeNodeRequest, _Mapping]] = ..., link: _Optional[_Union[LinkRequest, _Mapping]] = ..., release_inode: _Optional[_Union[ReleaseInodeRequest, _Mapping]] = ..., set_xattr: _Optional[_Union[SetXattrRequest, _Mapping]] = ..., get_xattr: _Optional[_Union[GetXattrRequest, _Mapping]] = ..., list_xattr: _Optional[_Union[ListXattrRequest, _Mapping]] = ..., remove_xattr: _Optional[_Union[RemoveXattrRequest, _Mapping]] = ..., lookup_many: _Optional[_Union[LookupManyRequest, _Mapping]] = ..., put_file: _Optional[_Union[PutFileRequest, _Mapping]] = ..., add_blocks_for_put: _Optional[_Union[AddBlocksForPutRequest, _Mapping]] = ..., put_files: _Optional[_Union[PutFilesRequest, _Mapping]] = ...) -> None: ...
 
 class CallResult(_message.Message):
-    __slots__ = ("id", "error_kind", "error", "inode", "parents", "listdir", "statfs", "blocks", "block", "empty", "xattr", "xattrs", "lookup_many", "put_file")
+    __slots__ = ("id", "error_kind", "error", "inode", "parents", "listdir", "statfs", "blocks", "block", "empty", "xattr", "xattrs", "lookup_many", "put_file", "put_reservations", "put_files")
     ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -705,6 +811,8 @@ class CallResult(_message.Message):
     XATTRS_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_MANY_FIELD_NUMBER: _ClassVar[int]
     PUT_FILE_FIELD_NUMBER: _ClassVar[int]
+    PUT_RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    PUT_FILES_FIELD_NUMBER: _ClassVar[int]
     id: int
     error_kind: int
     error: str
@@ -719,7 +827,9 @@ class CallResult(_message.Message):
     xattrs: ListXattrReply
     lookup_many: LookupManyReply
     put_file: PutFileReply
-    def __init__(self, id: _Optional[int] = ..., error_kind: _Optional[int] = ..., error: _Optional[str] = ..., inode: _Optional[_Union[InodeReply, _Mapping]] = ..., parents: _Optional[_Union[ParentReply, _Mapping]] = ..., listdir: _Optional[_Union[ListDirReply, _Mapping]] = ..., statfs: _Optional[_Union[StatFsReply, _Mapping]] = ..., blocks: _Optional[_Union[GetBlocksReply, _Mapping]] = ..., block: _Optional[_Union[AddBlockReply, _Mapping]] = ..., empty: _Optional[_Union[_common_pb2.Empty, _Mapping]] = ..., xattr: _Optional[_Union[GetXattrReply, _Mapping]] = ..., xattrs: _Optional[_Union[ListXattrReply, _Mapping]] = ..., lookup_many: _Optional[_Union[LookupManyReply, _Mapping]] = ..., put_file: _Optional[_Union[PutFileReply, _Mapping]] = ...) -> None: ...
+    put_reservations: AddBlocksForPutReply
+    put_files: PutFilesReply
+    def __init__(self, id: _Optional[int] = ..., error_kind: _Optional[int] = ..., error: _Optional[str] = ..., inode: _Optional[_Union[InodeReply, _Mapping]] = ..., parents: _Optional[_Union[ParentReply, _Mapping]] = ..., listdir: _Optional[_Union[ListDirReply, _Mapping]] = ..., statfs: _Optional[_Union[StatFsReply, _Mapping]] = ..., blocks: _Optional[_Union[GetBlocksReply, _Mapping]] = ..., block: _Optional[_Union[AddBlockReply, _Mapping]] = ..., empty: _Optional[_Union[_common_pb2.Empty, _Mapping]] = ..., xattr: _Optional[_Union[GetXattrReply, _Mapping]] = ..., xattrs: _Optional[_Union[ListXattrReply, _Mapping]] = ..., lookup_many: _Optional[_Union[LookupManyReply, _Mapping]] = ..., put_file: _Optional[_Union[PutFileReply, _Mapping]] = ..., put_reservations: _Optional[_Union[AddBlocksForPutReply, _Mapping]] = ..., put_files: _Optional[_Union[PutFilesReply, _Mapping]] = ...) -> None: ...
 
 class ReportAccessRequest(_message.Message):
     __slots__ = ("inos", "session", "closed_opens", "bad_copies")

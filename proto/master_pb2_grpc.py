@@ -110,6 +110,16 @@ class MasterStub:
                 request_serializer=curvine_dot_proto_dot_master__pb2.PutFileRequest.SerializeToString,
                 response_deserializer=curvine_dot_proto_dot_master__pb2.PutFileReply.FromString,
                 _registered_method=True)
+        self.AddBlocksForPut = channel.unary_unary(
+                '/curvine.Master/AddBlocksForPut',
+                request_serializer=curvine_dot_proto_dot_master__pb2.AddBlocksForPutRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.AddBlocksForPutReply.FromString,
+                _registered_method=True)
+        self.PutFiles = channel.unary_unary(
+                '/curvine.Master/PutFiles',
+                request_serializer=curvine_dot_proto_dot_master__pb2.PutFilesRequest.SerializeToString,
+                response_deserializer=curvine_dot_proto_dot_master__pb2.PutFilesReply.FromString,
+                _registered_method=True)
         self.Symlink = channel.unary_unary(
                 '/curvine.Master/Symlink',
                 request_serializer=curvine_dot_proto_dot_master__pb2.SymlinkRequest.SerializeToString,
@@ -319,6 +329,19 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PutFile(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddBlocksForPut(self, request, context):
+        """a prompt's chunks: blocks for many puts in one call, many files in one record
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutFiles(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -558,6 +581,16 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.PutFile,
                     request_deserializer=curvine_dot_proto_dot_master__pb2.PutFileRequest.FromString,
                     response_serializer=curvine_dot_proto_dot_master__pb2.PutFileReply.SerializeToString,
+            ),
+            'AddBlocksForPut': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddBlocksForPut,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.AddBlocksForPutRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.AddBlocksForPutReply.SerializeToString,
+            ),
+            'PutFiles': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutFiles,
+                    request_deserializer=curvine_dot_proto_dot_master__pb2.PutFilesRequest.FromString,
+                    response_serializer=curvine_dot_proto_dot_master__pb2.PutFilesReply.SerializeToString,
             ),
             'Symlink': grpc.unary_unary_rpc_method_handler(
                     servicer.Symlink,
@@ -1080,6 +1113,60 @@ class Master:
             '/curvine.Master/PutFile',
             curvine_dot_proto_dot_master__pb2.PutFileRequest.SerializeToString,
             curvine_dot_proto_dot_master__pb2.PutFileReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddBlocksForPut(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/AddBlocksForPut',
+            curvine_dot_proto_dot_master__pb2.AddBlocksForPutRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.AddBlocksForPutReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutFiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/curvine.Master/PutFiles',
+            curvine_dot_proto_dot_master__pb2.PutFilesRequest.SerializeToString,
+            curvine_dot_proto_dot_master__pb2.PutFilesReply.FromString,
             options,
             channel_credentials,
             insecure,

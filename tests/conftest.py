@@ -39,7 +39,7 @@ from curvine.devtools.local import ClusterError, LocalCluster
 
 LAYERS = {
     "unit": {"test_apt_lock", "test_connector_naming", "test_fds", "test_kernel_cache", "test_journal", "test_layers", "test_layers_client",
-             "test_listings",
+             "test_listings", "test_master_addrs",
              "test_mounts", "test_pod_fork",
              "test_posix_workload", "test_proto"},
     "services": {"test_calls", "test_call_port", "test_group_journal", "test_fuse_ops", "test_fuzz", "test_keepalive", "test_master",
@@ -53,8 +53,8 @@ LAYERS = {
         "test_fs_posix", "test_fs_posix_types", "test_fs_stress", "test_inline_files", "test_install",
         "test_random_io",
         "test_journal_hardening", "test_kvstore", "test_leases", "test_lmcache",
-        "test_local_cli", "test_master_guards", "test_master_outage", "test_metrics",
-        "test_permissions", "test_private_files", "test_replicas", "test_roles", "test_shared_disk",
+        "test_local_cli", "test_master_group", "test_master_guards", "test_master_outage", "test_metrics",
+        "test_permissions", "test_private_files", "test_put_many", "test_replicas", "test_roles", "test_shared_disk",
         "test_small_hardening", "test_starvation", "test_stream_limits", "test_tls", "test_port_limits",
         "test_worker", "test_worker_safety"},
 }

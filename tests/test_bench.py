@@ -336,11 +336,17 @@ def test_meta_scale_measures_every_row_on_a_real_cluster(make_cluster, tmp_path)
     plain = tmp_path / "plain"
     plain.mkdir()
     ms = MetaScale(c, str(plain), lambda s: None, runs=1, seconds=0.5, files=40,
-                   clients=(1, 2), mount_procs=(1,))
+                   clients=(1, 2), mount_procs=(1,), seed_chunk=1 << 20, touch_share=0)
     medians = ms.run()
-    for what in ("lookup", "store", "put"):
+    for what in ("lookup", "store", "put", "put_many"):
         for n in (1, 2):
             assert medians[f"{what} x{n} ops/s"] > 0 and f"{what} x{n} master us/op" in medians
+    # master calls per prompt of 8 chunks: create, complete, rename each; one PutFile
+    # each; one AddBlocksForPut and one PutFiles for the prompt
+    for what, calls in (("store", 24), ("put", 8), ("put_many", 2)):
+        assert medians[f"{what} x1 master calls/prompt"] == pytest.approx(calls, rel=0.1), what
+    assert medians["seed put_many ms"] > 0 and medians["seed plain fs:// ms"] > 0
+    assert medians["seed put_many/plain"] > 0
     for row in ("mount stat-miss x1", "mount stat-same-miss x1", "mount stat-miss-busy x1",
                 "mount create", "mount unlink", "plain create"):
         assert medians[f"{row} ops/s"] > 0, row
@@ -351,13 +357,19 @@ def test_meta_scale_measures_every_row_on_a_real_cluster(make_cluster, tmp_path)
         top = mc.lookup(1, ms.tag.encode())
         # the busy row's other client made names in the directory the mount stat'ed
         assert any(e.name.startswith(b"busy-") for e in mc.listdir(top.ino)[0])
-        for what, suffix in (("store", b".data"), ("put", b".data")):
+        for what, suffix in (("store", b".data"), ("put", b".data"), ("put_many", b".data")):
             d = mc.lookup(top.ino, b"%s-0-2" % what.encode())
             names = [e.name for e in mc.iterdir(d.ino)]
             assert names and all(n.endswith(suffix) for n in names), what
+            if what == "put_many":  # (the window: the same _processes as the others')
+                assert len(names) % 8 == 0, f"{len(names)}: not whole prompts of 8"
+                continue
             # the rate counts the 0.5 s the clients ran, not the 1.2 s their
             # interpreters took to start (counted, the window would be >= 1.7 s)
             window = len(names) / medians[f"{what} x2 ops/s"]
             assert 0.45 < window < 1.5, f"{what}: {len(names)} made in a {window:.2f} s window"
+        # the seed prompts are removed once measured
+        seed = mc.lookup(top.ino, b"seed")
+        assert [e.name for e in mc.iterdir(seed.ino)] == []
     finally:
         mc.close()

@@ -227,9 +227,12 @@ def test_a_prompt_stored_through_the_connector_is_found_with_one_lookup_and_iden
     [store] = w["steps"]
     assert w["put_failed"] == 0 and w["put_errors"] == [] and w["pending_puts"] == 0
     assert w["connector"]["puts"] == CHUNKS
-    # one PutFile per chunk, no Create/Complete/Rename (no temporary name)
-    assert store["rpcs"]["PutFile"] == CHUNKS
-    assert not {"Create", "CompleteFile", "Rename", "Unlink"} & set(store["rpcs"]), store["rpcs"]
+    # the prompt's chunks in one batched_put: one reservation and one publish (issue 36),
+    # no per-chunk call, no Create/Complete/Rename (no temporary name)
+    assert store["rpcs"]["AddBlocksForPut"] == 1 and store["rpcs"]["PutFiles"] == 1, \
+        store["rpcs"]
+    assert not {"Create", "CompleteFile", "Rename", "Unlink", "PutFile", "AddBlock"} & set(
+        store["rpcs"]), store["rpcs"]
 
     r = run_pod(tmp_path, "reader", {
         "model": QWEN, "lmcache": curvine_config(c.client_conf), "master_metrics": url,

@@ -340,7 +340,7 @@ def test_fuse_unit_mounts_where_the_host_sees_it():
 # -------------------------------------------------------------------------- Kubernetes
 
 K8S_VERSIONS = ["1.28.0", "1.37.0"]  # the oldest still common on managed clusters, the newest
-K8S_FILES = ["namespace.yaml", "configmap.yaml", "master.yaml", "daemonset.yaml",
+K8S_FILES = ["namespace.yaml", "configmap.yaml", "etcd.yaml", "master.yaml", "daemonset.yaml",
              "example-inference-pod.yaml"]
 
 
@@ -463,24 +463,38 @@ def test_configmap_is_a_valid_config_and_agrees_with_the_manifests(tmp_path):
     namespace = _one(docs, "Namespace")["metadata"]["name"]
     assert all(d["metadata"].get("namespace", namespace) == namespace for d in docs)
 
-    # master: the Service named by cluster.master_addr, ports from the config; workers
-    # reach its worker port through the same Service (cluster.master_worker_addr)
-    host, port = cfg.cluster.master_addr.rsplit(":", 1)
+    # masters: a group, every member in cluster.master_addrs by its pod's name under
+    # the StatefulSet's headless Service, ports from the config; workers reach each
+    # member's worker port by the same name (cluster.master_worker_addrs); the group's
+    # etcd is the etcd StatefulSet's members, by name
     svc = _one(docs, "Service", "curvine-master")
-    assert host == f"{svc['metadata']['name']}.{namespace}.svc.cluster.local"
-    assert int(port) == cfg.master.port
     assert {p["port"] for p in svc["spec"]["ports"]} == {
         cfg.master.port, cfg.master.worker_port, cfg.master.http_port, cfg.master.call_port}
     assert cfg.master.worker_port not in (cfg.master.port, cfg.master.http_port)
-    whost, wport = config.master_worker_addr(cfg).rsplit(":", 1)
-    assert whost == host and int(wport) == cfg.master.worker_port
     svc_ports = {p["name"]: p for p in svc["spec"]["ports"]}
     assert svc_ports["worker"]["port"] == cfg.master.worker_port
     assert svc_ports["calls"]["port"] == cfg.master.call_port
     sts = _one(docs, "StatefulSet", "curvine-master")
-    assert sts["spec"]["replicas"] == 1
-    assert _one(docs, "Service", sts["spec"]["serviceName"])["spec"]["clusterIP"] == "None"
+    assert sts["spec"]["replicas"] == 3
+    headless = _one(docs, "Service", sts["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
     assert svc["spec"]["selector"] == sts["spec"]["template"]["metadata"]["labels"]
+
+    def members(statefulset: dict, service: dict, port: int) -> list[str]:
+        return [f"{statefulset['metadata']['name']}-{i}.{service['metadata']['name']}."
+                f"{namespace}.svc.cluster.local:{port}"
+                for i in range(statefulset["spec"]["replicas"])]
+
+    assert config.master_addrs(cfg) == members(sts, headless, cfg.master.port)
+    assert config.master_worker_addrs(cfg) == members(sts, headless, cfg.master.worker_port)
+    etcd_sts = _one(docs, "StatefulSet", "curvine-etcd")
+    etcd_svc = _one(docs, "Service", etcd_sts["spec"]["serviceName"])
+    assert etcd_sts["spec"]["replicas"] == 3 and etcd_svc["spec"]["clusterIP"] == "None"
+    client_port = {p["name"]: p["port"] for p in etcd_svc["spec"]["ports"]}["client"]
+    assert cfg.master.etcd_endpoints == members(etcd_sts, etcd_svc, client_port)
+    etcd_args = " ".join(_container(etcd_sts["spec"]["template"]["spec"], "etcd")["command"])
+    for i, peer in enumerate(members(etcd_sts, etcd_svc, 2380)):
+        assert f"curvine-etcd-{i}=http://{peer}" in etcd_args
     master = _container(sts["spec"]["template"]["spec"], "master")
     assert {p["containerPort"] for p in master["ports"]} == {
         cfg.master.port, cfg.master.worker_port, cfg.master.http_port, cfg.master.call_port}
@@ -985,9 +999,11 @@ def _tls_problems(docs, cfg: config.Config) -> list[str]:
     if sec.tls_client_auth is not True:
         problems.append("security.tls_client_auth is not true (mutual TLS)")
     # the name docs/kubernetes.md says the certificate carries: the master's Service
-    if sec.tls_server_name != cfg.cluster.master_addr.rsplit(":", 1)[0]:
+    service = [f"{d['metadata']['name']}.{d['metadata']['namespace']}.svc.cluster.local"
+               for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "curvine-master"]
+    if [sec.tls_server_name] != service:
         problems.append(f"security.tls_server_name {sec.tls_server_name!r} is not the "
-                        f"host of cluster.master_addr {cfg.cluster.master_addr!r}")
+                        f"master Service's name {service}")
     secrets = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == TLS_SECRET]
     if len(secrets) != 1:
         problems.append(f"{len(secrets)} Secrets {TLS_SECRET}")
@@ -1075,11 +1091,12 @@ def _changed_from_base(docs, base) -> list[str]:
         if d["kind"] == "ConfigMap":
             d["data"] = None
         for _, spec in _pod_specs([d]):
-            tls_vols = {v["name"] for v in spec["volumes"]
+            tls_vols = {v["name"] for v in spec.get("volumes", [])
                         if v.get("secret", {}).get("secretName") == TLS_SECRET}
-            spec["volumes"] = [v for v in spec["volumes"] if v["name"] not in tls_vols]
+            spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in tls_vols]
             for c in spec["containers"]:
-                c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] not in tls_vols]
+                c["volumeMounts"] = [m for m in c.get("volumeMounts", [])
+                                     if m["name"] not in tls_vols]
     name = lambda d: f"{d['kind']}/{d['metadata']['name']}"  # noqa: E731
     theirs = {name(d): d for d in docs if d["metadata"]["name"] != TLS_SECRET}
     ours = {name(d): d for d in base}
@@ -1238,14 +1255,18 @@ def test_tls_names_let_a_client_dial_a_server_by_ip(tmp_path):
                      ("/etc/curvine-token/token", str(tmp_path / "token")),
                      # the client's view: no such file (the FUSE container has none)
                      ("/etc/curvine-worker-token/", f"{tmp_path}/absent/"),
-                     ("curvine-master.curvine.svc.cluster.local:8995", f"127.0.0.1:{port}"),
-                     ("curvine-master.curvine.svc.cluster.local:8996",
-                      f"127.0.0.1:{worker_port}"),
                      ("worker_port = 8996", f"worker_port = {worker_port}"),
                      ("http_port = 9001", f"http_port = {http_port}"),
                      ("http_port = 9002", f"http_port = {whttp_port}")]:
         assert old in text
         text = text.replace(old, new)
+    # one master of the group, and no etcd: the naming is the test here
+    for key, value in (("master_addrs", [f"127.0.0.1:{port}"]),
+                       ("master_worker_addrs", [f"127.0.0.1:{worker_port}"]),
+                       ("etcd_endpoints", [])):
+        text, n = re.subn(rf"\n{key} = \[[^\]]*\]", f"\n{key} = {value!r}".replace("'", '"'),
+                          text)
+        assert n == 1, key
     assert 'tls_server_name = "curvine-master.curvine.svc.cluster.local"' in text
     conf, conf_no_name = tmp_path / "c.toml", tmp_path / "c-no-name.toml"
     conf.write_text(text)

@@ -13,6 +13,7 @@ from curvine.common import block_tokens
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO, new_request_id
 from curvine.master.cluster import pending
+from curvine.master.master import WouldBlock
 from curvine.proto import common_pb2, master_pb2
 
 from test_master import MiB, add_worker, create, kind_of, make_master, mkdir, publish
@@ -188,3 +189,148 @@ def test_lookup_many_answers_every_name_in_one_call(master):
     assert e.value.kind == ErrorKind.INVALID and "names" in str(e.value)
     assert kind_of(master.lookup_many, master_pb2.LookupManyRequest(
         parent=10**9, names=[b"a"])) == ErrorKind.NOT_FOUND
+
+
+# -- AddBlocksForPut and PutFiles (issue 36): a prompt's chunks in two calls ------------
+
+STORED, EXISTS, INVALID, MISSING = (master_pb2.PUT_STORED, master_pb2.PUT_EXISTS,
+                                    master_pb2.PUT_INVALID, master_pb2.PUT_BLOCKS_MISSING)
+
+
+def reserve(m, parent, names, sizes):
+    return m.add_blocks_for_put(master_pb2.AddBlocksForPutRequest(
+        parent=parent, names=names, sizes=sizes, client_host_id="h1"))
+
+
+def entries(reply, names, sizes):
+    """PutFileEntry per reserved name: its granted blocks, as a writer sends them back."""
+    out = []
+    for name, size, r in zip(names, sizes, reply.results):
+        out.append(master_pb2.PutFileEntry(name=name, mode=0o644, size=size, blocks=[
+            common_pb2.Block(block_id=g.block_id, length=g.length, checksum=7,
+                             worker_ids=g.worker_ids, token=g.block_token)
+            for g in r.blocks]))
+    return out
+
+
+def put_files(m, parent, files, rid=None, abandoned=()):
+    return [(r.status, r.inode.ino, r.error) for r in m.put_files(master_pb2.PutFilesRequest(
+        request_id=rid or new_request_id(), parent=parent, files=files,
+        abandoned=list(abandoned))).results]
+
+
+def test_put_files_stores_each_file_whole_or_not_at_all_in_one_record(master):
+    wid = add_worker(master)
+    d = mkdir(master, ROOT_INO, b"l2cache")
+    old = put(master, d.ino, b"old", put_blocks(master, d.ino, b"old", [MiB])[0]).inode
+    names, sizes = [b"a", b"old", b"b", b"c", b"d", b"e"], [5 * MiB, MiB, 0, MiB, MiB, MiB]
+    r = reserve(master, d.ino, names, sizes)
+    assert [x.HasField("existing") for x in r.results] == [False, True] + [False] * 4
+    assert r.results[1].existing.ino == old.ino and not r.results[1].blocks
+    # 5 MiB in 4 MiB blocks: two grants; an empty file none
+    assert [[g.length for g in x.blocks] for x in r.results] == \
+        [[4 * MiB, MiB], [], [], [MiB], [MiB], [MiB]]
+    assert [w.worker_id for w in r.workers] == [wid]
+    for g in r.results[0].blocks:  # pending for a put, tokens bound to their workers
+        assert g.block_id in master.pending
+        assert block_tokens.allows(master.block_key, g.block_id, g.block_token,
+                                   block_tokens.WRITE)
+    files = entries(r, names, sizes)
+    files[3].blocks[0].token = b"x" * 16  # c: a block without its grant
+    files[4].mode = 0o10000  # d: a bad entry
+    files.append(master_pb2.PutFileEntry(name=b"a", mode=0o644))  # twice in one call
+    files.append(master_pb2.PutFileEntry(name=b"x/y", mode=0o644))
+    records = master.committer.stats["records"]
+    got = put_files(master, d.ino, files)
+    assert master.committer.stats["records"] - records == 1  # one journal record
+    assert [s for s, _, _ in got] == [STORED, EXISTS, STORED, MISSING, INVALID, STORED,
+                                      EXISTS, INVALID]
+    assert got[1][1] == old.ino and "mode" in got[4][2] and "name" in got[7][2]
+    assert master.lookup(d.ino, b"a").size == 5 * MiB and got[0][1] == master.lookup(
+        d.ino, b"a").ino
+    assert master.lookup(d.ino, b"b").size == 0 and master.lookup(d.ino, b"e").size == MiB
+    for name in (b"c", b"d"):
+        assert master.lookup_or_none(d.ino, name) is None
+    # stored blocks are no longer pending; those of files left out are freed at once,
+    # but for a block sent without its token (c's: left to the put TTL)
+    [c_block] = r.results[3].blocks
+    assert [g.block_id for x in r.results for g in x.blocks
+            if g.block_id in master.pending] == [c_block.block_id]
+    deletes = master.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=1 << 40)
+                               ).delete_block_ids
+    assert sorted(deletes) == [g.block_id for g in r.results[4].blocks]
+
+
+def test_put_files_is_retried_and_replayed_after_a_restart(tmp_path):
+    m = make_master(tmp_path)
+    try:
+        add_worker(m)
+        d = mkdir(m, ROOT_INO, b"l2cache")
+        names, sizes = [b"k%d" % i for i in range(8)], [MiB + i for i in range(8)]
+        files = entries(reserve(m, d.ino, names, sizes), names, sizes)
+        rid = new_request_id()
+        # (a copy: the master clears the tokens of the request it is given)
+        first = put_files(m, d.ino, [master_pb2.PutFileEntry.FromString(
+            f.SerializeToString()) for f in files], rid=rid)
+        assert [s for s, _, _ in first] == [STORED] * 8
+        # a retry after a lost reply: every file reported stored, as the first time
+        assert put_files(m, d.ino, files, rid=rid) == first
+        want = {n: m.get_blocks(m.lookup(d.ino, n).ino) for n in names}
+    finally:
+        m.close()
+    shutil.rmtree(tmp_path / "meta")  # from the journal alone
+    m = make_master(tmp_path)
+    try:
+        for n in names:
+            got = m.get_blocks(m.lookup(d.ino, n).ino)
+            assert got.inode == want[n].inode
+            assert [(b.block_id, b.length) for b in got.blocks] == \
+                [(b.block_id, b.length) for b in want[n].blocks]
+        # the retry cache came back with the journal
+        assert put_files(m, d.ino, files, rid=rid) == first
+    finally:
+        m.close()
+
+
+def test_abandoned_blocks_are_freed_at_once_and_only_a_puts_with_its_token(master):
+    wid = add_worker(master)
+    d = mkdir(master, ROOT_INO, b"l2cache")
+    r = reserve(master, d.ino, [b"a", b"b"], [MiB, MiB])
+    f = create(master, ROOT_INO, b"being-written")
+    theirs = master.add_block(master_pb2.AddBlockRequest(ino=f.ino, client_host_id="h1"))
+    [a], [b] = r.results[0].blocks, r.results[1].blocks
+    abandoned = [common_pb2.Block(block_id=a.block_id, token=a.block_token),
+                 common_pb2.Block(block_id=b.block_id),  # no token: not freed
+                 common_pb2.Block(block_id=theirs.block_id, token=theirs.block_token)]
+    assert put_files(master, d.ino, [], abandoned=abandoned) == []
+    assert a.block_id not in master.pending
+    assert b.block_id in master.pending and theirs.block_id in master.pending
+    deletes = master.heartbeat(master_pb2.HeartbeatRequest(worker_id=wid, capacity=1 << 40)
+                               ).delete_block_ids
+    assert list(deletes) == [a.block_id]
+
+
+def test_add_blocks_for_put_checks_its_request(master):
+    add_worker(master)
+    d = mkdir(master, ROOT_INO, b"l2cache")
+    assert kind_of(reserve, master, d.ino, [b"a", b"b"], [1]) == ErrorKind.INVALID
+    assert kind_of(reserve, master, d.ino, [b"a/b"], [1]) == ErrorKind.INVALID
+    assert kind_of(reserve, master, d.ino, [b"a"] * 4097, [0] * 4097) == ErrorKind.INVALID
+    f = create(master, ROOT_INO, b"file")
+    assert kind_of(reserve, master, f.ino, [b"a"], [1]) == ErrorKind.NOT_DIR
+    # more blocks than one call grants (4 MiB blocks here)
+    assert kind_of(reserve, master, d.ino, [b"big"], [16385 * 4 * MiB]) == ErrorKind.INVALID
+    assert kind_of(reserve, master, d.ino, [b"huge"], [1 << 62]) == ErrorKind.FILE_TOO_BIG
+    assert not master.pending.owners_and_overdue_puts()[0]  # nothing left pending
+    # the call port's loop answers a prompt's reservation, not a big one (WouldBlock:
+    # the pool runs it), and what it refuses leaves nothing pending
+    def nowait(names, sizes):
+        return master.add_blocks_for_put(master_pb2.AddBlocksForPutRequest(
+            parent=d.ino, names=names, sizes=sizes, client_host_id="h1"), wait=False)
+    reserve(master, d.ino, [b"first"], [1])  # (block ids reserved: a journal record)
+    assert len(nowait([b"p%d" % i for i in range(8)], [MiB] * 8).results) == 8
+    for names, sizes in (([b"n%d" % i for i in range(129)], [0] * 129),
+                         ([b"one"], [129 * 4 * MiB])):
+        with pytest.raises(WouldBlock):
+            nowait(names, sizes)
+    assert len(master.pending.of_owners({0})) == 9

@@ -38,6 +38,7 @@ from curvine.common.errors import ConfigError, CurvineError, ErrorKind
 from curvine.common.ids import host_id
 from curvine.common.rpc import RpcClient, bind, make_server
 from curvine.common.security import CLIENT, WORKER, Security
+from curvine.common.master_group import MasterGroup
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
 from curvine.common.blocks import MAX_BLOCK_ID
@@ -213,7 +214,10 @@ class MasterLink:
         self.uuid = worker_uuid(store.data_dirs[0])
         self.secret = worker_secret(store.data_dirs[0])
         self.registration = b""  # names the live registration in heartbeats and reports
-        self.master_addr = config_mod.master_worker_addr(cfg)  # the master's worker port
+        # the masters' worker ports, named by their gRPC addresses as standbys name the
+        # leader (common/master_group.py); one master: a group of one
+        self.masters = MasterGroup(config_mod.master_worker_addrs(cfg),
+                                   config_mod.master_addrs(cfg))
         self.interval = max(float(cfg.worker.heartbeat_interval), 0.01)
         self.rpc = self._make_rpc()
         # copies of other workers' blocks the master asks for (re-replication)
@@ -225,6 +229,11 @@ class MasterLink:
         self.last_contact = 0.0  # monotonic time the master last accepted a call (health)
         self.last_failure = ""  # why the last call failed, until one succeeds
         self._thread = threading.Thread(target=self._run, name="master-link", daemon=True)
+
+    @property
+    def master_addr(self) -> str:
+        """The worker port of the master this link calls now."""
+        return self.masters.current
 
     def start(self) -> None:
         self._thread.start()
@@ -254,11 +263,13 @@ class MasterLink:
 
     def _run(self) -> None:
         while not self.stop.is_set():
+            at_once = False
             try:
                 if not self._registered:
                     self._register()
                 else:
                     self._heartbeat()
+                self.masters.answered()
                 if self._master_down:
                     log.info("master %s is reachable again", self.master_addr)
                 self._master_down = False
@@ -269,12 +280,16 @@ class MasterLink:
                 if self.stop.is_set():
                     break
                 self.last_failure = str(e)
-                if e.kind in _MASTER_DOWN:
+                if e.kind == ErrorKind.NOT_LEADER:
+                    at_once = self._follow(e)
+                elif e.kind in _MASTER_DOWN:
                     if not self._master_down:
-                        log.warning("master %s unavailable (%s); retrying every %.1fs",
-                                    self.master_addr, e, self.interval)
+                        log.warning("master %s unavailable (%s); retrying every %.1fs%s",
+                                    self.master_addr, e, self.interval,
+                                    " and trying the other masters" if len(self.masters) > 1
+                                    else "")
                     self._master_down = True
-                    self._new_channel()
+                    at_once = self._follow(e)
                 else:
                     if str(e) != self._last_error:
                         log.error("master %s refused %s: %s", self.master_addr,
@@ -287,7 +302,23 @@ class MasterLink:
                 log.exception("unexpected error talking to the master")
             if self._registered and not self.stop.is_set() and not self.ready.is_set():
                 self._became_ready()
-            self.stop.wait(self.interval)
+            if not at_once:
+                self.stop.wait(self.interval)
+
+    def _follow(self, err: CurvineError) -> bool:
+        """A master failed a call (down, or a standby): call the leader it named, or
+        the next master, on a fresh channel, registering there (a new leader knows this
+        worker only from a registration and block report, as after a restart).  True:
+        call again at once."""
+        before = self.master_addr
+        at_once = self.masters.after_failure(err)
+        if self.master_addr != before:
+            log.info("master %s %s; now calling %s", before,
+                     "is a standby" if err.kind == ErrorKind.NOT_LEADER else "is unavailable",
+                     self.master_addr)
+            self._registered = False
+        self._new_channel()
+        return at_once
 
     def _register(self) -> None:
         # the master starts its account of this worker afresh from this usage
@@ -527,7 +558,7 @@ def run(cfg: config_mod.Config, stop: threading.Event, security: Security) -> in
     data_address = advertised_address(wc.host, data_port.port) if data_port else ""
     log.info("worker listening on %s:%d%s, registering with master %s", wc.host, port,
              f" (bulk reads on {data_port.port})" if data_port else "",
-             config_mod.master_worker_addr(cfg))
+             " or ".join(config_mod.master_worker_addrs(cfg)))
     try:
         link = MasterLink(cfg, store, servicer, address, stop, security, data_address)
     except (CurvineError, OSError) as e:

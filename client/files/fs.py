@@ -16,7 +16,7 @@ import os
 import time
 from typing import Iterator
 
-from curvine.common.config import Config
+from curvine.common.config import Config, master_addrs, read_members
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, ROOT_INO, check_name, host_id
 from curvine.common.security import Security
@@ -41,16 +41,17 @@ def split(path: str | bytes) -> list[bytes]:
 class CurvineFS:
     """Path operations against one master; thread-safe like the clients it wraps."""
 
-    def __init__(self, master_addr: str | None = None, cfg: Config | None = None,
+    def __init__(self, master_addr: str | list[str] | None = None, cfg: Config | None = None,
                  master: MasterClient | None = None):
         self.cfg = cfg or Config()
         # the token and TLS keys every channel of this client uses: the given master
         # client's, else those ``cfg`` names
-        self.master = master or MasterClient(master_addr or self.cfg.cluster.master_addr,
+        self.master = master or MasterClient(master_addr or master_addrs(self.cfg),
                                              timeout=self.cfg.cluster.rpc_timeout,
                                              wait=self.cfg.cluster.master_wait,
                                              security=Security.load(self.cfg),
-                                             call_port=self.cfg.client.call_port)
+                                             call_port=self.cfg.client.call_port,
+                                             read_from=read_members(self.cfg))
         self.security = self.master.security
         self.host = host_id()
         # The only dirs short-circuit reads and writes may open: this configuration's

@@ -16,16 +16,18 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import grpc
 
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import new_request_id
-from curvine.common.rpc import RETRY_MAX, RpcClient
+from curvine.common import master_group
+from curvine.common.rpc import RETRY_MAX
 from curvine.common.security import Security
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
@@ -48,14 +50,18 @@ class MasterClient:
     ``security``: the credentials of its channel (common/security.py); objects built
     from this client (writers, readers) use ``.security`` for their own channels."""
 
-    def __init__(self, address: str, timeout: float = 30.0, wait: float = 60.0, *,
-                 security: Security, call_port: bool = False,
-                 call_port_connections: int = CALL_PORT_CONNECTIONS):
-        self.address = address
+    def __init__(self, address: str | Sequence[str], timeout: float = 30.0,
+                 wait: float = 60.0, *, security: Security, call_port: bool = False,
+                 call_port_connections: int = CALL_PORT_CONNECTIONS,
+                 read_from: Sequence[str] = ()):
         self.security = security
         self.timeout = timeout
-        self._rpc = RpcClient(address, master_pb2_grpc.MasterStub, security=security,
-                              timeout=timeout, wait=wait)
+        # one master, or every master of a group (config.master_addrs): its calls follow
+        # the leader (common/master_group.py)
+        self._rpc = master_group.master_rpc(
+            [address] if isinstance(address, str) else list(address),
+            master_pb2_grpc.MasterStub, security=security, timeout=timeout, wait=wait)
+        self._port_moves = 0  # master_group.moves() when the call port was learned
         self.requests = Requests()  # they name the lease session (``session``)
         self.route = Route(self.unary, self._learn_call_port)
         # ``call_port``: namespace calls on the master's call port when it has one
@@ -66,6 +72,20 @@ class MasterClient:
         # calls in flight on the port at once: as many as the caller's threads that call
         # (a call past them goes as a unary RPC, which costs both sides several times more)
         self._port_connections = call_port_connections
+        # a master group: the member this client's unleased reads go to first
+        # (config.read_members; client/master/route.py), with its own call port
+        member = self._read_member(list(read_from))
+        self.reader = (MasterClient(member, timeout, 0, security=security,
+                                    call_port=call_port,
+                                    call_port_connections=call_port_connections)
+                       if member else None)
+        if self.reader is not None:
+            self.route.reads = self.read
+
+    @property
+    def address(self) -> str:
+        """The master its calls go to now (of a group: the leader once a call found it)."""
+        return self._rpc.address
 
     def _call(self, method: str, request):
         # Reads are naturally idempotent; mutations carry a request id that the
@@ -87,6 +107,27 @@ class MasterClient:
         converted result.  ``timeout`` covers the whole route."""
         return prepared.convert(self.route.call_blocking(prepared, timeout, wait))
 
+    def _read_member(self, candidates: list[str]) -> str | None:
+        """The member to read from: the one named, else a standby (the group as any
+        member tells it, asked once without waiting), one by process id so that a
+        node's clients spread over the standbys; any member if none answers."""
+        if len(candidates) <= 1:
+            return candidates[0] if candidates else None
+        try:
+            group = self._rpc.call("GetGroup", master_pb2.GetGroupRequest(),
+                                   timeout=min(self.timeout, 2.0), wait=0)
+            standbys = [a for a in candidates if a != group.leader]
+        except CurvineError as e:
+            log.debug("no member told the group (%s): reading from any", e)
+            standbys = []
+        pool = standbys or candidates
+        return pool[os.getpid() % len(pool)]
+
+    def read(self, prepared: Prepared, timeout: float | None) -> Any:
+        """The reply of a spreadable read from the group member this client reads from
+        (``reader``): its call port, else its unary RPC, never waiting for it."""
+        return self.reader.route.call_blocking(prepared, timeout, 0)
+
     def unary(self, prepared: Prepared, timeout: float | None, wait: float | None):
         """The reply of ``prepared`` as its unary RPC (the last carrier of a route)."""
         return self._rpc.call(prepared.method, prepared.request, idempotent=True,
@@ -97,7 +138,16 @@ class MasterClient:
         """Put the call port on the route once StatFs named one (asked with the caller's
         deadline and wait: a connector that must not wait for a master that is down does
         not)."""
-        if route.thread_port is not None or self._port_checked is None:
+        if self._port_checked is None:
+            return
+        if route.thread_port is not None and master_group.moves(self._rpc) != self._port_moves:
+            # the calls moved to another master of the group: its port, not this one
+            with self._port_lock:
+                port, route.thread_port = route.thread_port, None
+                self._port_checked = 0.0
+            if port is not None:
+                port.close()
+        if route.thread_port is not None:
             return
         now = time.monotonic()
         if self._port_checked and now - self._port_checked < PORT_RECHECK:
@@ -111,6 +161,7 @@ class MasterClient:
                 except CurvineError as e:
                     log.debug("asking the master for its call port: %s", e)
                     return
+                self._port_moves = master_group.moves(self._rpc)
                 if number:
                     host = self.address.rpartition(":")[0].strip("[]")
                     route.thread_port = for_security(host, number, self.security,
@@ -278,6 +329,23 @@ class MasterClient:
         return self.call(self.requests.put_file(parent, name, blocks, size, mode, uid, gid,
                                                 mtime_ns), timeout, wait)
 
+    def add_blocks_for_put(self, parent: int, names: Sequence[bytes], sizes: Sequence[int],
+                           client_host_id: str, timeout: float | None = None,
+                           wait: float | None = None) -> master_pb2.AddBlocksForPutReply:
+        """The blocks of many puts into ``parent`` in one call: per name (results
+        parallel to ``names``) its existing inode, or its blocks (ids, lengths, targets
+        and write tokens) for PutFiles; ``reply.workers`` lists the targets."""
+        return self.call(self.requests.add_blocks_for_put(parent, names, sizes,
+                                                          client_host_id), timeout, wait)
+
+    def put_files(self, parent: int, files: Sequence[master_pb2.PutFileEntry],
+                  abandoned: Sequence[Block] = (), timeout: float | None = None,
+                  wait: float | None = None) -> list[master_pb2.PutFileResult]:
+        """Publish many new files of ``parent`` in one journaled step, each whole or not
+        at all: a result per file (PutStatus, inode, why).  ``abandoned``: blocks of
+        this caller's reservation it does not publish (with their tokens: freed now)."""
+        return self.call(self.requests.put_files(parent, files, abandoned), timeout, wait)
+
     # -- capacity (master/capacity.py) ------------------------------------------
 
     def report_access(self, inos: Sequence[int], timeout: float | None = None,
@@ -308,6 +376,10 @@ class MasterClient:
 
     # -- admin (master/report.py) ----------------------------------------------
 
+    def get_group(self, wait: float | None = None) -> master_pb2.GetGroupReply:
+        """The master group as a member has it (a single master: itself, as leader)."""
+        return self._rpc.call("GetGroup", master_pb2.GetGroupRequest(), wait=wait)
+
     def report(self) -> master_pb2.ReportReply:
         return self._call("Report", master_pb2.ReportRequest())
 
@@ -320,6 +392,8 @@ class MasterClient:
     def close(self) -> None:
         if self.route.thread_port is not None:
             self.route.thread_port.close()
+        if self.reader is not None:
+            self.reader.close()
         self._rpc.close()
 
 
@@ -391,6 +465,7 @@ class LeaseSession(StreamThread):
 
             idle = False
             call = None
+            moves = master_group.moves(self.client._rpc)
             try:
                 self._call = call = self.client._rpc.stub.Session(requests())
                 events = iter(call)
@@ -413,6 +488,8 @@ class LeaseSession(StreamThread):
                 pass
             except grpc.RpcError as e:
                 if not self._stop.is_set():
+                    # a standby or a master that is down: reopen it on the leader
+                    master_group.stream_failed(self.client._rpc, e, moves)
                     # once per outage; the retries while the master is down go quietly
                     log.log(logging.INFO if self.client.session else logging.DEBUG,
                             "lease session lost: %s (reopening it)",

@@ -299,3 +299,17 @@ class Requests:
             request_id=new_request_id(), parent=parent, name=name, mode=mode & 0o7777,
             uid=uid, gid=gid, blocks=list(blocks), size=size, mtime_ns=mtime_ns,
             session=self.session), lambda reply: (reply.inode, reply.existed))
+
+    def add_blocks_for_put(self, parent: int, names: Sequence[bytes], sizes: Sequence[int],
+                           client_host_id: str) -> Prepared:
+        return Prepared("AddBlocksForPut", "add_blocks_for_put",
+                        master_pb2.AddBlocksForPutRequest(
+                            parent=parent, names=list(names), sizes=list(sizes),
+                            client_host_id=client_host_id), _reply)
+
+    def put_files(self, parent: int, files: Sequence[master_pb2.PutFileEntry],
+                  abandoned: Sequence[Block] = ()) -> Prepared:
+        return Prepared("PutFiles", "put_files", master_pb2.PutFilesRequest(
+            request_id=new_request_id(), parent=parent, files=list(files),
+            session=self.session, abandoned=list(abandoned)),
+            lambda reply: list(reply.results))

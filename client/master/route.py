@@ -13,7 +13,13 @@ Calls without a field in master.Call go unary only.
 
 Where the master is: the carriers are set here (or found by ``discover``, before each
 blocking call) and the unary RPC is one function, so following the master somewhere else
-changes these and nothing of the callers.
+changes these and nothing of the callers.  A master group (common/master_group.py): a
+standby's NOT_LEADER on a carrier passes the call on like UNAVAILABLE; the unary RPC
+(``GroupRpc``) follows the leader it names, within the same wait; carriers bound to one
+master see the move (``master_group.moves``) and reconnect to the leader.  Reads that
+grant no lease (``spreadable``) go first to ``reads`` when it is set: the group member
+this client reads from (client.read_member), a standby that answers after its read
+index; if it cannot (down, behind, a standby no more), the call takes the route.
 
 May import: ``curvine.common``, ``curvine.proto``, ``client.master.requests``.
 """
@@ -26,6 +32,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from curvine.common.call_wire import PortDown
 from curvine.common.errors import CurvineError, ErrorKind
+from curvine.common.master_group import MOVE_ON
 
 from .requests import Prepared
 
@@ -46,6 +53,19 @@ class Carrier(Protocol):
 
 
 Unary = Callable[[Prepared, "float | None", "float | None"], Any]  # (prepared, timeout, wait)
+Reads = Callable[[Prepared, "float | None"], Any]  # (prepared, timeout): the reply
+
+# what a standby answers (master/ports/service.py STANDBY_READS) ...
+_STANDBY_READS = frozenset(("Lookup", "GetAttr", "ListDir", "StatFs", "LookupMany",
+                            "GetXattr", "ListXattr", "GetBlocks"))
+
+
+def spreadable(prepared: Prepared) -> bool:
+    """A read any member of a group may answer: one a standby serves, that grants no
+    lease (no session) and records no open (a GetBlocks without open_id)."""
+    req = prepared.request
+    return (prepared.method in _STANDBY_READS and not getattr(req, "session", 0)
+            and not getattr(req, "open_id", 0) and not getattr(req, "write", False))
 Discover = Callable[["Route", "float | None", "float | None"], None]  # (route, timeout, wait)
 
 
@@ -62,6 +82,7 @@ class Route:
         self.thread_port: Carrier | None = None  # a thread's own connections to the port
         self.port: Carrier | None = None  # the master's call port (the mount's in trio)
         self.stream: Carrier | None = None  # the mount's Calls stream
+        self.reads: Reads | None = None  # the group member unleased reads go to first
 
     def carriers(self, prepared: Prepared, in_thread: bool) -> list:
         """The carriers that are set, in order, for a call that has a field in
@@ -81,6 +102,12 @@ class Route:
         def left() -> float | None:  # the caller's deadline covers the whole route
             return None if end is None else max(end - time.monotonic(), 0.001)
 
+        if self.reads is not None and spreadable(prepared):
+            try:
+                return self.reads(prepared, left())
+            except CurvineError as e:
+                if e.kind not in MOVE_ON:
+                    raise
         if self.discover is not None:
             self.discover(self, left(), wait)
         for carrier in self.carriers(prepared, in_thread=True):
@@ -95,6 +122,12 @@ class Route:
     async def call(self, prepared: Prepared, to_thread: Callable[..., Awaitable]):
         """The reply, from the trio loop; the unary RPC through ``to_thread`` (a function
         that runs a blocking callable in a thread)."""
+        if self.reads is not None and spreadable(prepared):
+            try:
+                return await to_thread(functools.partial(self.reads, prepared, None))
+            except CurvineError as e:
+                if e.kind not in MOVE_ON:
+                    raise
         for carrier in self.carriers(prepared, in_thread=False):
             try:
                 return await carrier.call(prepared)
@@ -105,8 +138,13 @@ class Route:
         return await to_thread(functools.partial(self.unary, prepared, None, None))
 
 
+# answers of a carrier's master after which the call goes on: it is down for now, or
+# a standby of a group (the unary RPC then follows the leader it names)
+PASS_ON = (ErrorKind.UNAVAILABLE, ErrorKind.NOT_LEADER)
+
+
 def _unless_unavailable(e: CurvineError) -> None:
-    """Re-raise ``e`` unless the master said UNAVAILABLE: that one goes on (at last unary,
-    which retries it for up to cluster.master_wait)."""
-    if e.kind != ErrorKind.UNAVAILABLE:
+    """Re-raise ``e`` unless the master said UNAVAILABLE or NOT_LEADER: those go on (at
+    last unary, which retries for up to cluster.master_wait, following the leader)."""
+    if e.kind not in PASS_ON:
         raise e

@@ -268,12 +268,19 @@ class Capacity:
 
     def on_complete(self, node: common_pb2.Inode) -> None:
         """A version was published: an access, maybe a TTL deadline."""
-        self.lru.touch([node.ino], time.time_ns())
+        self.on_complete_many([node])
+
+    def on_complete_many(self, nodes: list[common_pb2.Inode]) -> None:
+        """Versions were published (PutFiles: one call for the files of one record)."""
+        if not nodes:
+            return
+        self.lru.touch([n.ino for n in nodes], time.time_ns())
         with self._lock:
-            self._writers.pop(node.ino, None)
-            self._activity.pop(node.ino, None)
-            if node.ttl_ms:
-                self._set_due(node.ino, node.mtime_ns + node.ttl_ms * 1_000_000)
+            for node in nodes:
+                self._writers.pop(node.ino, None)
+                self._activity.pop(node.ino, None)
+                if node.ttl_ms:
+                    self._set_due(node.ino, node.mtime_ns + node.ttl_ms * 1_000_000)
 
     def on_policy(self, node: common_pb2.Inode) -> None:
         if node.type == FILE and node.state == COMPLETE and node.ttl_ms:

@@ -2,12 +2,13 @@
 
 AddBlock places a block (on the workers the registry chose, its bytes reserved in
 their account) and records it here with the file it was allocated to; owner 0 is a
-put's block (AddBlock's put form, for PutFile, which has no inode yet).  A block
-leaves when a record that puts it in a file is applied (``completed``), or is freed:
-its publish failed or found the file gone, its writer dropped it
-(CompleteFileRequest.abandoned_block_ids), its file was removed before it completed,
-or, for a put, no PutFile claimed it within PUT_BLOCK_TTL (master/cluster/capacity.py
-frees those).  In memory only: a restarted master knows none, and accepts a block a
+put's block (AddBlock's put form or AddBlocksForPut, for PutFile and PutFiles, which
+have no inode yet).  A block leaves when a record that puts it in a file is applied
+(``completed``), or is freed: its publish failed or found the file gone (or, for
+PutFiles, left its file out), its writer dropped it (CompleteFileRequest.
+abandoned_block_ids, PutFilesRequest.abandoned), its file was removed before it
+completed, or, for a put, nothing claimed it within PUT_BLOCK_TTL
+(master/cluster/capacity.py frees those).  In memory only: a restarted master knows none, and accepts a block a
 writer got before the restart with its write token instead (Master.complete,
 put_file).
 """
@@ -63,7 +64,8 @@ class PendingBlocks:
                 p = self._blocks.pop(b, None)
                 if p is not None:
                     pairs.extend((w, b, p[3]) for w in p[2])
-        self._queue_deletes(pairs)
+        if pairs:  # (nothing to delete: no wake-up of the delete thread)
+            self._queue_deletes(pairs)
 
     def free_abandoned(self, ino: int, block_ids: Iterable[int]) -> None:
         """Blocks a writer of ``ino`` was given and dropped (CompleteFileRequest.

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from curvine.common.errors import CurvineError, ErrorKind, invalid
-from curvine.common.ids import MAX_FILE_BLOCKS, ROOT_INO, check_file_size, check_ino, check_name
+from curvine.common.ids import (MAX_FILE_BLOCKS, ROOT_INO, check_file_size, check_ino,
+                                check_name, put_request_id)
 from curvine.proto import common_pb2, journal_pb2, master_pb2
 
 from .store import Store, inline_size, stored_size
@@ -151,12 +152,13 @@ class Namespace:
         return journal_pb2.JournalEntry(mkdir=journal_pb2.MkdirRecord(parent=0, inode=root)), root
 
     def _new_inode(self, txn, parent: common_pb2.Inode, name: bytes, kind: int, mode: int,
-                   uid: int, gid: int) -> common_pb2.Inode:
+                   uid: int, gid: int, ino: int = 0) -> common_pb2.Inode:
+        """``ino``: its number when the caller picks it (0: the next free one)."""
         if mode & ~0o7777:
             raise invalid("mode", f"{mode:#o} has bits outside 07777")
         t = now_ns()
         return common_pb2.Inode(
-            ino=max(self.store.get_u64(txn, b"next_ino", ROOT_INO + 1), ROOT_INO + 1),
+            ino=ino or max(self.store.get_u64(txn, b"next_ino", ROOT_INO + 1), ROOT_INO + 1),
             type=kind, mode=mode, uid=uid, gid=gid, atime_ns=t, mtime_ns=t, ctime_ns=t,
             nlink=2 if kind == DIRECTORY else 1,
             state=common_pb2.COMPLETE if kind == DIRECTORY else common_pb2.WRITING,
@@ -452,6 +454,58 @@ class Namespace:
                                     inode=node, blocks=req.blocks)
         return journal_pb2.JournalEntry(put=rec), (False, node)
 
+    def plan_put_many(self, txn, req: master_pb2.PutFilesRequest, block_ids_reserved: int,
+                      allocated_here=lambda block_id: True, missing=frozenset()):
+        """Many new complete files of one directory in ONE record (PutManyRecord), each
+        file checked on its own as plan_put checks one: a wrong one is left out, the
+        others stored.  ``missing``: indexes of files with a block not granted to a put
+        (the caller checked the tokens).  Value: per file (PutStatus, the inode or None,
+        why); an entry without files when nothing is stored."""
+        parent = self.directory(txn, req.parent)
+        entry = journal_pb2.JournalEntry()
+        puts = entry.put_many.puts
+        results: list[tuple[int, common_pb2.Inode | None, str]] = []
+        next_ino = max(self.store.get_u64(txn, b"next_ino", ROOT_INO + 1), ROOT_INO + 1)
+        named: set[bytes] = set()  # names stored by this record
+        used: set[int] = set()  # block ids stored by this record
+        for i, f in enumerate(req.files):
+            rid = put_request_id(req.request_id, i)
+            hit = self.retry.get(rid)
+            if hit is not None:  # this file was stored by an earlier attempt of the call
+                results.append((master_pb2.PUT_STORED, self.store.get_inode(txn, hit), ""))
+                continue
+            try:
+                name = check_name(f.name, f"files[{i}].name")
+                existing = self.store.lookup(txn, parent.ino, name)
+                if existing is not None or name in named:
+                    node = self.store.get_inode(txn, existing) if existing is not None else None
+                    results.append((master_pb2.PUT_EXISTS, node, ""))
+                    continue
+                if i in missing:
+                    results.append((master_pb2.PUT_BLOCKS_MISSING, None, "a block is not "
+                                    "granted to a put (freed after the put TTL, or no token)"))
+                    continue
+                ids = [b.block_id for b in f.blocks]
+                if not all(ids) or used.intersection(ids):
+                    raise invalid(f"files[{i}].blocks", "a block on no worker (inline, hole), "
+                                  "or one another file of the call stores")
+                self._check_blocks(txn, f.blocks, f.size, 0, block_ids_reserved, allocated_here)
+                node = self._new_inode(txn, parent, name, FILE, f.mode, f.uid, f.gid, next_ino)
+            except CurvineError as e:
+                results.append((master_pb2.PUT_INVALID, None, e.message))
+                continue
+            next_ino += 1
+            node.state = common_pb2.COMPLETE
+            node.size = f.size
+            node.version = 1
+            if f.mtime_ns:
+                node.mtime_ns = f.mtime_ns
+            named.add(name)
+            used.update(ids)
+            puts.add(request_id=rid, parent=parent.ino, name=name, inode=node, blocks=f.blocks)
+            results.append((master_pb2.PUT_STORED, node, ""))
+        return (entry if puts else None), results
+
     def _check_blocks(self, txn, blocks, size: int, ino: int, block_ids_reserved: int,
                       allocated_here, freed=lambda block_id: False) -> None:
         """The blocks of a version to publish for inode ``ino`` (0: a new file): each
@@ -519,14 +573,16 @@ class Namespace:
         """Put a record's request id in the retry cache (live path and replay, including
         records older than LMDB's applied seq, so retries survive a restart)."""
         rec = getattr(entry, entry.WhichOneof("op"))
-        request_id = getattr(rec, "request_id", b"")
-        if request_id:
-            fields = rec.DESCRIPTOR.fields_by_name
-            # the result a retry gets: the new inode, the inode changed, or (unlink,
-            # rename) the inode kept by the caller
-            ino = (rec.inode.ino if "inode" in fields else rec.ino if "ino" in fields
-                   else rec.held if "held" in fields else 0)
-            self.retry.put(request_id, ino)
+        # a record of many puts carries each one's request id
+        for rec in (rec.puts if "puts" in rec.DESCRIPTOR.fields_by_name else (rec,)):
+            request_id = getattr(rec, "request_id", b"")
+            if request_id:
+                fields = rec.DESCRIPTOR.fields_by_name
+                # the result a retry gets: the new inode, the inode changed, or (unlink,
+                # rename) the inode kept by the caller
+                ino = (rec.inode.ino if "inode" in fields else rec.ino if "ino" in fields
+                       else rec.held if "held" in fields else 0)
+                self.retry.put(request_id, ino)
 
     def apply(self, txn, entry: journal_pb2.JournalEntry, fx: Effects) -> None:
         """Perform one record, on the live path and at replay alike: the function
@@ -546,19 +602,27 @@ class Namespace:
             self.store.put_writer(txn, rec.inode.ino, rec.writer_session)
 
     def _link_new(self, txn, rec, fx: Effects) -> None:
+        self._link_all_new(txn, [rec], fx)
+
+    def _link_all_new(self, txn, recs, fx: Effects) -> None:
+        """New inodes under their names, all in one directory (or the root alone): each
+        inode and entry, then the directory's times and the counters once, as they
+        would be after linking one after another."""
         s = self.store
-        node = rec.inode
-        s.put_inode(txn, node)
-        if rec.parent:  # the root has none
-            s.put_dentry(txn, rec.parent, rec.name, node.ino)
-            fx.created.append((rec.parent, rec.name))
-            parent = s.get_inode(txn, rec.parent)
-            parent.mtime_ns = parent.ctime_ns = node.ctime_ns
-            if node.type == DIRECTORY:
-                parent.nlink += 1
+        for rec in recs:
+            s.put_inode(txn, rec.inode)
+            if rec.parent:  # the root has none
+                s.put_dentry(txn, rec.parent, rec.name, rec.inode.ino)
+                fx.created.append((rec.parent, rec.name))
+        last = recs[-1]
+        if last.parent:
+            parent = s.get_inode(txn, last.parent)
+            parent.mtime_ns = parent.ctime_ns = last.inode.ctime_ns
+            parent.nlink += sum(rec.inode.type == DIRECTORY for rec in recs)
             s.put_inode(txn, parent)
-        s.put_u64(txn, b"next_ino", max(s.get_u64(txn, b"next_ino", ROOT_INO + 1), node.ino + 1))
-        s.put_u64(txn, b"inode_count", s.get_u64(txn, b"inode_count") + 1)
+        top = max(rec.inode.ino for rec in recs)
+        s.put_u64(txn, b"next_ino", max(s.get_u64(txn, b"next_ino", ROOT_INO + 1), top + 1))
+        s.put_u64(txn, b"inode_count", s.get_u64(txn, b"inode_count") + len(recs))
 
     def _names(self, txn, node: common_pb2.Inode) -> list[tuple[int, bytes]]:
         """Every (parent, name) that names ``node`` now: its first name, if still
@@ -826,14 +890,26 @@ class Namespace:
         fx.completed.extend(new_ids)
 
     def _apply_put(self, txn, rec, fx: Effects) -> None:
+        self._store_new_files(txn, [rec], fx)
+
+    def _apply_put_many(self, txn, rec, fx: Effects) -> None:
+        if rec.puts:
+            self._store_new_files(txn, rec.puts, fx)
+
+    def _store_new_files(self, txn, puts, fx: Effects) -> None:
+        """New complete files with their blocks, all in one directory (PutRecords)."""
         s = self.store
-        rec.inode.stored = stored_size(rec.blocks)
-        self._link_new(txn, rec, fx)
-        for b in rec.blocks:
-            if b.block_id:
-                s.index_block(txn, b, rec.inode.ino)
-        s.put_blocks(txn, rec.inode.ino, list(rec.blocks), old=[])  # a new inode
-        fx.completed.extend(b.block_id for b in rec.blocks if b.block_id)
+        for put in puts:
+            put.inode.stored = stored_size(put.blocks)
+        self._link_all_new(txn, puts, fx)
+        for put in puts:
+            if not put.blocks:
+                continue
+            for b in put.blocks:
+                if b.block_id:
+                    s.index_block(txn, b, put.inode.ino)
+            s.put_blocks(txn, put.inode.ino, list(put.blocks), old=[])  # a new inode
+            fx.completed.extend(b.block_id for b in put.blocks if b.block_id)
 
     # ------------------------------------------------------------------ capacity
     # (master/cluster/capacity.py decides what to remove; these plan and apply it)
@@ -905,7 +981,7 @@ class Namespace:
 
     # ------------------------------------------------------------------ blocks and workers
     def plan_reserve_block_ids(self, txn, upto: int):
-        """Block ids below ``upto`` may be handed out (Master._allocate_block_id).
+        """Block ids below ``upto`` may be handed out (Master._allocate_block_ids).
         Value: ``upto``."""
         rec = journal_pb2.ReserveBlockIdsRecord(upto=upto)
         return journal_pb2.JournalEntry(reserve_block_ids=rec), upto
@@ -1040,6 +1116,7 @@ APPLY: dict[str, Callable[[Namespace, Any, Any, Effects], None]] = {
     "xattr": Namespace._apply_xattr,                          # 14: plan_set_xattr, plan_remove_xattr
     "evict": Namespace._apply_evict,                          # 20: plan_evict, plan_release
     "set_policy": Namespace._apply_set_policy,                # 21: plan_set_policy
+    "put_many": Namespace._apply_put_many,                    # 22: plan_put_many
 }
 
 

@@ -55,6 +55,8 @@ CALL_METHODS = {
     "get_xattr": ("GetXattr", "xattr"), "list_xattr": ("ListXattr", "xattrs"),
     "remove_xattr": ("RemoveXattr", "inode"),
     "lookup_many": ("LookupMany", "lookup_many"), "put_file": ("PutFile", "put_file"),
+    "add_blocks_for_put": ("AddBlocksForPut", "put_reservations"),
+    "put_files": ("PutFiles", "put_files"),
 }
 
 
@@ -94,7 +96,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         self._call_pool = futures.ThreadPoolExecutor(max_workers=call_threads,
                                                      thread_name_prefix="call")
         self.lookups = report.LookupCounts()  # for the Report RPC
-        self._add_block_metrics = metrics.MethodMetrics("AddBlock")  # run_call_nowait's
+        # run_call_nowait's placements: Call op -> (Master method, its metrics)
+        # (by name: the Master that answers may change, self.m)
+        self._placements = {op: (method, metrics.MethodMetrics(CALL_METHODS[op][0]))
+                            for op, method in (("add_block", Master.add_block),
+                                               ("add_blocks_for_put", Master.add_blocks_for_put))}
         # heavy reads (see HEAVY_READS): the slots, and the call port's threads for them
         self._heavy_slots = threading.BoundedSemaphore(HEAVY_READS)
         self.heavy_pool = futures.ThreadPoolExecutor(max_workers=HEAVY_READS,
@@ -222,6 +228,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     @handler
     def PutFile(self, req, ctx):
         return self.m.put_file(req)
+
+    @handler
+    def AddBlocksForPut(self, req, ctx):
+        return self.m.add_blocks_for_put(req)
+
+    @handler
+    def PutFiles(self, req, ctx):
+        return self.m.put_files(req)
 
     # -- POSIX beyond files and directories (issue 15)
     @handler
@@ -413,9 +427,10 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         port's loop thread); None: run it elsewhere (``run_heavy`` for a read in
         READ_CALLS, ``run_call`` for the rest); IN_POOL: a read on a standby, which
         waits for its read index in the call pool.  A read is answered here in its cheap
-        form or not at all (see HEAVY_READS).  AddBlock waits only for a journal record
-        every BLOCK_ID_CHUNK ids, or for eviction when no worker has room; a pool
-        thread's hand-off both ways would cost more than the call itself."""
+        form or not at all (see HEAVY_READS).  AddBlock and AddBlocksForPut wait only
+        for a journal record every BLOCK_ID_CHUNK ids, or for eviction when no worker
+        has room; a pool thread's hand-off both ways would cost more than the call
+        itself."""
         op = call.WhichOneof("op")
         if self.member is not None:
             # the fence of a leader, or a standby's refusal, at once; a read on a
@@ -432,19 +447,20 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             return self._run_light(call, op, light)
         if op in READ_CALLS:
             return self._run_call(call)  # cheap whatever the data
-        if op != "add_block":
+        placement = self._placements.get(op)
+        if placement is None:
             return None
-        m = self._add_block_metrics  # counted as the unary RPC and the pool path are
+        place, m = placement  # counted as the unary RPC and the pool path are
         started = time.perf_counter()
         try:
-            reply = self.m.add_block(call.add_block, wait=False)
+            reply = place(self.m, getattr(call, op), wait=False)
         except WouldBlock:
             return None
         except Exception as e:  # noqa: BLE001 - converted for the caller
             m.finished(started, _status(e))
-            return _failed(call.id, "add_block", e)
+            return _failed(call.id, op, e)
         m.finished(started)
-        return master_pb2.CallResult(id=call.id, block=reply)
+        return master_pb2.CallResult(id=call.id, **{CALL_METHODS[op][1]: reply})
 
     def _run_light(self, call, op: str, light) -> master_pb2.CallResult | None:
         """``light(request)`` in the loop, counted as its unary RPC; None on WouldBlock."""
@@ -561,7 +577,7 @@ def _failed(call_id: int, op: str, e: Exception) -> master_pb2.CallResult:
 # Call ops that are the master's mutations (Master methods of the same name, made with
 # master/meta/steps.py's @mutation), run as steps by CallMutations; rmdir is Master.unlink's
 MUTATION_OPS = frozenset(("create", "mkdir", "unlink", "rmdir", "rename", "complete",
-                          "put_file", "setattr", "symlink", "make_node", "link",
+                          "put_file", "put_files", "setattr", "symlink", "make_node", "link",
                           "release_inode", "set_xattr", "remove_xattr"))
 
 
