@@ -910,7 +910,9 @@ class Master:
                     deletes.append(b)
         if missing:
             log.warning("worker %d did not report %d blocks the master expected there; "
-                        "dropping those locations", wid, len(missing))
+                        "dropping those locations (%s)", wid, len(missing),
+                        ", ".join(f"{b:016x}" for b in missing[:8])
+                        + (", ..." if len(missing) > 8 else ""))
             self.submit(lambda txn: self.ns.plan_drop_locations(txn, wid, missing))
             self.replication.hint(missing)  # the other replicas may need a copy
         if deletes:
