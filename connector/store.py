@@ -27,6 +27,7 @@ has a deadline.  Thread-safe; blocking: adapters call it from threads (``pool``)
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import os
@@ -85,6 +86,31 @@ class Entry:
 
 class _WorkersFailed(CurvineError):
     """Every target worker of a block refused it (each logged by its own _Outage)."""
+
+
+# A publish (PutFile, PutFiles) that failed so may have been applied all the same: the
+# master (or a leader SIGKILLed once its record was in etcd) made it durable and the
+# answer was lost.  Its blocks are then left where they are: deleting them would leave
+# a published file without its bytes (a new leader found them missing at the worker's
+# next block report and dropped the file).  Blocks no file took are the master's to
+# free (a put's after PUT_BLOCK_TTL; a master that never knew them at a worker's block
+# report, after master.orphan_block_grace).
+_OUTCOME_UNKNOWN = frozenset((ErrorKind.UNAVAILABLE, ErrorKind.TIMEOUT))
+
+
+@contextlib.contextmanager
+def _publishing(written: list):
+    """Around the master call that publishes the blocks in ``written`` (worker, block
+    id, token): once it answered they are the master's (published, or freed by it),
+    and so they are when its outcome is unknown; after a definite refusal they stay
+    in ``written``, for the caller to delete."""
+    try:
+        yield
+    except CurvineError as e:
+        if e.kind in _OUTCOME_UNKNOWN:
+            written.clear()
+        raise
+    written.clear()
 
 
 class _Outage:
@@ -599,7 +625,8 @@ class KVStore:
         rpc_timeout): True if stored, False if the name existed (nothing written).
         Raises CurvineError on failure; then no name was made and the blocks written
         are deleted (best effort; the master frees what is left after
-        PUT_BLOCK_TTL)."""
+        PUT_BLOCK_TTL), but for a PutFile whose outcome is unknown (``_publishing``:
+        the name may exist)."""
         bname = _encode_name(name)
         if bname is None:
             raise CurvineError(ErrorKind.INVALID, f"name: {name!r} cannot be a file name")
@@ -618,10 +645,10 @@ class KVStore:
                     break
                 blocks.append(block)
             else:
-                node, existed = self.master.put_file(
-                    parent, bname, blocks, size, mode=mode, uid=os.getuid(), gid=os.getgid(),
-                    timeout=budget.left(), wait=0)
-                written.clear()  # published, or (existed) freed by the master
+                with _publishing(written):  # published, or (existed) freed by the master
+                    node, existed = self.master.put_file(
+                        parent, bname, blocks, size, mode=mode, uid=os.getuid(),
+                        gid=os.getgid(), timeout=budget.left(), wait=0)
                 if not existed:
                     self.stats["puts"] += 1
                     self.stats["bytes_written"] += size
@@ -630,9 +657,9 @@ class KVStore:
                 return False
             # existed before all blocks were written: hand the written ones back
             if blocks:
-                self.master.put_file(parent, bname, blocks, sum(b.length for b in blocks),
-                                     timeout=budget.left(), wait=0)
-                written.clear()
+                with _publishing(written):
+                    self.master.put_file(parent, bname, blocks, sum(b.length for b in blocks),
+                                         timeout=budget.left(), wait=0)
             self.stats["put_existed"] += 1
             return False
         finally:
@@ -745,9 +772,10 @@ class KVStore:
                 else:  # left out: the master frees its blocks (pending) now
                     abandoned += [common_pb2.Block(block_id=b.block_id, token=b.token)
                                   for b in blocks]
-            results = self.master.put_files(parent, files, abandoned, timeout=budget.left(),
-                                            wait=0) if files or abandoned else []
-            written.clear()  # published, or freed by the master
+            with _publishing(written):  # published, or freed by the master
+                results = self.master.put_files(parent, files, abandoned,
+                                                timeout=budget.left(),
+                                                wait=0) if files or abandoned else []
         finally:
             if written:
                 self._delete_blocks(written)

@@ -878,7 +878,11 @@ class Master:
                 digest and not bound):
             wid = self.submit(lambda txn: self.ns.plan_register_worker(txn, record))
             log.info("worker %d registered: %s (host %s)", wid, info.address, info.host_id)
-        registration = self.registry.registered(wid, info.capacity, info.used, info.volumes)
+        # read before the answer, so before the worker lists its blocks for the report
+        with self.store.read() as txn:
+            located = frozenset(self.store.blocks_on_worker(txn, wid))
+        registration = self.registry.registered(wid, info.capacity, info.used, info.volumes,
+                                                located)
         return master_pb2.RegisterWorkerReply(worker_id=wid, block_size=self.block_size,
                                               block_key=self.block_key,
                                               registration=registration)
@@ -894,8 +898,12 @@ class Master:
         now = time.time_ns()
         grace_ns = int(float(self.cfg.master.orphan_block_grace) * 1e9)
         deletes = []
+        # only blocks located there before the worker listed them: one finished and
+        # published while the report was in flight is kept
+        basis = self.registry.take_report_basis(wid)
         with self.store.read() as txn:
-            missing = [b for b in self.store.blocks_on_worker(txn, wid) if b not in reported]
+            missing = [b for b in self.store.blocks_on_worker(txn, wid)
+                       if b in basis and b not in reported]
             for i, b in enumerate(req.block_ids):
                 if self.store.block_owner(txn, b) is not None or b in self.pending:
                     continue
@@ -904,7 +912,9 @@ class Master:
                     deletes.append(b)
         if missing:
             log.warning("worker %d did not report %d blocks the master expected there; "
-                        "dropping those locations", wid, len(missing))
+                        "dropping those locations (%s)", wid, len(missing),
+                        ", ".join(f"{b:016x}" for b in missing[:8])
+                        + (", ..." if len(missing) > 8 else ""))
             self.submit(lambda txn: self.ns.plan_drop_locations(txn, wid, missing))
             self.replication.hint(missing)  # the other replicas may need a copy
         if deletes:

@@ -337,6 +337,9 @@ def test_block_report_reconciles(master):
     g = create(master, ROOT_INO, b"lost")
     _, keep = publish(master, f.ino, [MiB])
     _, lost = publish(master, g.ino, [MiB])
+    # a report answers a registration (the worker restarted): what the master located
+    # there by then and the report lacks is gone
+    assert add_worker(master) == wid
     reply = master.block_report(master_pb2.BlockReportRequest(
         worker_id=wid, block_ids=[keep[0], 424242 % 1000 + 1],
         block_mtimes_ns=[0, 0]))

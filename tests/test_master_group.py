@@ -31,15 +31,11 @@ from fs_helpers import (MIB, acknowledged_problems, chunk_writer, file_sha256, j
                         read_results, spawn_ctx, start_procs, wait_until)
 
 KILLS = 5
-# A failover logs these, and only these, WARNINGs (each named by its daemon):
-# a worker whose leader died, before it finds the next one ...
+# A failover logs this, and only this, WARNING (named by its daemon): a worker whose
+# leader died, before it finds the next one.  (The new leader's first block report from
+# a worker drops no location of a block finished while the report was in flight:
+# tests/test_block_report.py.)
 WORKER_LOST_MASTER = r"curvine-worker\[\d+\] WARNING __main__: master \S+ unavailable \((UNAVAILABLE|TIMEOUT)"
-# ... and the new leader, whose first block report from a worker misses blocks being
-# written under load (placed by AddBlock on the old leader, still staged on the worker):
-# it drops those locations and the worker's next heartbeat adds them back when they
-# are finished (every acknowledged file is checked below)
-BLOCKS_IN_FLIGHT = (r"master\[\d+\] WARNING curvine\.master\.master: worker \d+ did not report "
-                    r"\d+ blocks the master expected there; dropping those locations")
 
 
 def _group_conf(tmp_path, etcd_cluster) -> str:
@@ -67,7 +63,8 @@ def _master_client(c, index: int | None = None, **kw):
 def timed_put_loop(conf: str, results: str, stop, seed: int) -> None:
     """A pod's connector storing 64 KiB chunks (curvine.connector's KVStore, its
     fail-open puts): "name unix-time" of every store acknowledged; a skipped store (a
-    master outage within client.fail_open_timeout) is not written down."""
+    master outage within client.fail_open_timeout) is not written down, nor a name found
+    stored already."""
     from curvine.connector.store import KVStore
     rnd = random.Random(seed)
     store = KVStore.open(conf)
@@ -77,8 +74,12 @@ def timed_put_loop(conf: str, results: str, stop, seed: int) -> None:
             while not stop.is_set():
                 name = f"c{seed}-{n:05d}"
                 data = rnd.randbytes(64 << 10)
-                if store.put_quietly(name, [data]):
+                stored = store.put_quietly(name, [data])
+                if stored:
                     out.write(f"{name} {time.time():.3f} {data.hex()[:16]}\n")
+                if stored is not None:
+                    # stored, or the name exists: an earlier attempt whose answer was
+                    # lost in a failover stored it (other bytes: not written down)
                     n += 1
                 else:
                     time.sleep(0.05)
@@ -124,7 +125,7 @@ def _acked_puts(paths: list[str]) -> list[tuple[str, float]]:
 
 # --------------------------------------------------------------------------- tests
 
-@pytest.mark.expect_log(WORKER_LOST_MASTER, BLOCKS_IN_FLIGHT)
+@pytest.mark.expect_log(WORKER_LOST_MASTER)
 def test_leader_killed_five_times_under_load(etcd, make_cluster, tmp_path):  # noqa: F811
     c = _group(make_cluster, tmp_path, etcd, workers=2, mounts=2)
     dirs = [os.path.join(m, "kv") for m in c.mounts]

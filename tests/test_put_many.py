@@ -19,6 +19,7 @@ import signal
 import pytest
 
 from cluster_util import master_calls, wait_for
+from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB
 from curvine.connector.store import KVStore
 
@@ -182,3 +183,31 @@ def test_a_mount_finds_a_name_put_many_stored_at_once(make_cluster, tmp_path):
             with open(os.path.join(d, n), "rb") as f:
                 assert f.read() == n.encode() * 10
         assert sorted(os.listdir(d)) == names
+
+
+@pytest.mark.parametrize("call", ["put_file", "put_files"])
+def test_a_publish_whose_answer_was_lost_keeps_its_blocks(kv_cluster, call):
+    """The master made the publish durable and its answer never came (a leader
+    SIGKILLed once its record was in etcd): the client cannot tell it from a publish
+    that never happened, so it deletes nothing; the names it may have made keep their
+    bytes (before the fix, the blocks were deleted under the published names)."""
+    c = kv_cluster
+    names = ["lost-answer-0.data", "lost-answer-1.data"]
+    data = [os.urandom(BLOCK + 1000), os.urandom(300_000)]
+    with KVStore.open(c.client_conf, NS) as kv:
+        publish = getattr(kv.master, call)
+
+        def applied_then_lost(*args, **kw):
+            publish(*args, **kw)
+            raise CurvineError(ErrorKind.UNAVAILABLE, f"{call}: connection reset")
+
+        setattr(kv.master, call, applied_then_lost)
+        if call == "put_file":
+            for name, d in zip(names, data):
+                with pytest.raises(CurvineError):
+                    kv.put(name, [d])
+        else:
+            with pytest.raises(CurvineError):
+                kv.put_many([(name, [d]) for name, d in zip(names, data)])
+        del kv.master.__dict__[call]
+        assert _read(kv, names) == data

@@ -64,6 +64,9 @@ class WorkerState:
     confirmed: set[int] = field(default_factory=set)
     secret_digest: bytes = b""  # binds the uuid (journaled; kept out of ``info``)
     registration: bytes = b""  # of the live registration (heartbeats carry it)
+    # the blocks located here when the live registration was answered, until its block
+    # report arrives: only these may be missing from it (Registry.take_report_basis)
+    report_basis: frozenset[int] | None = None
 
     def estimated_used(self) -> int:
         placed = sum(n for n, _ in self.placed.values())
@@ -182,10 +185,13 @@ class WorkerRegistry:
         with self._lock:
             return worker_id in self._workers
 
-    def registered(self, worker_id: int, capacity: int, used: int, volumes=()) -> bytes:
+    def registered(self, worker_id: int, capacity: int, used: int, volumes=(),
+                   located: frozenset[int] = frozenset()) -> bytes:
         """A (re)registration: its usage is the whole truth, placements and deletes the
         master counted before are forgotten (a restarted worker lost its writes in
-        flight; its block report settles the rest).  Returns the new registration
+        flight; its block report settles the rest).  ``located``: the blocks the master
+        locates on the worker now, read before this registration is answered (the
+        report's basis, ``take_report_basis``).  Returns the new registration
         (heartbeats and block reports must carry it)."""
         registration = secrets.token_bytes(16)
         with self._lock:
@@ -193,8 +199,24 @@ class WorkerRegistry:
             if st is not None:
                 st.reset_account()
                 st.registration = registration
+                st.report_basis = located
         self.heartbeat(worker_id, capacity, used, 0, volumes=volumes)
         return registration
+
+    def take_report_basis(self, worker_id: int) -> frozenset[int]:
+        """The blocks the worker's block report must name, once: those the master
+        located on it when it answered the live registration.  The worker lists its
+        blocks only after that answer, and a location is added only after its block was
+        finished there, so each of these was finished before the listing: one the report
+        lacks is gone.  A location added since may belong to a block finished after the
+        listing, while the report was in flight: it is not the report's to drop.  Empty
+        for a second report of one registration (the first settled it)."""
+        with self._lock:
+            st = self._workers.get(worker_id)
+            if st is None or st.report_basis is None:
+                return frozenset()
+            basis, st.report_basis = st.report_basis, None
+            return basis
 
     def heartbeat(self, worker_id: int, capacity: int, used: int, num_blocks: int,
                   added=(), removed=(), failed=(), lost: bool = False,
