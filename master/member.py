@@ -8,7 +8,8 @@ like a restarted master's.  The role is a ``Master`` built over them (``GroupRol
 
 - standby: the journal read-only; one thread (``member``) applies what the leader
   appends (``Committer.follow``: the same apply as replay) and answers reads once it
-  has applied everything committed when the read arrived (``read_index``);
+  has applied everything committed when the read arrived (``read_index``,
+  master/group/read_index.py);
 - leader: the journal writable and fenced (master/group/etcd_journal.py); built like
   a master that has just restarted: it catches up with ``commit`` (the replay), then
   workers register again and report their blocks, mounts' sessions are unknown to it
@@ -45,13 +46,13 @@ from .group.etcd import Etcd
 from .group.etcd_journal import CHECKPOINT_BYTES_MAX, CHECKPOINT_EVERY_MAX, EtcdJournal
 from .group.etcd_state import EtcdLeaseState, shared_block_key
 from .group.leadership import Leadership, MemberAddress, not_leader
+from .group.read_index import ReadIndex
 from .master import GroupRole, Master, WouldBlock, private_dirs
 from .meta.metadata import Metadata, NoBridge, checkpoint_root
 
 log = logging.getLogger(__name__)
 
 FOLLOW_INTERVAL = 0.1  # seconds between a standby's looks at etcd for new records (a read wakes it)
-READ_INDEX_WAIT = 5.0  # how long a read on a standby waits to have applied the commit
 FETCH_TIMEOUT = 600.0  # a checkpoint from the leader (a copy of its LMDB)
 READ_DRAIN = 0.2  # seconds for reads already admitted to finish before a store closes
 
@@ -84,10 +85,6 @@ class Member:
                          timeout=min(2.0, float(cfg.master.ha_lease_ttl)))
         self._closed = False
         self._wake = threading.Event()
-        self._applied_cv = threading.Condition()
-        self._index_lock = threading.Lock()  # read_index batching
-        self._index: tuple[float, int] = (0.0, 0)  # (sent, commit) of the last commit read
-        self._index_inflight: threading.Event | None = None
         self.failovers = 0
         self.behind: str | None = None  # why this standby cannot follow the journal
         self.call_port_server = None  # the CallPort serving (server.py), told to each Master
@@ -108,6 +105,9 @@ class Member:
             self.etcd.close()
             raise
         self.master = self._build(leading=False)
+        # (reads the commit through the journal of the Master of the moment)
+        self.read_index = ReadIndex(lambda: self.master.journal.read_commit(),
+                                    self.applied_seq, self._wake.set)
         self._thread = threading.Thread(target=self._run, name="member", daemon=True)
 
     def _open_metadata(self) -> Metadata:
@@ -173,8 +173,7 @@ class Member:
                 log.info("reopening from the checkpoint: %s; trying again", e)
                 time.sleep(0.5)
         self.behind = None
-        with self._applied_cv:
-            self._applied_cv.notify_all()
+        self.read_index.applied_up_to(self.applied_seq())
 
     def _journal(self, leading: bool) -> EtcdJournal:
         lead = self.leadership
@@ -199,6 +198,7 @@ class Member:
         self._closed = True
         self._wake.set()
         self._thread.join(timeout=30)
+        self.read_index.close()
         self.leadership.close(resign=True)
         if self._retired is None:  # (a retired leader is closed already)
             self.master.close()
@@ -256,12 +256,13 @@ class Member:
         return reply
 
     # ------------------------------------------------------------------ calls
-    def admit(self, read: bool, wait: bool = True) -> Master:
+    def admit(self, read: bool, wait: bool = True, indexed: bool = False) -> Master:
         """The Master to answer a call with, or NOT_LEADER (naming the leader) for a
         call this member cannot answer now: anything but a read on a standby, and
         anything on a leader whose fence closed.  A read on a standby first waits
         to have applied what the group had committed when it arrived (``wait``
-        False: WouldBlock instead, for the call port's loop)."""
+        False: WouldBlock instead, for the call port's loop, which waits with
+        ``read_index.wait_async`` and comes back ``indexed``)."""
         master = self.master
         if master.leading:
             self.leadership.fence()
@@ -271,56 +272,12 @@ class Member:
         if self.behind is not None:
             raise CurvineError(ErrorKind.UNAVAILABLE, f"this standby cannot catch up: "
                                                       f"{self.behind}")
+        if indexed:
+            return master
         if not wait:
             raise WouldBlock()
-        self.read_index()
+        self.read_index.wait()
         return master
-
-    def read_index(self) -> None:
-        """Wait until this standby has applied the commit seq read from etcd after
-        this call arrived (reads that arrive while a read of etcd is in flight share
-        the next one)."""
-        arrived = time.monotonic()
-        commit = self._commit_after(arrived)
-        if self.applied_seq() >= commit:
-            return
-        self._wake.set()
-        deadline = arrived + READ_INDEX_WAIT
-        with self._applied_cv:
-            while self.applied_seq() < commit:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise CurvineError(ErrorKind.UNAVAILABLE,
-                                       f"this standby has applied seq {self.applied_seq()} "
-                                       f"of {commit} committed; ask the leader")
-                self._applied_cv.wait(left)
-
-    def _commit_after(self, arrived: float) -> int:
-        """The commit seq from a read of etcd sent at or after ``arrived``."""
-        while True:
-            with self._index_lock:
-                sent, commit = self._index
-                if sent >= arrived:
-                    return commit
-                inflight = self._index_inflight
-                if inflight is None:
-                    inflight = self._index_inflight = threading.Event()
-                    mine = True
-                else:
-                    mine = False
-            if not mine:
-                inflight.wait(self.etcd.timeout + 1)
-                continue
-            try:
-                started = time.monotonic()
-                commit = self.master.journal.read_commit()
-                with self._index_lock:
-                    self._index = (started, commit)
-            finally:
-                with self._index_lock:
-                    self._index_inflight = None
-                inflight.set()
-            return commit
 
     # ------------------------------------------------------------------ the role thread
     def _run(self) -> None:
@@ -358,8 +315,7 @@ class Member:
         elif not self.master.leading:
             try:
                 if self.master.committer.follow():
-                    with self._applied_cv:
-                        self._applied_cv.notify_all()
+                    self.read_index.applied_up_to(self.applied_seq())
             except JournalError as e:
                 # behind the oldest record kept in etcd (compacted after every live
                 # member had applied it: this one was gone, or stalled, that long)
@@ -401,8 +357,7 @@ class Member:
         if old.leading:
             return  # closed by _step_down
         old.close()
-        with self._applied_cv:
-            self._applied_cv.notify_all()
+        self.read_index.applied_up_to(self.applied_seq())
 
 
 class CurrentMaster:

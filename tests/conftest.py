@@ -41,7 +41,7 @@ LAYERS = {
     "unit": {"test_apt_lock", "test_connector_naming", "test_fds", "test_kernel_cache", "test_journal", "test_layers", "test_layers_client",
              "test_listings", "test_master_addrs",
              "test_mounts", "test_pod_fork",
-             "test_posix_workload", "test_proto"},
+             "test_posix_workload", "test_proto", "test_read_index"},
     "services": {"test_calls", "test_call_port", "test_group_journal", "test_fuse_ops", "test_fuzz", "test_keepalive", "test_master",
                  "test_master_put", "test_master_posix", "test_security", "test_data_port",
                  "test_request_limits"},

@@ -68,6 +68,37 @@ def test_batches_are_appended_in_order_and_read_by_another_member(etcd):  # noqa
         client.close()
 
 
+def test_many_batches_are_read_in_pages_from_any_seq(etcd):  # noqa: F811
+    """More batch keys than one Range's page, and a batch longer than BATCH_SPAN: a
+    reader starting inside the long batch, or at any later batch, gets every record
+    after its seq once and in order; retire keeps the batch holding the next record."""
+    from curvine.master.group.etcd_journal import BATCH_SPAN, PAGE
+    client = Etcd(etcd.endpoints)
+    lead = _leader(client, "m1")
+    lead.start()
+    try:
+        wait_for(lead.leading, 5, what="m1 leads")
+        journal = _writer(client, lead)
+        long_batch = BATCH_SPAN + 100
+        for i in range(long_batch):
+            journal.append(7, b"%d" % i)
+        assert journal.sync() == long_batch
+        for i in range(2 * PAGE + 5):  # a key each, as under a steady load
+            journal.append(7, b"one")
+            journal.sync()
+        last = journal.last_seq
+        reader = EtcdJournal(client, PREFIX, lead.leader_key)
+        for after in (0, long_batch - 1, long_batch, long_batch + PAGE + 1, last - 1, last):
+            assert [r.seq for r in reader.records(after)] == list(range(after + 1, last + 1))
+        assert journal.retire(long_batch - 1) == 0  # the long batch holds the next one
+        assert journal.retire(long_batch + 10) == 11  # the long one and 10 single ones
+        assert [r.seq for r in reader.records(long_batch + 10)] == list(
+            range(long_batch + 11, last + 1))
+    finally:
+        lead.close()
+        client.close()
+
+
 def test_a_revoked_lease_fences_the_old_leader(etcd):  # noqa: F811
     client = Etcd(etcd.endpoints)
     old = _leader(client, "old")

@@ -123,6 +123,25 @@ def test_mkdir_lookup_and_errors(master):
     assert kind_of(mkdir, master, 999999, b"x") == ErrorKind.NOT_FOUND
 
 
+def test_a_batch_that_failed_leaves_nothing_in_the_retry_cache(master):
+    """A batch whose journal write fails (a group's leader fenced: NOT_LEADER) was never
+    applied: its request ids must not stay in the retry cache, which a member keeps
+    across a step down (a retry answered from it, on that member leading again, named
+    an inode LMDB never had: "no inode 3" in test_master_group, etcd member killed)."""
+    journal = master.committer.journal
+    good = new_request_id()
+    mkdir(master, ROOT_INO, b"durable", rid=good)
+
+    def fenced() -> int:
+        raise CurvineError(ErrorKind.NOT_LEADER, "")
+    journal.sync = fenced
+    lost = new_request_id()
+    assert kind_of(mkdir, master, ROOT_INO, b"lost", 0o755, lost) == ErrorKind.NOT_LEADER
+    retry = master.committer.ns.retry
+    assert lost not in retry
+    assert good in retry  # what was durable stays
+
+
 @pytest.mark.parametrize("name,kind", [
     (b"x" * 256, ErrorKind.NAME_TOO_LONG), (b"", ErrorKind.INVALID), (b"a/b", ErrorKind.INVALID),
     (b"a\0b", ErrorKind.INVALID), (b".", ErrorKind.INVALID), (b"..", ErrorKind.INVALID)])

@@ -28,6 +28,9 @@ _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
                    ("grpc.min_reconnect_backoff_ms", 100),
                    ("grpc.max_reconnect_backoff_ms", 1000)]
+# a reply may hold a page of journal batches (etcd_journal.PAGE keys of up to 1 MiB,
+# etcd_journal.CHUNK_BYTES): gRPC's default 4 MiB would refuse a page of big batches
+MAX_REPLY_BYTES = 160 << 20
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -45,7 +48,8 @@ class Etcd:
         self.timeout = timeout
         self._lock = threading.Lock()
         self._index = 0
-        self._channels = [grpc.insecure_channel(e, options=CHANNEL_OPTIONS)
+        self._channels = [grpc.insecure_channel(e, options=CHANNEL_OPTIONS + [
+                              ("grpc.max_receive_message_length", MAX_REPLY_BYTES)])
                           for e in self.endpoints]
         self._kv = [pb_grpc.KVStub(c) for c in self._channels]
         self._lease = [pb_grpc.LeaseStub(c) for c in self._channels]
@@ -83,8 +87,14 @@ class Etcd:
 
     def range(self, key: bytes, range_end: bytes, limit: int = 0, descending: bool = False,
               keys_only: bool = False, timeout: float | None = None) -> pb.RangeResponse:
-        """Keys in [key, range_end), by key (linearizable)."""
-        order = pb.RangeRequest.DESCEND if descending else pb.RangeRequest.ASCEND
+        """Keys in [key, range_end), by key (linearizable).
+
+        Ascending asks for no sort order: etcd returns keys in key order anyway, and
+        etcd 3.4 answers a Range with any sort order by reading EVERY key of the range
+        (values included) and sorting before it applies ``limit`` (a page of 64
+        journal keys out of 20,000 took 22 ms instead of 1.8).  ``descending`` pays
+        that: keep its range small."""
+        order = pb.RangeRequest.DESCEND if descending else pb.RangeRequest.NONE
         return self._call(self._kv, "Range", pb.RangeRequest(
             key=key, range_end=range_end, limit=limit, sort_order=order,
             sort_target=pb.RangeRequest.KEY, keys_only=keys_only), timeout)

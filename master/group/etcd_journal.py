@@ -42,7 +42,14 @@ from .etcd import Etcd, created_at, prefix_end, put_op
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20  # frames per Txn: under etcd's default --max-request-bytes (1.5 MiB)
-PAGE = 64  # batch keys per Range when reading
+# batch keys per Range when reading: a standby's catch-up is one Range per PAGE batches
+# (under load the leader writes a batch of one record per Txn, so often one record
+# per key); PAGE * CHUNK_BYTES fits etcd.MAX_REPLY_BYTES
+PAGE = 128
+# the batch that holds a seq starts at most this many seqs before it, nearly always
+# (a batch is what the committer wrote at once: max_batch 4096 records); looked up
+# further back only when not found there (_batch_holding)
+BATCH_SPAN = 4096
 RETRY_PAUSE = 0.1
 # etcd holds the journal from one checkpoint to the next, within its database quota
 # (2 GiB by default): a group checkpoints at least this often (master/member.py)
@@ -127,11 +134,30 @@ class EtcdJournal:
                                f"were compacted away in etcd, the oldest kept is "
                                f"{self._first_seq}: this member needs a checkpoint of the "
                                f"leader's metadata")
-        # the batch that holds after_seq + 1 starts at or before it
-        reply = self.etcd.range(self.prefix, batch_key(self.prefix, after_seq + 1) + b"\0",
-                                limit=1, descending=True, keys_only=True)
-        start = reply.kvs[0].key if reply.kvs else self.prefix
+        start = self._batch_holding(after_seq + 1) or self.prefix
         return self._iter_records(start, after_seq)
+
+    def _batch_holding(self, seq: int) -> bytes | None:
+        """The key of the batch that holds ``seq`` (the last key at or before its
+        batch key), or None when there is none.  A member that applied whole batches
+        finds a batch starting at ``seq`` itself: one Range of one key.  Else a
+        descending Range, which etcd 3.4 answers by reading and sorting every key of
+        its range (etcd.py ``range``): over the last BATCH_SPAN seqs first, not the
+        whole journal."""
+        key = batch_key(self.prefix, seq)
+        reply = self.etcd.range(key, key + b"\0", keys_only=True)
+        if reply.kvs:
+            return key
+        low = max(seq - BATCH_SPAN, 0)
+        while True:
+            begin = batch_key(self.prefix, low) if low else self.prefix
+            reply = self.etcd.range(begin, key + b"\0", limit=1, descending=True,
+                                    keys_only=True)
+            if reply.kvs:
+                return reply.kvs[0].key
+            if not low:
+                return None
+            low = max(low - 16 * BATCH_SPAN, 0)
 
     def _iter_records(self, start: bytes, after_seq: int) -> Iterator[JournalRecord]:
         self.last_read = None
@@ -263,11 +289,10 @@ class EtcdJournal:
             upto_seq = min(upto_seq, self._retire_floor())
         if upto_seq <= 0:
             return 0
-        reply = self.etcd.range(self.prefix, batch_key(self.prefix, upto_seq + 1) + b"\0",
-                                limit=1, descending=True, keys_only=True)
-        if not reply.kvs:
+        holding = self._batch_holding(upto_seq + 1)
+        if holding is None:
             return 0
-        deleted = self.etcd.delete_range(self.prefix, reply.kvs[0].key)
+        deleted = self.etcd.delete_range(self.prefix, holding)
         removed = deleted.deleted
         self.stats["segments_retired"] += removed
         self._first_seq = self._read_first_seq()

@@ -287,6 +287,7 @@ class Committer:
         s = self.store
         batch_fx = Effects()
         appended = 0
+        remembered: list[journal_pb2.JournalEntry] = []  # this batch's, until durable
         txn = s.env.begin(write=True)
         try:
             for it in items:
@@ -307,6 +308,7 @@ class Committer:
                             raise
                         self.journal.append(record_type(entry), entry.SerializeToString())
                         self.ns.remember(entry)
+                        remembered.append(entry)
                         it.fx = fx
                         appended += 1
                         if self.on_applied is not None:
@@ -327,6 +329,8 @@ class Committer:
             txn.commit()
         except BaseException as e:  # journal write/fsync failed: durability unknown, stop
             txn.abort()
+            for entry in remembered:  # a retry must not be answered from what LMDB lacks
+                self.ns.forget(entry)
             self.fatal = e
             if isinstance(e, CurvineError) and e.kind == ErrorKind.NOT_LEADER:
                 # the journal in etcd found another leader (master/group/etcd_journal.py):

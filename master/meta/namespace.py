@@ -81,8 +81,25 @@ class RetryCache:
         if len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
 
+    def forget(self, request_id: bytes) -> None:
+        self._entries.pop(request_id, None)
+
     def __contains__(self, request_id: bytes) -> bool:
         return bool(request_id) and request_id in self._entries
+
+
+def _request_results(entry: journal_pb2.JournalEntry):
+    """(request id, inode a retry is answered with) of each request in a record."""
+    rec = getattr(entry, entry.WhichOneof("op"))
+    # a record of many puts carries each one's request id
+    for rec in (rec.puts if "puts" in rec.DESCRIPTOR.fields_by_name else (rec,)):
+        request_id = getattr(rec, "request_id", b"")
+        if request_id:
+            fields = rec.DESCRIPTOR.fields_by_name
+            # the result a retry gets: the new inode, the inode changed, or (unlink,
+            # rename) the inode kept by the caller
+            yield request_id, (rec.inode.ino if "inode" in fields else rec.ino if "ino" in fields
+                               else rec.held if "held" in fields else 0)
 
 
 def now_ns() -> int:
@@ -572,17 +589,16 @@ class Namespace:
     def remember(self, entry: journal_pb2.JournalEntry) -> None:
         """Put a record's request id in the retry cache (live path and replay, including
         records older than LMDB's applied seq, so retries survive a restart)."""
-        rec = getattr(entry, entry.WhichOneof("op"))
-        # a record of many puts carries each one's request id
-        for rec in (rec.puts if "puts" in rec.DESCRIPTOR.fields_by_name else (rec,)):
-            request_id = getattr(rec, "request_id", b"")
-            if request_id:
-                fields = rec.DESCRIPTOR.fields_by_name
-                # the result a retry gets: the new inode, the inode changed, or (unlink,
-                # rename) the inode kept by the caller
-                ino = (rec.inode.ino if "inode" in fields else rec.ino if "ino" in fields
-                       else rec.held if "held" in fields else 0)
-                self.retry.put(request_id, ino)
+        for request_id, ino in _request_results(entry):
+            self.retry.put(request_id, ino)
+
+    def forget(self, entry: journal_pb2.JournalEntry) -> None:
+        """Take back ``remember(entry)``: its batch did not become durable here (a
+        member that lost the lead keeps this namespace; were the record durable after
+        all, replaying it from the journal remembers it again before a retry can be
+        answered by a leader)."""
+        for request_id, _ in _request_results(entry):
+            self.retry.forget(request_id)
 
     def apply(self, txn, entry: journal_pb2.JournalEntry, fx: Effects) -> None:
         """Perform one record, on the live path and at replay alike: the function

@@ -76,10 +76,22 @@ from curvine.common.stream_guard import QuietLog
 from curvine.proto import master_pb2
 
 log = logging.getLogger(__name__)
-# what run_nowait returns for a call that must wait but costs the master little (a read
-# on a standby of a master group waits for its read index): run it in the call pool,
-# where many may wait at once, not in the one heavy-read thread
-IN_POOL = object()
+
+
+class AfterIndex:
+    """What run_nowait returns for a read that must first wait for something that
+    costs the master nothing (a standby's read index, master/group/read_index.py):
+    ``wait(done)`` calls ``done(error or None)`` from another thread when it may go;
+    then ``run(error)``, in the loop, is its answer (None: a heavy read).  No thread
+    is held while it waits, and the read runs in the loop as on a leader."""
+
+    __slots__ = ("wait", "run")
+
+    def __init__(self, wait: Callable[[Callable], None],
+                 run: Callable[[Exception | None], "master_pb2.CallResult | None"]):
+        self.wait = wait
+        self.run = run
+
 
 HELLO_TIMEOUT = 10.0
 MAX_TOKEN = 4096
@@ -462,9 +474,10 @@ class _Connection(asyncio.Protocol):
         read = call.WhichOneof("op") in port._read_calls
         if port._run_nowait is not None:
             result = port._run_nowait(call)
-            if result is IN_POOL:  # a read that waits (a standby's read index)
+            if isinstance(result, AfterIndex):  # a read that waits (a standby's read index)
                 self.in_flight += 1
-                port._pool.submit(self._pooled, call, port._run_call)
+                result.wait(lambda error: self._call_in_loop(self._indexed, call, result,
+                                                             error))
                 return
             if result is not None:
                 self._send(result)
@@ -473,14 +486,37 @@ class _Connection(asyncio.Protocol):
             self._send(port._run_call(call))  # no run_nowait: every read in the loop
             return
         if read:
-            if self.heavy_busy:
-                self.heavy_next = call  # one at a time: reading pauses until it is done
-                return
-            self._heavy(call)
+            self._read_heavy(call)
             return
         self.in_flight += 1
         if port._mutations is None or not port._mutations.start(call, self._answered):
             port._pool.submit(self._pooled, call, port._run_call)
+
+    def _read_heavy(self, call: master_pb2.Call) -> None:
+        if self.heavy_busy:
+            self.heavy_next = call  # one at a time: reading pauses until it is done
+            return
+        self._heavy(call)
+
+    def _indexed(self, call: master_pb2.Call, after: AfterIndex,
+                 error: Exception | None) -> None:
+        """(In the loop) a read whose wait is over: answered here, or a heavy read."""
+        self.in_flight -= 1
+        if self.closed:
+            return
+        result = after.run(error)
+        if result is None:
+            self._read_heavy(call)
+        else:
+            self._send(result)
+        self._resume()
+
+    def _call_in_loop(self, fn, *args) -> None:
+        """``fn(*args)`` in the loop, from another thread (nothing once it stopped)."""
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            pass  # the port stopped meanwhile (loop closed): nobody to answer
 
     def _heavy(self, call: master_pb2.Call) -> None:
         self.heavy_busy = True
@@ -495,11 +531,7 @@ class _Connection(asyncio.Protocol):
 
     def _pooled(self, call: master_pb2.Call, run) -> None:
         """In a pool thread: a mutation (it waits for the journal) or a heavy read."""
-        result = run(call)
-        try:
-            self.loop.call_soon_threadsafe(self._answered, result)
-        except RuntimeError:
-            pass  # the port stopped meanwhile (loop closed): nobody to answer
+        self._call_in_loop(self._answered, run(call))
 
     def _answered(self, result) -> None:
         if isinstance(result, tuple):  # a heavy read's

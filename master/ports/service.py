@@ -21,7 +21,7 @@ from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 from ..master import Master, WouldBlock
 from ..meta.steps import StepRunner
 from . import report
-from .call_port_server import IN_POOL
+from .call_port_server import AfterIndex
 
 log = logging.getLogger(__name__)
 # Calls of one Calls stream read but whose results the client has not yet taken: past
@@ -115,14 +115,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def m(self) -> Master:
         return self._master if self.member is None else self.member.master
 
-    def admit(self, method: str, req, wait: bool = True) -> Master:
+    def admit(self, method: str, req, wait: bool = True, indexed: bool = False) -> Master:
         """The Master that answers ``method`` now; NOT_LEADER on a member that cannot
         (master/member.py ``Member.admit``; ``wait`` False: WouldBlock rather than
-        wait for a read index)."""
+        wait for a read index; ``indexed``: a read whose index was waited for)."""
         if self.member is None or method in ANY_MEMBER:
             return self.m
         read = STANDBY_READS.get(method)
-        return self.member.admit(read is not None and read(req), wait)
+        return self.member.admit(read is not None and read(req), wait, indexed)
 
     @handler
     def Lookup(self, req, ctx):
@@ -422,11 +422,12 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             finally:
                 self._local.mode = None
 
-    def run_call_nowait(self, call) -> master_pb2.CallResult | None:
+    def run_call_nowait(self, call) -> master_pb2.CallResult | AfterIndex | None:
         """One Call answered at once if it need not wait and costs little (the call
         port's loop thread); None: run it elsewhere (``run_heavy`` for a read in
-        READ_CALLS, ``run_call`` for the rest); IN_POOL: a read on a standby, which
-        waits for its read index in the call pool.  A read is answered here in its cheap
+        READ_CALLS, ``run_call`` for the rest); AfterIndex: a read on a standby, which
+        waits for its read index holding no thread, then runs here (AfterIndex.run:
+        the same as this, admitted).  A read is answered here in its cheap
         form or not at all (see HEAVY_READS).  AddBlock and AddBlocksForPut wait only
         for a journal record every BLOCK_ID_CHUNK ids, or for eviction when no worker
         has room; a pool thread's hand-off both ways would cost more than the call
@@ -439,14 +440,28 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
             try:
                 self.admit(method, getattr(call, op), wait=False)
             except WouldBlock:
-                return IN_POOL
+                return AfterIndex(self.member.read_index.wait_async,
+                                  lambda error: self._run_indexed(call, op, error))
             except CurvineError as e:
                 return _failed(call.id, op, e)
+        return self._run_admitted(call, op)
+
+    def _run_indexed(self, call, op: str, error: CurvineError | None
+                     ) -> master_pb2.CallResult | None:
+        """A standby's read after its read index (the loop): its answer, or None for
+        a heavy read (which waits for an index of its own in a heavy-read thread)."""
+        if error is not None:
+            return _failed(call.id, op, error)
+        return self._run_admitted(call, op, indexed=True)
+
+    def _run_admitted(self, call, op: str, indexed: bool = False
+                      ) -> master_pb2.CallResult | None:
+        """run_call_nowait past the member's admission."""
         light = self._light.get(op)
         if light is not None:
             return self._run_light(call, op, light)
         if op in READ_CALLS:
-            return self._run_call(call)  # cheap whatever the data
+            return self._run_call(call, indexed)  # cheap whatever the data
         placement = self._placements.get(op)
         if placement is None:
             return None
@@ -479,14 +494,14 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         m.finished(started)
         return master_pb2.CallResult(id=call.id, **{CALL_METHODS[op][1]: reply})
 
-    def _run_call(self, call) -> master_pb2.CallResult:
+    def _run_call(self, call, indexed: bool = False) -> master_pb2.CallResult:
         """One Call, by the same code as its unary RPC (the handler's undecorated body)."""
         op = call.WhichOneof("op")
         try:
             method, field = CALL_METHODS.get(op) or (None, None)
             if method is None:
                 raise CurvineError(ErrorKind.INVALID, f"op: unknown call {op!r}")
-            self.admit(method, getattr(call, op))
+            self.admit(method, getattr(call, op), indexed=indexed)
             reply = getattr(type(self), method).__wrapped__(self, getattr(call, op), None)
             return master_pb2.CallResult(id=call.id, **{field: reply})
         except Exception as e:  # noqa: BLE001 - converted for the caller
