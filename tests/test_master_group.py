@@ -309,10 +309,14 @@ def test_report_and_step_down(etcd, make_cluster, tmp_path):  # noqa: F811
 
     def one_leader(but: str = ""):
         # the members' roles are their own records in etcd: each writes its own when it
-        # starts and when its role changes, so the list may lag the leader key a moment
+        # starts and when its role changes, and the answering member's `leader` is the
+        # leader key as it last saw it: both may lag a step-down a moment
         group = json.loads(curvine("report", "--json"))["group"]
         leaders = [m for m in group["members"] if m["role"] == "leader"]
-        return (group, leaders[0]) if len(leaders) == 1 and leaders[0]["id"] != but else None
+        if len(leaders) != 1 or leaders[0]["id"] == but \
+                or group["leader"] != leaders[0]["address"]:
+            return None
+        return group, leaders[0]
 
     group, old = wait_until(one_leader, 30, "the report to show one leader")
     assert sorted(m["id"] for m in group["members"]) == ["m0", "m1", "m2"]
