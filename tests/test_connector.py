@@ -38,6 +38,8 @@ from curvine.devtools import pod_fork
 from curvine.devtools.bench_lmcache import QUIET_ENV, pod_env
 from curvine.devtools.local import LocalCluster
 
+from test_kvstore import read_all
+
 pytestmark = pytest.mark.lmcache
 
 PODS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lmcache_pods.py")
@@ -195,15 +197,7 @@ def file_names(keys: list[str]) -> list[str]:
 def read_files(conf: str, names: list[str], namespace: str = NS) -> list[bytes | None]:
     """The files' bytes, read by the test itself through the core store."""
     with KVStore.open(conf, namespace) as kv:
-        out = []
-        for e in kv.lookup(names):
-            if e is None:
-                out.append(None)
-                continue
-            buf = bytearray(e.size)
-            assert kv.get_into(e, [buf]) == e.size
-            out.append(bytes(buf))
-        return out
+        return read_all(kv, names)
 
 
 def assert_chunk_files(data: list[bytes | None], shas: list[str], model: dict) -> None:

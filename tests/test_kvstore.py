@@ -59,6 +59,19 @@ def staging_files(c) -> list[str]:
     return out
 
 
+def read_all(kv: KVStore, names: list[str]) -> list[bytes | None]:
+    """Each name's bytes through ``kv`` (one lookup for all), None for a miss."""
+    out = []
+    for e in kv.lookup(names):
+        if e is None:
+            out.append(None)
+            continue
+        buf = bytearray(e.size)
+        assert kv.get_into(e, [buf]) == e.size
+        out.append(bytes(buf))
+    return out
+
+
 @pytest.fixture
 def kv_cluster(make_cluster, tmp_path):
     return make_cluster(workers=2, mounts=0, conf=_conf(tmp_path))

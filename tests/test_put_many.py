@@ -23,7 +23,7 @@ from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB
 from curvine.connector.store import KVStore
 
-from test_kvstore import BLOCK, NS, _conf, block_files, staging_files
+from test_kvstore import BLOCK, NS, _conf, block_files, read_all, staging_files
 
 CALLS = ("AddBlocksForPut", "PutFiles", "AddBlock", "PutFile", "LookupMany")
 
@@ -34,18 +34,6 @@ def _calls(c) -> dict[str, float]:
 
 def _since(c, before: dict[str, float]) -> dict[str, float]:
     return {m: v - before[m] for m, v in _calls(c).items() if v - before[m]}
-
-
-def _read(kv: KVStore, names: list[str]) -> list[bytes | None]:
-    out = []
-    for e in kv.lookup(names):
-        if e is None:
-            out.append(None)
-            continue
-        buf = bytearray(e.size)
-        assert kv.get_into(e, [buf]) == e.size
-        out.append(bytes(buf))
-    return out
 
 
 def _block_ids(c) -> set[int]:
@@ -75,7 +63,7 @@ def test_put_many_stores_every_name_with_one_reserve_and_one_publish(kv_cluster)
         items = [(n, [d[:len(d) // 2], bytearray(d[len(d) // 2:])]) for n, d in zip(names, data)]
         assert kv.put_many(items) == [True] * len(names)
         assert _since(c, before) == {"AddBlocksForPut": 1, "PutFiles": 1}
-        assert _read(kv, names) == data
+        assert read_all(kv, names) == data
         assert staging_files(c) == []
         assert _block_ids(c) == _stored_block_ids(kv, names)
         assert kv.stats["puts"] == len(names)
@@ -88,8 +76,8 @@ def test_put_many_stores_every_name_with_one_reserve_and_one_publish(kv_cluster)
         before = _calls(c)
         assert kv.put_many(again) == [False, True, False, True, True, None]
         assert _since(c, before) == {"AddBlocksForPut": 1, "PutFiles": 1}
-        assert _read(kv, names) == data  # unchanged
-        assert _read(kv, more) == [b"a" * BLOCK, b"b", b""]
+        assert read_all(kv, names) == data  # unchanged
+        assert read_all(kv, more) == [b"a" * BLOCK, b"b", b""]
         assert set(files) <= set(block_files(c))
         assert _block_ids(c) == _stored_block_ids(kv, names + more)
         # a batch of names that all exist costs the reservation only
@@ -103,7 +91,7 @@ def test_put_many_stores_every_name_with_one_reserve_and_one_publish(kv_cluster)
         assert kv.sockets is None
         names = [f"remote-{i}.data" for i in range(len(remote))]
         assert kv.put_many([(n, [d]) for n, d in zip(names, remote)]) == [True] * 3
-        assert _read(kv, names) == remote
+        assert read_all(kv, names) == remote
 
 
 def test_a_chunk_whose_worker_dies_is_left_out_and_nothing_is_left_behind(kv_cluster,
@@ -140,7 +128,7 @@ def test_a_chunk_whose_worker_dies_is_left_out_and_nothing_is_left_behind(kv_clu
         stored = [n for n, g in zip(names, got) if g]
         lost = [n for n, g in zip(names, got) if g is None]
         # the others are published, byte-exact; the left-out ones are no names at all
-        assert _read(kv, stored) == [d for d, g in zip(data, got) if g]
+        assert read_all(kv, stored) == [d for d, g in zip(data, got) if g]
         assert kv.lookup(lost) == [None] * len(lost)
         # nothing left behind on the live worker, and nothing on the dead one once it
         # is back (its reserved blocks were freed at the master by the publish call)
@@ -166,7 +154,7 @@ def test_names_stored_by_put_many_survive_a_master_crash(kv_cluster):
         wait_for(lambda: all(kv.lookup_quietly(names)), timeout=60,
                  what="every name after the master's restart")
         assert [hashlib.sha256(d).hexdigest() if d is not None else None
-                for d in _read(kv, names)] == digests
+                for d in read_all(kv, names)] == digests
 
 
 def test_a_mount_finds_a_name_put_many_stored_at_once(make_cluster, tmp_path):
@@ -210,4 +198,4 @@ def test_a_publish_whose_answer_was_lost_keeps_its_blocks(kv_cluster, call):
             with pytest.raises(CurvineError):
                 kv.put_many([(name, [d]) for name, d in zip(names, data)])
         del kv.master.__dict__[call]
-        assert _read(kv, names) == data
+        assert read_all(kv, names) == data
