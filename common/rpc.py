@@ -276,6 +276,14 @@ class RpcClient:
         while True:
             try:
                 return fn(request, timeout=timeout or self.timeout)
+            except ValueError:
+                # grpc's answer to a call on a channel that ``close`` closed meanwhile (a
+                # reporting thread racing its owner's shutdown): the caller's own error
+                if self._closed.is_set():
+                    raise CurvineError(ErrorKind.UNAVAILABLE,
+                                       f"{method}: the client of {self.address} is closed"
+                                       ) from None
+                raise
             except grpc.RpcError as e:
                 err = from_rpc_error(e)
                 retry = idempotent and err.kind in (ErrorKind.UNAVAILABLE,) and not self._closed.is_set()

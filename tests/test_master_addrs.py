@@ -193,3 +193,26 @@ def test_group_rpc_waits_out_an_election_within_its_wait(members):
         with pytest.raises(CurvineError):
             _statfs(group, wait=0)
         assert sum(m.calls for m in members) - before == 3
+
+
+def test_a_call_on_a_closed_client_is_unavailable_not_a_crash(members):
+    """A reporting thread racing its owner's close (the mount's access reports at
+    unmount): grpc answers a call on a closed channel with ValueError, which no caller
+    catches; the client turns it into its own UNAVAILABLE."""
+    from curvine.common.rpc import RpcClient
+    from curvine.common.security import NO_SECURITY
+    from curvine.proto import master_pb2_grpc
+    from curvine.common.master_group import master_rpc
+    for addresses in ([members[0].address], [m.address for m in members]):
+        client = master_rpc(addresses, master_pb2_grpc.MasterStub, security=NO_SECURITY,
+                            timeout=5, wait=5)
+        assert _statfs(client) == 0
+        client.close()
+        with pytest.raises(CurvineError) as e:
+            _statfs(client)
+        assert e.value.kind == ErrorKind.UNAVAILABLE
+    one = RpcClient(members[0].address, master_pb2_grpc.MasterStub, security=NO_SECURITY)
+    one.close()
+    with pytest.raises(CurvineError) as e:
+        _statfs(one, wait=0)
+    assert "is closed" in str(e.value)
