@@ -261,6 +261,12 @@ def group_collector(member):
                                   "answered", value=lead.stats["renewals"])
         yield CounterMetricFamily("curvine_master_lease_renew_failures", "etcd calls of the "
                                   "leadership thread that failed", value=lead.stats["renew_failures"])
+        index = member.read_index
+        yield CounterMetricFamily("curvine_master_read_index_reads", "Reads this member "
+                                  "answered as a standby after its read index", value=index.reads)
+        yield CounterMetricFamily("curvine_master_read_index_ranges", "Linearizable reads of "
+                                  "the group's commit from etcd, each shared by the standby "
+                                  "reads that arrived before it was sent", value=index.ranges)
     return group
 
 
