@@ -7,10 +7,15 @@ a. ``failover``: a group of three masters over one etcd member; one client store
    ``kills`` times (the killed one restarted as a standby, and every member within 100
    records of the commit, before the next kill).  Failover time = from the kill to the
    first store the new leader acknowledged; median and max.
-b. ``lookup x16`` and ``put x16`` / ``store x16``: 16 client processes looking names up
-   and storing chunks (bench_meta_scale.py's clients) on ONE master, then on a group of
-   three (lookups spread over the members: the standbys answer most of them);
-   ops/s, and the leader's CPU microseconds per operation.
+b. ``lookup x16``, ``prompt x16`` and ``put x16`` / ``store x16`` / ``put_many x16``:
+   16 client processes (bench_meta_scale.py's clients) on ONE master, then on a group
+   of three: looking names up one at a time (``lookup``) and a prompt's 8 names per
+   LookupMany as the connector does (``prompt``, counted per name), the reads spread
+   over the members (the standbys answer them); storing empty chunks one PutFile each
+   (``put``), create + publish + rename (``store``: a mount's way) and prompts of 8
+   through ``KVStore.put_many`` (the connector's way: 2 calls a prompt); ops/s, and the
+   leader's CPU microseconds per operation (per name, per chunk), and the other members'
+   and etcd's together ("others").
 
 The targets (issue 35): failover median <= 5 s and max <= 10 s; chunk stores/s on the
 group >= 0.7x one master; leader CPU per lookup on the group < 10 us.
@@ -135,8 +140,9 @@ class HaBench:
         try:
             ms = MetaScale(c, self.top, self.say, runs=self.runs, seconds=self.seconds,
                            clients=(CLIENTS,), mount_procs=())
-            ms.master_pid = next(r["pid"] for r in c.status()
-                                 if r["role"] == "master" and r["index"] == c.leader())
+            ms.watch_master(c.leader())
+            ms.others = [r["pid"] for r in c.status()
+                         if r["role"] in ("master", "etcd") and r["pid"] != ms.master_pid]
             mc = _group_client(c)
             try:
                 top = mc.mkdir(ROOT_INO, b"ha")
@@ -144,10 +150,16 @@ class HaBench:
                 for i in range(HITS):
                     mc.create(look.ino, b"hit-%d" % i)
                 for run in range(self.runs):
-                    ms.measure_clients(f"lookup x{CLIENTS}", "lookup", look.ino, CLIENTS)
-                    for what in ("put", "store"):
-                        d = mc.mkdir(top.ino, b"%s-%d" % (what.encode(), run))
-                        ms.measure_clients(f"{what} x{CLIENTS}", what, d.ino, CLIENTS)
+                    for what in ("lookup", "prompt"):
+                        ms.measure_clients(f"{what} x{CLIENTS}", what, look.ino, CLIENTS)
+                    for what in ("put", "store", "put_many"):
+                        name = b"%s-%d" % (what.encode(), run)
+                        d = mc.mkdir(top.ino, name)
+                        if what == "put_many":
+                            path = f"/ha/{name.decode()}"
+                            ms.measure_put_many(f"{what} x{CLIENTS}", path, CLIENTS)
+                        else:
+                            ms.measure_clients(f"{what} x{CLIENTS}", what, d.ino, CLIENTS)
             finally:
                 mc.close()
             return {k: statistics.median(v) for k, v in ms.figures.items()}
@@ -164,9 +176,11 @@ class HaBench:
             self.say(f"  b. {CLIENTS} clients on {label}")
             for k, v in self.throughput(masters).items():
                 out[f"{label}: {k}"] = v
-        one, group = out.get("one master: put x16 ops/s"), out.get("group of 3: put x16 ops/s")
-        if one and group:
-            out["group / one master, put ops/s"] = group / one
+        for what in ("put", "store", "put_many", "lookup", "prompt"):
+            one = out.get(f"one master: {what} x{CLIENTS} ops/s")
+            group = out.get(f"group of 3: {what} x{CLIENTS} ops/s")
+            if one and group:
+                out[f"group / one master, {what} ops/s"] = group / one
         return out
 
 

@@ -93,6 +93,16 @@ def _client_loop(conf: str, what: str, parent: int, seconds: float, start, seed:
                     mc.lookup_or_none(parent, name)
                     i += 1
                 n += 32
+        elif what == "prompt":
+            # the connector's lookup of a prompt: PROMPT_CHUNKS names in one LookupMany
+            # (with their blocks), half of the prompts stored; counted per name
+            i = seed
+            while time.monotonic() < deadline:
+                names = [b"hit-%d" % ((i + j) % HITS) if i % 2 == 0
+                         else b"miss-%d-%d-%d" % (seed, i, j) for j in range(PROMPT_CHUNKS)]
+                mc.lookup_many(parent, names)
+                i += 1
+                n += PROMPT_CHUNKS
         elif what == "busy":
             # another client (no session) makes a name in ``parent`` every 0.2 s: the
             # directory is never quiet, so no mount gets its listing leased; its names
@@ -220,23 +230,26 @@ class MetaScale:
         self.seed_chunk = seed_chunk  # e.: bytes of a chunk, share of memory touched first
         self.touch_share = touch_share
         rows = cluster.status()
-        self.master_pid = next(r["pid"] for r in rows if r["role"] == "master")
-        self.master_metrics = next(r["metrics"] for r in rows if r["role"] == "master")
+        self.watch_master(0)
         fuse = [r for r in rows if r["role"] == "fuse"]
         self.mount = fuse[0]["mount"] if fuse else None
         self.fuse_pid = fuse[0]["pid"] if fuse else None
         self.tag = f"meta-scale-{os.getpid()}-{secrets.token_hex(3)}"
         self.figures: dict[str, list[float]] = {}
         self._window = None  # the (begin, end) snapshots _processes marked for _measure
+        # daemons whose CPU is summed beside the master's ("others us/op"; bench_ha.py:
+        # a group's other members and etcd)
+        self.others: list[int] = []
         self.ctx = multiprocessing.get_context("spawn")
 
     def _add(self, key: str, value: float) -> None:
         self.figures.setdefault(key, []).append(value)
 
-    def _snapshot(self) -> tuple[float, float, float]:
-        """(now, master CPU seconds, mount CPU seconds)."""
+    def _snapshot(self) -> tuple[float, float, float, float]:
+        """(now, master CPU seconds, mount CPU seconds, CPU seconds of ``others``)."""
         return (time.perf_counter(), _cpu(self.master_pid),
-                _cpu(self.fuse_pid) if self.fuse_pid else 0.0)
+                _cpu(self.fuse_pid) if self.fuse_pid else 0.0,
+                sum(_cpu(pid) for pid in self.others))
 
     # A measure's ends, with the master's calls by method: asked for (over HTTP, slow on
     # a loaded machine) before the window opens and after it closes, never inside it.
@@ -255,14 +268,16 @@ class MetaScale:
         self._window = None
         begin = self._begin()
         ops = run()
-        begin, (t1, m1, f1, c1) = self._window or (begin, self._end())
-        t0, m0, f0, c0 = begin
+        begin, (t1, m1, f1, o1, c1) = self._window or (begin, self._end())
+        t0, m0, f0, o0, c0 = begin
         wall = t1 - t0
         self._add(f"{key} ops/s", ops / wall)
         if ops:
             self._add(f"{key} master us/op", (m1 - m0) / ops * 1e6)
             if self.fuse_pid and key.startswith("mount"):
                 self._add(f"{key} mount us/op", (f1 - f0) / ops * 1e6)
+            if self.others:
+                self._add(f"{key} others us/op", (o1 - o0) / ops * 1e6)
             calls = rpc_delta(c0, c1)
             if calls is not None and key.startswith(("store", "put")):  # ops are chunks
                 self._add(f"{key} master calls/prompt",
@@ -292,9 +307,21 @@ class MetaScale:
         return total
 
     def measure_clients(self, key: str, what: str, parent: int, n: int) -> None:
-        """``n`` client processes doing ``what`` ("lookup", "store", "put") in
+        """``n`` client processes doing ``what`` ("lookup", "prompt", "store", "put") in
         ``parent``: ops/s and master CPU per op under ``key`` (bench_ha.py)."""
         self._measure(key, lambda: self._clients(what, parent, n))
+
+    def watch_master(self, index: int) -> None:
+        """Count the CPU and the calls of master ``index`` (of a group: the leader, or
+        the standby the reads go to)."""
+        row = next(r for r in self.cluster.status()
+                   if r["role"] == "master" and r["index"] == index)
+        self.master_pid, self.master_metrics = row["pid"], row["metrics"]
+
+    def measure_put_many(self, key: str, namespace: str, n: int) -> None:
+        """``n`` connector processes storing prompts through ``KVStore.put_many`` in
+        ``namespace`` (a path): chunks/s and master CPU per chunk under ``key``."""
+        self._measure(key, lambda: self._put_many_clients(namespace, n))
 
     def _clients(self, what: str, parent: int, n: int) -> int:
         return self._processes(_client_loop, lambda i: (self.cluster.client_conf, what,

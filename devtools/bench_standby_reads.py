@@ -35,8 +35,7 @@ def run(top: str, masters: int, runs: int, seconds: float, clients: int) -> dict
         reader = leader if masters == 1 else 1 - leader
         ms = MetaScale(c, top, print, runs=runs, seconds=seconds, clients=(clients,),
                        mount_procs=())
-        ms.master_pid = next(r["pid"] for r in c.status()
-                             if r["role"] == "master" and r["index"] == reader)
+        ms.watch_master(reader)
         mc = _client(c)
         try:
             look = mc.mkdir(ROOT_INO, b"lookups")
