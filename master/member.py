@@ -35,7 +35,7 @@ import time
 import grpc
 
 from curvine.common import rpc
-from curvine.common.config import Config
+from curvine.common.config import Config, advertise_addr
 from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error
 from curvine.common.security import Security
 from curvine.journal import JournalError
@@ -62,7 +62,18 @@ def key_prefix(cfg: Config) -> bytes:
 
 
 def default_member_id(cfg: Config) -> str:
-    return cfg.master.member_id or f"{cfg.master.host}:{cfg.master.port}"
+    return cfg.master.member_id or advertise_addr(cfg)
+
+
+def member_address(cfg: Config) -> MemberAddress:
+    """What this member publishes about itself: its id, and the addresses others reach
+    it at, all under the advertised host (``master.advertise_addr``, docs/architecture.md
+    "Clients of a master group"): a client follows a named leader only to an address it
+    has in ``cluster.master_addrs``."""
+    grpc_addr = advertise_addr(cfg)
+    host = grpc_addr.rsplit(":", 1)[0]
+    return MemberAddress(default_member_id(cfg), grpc_addr, cfg.master.call_port,
+                         cfg.master.http_port, f"{host}:{cfg.master.worker_port}")
 
 
 class Member:

@@ -29,6 +29,8 @@ import pytest
 
 from curvine.client.master.call_port_blocking import BlockingCallPort
 from curvine.common.errors import LEADER_KEY, CurvineError, ErrorKind, from_rpc_error
+from curvine.common.master_group import GroupRpc
+from curvine.common.security import NO_SECURITY
 from curvine.devtools.local import free_ports
 from curvine.master.group.etcd import Etcd, prefix_end
 from curvine.proto import master_pb2, master_pb2_grpc
@@ -44,12 +46,16 @@ TAKEOVER_TIMEOUT = 15.0  # lease TTL 3 s + campaign round + replay, with room on
 class MasterProc:
     """One curvine-master of the group, its config written under ``base``."""
 
-    def __init__(self, base: str, index: int, etcd_endpoints: list[str]):
+    def __init__(self, base: str, index: int, etcd_endpoints: list[str],
+                 advertise_host: str = "", member_id: str = ""):
         self.base = os.path.join(base, f"m{index}")
         os.makedirs(self.base, exist_ok=True)
-        self.id = f"m{index}"
+        self.id = member_id or f"m{index}"
         self.port, worker_port, self.http_port, self.call_port = free_ports(4)
         self.addr = f"127.0.0.1:{self.port}"
+        # the address it names itself by in the group (master.advertise_addr)
+        self.advertised = f"{advertise_host}:{self.port}" if advertise_host else self.addr
+        advertise = f'advertise_addr = "{self.advertised}"\n' if advertise_host else ""
         self.meta_dir = os.path.join(self.base, "meta")
         self.conf = os.path.join(self.base, "curvine.toml")
         endpoints = ", ".join(f'"{e}"' for e in etcd_endpoints)
@@ -58,7 +64,7 @@ class MasterProc:
                     f'[master]\nhost = "127.0.0.1"\nport = {self.port}\n'
                     f'worker_port = {worker_port}\nhttp_port = {self.http_port}\n'
                     f'call_port = {self.call_port}\nmeta_dir = "{self.meta_dir}"\n'
-                    f'etcd_endpoints = [{endpoints}]\nmember_id = "{self.id}"\n'
+                    f'etcd_endpoints = [{endpoints}]\nmember_id = "{self.id}"\n{advertise}'
                     f'[journal]\ndir = "{os.path.join(self.base, "journal")}"\n')
         self.log_path = os.path.join(self.base, "master.log")
         self.proc: subprocess.Popen | None = None
@@ -114,9 +120,9 @@ class MasterProc:
 def group(tmp_path, etcd):  # noqa: F811
     made: list[MasterProc] = []
 
-    def start(n: int) -> list[MasterProc]:
+    def start(n: int, **kw) -> list[MasterProc]:
         for i in range(n):
-            m = MasterProc(str(tmp_path), len(made), etcd.endpoints)
+            m = MasterProc(str(tmp_path), len(made), etcd.endpoints, **kw)
             made.append(m)
             m.start()
             if i == 0:  # the first one leads: the others start as its standbys
@@ -199,6 +205,35 @@ def test_standby_applies_what_the_leader_journals(group):
     assert a.keys() == b.keys()
     for name in a:
         assert a[name] == b[name], f"LMDB database {name!r} differs"
+
+
+def test_a_standby_names_the_leader_by_the_address_clients_know(group):
+    """Members that bind 127.0.0.1 but are known to clients as localhost:<port>
+    (master.advertise_addr; on Kubernetes a pod IP and the pod's DNS name): a standby's
+    NOT_LEADER names the leader's known address, so a client sent to a standby moves
+    straight to the leader instead of trying each member in turn."""
+    leader, first, second = group(3, advertise_host="localhost")
+    reply = first.group()
+    assert reply.leader == leader.advertised
+    assert {m.id: m.grpc for m in reply.members} == {m.id: m.advertised
+                                                     for m in (leader, first, second)}
+    with pytest.raises(grpc.RpcError) as err:
+        create(first, b"refused")
+    assert from_rpc_error(err.value).message == leader.advertised
+    # a client of the group as configured (cluster.master_addrs: the names), sent to
+    # a standby first, the leader last
+    names = [first.advertised, second.advertised, leader.advertised]
+    rpc = GroupRpc(names, master_pb2_grpc.MasterStub, security=NO_SECURITY, timeout=10,
+                   wait=20)
+    try:
+        rpc.call("Create", master_pb2.CreateRequest(parent=ROOT_INO, name=b"moved",
+                                                    mode=0o644, request_id=os.urandom(16)),
+                 idempotent=False)
+        assert rpc.address == leader.advertised
+        assert rpc.masters.moves == 1  # straight there: the second standby never asked
+    finally:
+        rpc.close()
+    assert lookup(leader, b"moved")
 
 
 def test_leader_killed_a_standby_takes_over_with_every_acknowledged_create(group):
