@@ -105,6 +105,9 @@ class Member:
         self.leadership = Leadership(self.etcd, self.prefix, me, float(cfg.master.ha_lease_ttl),
                                      applied=self.applied_seq, on_change=self._wake.set)
         try:
+            # a second master with a live member's id would publish, campaign and
+            # compact as that member: refuse before touching anything
+            self.leadership.wait_id_free()
             private_dirs(os.path.abspath(cfg.master.meta_dir), os.path.abspath(cfg.journal.dir))
             shared_block_key(self.etcd, self.prefix, cfg.master.meta_dir)
             try:
@@ -228,6 +231,10 @@ class Member:
         except CurvineError:
             return 0
         return min(others + [self.applied_seq()])  # this member's own, as it is now
+
+    def fatal(self) -> CurvineError | None:
+        """Why this process must stop: another live member has its master.member_id."""
+        return self.leadership.duplicate
 
     def problem(self) -> str | None:
         """Why this member cannot serve its role now (/healthz), or None: a standby

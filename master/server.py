@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
              "%s, applied seq %d)", cfg.master.host, port, wport, master.call_port or "off",
              master.meta_dir, master.journal_dir, master.committer.applied_seq)
     daemon.notify("READY=1")
+    code = 0
     try:
         while not stop.wait(1.0):
             if member is None and master.committer.fatal is not None:
@@ -151,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                 server.stop(0)
                 worker_server.stop(0)
                 return 1
+            if member is not None and member.fatal() is not None:
+                log.critical("stopping: %s", member.fatal().message)
+                code = 2  # a configuration error, found late
+                break
     finally:
         serving.clear()
         if http is not None:
@@ -164,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     servicer.close()
     (member or master).close()
     log.info("master stopped")
-    return 0
+    return code
 
 
 CALL_PORT_CONNECTIONS_PER_SESSION = 4

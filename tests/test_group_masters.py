@@ -236,6 +236,39 @@ def test_a_standby_names_the_leader_by_the_address_clients_know(group):
     assert lookup(leader, b"moved")
 
 
+# the duplicate names the id it cannot have; the killed standby's restart waits out
+# its previous run's lease, an INFO line
+@pytest.mark.expect_log(r"CRITICAL curvine\.master: cannot start: master\.member_id 'm1' "
+                        r"is in use by the member at 127\.0\.0\.1:\d+")
+def test_a_second_master_with_a_live_members_id_refuses_to_start(group, tmp_path, etcd):  # noqa: F811
+    leader, standby = group(2)
+    dup = MasterProc(str(tmp_path), 2, etcd.endpoints, member_id=standby.id)
+    log = open(dup.log_path, "ab")
+    started = time.monotonic()
+    dup.proc = subprocess.Popen([sys.executable, "-m", "curvine.master.server", "--conf",
+                                 dup.conf], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    log.close()
+    try:
+        assert dup.proc.wait(timeout=30) == 2
+    finally:
+        dup.stop()
+    print(f"the duplicate refused after {time.monotonic() - started:.1f}s")
+    assert "give every master its own master.member_id" in open(dup.log_path).read()
+    # the member that holds the id is untouched: the group as it was
+    reply = leader.group()
+    assert {m.id: m.grpc for m in reply.members} == {"m0": leader.addr, "m1": standby.addr}
+    create(leader, b"after")
+    assert lookup(standby, b"after")
+    # a member's own restart is no duplicate: SIGKILLed (its lease still holds the id
+    # for up to a TTL), started again at once, it waits that out and serves
+    standby.kill()
+    standby.channel = grpc.insecure_channel(standby.addr)
+    standby.stub = master_pb2_grpc.MasterStub(standby.channel)
+    standby.start()
+    wait_for(lambda: standby.role() == "standby", TAKEOVER_TIMEOUT, what="the restarted standby")
+    assert lookup(standby, b"after")
+
+
 def test_leader_killed_a_standby_takes_over_with_every_acknowledged_create(group):
     first, second = group(2)
     acked = [b"k%03d" % i for i in range(100)]
