@@ -8,7 +8,10 @@
 dump and verify only read the segment files (no lock, nothing changed), so they are
 safe next to a running master; a record the master is appending at that moment may
 show as an incomplete last record.  The formats are in journal/segment.py.  The
-directories default to the config's ``journal.dir`` and ``master.meta_dir``.
+directories default to the config's ``journal.dir`` and ``master.meta_dir``.  A member
+of a master group (``master.etcd_endpoints`` in the config) keeps its journal in
+etcd: without ``--journal-dir`` dump and verify read it there (cli/journal_etcd.py),
+and ``checkpoint --offline`` refuses (the group's leader checkpoints, online).
 
 verify decodes every record the way the master's replay does, refuses segment files
 that are not regular files (never opening a FIFO or device, never following a
@@ -90,6 +93,15 @@ def register(p: argparse.ArgumentParser) -> None:
     dirs(c, meta=True, conf=False)
     c.set_defaults(func=_cmd_checkpoint, _parser=c)
     p.set_defaults(_parser=p)
+
+
+def _group_config(args) -> config_mod.Config | None:
+    """The config, when it makes this a member of a master group whose journal is in
+    etcd (and no --journal-dir names a directory to read instead), else None."""
+    if args.journal_dir:
+        return None
+    cfg = config_mod.load(args.conf)
+    return cfg if cfg.master.etcd_endpoints else None
 
 
 def _journal_dir(args) -> str:
@@ -175,16 +187,24 @@ def replay_problem(payload: bytes) -> str | None:
 
 
 def _cmd_verify(args, parser) -> int:
-    directory = _journal_dir(args)
-    w = walk(directory)
+    cfg = _group_config(args)
+    if cfg is not None:
+        from .journal_etcd import GroupJournal, walk as walk_etcd
+        with GroupJournal(cfg) as group:
+            w = walk_etcd(group)
+            where, unit, part = group.where, "batches", "batch"
+    else:
+        directory = _journal_dir(args)
+        w = walk(directory)
+        where, unit, part = f"journal {directory}", "segments", "segment"
     if w.segments == 0:
-        print(f"journal {directory}: no segments (an empty journal)")
+        print(f"{where}: no {unit} (an empty journal)")
         return 0
-    summary = (f"journal {directory}: {w.segments} segments, {w.records} records "
+    summary = (f"{where}: {w.segments} {unit}, {w.records} records "
                f"(seq {w.first_seq}..{w.last_seq}), {human_size(w.bytes)}B")
     if w.damage is not None and not w.damage.torn_tail:
         print(summary + " before the damage")
-        print(f"curvine: error: journal damaged: segment {w.damage.segment} at byte offset "
+        print(f"curvine: error: journal damaged: {part} {w.damage.segment} at byte offset "
               f"{w.damage.offset}: {w.damage.reason}", file=sys.stderr)
         return EXIT_DAMAGED
     print(summary + ": OK")
@@ -198,6 +218,15 @@ def _cmd_verify(args, parser) -> int:
 # ---------------------------------------------------------------- dump
 
 def _cmd_dump(args, parser) -> int:
+    cfg = _group_config(args)
+    if cfg is not None:
+        from .journal_etcd import GroupJournal
+        with GroupJournal(cfg) as group:
+            for printed, rec in enumerate(group.records(args.from_seq), 1):
+                print(_format(rec, args.json))
+                if args.limit and printed >= args.limit:
+                    break
+        return 0
     directory = _journal_dir(args)
     segs = list_segments(directory)
     printed = 0
@@ -301,6 +330,11 @@ def _checkpoint_offline(args) -> int:
         raise CurvineError(ErrorKind.INVALID, "--base: not used with --offline (use --conf "
                            "with the master's config, or --meta-dir and --journal-dir)")
     cfg = config_mod.load(args.conf)
+    if cfg.master.etcd_endpoints:
+        raise CurvineError(ErrorKind.INVALID, (
+            "--offline: this master is a member of a group (master.etcd_endpoints): its "
+            "journal is in etcd, not in journal.dir, and the group's leader takes the "
+            "checkpoints: run `curvine journal checkpoint` (online) against the group"))
     journal_dir = _journal_dir(args)
     meta_dir = os.path.abspath(args.meta_dir or cfg.master.meta_dir)
     lmdb = lmdb_dir(meta_dir)

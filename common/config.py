@@ -154,11 +154,16 @@ class MasterConfig:
     # the master group (master/group/, docs/architecture.md "The master group"): the
     # etcd cluster ("host:port" of its client URLs) where the members elect a leader and
     # the leader keeps the journal; empty = one master with its local journal, as ever.
-    # member_id names this master in the group (default: host:port of its gRPC port);
+    # member_id names this master in the group (default: advertise_addr);
+    # advertise_addr is the gRPC address the member gives for itself when it leads (a
+    # standby's NOT_LEADER names it, GetGroup lists it): clients follow a named leader
+    # only to an address of cluster.master_addrs, so set it to this master's entry
+    # there when it binds another address (default: master.host:master.port);
     # ha_lease_ttl is the leader's etcd lease: a failover comes about this long after
     # the leader stops, and a leader that cannot renew it stops answering as leader
     etcd_endpoints: list[str] = field(default_factory=list)
     member_id: str = ""
+    advertise_addr: str = ""
     ha_lease_ttl: Duration = Duration(3.0)
 
 
@@ -457,6 +462,8 @@ def _problems(cfg: Config):
         yield ("master.ha_lease_ttl",), f"must be between 1s and 60s, got {m.ha_lease_ttl:g}s"
     if len(m.member_id) > 128 or any(ch in m.member_id for ch in "/\0"):
         yield ("master.member_id",), "at most 128 characters, no '/'"
+    if m.advertise_addr and not is_host_port(m.advertise_addr):
+        yield ("master.advertise_addr",), f"expected host:port, got {m.advertise_addr!r}"
     if m.lookup_reply_max < (64 << 10):
         yield ("master.lookup_reply_max",), f"must be at least 64KiB, got {int(m.lookup_reply_max)}"
     for key in _PORTS:
@@ -572,6 +579,13 @@ def read_members(cfg: Config) -> list[str]:
     if len(addrs) == 1 or r == "leader":
         return []
     return [r] if r else addrs
+
+
+def advertise_addr(cfg: Config) -> str:
+    """The gRPC address a member of a master group gives for itself (the leader
+    record, a standby's NOT_LEADER, GetGroup): ``master.advertise_addr``, else
+    ``master.host:master.port``."""
+    return cfg.master.advertise_addr or f"{cfg.master.host}:{cfg.master.port}"
 
 
 def master_worker_addrs(cfg: Config) -> list[str]:

@@ -14,6 +14,11 @@ their request id, so one the master did apply is answered from its retry cache).
 
 With TLS on, the same bytes go through an ``ssl.SSLObject`` over memory buffers
 (``_Tls``), so a call still writes its frame without waiting.
+
+An outage of the port (the master gone, or, in a master group, the calls moving from
+member to member during an election: the mount replaces its TrioCallPort at each move)
+is logged twice at INFO, when it starts and when a call is answered on a port again
+(``Outage``, one per mount); every reconnect in between is DEBUG.
 """
 
 from __future__ import annotations
@@ -42,14 +47,47 @@ RECV_SIZE = 1 << 20
 EXPIRY_CHECK = 0.5  # seconds between checks for calls past their deadline
 
 
+class Outage:
+    """Whether the mount's call port is in an outage, across the TrioCallPorts of one
+    mount: the loss that starts one and the first answer that ends it are logged at
+    INFO, the reconnects between at DEBUG (as the lease session logs its outages)."""
+
+    def __init__(self):
+        self.since = 0.0  # monotonic start of the outage; 0: none
+        self.ever_up = False  # a connection was up once (the mount's first is INFO)
+
+    def lost(self, message: str, *args) -> None:
+        """A connection failed or broke: the first of an outage at INFO."""
+        if self.since:
+            log.debug(message, *args)
+            return
+        self.since = time.monotonic()
+        log.info(message, *args)
+
+    def moved(self) -> None:
+        """The mount's calls moved to another master (a failover, a switchover): an
+        outage until a call is answered on the new one, quiet if none was on."""
+        if not self.since:
+            self.since = time.monotonic()
+            log.debug("call port: the calls moved to another master")
+
+    def answered(self, host: str, port: int) -> None:
+        """A call was answered on ``host:port``: the outage (if any) is over."""
+        since, self.since = self.since, 0.0
+        log.info("namespace calls on the master's call port %s:%d again (after %.1f s)",
+                 host, port, time.monotonic() - since)
+
+
 class TrioCallPort:
     """``await call(prepared)`` from the trio loop, ``call_blocking(prepared)`` from
     other threads; ``run()`` (a task of the mount's nursery) keeps the connection to
     ``host:port`` up."""
 
     def __init__(self, host: str, port: int, token: str, timeout: float,
-                 tls: ssl.SSLContext | None = None, server_name: str = ""):
+                 tls: ssl.SSLContext | None = None, server_name: str = "",
+                 outage: Outage | None = None):
         self.host = host
+        self.outage = outage or Outage()  # the mount's, shared by its ports over time
         self.port = port
         self.timeout = timeout
         self._tls_context = tls  # TLS on: the master verified as server_name (or host)
@@ -185,17 +223,20 @@ class TrioCallPort:
                         log.error("call port %s:%d refused this mount's token; namespace "
                                   "calls stay on the Calls stream", self.host, self.port)
                         return
-                    log.log(logging.WARNING if isinstance(e, ssl.SSLError)
-                            else logging.DEBUG if lost else logging.INFO,
-                            "call port %s:%d: %s (calls go on the stream until it is up)",
-                            self.host, self.port, e)
+                    message = "call port %s:%d: %s (calls go on the stream until it is up)"
+                    if isinstance(e, ssl.SSLError):
+                        log.warning(message, self.host, self.port, e)
+                    else:
+                        self.outage.lost(message, self.host, self.port, e)
                     lost, idle_cut = True, False  # not an idle cut: the master is away
                     await trio.sleep(delay)
                     delay = min(delay * 2, RETRY_MAX)
                     continue
-                log.log(logging.DEBUG if idle_cut else logging.INFO,
+                # the first of the mount at INFO; after an outage, its first answer
+                log.log(logging.DEBUG if self.outage.ever_up else logging.INFO,
                         "namespace calls on the master's call port %s:%d%s", self.host,
-                        self.port, " again" if lost else "")
+                        self.port, " (connected again)" if lost else "")
+                self.outage.ever_up = True
                 lost = idle_cut = False
                 delay = 0.1
                 self._sock, self._tls = sock, tls
@@ -210,8 +251,11 @@ class TrioCallPort:
                             # the master closes a connection idle past its limit
                             # (master.stream_idle_timeout): expected, not worth a line
                             idle_cut = not self._pending
-                            log.log(logging.DEBUG if idle_cut else logging.INFO,
-                                    "call port: connection lost (%s)", e)
+                            if idle_cut:
+                                log.debug("call port: connection closed idle (%s)", e)
+                            else:
+                                self.outage.lost("call port %s:%d: connection lost (%s)",
+                                                 self.host, self.port, e)
                         nursery.cancel_scope.cancel()
                 finally:
                     self._down()
@@ -293,6 +337,8 @@ class TrioCallPort:
                 start = pos + FRAME.size
                 result = master_pb2.CallResult.FromString(bytes(buf[start:start + n]))
                 pos = start + n
+                if self.outage.since and not result.error_kind:
+                    self.outage.answered(self.host, self.port)
                 self._resolve(result.id, outcome.Value(result))
             del buf[:pos]
 

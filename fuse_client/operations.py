@@ -29,7 +29,7 @@ from curvine.common.ids import MIB
 from curvine.proto import common_pb2
 
 from . import features
-from .call_port_trio import TrioCallPort
+from .call_port_trio import Outage, TrioCallPort
 
 MOVE_CHECK = 0.1  # seconds between looks at whether the calls moved to another master
 from .calls import Calls, CallStream
@@ -191,13 +191,18 @@ class Operations(pyfuse3.Operations):
         another (the leader), this connection is closed and that master's port used."""
         if not self.cfg.fuse.call_port or self.calls.route.port is not None:
             return
+        outage = Outage()  # this mount's, over the ports of the masters it moves between
         while True:
+            asked = False
             while True:
                 try:
                     port = (await self.calls.run(self.master.requests.statfs())).call_port
                     break
                 except CurvineError as e:
-                    log.info("asking the master for its call port: %s (trying again)", e)
+                    # once per outage, the retries at DEBUG
+                    log.log(logging.DEBUG if asked or outage.since else logging.INFO,
+                            "asking the master for its call port: %s (trying again)", e)
+                    asked = True
                     await trio.sleep(5)
             moves = master_group.moves(self.master._rpc)
             if not port:
@@ -214,11 +219,13 @@ class Operations(pyfuse3.Operations):
             route.thread_port = thread_port = BlockingCallPort(host, port, token, timeout,
                                                                tls=context, server_name=name)
             route.port = trio_port = TrioCallPort(host, port, token, timeout,
-                                                  tls=context, server_name=name)
+                                                  tls=context, server_name=name,
+                                                  outage=outage)
             try:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(trio_port.run)
                     await self._until_moved(moves)
+                    outage.moved()
                     nursery.cancel_scope.cancel()
             finally:
                 route.port = route.thread_port = None

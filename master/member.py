@@ -35,7 +35,7 @@ import time
 import grpc
 
 from curvine.common import rpc
-from curvine.common.config import Config
+from curvine.common.config import Config, advertise_addr
 from curvine.common.errors import CurvineError, ErrorKind, from_rpc_error
 from curvine.common.security import Security
 from curvine.journal import JournalError
@@ -62,7 +62,18 @@ def key_prefix(cfg: Config) -> bytes:
 
 
 def default_member_id(cfg: Config) -> str:
-    return cfg.master.member_id or f"{cfg.master.host}:{cfg.master.port}"
+    return cfg.master.member_id or advertise_addr(cfg)
+
+
+def member_address(cfg: Config) -> MemberAddress:
+    """What this member publishes about itself: its id, and the addresses others reach
+    it at, all under the advertised host (``master.advertise_addr``, docs/architecture.md
+    "Clients of a master group"): a client follows a named leader only to an address it
+    has in ``cluster.master_addrs``."""
+    grpc_addr = advertise_addr(cfg)
+    host = grpc_addr.rsplit(":", 1)[0]
+    return MemberAddress(default_member_id(cfg), grpc_addr, cfg.master.call_port,
+                         cfg.master.http_port, f"{host}:{cfg.master.worker_port}")
 
 
 class Member:
@@ -94,6 +105,9 @@ class Member:
         self.leadership = Leadership(self.etcd, self.prefix, me, float(cfg.master.ha_lease_ttl),
                                      applied=self.applied_seq, on_change=self._wake.set)
         try:
+            # a second master with a live member's id would publish, campaign and
+            # compact as that member: refuse before touching anything
+            self.leadership.wait_id_free()
             private_dirs(os.path.abspath(cfg.master.meta_dir), os.path.abspath(cfg.journal.dir))
             shared_block_key(self.etcd, self.prefix, cfg.master.meta_dir)
             try:
@@ -217,6 +231,10 @@ class Member:
         except CurvineError:
             return 0
         return min(others + [self.applied_seq()])  # this member's own, as it is now
+
+    def fatal(self) -> CurvineError | None:
+        """Why this process must stop: another live member has its master.member_id."""
+        return self.leadership.duplicate
 
     def problem(self) -> str | None:
         """Why this member cannot serve its role now (/healthz), or None: a standby

@@ -18,9 +18,8 @@ from curvine.common.errors import ConfigError, CurvineError
 from curvine.common.security import CLIENT, WORKER, Security
 from curvine.journal import JournalError
 
-from .group.leadership import MemberAddress
 from .master import Master
-from .member import CurrentMaster, Member, default_member_id
+from .member import CurrentMaster, Member, member_address
 from .ports import metrics as master_metrics
 from .ports.call_port_server import CallPort
 from .ports.service import HEAVY_READS, READ_CALLS, MasterServicer, add_to_server
@@ -33,6 +32,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--conf", help="TOML config file (default: $CURVINE_CONF or /etc/curvine/curvine.toml)")
     p.add_argument("--host", help="address to bind (config master.host)")
     p.add_argument("--port", type=int, help="gRPC port (config master.port)")
+    p.add_argument("--advertise", metavar="HOST:PORT",
+                   help="this master's gRPC address as clients know it, in a group "
+                        "(config master.advertise_addr; default host:port)")
     p.add_argument("--worker-port", type=int,
                    help="gRPC port for workers' calls (config master.worker_port)")
     p.add_argument("--meta-dir", help="LMDB and checkpoints (config master.meta_dir)")
@@ -53,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg.master.host = args.host
     if args.port is not None:
         cfg.master.port = args.port
+    if args.advertise:
+        if not config_mod.is_host_port(args.advertise):
+            print(f"curvine-master: --advertise: expected host:port, got {args.advertise!r}",
+                  file=sys.stderr)
+            return 2
+        cfg.master.advertise_addr = args.advertise
     if args.worker_port is not None:
         cfg.master.worker_port = args.worker_port
     if args.meta_dir:
@@ -70,10 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     member = None
     try:
         if cfg.master.etcd_endpoints:  # one member of a master group (master/member.py)
-            member = Member(cfg, security, MemberAddress(
-                default_member_id(cfg), f"{cfg.master.host}:{cfg.master.port}",
-                cfg.master.call_port, cfg.master.http_port,
-                f"{cfg.master.host}:{cfg.master.worker_port}"))
+            me = member_address(cfg)
+            addrs = config_mod.master_addrs(cfg)
+            if len(addrs) > 1 and me.grpc not in addrs:
+                log.warning("this member advertises %s, which is not one of "
+                            "cluster.master_addrs: clients that a standby sends to it "
+                            "try each master in turn instead (set master.advertise_addr "
+                            "or --advertise to this master's entry)", me.grpc)
+            member = Member(cfg, security, me)
             master = CurrentMaster(member)
         else:
             master = Master(cfg, security=security)
@@ -130,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
              "%s, applied seq %d)", cfg.master.host, port, wport, master.call_port or "off",
              master.meta_dir, master.journal_dir, master.committer.applied_seq)
     daemon.notify("READY=1")
+    code = 0
     try:
         while not stop.wait(1.0):
             if member is None and master.committer.fatal is not None:
@@ -139,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                 server.stop(0)
                 worker_server.stop(0)
                 return 1
+            if member is not None and member.fatal() is not None:
+                log.critical("stopping: %s", member.fatal().message)
+                code = 2  # a configuration error, found late
+                break
     finally:
         serving.clear()
         if http is not None:
@@ -152,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     servicer.close()
     (member or master).close()
     log.info("master stopped")
-    return 0
+    return code
 
 
 CALL_PORT_CONNECTIONS_PER_SESSION = 4

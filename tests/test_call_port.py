@@ -26,7 +26,7 @@ from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import ROOT_INO
 from curvine.common.metrics import RPC_UNAUTHENTICATED, STREAMS_CANCELLED_IDLE
 from curvine.common.security import NO_SECURITY, Security
-from curvine.fuse_client.call_port_trio import TrioCallPort, PortDown, PortRefused
+from curvine.fuse_client.call_port_trio import Outage, TrioCallPort, PortDown, PortRefused
 from curvine.fuse_client.calls import Calls
 from curvine.common.call_wire import ANSWER, FRAME, HELLO, MAGIC
 from curvine.master.ports.call_port_server import CallPort
@@ -641,3 +641,65 @@ def test_a_mutation_on_the_port_waits_for_the_revocation_it_needs(served):
         t.join(20)
         bp.close()
         other.close()
+
+
+def test_a_mount_logs_one_outage_of_its_call_port_not_each_reconnect(served, caplog):
+    """The mount replaces its TrioCallPort each time its calls move to another master
+    (an election: dead leader, standbys, the next leader).  One Outage per mount keeps
+    the INFO lines to the first connection, the loss that starts the outage and the
+    first call answered after it; every reconnect and move in between is DEBUG.
+    (Before, each port's first connection or refusal was an INFO line: six here.)"""
+    import logging
+    m, client, _, start_port = served
+    first, standby, leader = start_port(), start_port(), start_port()
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, never listening: connections refused
+    outage = Outage()
+    ok = client.requests.getattr(ROOT_INO)
+    missing = client.requests.getattr(999_999)  # an answer, but an error
+
+    async def visit(number: int, call=None, stay: float = 0.0) -> None:
+        pc = TrioCallPort("127.0.0.1", number, TOKEN, timeout=10, outage=outage)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pc.run)
+            if call is not None:
+                with trio.fail_after(10):
+                    await pc.connected.wait()
+                try:
+                    await pc.call(call)
+                except CurvineError:
+                    pass
+            await trio.sleep(stay)
+            nursery.cancel_scope.cancel()
+        pc.stop()
+
+    async def go() -> None:
+        pc = TrioCallPort("127.0.0.1", first.port, TOKEN, timeout=10, outage=outage)
+        async with trio.open_nursery() as nursery:
+            await _connected(pc, nursery)
+            await pc.call(ok)
+            await trio.to_thread.run_sync(first.stop)  # the leader dies
+            await trio.sleep(1.0)  # its reconnects fail
+            nursery.cancel_scope.cancel()
+        pc.stop()
+        for _ in range(2):  # the calls move on: refused, then a standby's errors
+            outage.moved()
+            await visit(dead.getsockname()[1], stay=0.4)
+            outage.moved()
+            await visit(standby.port, call=missing)
+        outage.moved()
+        await visit(leader.port, call=ok)  # the new leader answers
+
+    logger = "curvine.fuse_client.call_port_trio"
+    with caplog.at_level(logging.DEBUG, logger=logger):
+        trio.run(go)
+    dead.close()
+    records = [r for r in caplog.records if r.name == logger]
+    info = [r.getMessage() for r in records if r.levelno >= logging.INFO]
+    assert len(info) == 3, info
+    assert info[0] == f"namespace calls on the master's call port 127.0.0.1:{first.port}"
+    assert info[1].startswith(f"call port 127.0.0.1:{first.port}: "), info
+    assert info[2].startswith(f"namespace calls on the master's call port "
+                              f"127.0.0.1:{leader.port} again (after "), info
+    assert len([r for r in records if r.levelno == logging.DEBUG]) >= 6
+    assert outage.since == 0.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import os
 import re
 import shutil
@@ -504,6 +505,23 @@ def test_configmap_is_a_valid_config_and_agrees_with_the_manifests(tmp_path):
         assert container_ports[p["targetPort"]] == p["port"], p
     assert _http_probe_ports(master) == {cfg.master.http_port}
     assert cfg.master.host == "0.0.0.0"
+    # each member binds its pod IP but advertises its own entry of cluster.master_addrs
+    # (its pod's name), so that a standby's NOT_LEADER names an address clients dial;
+    # that name is its member id too (one per member, stable across restarts)
+    from curvine.master.member import member_address
+    from curvine.master.server import parse_args
+    fields = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+              for e in master["env"]}
+    assert fields["POD_NAME"] == "metadata.name" and fields["POD_IP"] == "status.podIP"
+    for i, (addr, worker_addr) in enumerate(zip(config.master_addrs(cfg),
+                                                config.master_worker_addrs(cfg))):
+        argv = [a.replace("$(POD_NAME)", f"{sts['metadata']['name']}-{i}")
+                 .replace("$(POD_IP)", f"10.0.0.{i + 1}") for a in master["args"]]
+        args = parse_args(argv)
+        assert args.host == f"10.0.0.{i + 1}"
+        me = member_address(dataclasses.replace(cfg, master=dataclasses.replace(
+            cfg.master, host=args.host, advertise_addr=args.advertise)))
+        assert (me.id, me.grpc, me.worker) == (addr, addr, worker_addr)
     # the journal and the LMDB are on the claim's volume, not in the container
     claims = {c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]}
     state = [m for m in master["volumeMounts"] if m["name"] in claims]

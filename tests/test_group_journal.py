@@ -174,3 +174,44 @@ def test_the_journal_and_the_lease_survive_the_etcd_member_in_use(etcd3):  # noq
     finally:
         lead.close()
         client.close()
+
+
+def test_a_second_member_with_the_same_id_never_campaigns(etcd):  # noqa: F811
+    """members/<id> is created only where absent and held by its member's lease: a
+    second Leadership with the same id (started past the start-time check, e.g. while
+    the first one's lease was renewing) does not campaign, and once the key has stayed
+    another live lease's past ``claim_wait`` it reports the duplicate, naming
+    master.member_id; the first one leads on.  At start the check refuses at once
+    (after the wait) with the same error."""
+    client = Etcd(etcd.endpoints)
+    first = _leader(client, "same", ttl=1.0)
+    second = Leadership(client, PREFIX, MemberAddress("same", "127.0.0.1:2"), 1.0,
+                        applied=lambda: 0, on_change=lambda: None)
+    first.start()
+    try:
+        wait_for(first.leading, 5, what="the first leads")
+        first.resign()  # the leader key is free: only the id keeps the second out
+        second.start()
+        started = time.monotonic()
+        wait_for(lambda: second.duplicate is not None, 15, what="the duplicate is found")
+        assert time.monotonic() - started >= second.claim_wait() - 1
+        assert second.stats["elected"] == 0 and not second.leading()
+        assert second.duplicate.kind == ErrorKind.EXISTS
+        assert "master.member_id 'same' is in use by the member at 127.0.0.1:4" in (
+            second.duplicate.message)
+        wait_for(first.leading, 5, what="the first leads again after its resignation")
+        with pytest.raises(CurvineError) as err:
+            second.wait_id_free()
+        assert err.value.kind == ErrorKind.EXISTS and "master.member_id 'same'" in str(err.value)
+    finally:
+        second.close()
+        first.close()
+    # the first one closed (its lease revoked): the id is free at once
+    third = Leadership(client, PREFIX, MemberAddress("same", "127.0.0.1:3"), 1.0,
+                       applied=lambda: 0, on_change=lambda: None)
+    try:
+        started = time.monotonic()
+        third.wait_id_free()
+        assert time.monotonic() - started < 1.0
+    finally:
+        client.close()

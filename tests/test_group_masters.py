@@ -15,6 +15,7 @@ leader) is not part of what is checked here:
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -29,6 +30,8 @@ import pytest
 
 from curvine.client.master.call_port_blocking import BlockingCallPort
 from curvine.common.errors import LEADER_KEY, CurvineError, ErrorKind, from_rpc_error
+from curvine.common.master_group import GroupRpc
+from curvine.common.security import NO_SECURITY
 from curvine.devtools.local import free_ports
 from curvine.master.group.etcd import Etcd, prefix_end
 from curvine.proto import master_pb2, master_pb2_grpc
@@ -44,12 +47,16 @@ TAKEOVER_TIMEOUT = 15.0  # lease TTL 3 s + campaign round + replay, with room on
 class MasterProc:
     """One curvine-master of the group, its config written under ``base``."""
 
-    def __init__(self, base: str, index: int, etcd_endpoints: list[str]):
+    def __init__(self, base: str, index: int, etcd_endpoints: list[str],
+                 advertise_host: str = "", member_id: str = ""):
         self.base = os.path.join(base, f"m{index}")
         os.makedirs(self.base, exist_ok=True)
-        self.id = f"m{index}"
+        self.id = member_id or f"m{index}"
         self.port, worker_port, self.http_port, self.call_port = free_ports(4)
         self.addr = f"127.0.0.1:{self.port}"
+        # the address it names itself by in the group (master.advertise_addr)
+        self.advertised = f"{advertise_host}:{self.port}" if advertise_host else self.addr
+        advertise = f'advertise_addr = "{self.advertised}"\n' if advertise_host else ""
         self.meta_dir = os.path.join(self.base, "meta")
         self.conf = os.path.join(self.base, "curvine.toml")
         endpoints = ", ".join(f'"{e}"' for e in etcd_endpoints)
@@ -58,7 +65,7 @@ class MasterProc:
                     f'[master]\nhost = "127.0.0.1"\nport = {self.port}\n'
                     f'worker_port = {worker_port}\nhttp_port = {self.http_port}\n'
                     f'call_port = {self.call_port}\nmeta_dir = "{self.meta_dir}"\n'
-                    f'etcd_endpoints = [{endpoints}]\nmember_id = "{self.id}"\n'
+                    f'etcd_endpoints = [{endpoints}]\nmember_id = "{self.id}"\n{advertise}'
                     f'[journal]\ndir = "{os.path.join(self.base, "journal")}"\n')
         self.log_path = os.path.join(self.base, "master.log")
         self.proc: subprocess.Popen | None = None
@@ -114,9 +121,9 @@ class MasterProc:
 def group(tmp_path, etcd):  # noqa: F811
     made: list[MasterProc] = []
 
-    def start(n: int) -> list[MasterProc]:
+    def start(n: int, **kw) -> list[MasterProc]:
         for i in range(n):
-            m = MasterProc(str(tmp_path), len(made), etcd.endpoints)
+            m = MasterProc(str(tmp_path), len(made), etcd.endpoints, **kw)
             made.append(m)
             m.start()
             if i == 0:  # the first one leads: the others start as its standbys
@@ -199,6 +206,68 @@ def test_standby_applies_what_the_leader_journals(group):
     assert a.keys() == b.keys()
     for name in a:
         assert a[name] == b[name], f"LMDB database {name!r} differs"
+
+
+def test_a_standby_names_the_leader_by_the_address_clients_know(group):
+    """Members that bind 127.0.0.1 but are known to clients as localhost:<port>
+    (master.advertise_addr; on Kubernetes a pod IP and the pod's DNS name): a standby's
+    NOT_LEADER names the leader's known address, so a client sent to a standby moves
+    straight to the leader instead of trying each member in turn."""
+    leader, first, second = group(3, advertise_host="localhost")
+    reply = first.group()
+    assert reply.leader == leader.advertised
+    assert {m.id: m.grpc for m in reply.members} == {m.id: m.advertised
+                                                     for m in (leader, first, second)}
+    with pytest.raises(grpc.RpcError) as err:
+        create(first, b"refused")
+    assert from_rpc_error(err.value).message == leader.advertised
+    # a client of the group as configured (cluster.master_addrs: the names), sent to
+    # a standby first, the leader last
+    names = [first.advertised, second.advertised, leader.advertised]
+    rpc = GroupRpc(names, master_pb2_grpc.MasterStub, security=NO_SECURITY, timeout=10,
+                   wait=20)
+    try:
+        rpc.call("Create", master_pb2.CreateRequest(parent=ROOT_INO, name=b"moved",
+                                                    mode=0o644, request_id=os.urandom(16)),
+                 idempotent=False)
+        assert rpc.address == leader.advertised
+        assert rpc.masters.moves == 1  # straight there: the second standby never asked
+    finally:
+        rpc.close()
+    assert lookup(leader, b"moved")
+
+
+# the duplicate names the id it cannot have; the killed standby's restart waits out
+# its previous run's lease, an INFO line
+@pytest.mark.expect_log(r"CRITICAL curvine\.master: cannot start: master\.member_id 'm1' "
+                        r"is in use by the member at 127\.0\.0\.1:\d+")
+def test_a_second_master_with_a_live_members_id_refuses_to_start(group, tmp_path, etcd):  # noqa: F811
+    leader, standby = group(2)
+    dup = MasterProc(str(tmp_path), 2, etcd.endpoints, member_id=standby.id)
+    log = open(dup.log_path, "ab")
+    started = time.monotonic()
+    dup.proc = subprocess.Popen([sys.executable, "-m", "curvine.master.server", "--conf",
+                                 dup.conf], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    log.close()
+    try:
+        assert dup.proc.wait(timeout=30) == 2
+    finally:
+        dup.stop()
+    print(f"the duplicate refused after {time.monotonic() - started:.1f}s")
+    assert "give every master its own master.member_id" in open(dup.log_path).read()
+    # the member that holds the id is untouched: the group as it was
+    reply = leader.group()
+    assert {m.id: m.grpc for m in reply.members} == {"m0": leader.addr, "m1": standby.addr}
+    create(leader, b"after")
+    assert lookup(standby, b"after")
+    # a member's own restart is no duplicate: SIGKILLed (its lease still holds the id
+    # for up to a TTL), started again at once, it waits that out and serves
+    standby.kill()
+    standby.channel = grpc.insecure_channel(standby.addr)
+    standby.stub = master_pb2_grpc.MasterStub(standby.channel)
+    standby.start()
+    wait_for(lambda: standby.role() == "standby", TAKEOVER_TIMEOUT, what="the restarted standby")
+    assert lookup(standby, b"after")
 
 
 def test_leader_killed_a_standby_takes_over_with_every_acknowledged_create(group):
@@ -413,3 +482,54 @@ def test_etcd_down_the_leader_stops_acknowledging_and_the_group_comes_back(group
     wait_for(lambda: other.role() == "standby", 15, what="the other one follows")
     for name in acked + [b"after"]:
         assert lookup(now, name) and lookup(other, name), name
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "curvine.cli.main", *args],
+                          capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_journal_dump_and_verify_read_the_groups_journal_in_etcd(group, etcd):  # noqa: F811
+    """A member's journal.dir holds no segments: with the member's config `curvine
+    journal verify` and `dump` read the batches the leader wrote to etcd (before, they
+    reported "an empty journal"); a damaged batch is named (exit 4); an offline
+    checkpoint refuses, saying where the journal is and what to run instead."""
+    leader, standby = group(2)
+    for i in range(5):
+        create(leader, b"j%d" % i)
+    commit = leader.group().commit_seq
+    r = _cli("journal", "verify", "--conf", standby.conf)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"journal in etcd {etcd.endpoints[0]} "
+                               f"(/curvine/group-test/journal/): "), r.stdout
+    assert f"records (seq 1..{commit})" in r.stdout and r.stdout.endswith(": OK\n"), r.stdout
+    r = _cli("journal", "dump", "--json", "--conf", standby.conf)
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [rec["seq"] for rec in records] == list(range(1, commit + 1))
+    assert [rec["record"]["name"] for rec in records if rec["type"] == "create"] == [
+        "j0", "j1", "j2", "j3", "j4"]
+    r = _cli("journal", "dump", "--from", "2", "--limit", "2", "--conf", leader.conf)
+    assert [int(line.split()[0]) for line in r.stdout.splitlines()] == [2, 3], r
+    r = _cli("journal", "checkpoint", "--offline", "--conf", standby.conf)
+    assert r.returncode != 0 and "its journal is in etcd" in r.stderr, r
+    assert "curvine journal checkpoint` (online)" in r.stderr
+    # a batch damaged in etcd (the masters stopped first: nothing reads it again)
+    leader.stop()
+    standby.stop()
+    client = Etcd(etcd.endpoints)
+    try:
+        prefix = b"/curvine/group-test/journal/"
+        last = client.range(prefix, prefix_end(prefix)).kvs[-1]
+        value = bytearray(last.value)
+        value[-1] ^= 0xFF  # the last payload byte of its last record
+        client.put(last.key, bytes(value))
+    finally:
+        client.close()
+    r = _cli("journal", "verify", "--conf", standby.conf)
+    assert r.returncode == 4, r
+    assert f"batch {last.key.decode()} at byte offset " in r.stderr and (
+        "checksum mismatch" in r.stderr), r.stderr
+    r = _cli("journal", "dump", "--conf", standby.conf)
+    assert r.returncode == 4 and "checksum mismatch" in r.stderr, r

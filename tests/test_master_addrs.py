@@ -100,6 +100,7 @@ def test_other_errors_and_one_master_do_not_move():
     ('[master]\netcd_endpoints = ["e"]', "master.etcd_endpoints: entry 0: expected host:port"),
     ('[master]\netcd_endpoints = ["e:1"]\nha_lease_ttl = "500ms"', "between 1s and 60s"),
     ('[master]\nmember_id = "a/b"', "master.member_id: at most 128 characters, no '/'"),
+    ('[master]\nadvertise_addr = "m0"', "master.advertise_addr: expected host:port, got 'm0'"),
 ])
 def test_bad_group_settings_are_named(tmp_path, text, message):
     with pytest.raises(ConfigError) as e:

@@ -25,7 +25,6 @@ The master's memory is read from /proc/<pid>/status (VmHWM, the peak).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import struct
@@ -36,6 +35,7 @@ import grpc
 import pytest
 
 from cluster_util import daemon_metric, wait_for
+from tcp_proxy import TcpProxy
 from curvine.client.master.master_client import MasterClient
 from curvine.common import config as config_mod, local_wire
 from curvine.common.call_wire import ANSWER, FRAME, hello
@@ -148,49 +148,6 @@ def _closed_by_peer(s: socket.socket, within: float) -> float | None:
         except OSError:
             return time.monotonic() - t0
     return None
-
-
-class _Proxy:
-    """A TCP proxy to ``address`` for one connection: passes the first ``limit`` bytes
-    of the client's, then swallows the rest (a sender that stalls mid-message); notes
-    when the server closes its side (``closed``)."""
-
-    def __init__(self, address: str, limit: int = 1 << 62):
-        host, port = address.rsplit(":", 1)
-        self.upstream_address = (host, int(port))
-        self.limit = limit
-        self.closed = threading.Event()
-        self.closed_at = 0.0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        client, _ = self.listener.accept()
-        upstream = socket.create_connection(self.upstream_address)
-        passed = [0]
-
-        def up():
-            with contextlib.suppress(OSError):
-                while data := client.recv(65536):
-                    if passed[0] < self.limit:
-                        upstream.sendall(data)
-                        passed[0] += len(data)
-
-        def down():
-            with contextlib.suppress(OSError):
-                while data := upstream.recv(65536):
-                    client.sendall(data)
-            self.closed_at = time.monotonic()
-            self.closed.set()
-            with contextlib.suppress(OSError):
-                client.shutdown(socket.SHUT_RDWR)
-
-        threading.Thread(target=up, daemon=True).start()
-        threading.Thread(target=down, daemon=True).start()
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 def _files(cluster) -> MasterClient:
@@ -406,7 +363,7 @@ def test_a_grpc_message_over_the_limit_is_refused_before_it_is_buffered(make_clu
     c = make_cluster(workers=1, mounts=0)
     pid = _pid(c)
     peak0 = _peak_mb(pid)
-    proxy = _Proxy(c.master_addr, limit=40 * MiB)  # the client stalls after 40 MiB
+    proxy = TcpProxy(c.master_addr, limit=40 * MiB)  # the client stalls after 40 MiB
     channel = make_channel(proxy.address, c.security)
     stub = master_pb2_grpc.MasterStub(channel)
     data = b"x" * (60 * MiB)
@@ -448,7 +405,7 @@ def test_idle_connections_are_cut_on_every_port(make_cluster):
     socks["domain_socket"] = unix
     socks["http_master"] = _connect(_http_port(c, "master"))
     # gRPC: a channel (through a proxy that notes the master closing it) after a call
-    proxy = _Proxy(c.master_addr)
+    proxy = TcpProxy(c.master_addr)
     channel = make_channel(proxy.address, c.security)
     master_pb2_grpc.MasterStub(channel).StatFs(master_pb2.StatFsRequest(), timeout=10)
     t0 = time.monotonic()

@@ -7,7 +7,6 @@ message that never finishes arriving, and the HTTP port's share per peer.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
 import threading
@@ -26,6 +25,7 @@ from curvine.master.ports.call_port_server import CallPort
 from curvine.master.ports.service import READ_CALLS, MasterServicer
 from curvine.proto import common_pb2, master_pb2
 
+from tcp_proxy import TcpProxy
 from test_master import MiB, make_master, mkdir
 
 CUT = metrics.CONNECTIONS_CUT
@@ -310,45 +310,20 @@ def test_a_grpc_connection_is_closed_at_its_age_with_a_partial_message(monkeypat
     server.add_generic_rpc_handlers((handler,))
     port = rpc.bind(server, "127.0.0.1", 0, NO_SECURITY)
     server.start()
-    listener = socket.create_server(("127.0.0.1", 0))
-    closed = threading.Event()
-
-    def proxy():  # passes the first 4 MiB of the client's bytes, then swallows the rest
-        client, _ = listener.accept()
-        upstream = socket.create_connection(("127.0.0.1", port))
-        passed = [0]
-
-        def up():
-            with contextlib.suppress(OSError):
-                while data := client.recv(65536):
-                    if passed[0] < 4 * MiB:
-                        upstream.sendall(data)
-                        passed[0] += len(data)
-
-        def down():
-            with contextlib.suppress(OSError):
-                while data := upstream.recv(65536):
-                    client.sendall(data)
-            closed.set()
-            with contextlib.suppress(OSError):
-                client.shutdown(socket.SHUT_RDWR)
-
-        threading.Thread(target=up, daemon=True).start()
-        threading.Thread(target=down, daemon=True).start()
-
-    threading.Thread(target=proxy, daemon=True).start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{listener.getsockname()[1]}",
+    # passes the first 4 MiB of the client's bytes, then swallows the rest
+    proxy = TcpProxy(f"127.0.0.1:{port}", limit=4 * MiB)
+    channel = grpc.insecure_channel(proxy.address,
                                     options=[("grpc.max_send_message_length", 64 * MiB)])
     t0 = time.monotonic()
     future = channel.unary_unary("/t.T/Echo").future(b"x" * (8 * MiB), timeout=30)
-    assert closed.wait(15), "the server kept the connection of a partial message"
+    assert proxy.closed.wait(15), "the server kept the connection of a partial message"
     took = time.monotonic() - t0
     assert 2.5 <= took <= 8, took
     with pytest.raises(grpc.RpcError):
         future.result(timeout=10)
     channel.close()
     server.stop(0)
-    listener.close()
+    proxy.close()
 
 
 # -- HTTP -----------------------------------------------------------------------------------

@@ -159,27 +159,34 @@ class EtcdJournal:
                 return None
             low = max(low - 16 * BATCH_SPAN, 0)
 
-    def _iter_records(self, start: bytes, after_seq: int) -> Iterator[JournalRecord]:
-        self.last_read = None
-        expect: int | None = None
+    def batches(self, start: bytes | None = None) -> Iterator[tuple[str, int, bytes]]:
+        """Every batch from the key ``start`` on (default: the oldest), in order, as
+        (its key as text, the seq of its first record, its frames), PAGE keys per
+        Range (what ``records`` and ``curvine journal verify`` read)."""
+        start = start or self.prefix
         while True:
             page = self.etcd.range(start, self._end, limit=PAGE).kvs
             for kv in page:
-                first = int(kv.key[len(self.prefix):])
-                where = kv.key.decode(errors="replace")
-                if expect is not None and first != expect:
-                    raise JournalCorruption(where, 0, f"batch starts at seq {first} but the "
-                                                      f"previous one ends at {expect - 1}")
-                for rec in decode_frames(kv.value, first, where):
-                    expect = rec.seq + 1
-                    if rec.seq > after_seq:
-                        self.last_read = (where, 0, rec.seq)
-                        if rec.seq > self._durable_seq:
-                            self._durable_seq = self._last_seq = rec.seq
-                        yield rec
+                yield (kv.key.decode(errors="replace"), int(kv.key[len(self.prefix):]),
+                       kv.value)
             if len(page) < PAGE:
-                break
+                return
             start = page[-1].key + b"\0"
+
+    def _iter_records(self, start: bytes, after_seq: int) -> Iterator[JournalRecord]:
+        self.last_read = None
+        expect: int | None = None
+        for where, first, frames in self.batches(start):
+            if expect is not None and first != expect:
+                raise JournalCorruption(where, 0, f"batch starts at seq {first} but the "
+                                                  f"previous one ends at {expect - 1}")
+            for rec in decode_frames(frames, first, where):
+                expect = rec.seq + 1
+                if rec.seq > after_seq:
+                    self.last_read = (where, 0, rec.seq)
+                    if rec.seq > self._durable_seq:
+                        self._durable_seq = self._last_seq = rec.seq
+                    yield rec
         self.last_read = None
 
     def unreplayable(self, exc: BaseException) -> JournalCorruption | None:

@@ -8,8 +8,13 @@ Keys (``prefix`` = ``/curvine/<cluster.name>/``):
   create revision with it (etcd_journal.py), so no write of an earlier term can
   land once the key was deleted (lease expired, revoked) and created again.
 - ``members/<id>``: JSON ``{"id", "grpc", "applied", "role"}`` of every live member,
-  put with its own lease each round (GetGroup, and the journal's compaction: the
-  lowest applied seq of the members).
+  held by its own lease (GetGroup, and the journal's compaction: the lowest applied
+  seq of the members).  It is also the claim on ``master.member_id``: created only
+  where absent (``create_revision == 0``) with a new lease, rewritten each round only
+  while our lease holds it.  Held by another lease for longer than a dead holder's
+  lease can outlive it (``claim_wait``), it is another live member's: at start the
+  master refuses to start (``wait_id_free``), later the member does not campaign and
+  says so (``duplicate``; the process exits, master/server.py).
 
 One thread per member (``leadership``) keeps the lease alive every ``ttl / 3`` and,
 while it does not lead, tries the campaign Txn every ``ttl / 6``.
@@ -34,6 +39,8 @@ from typing import Callable
 
 from curvine.common.errors import CurvineError, ErrorKind
 
+from curvine.proto import etcd_rpc_pb2 as pb
+
 from .etcd import Etcd, created_at, get_op, put_op, prefix_end
 
 log = logging.getLogger(__name__)
@@ -52,6 +59,24 @@ class MemberAddress:
     def record(self) -> dict:
         return {"id": self.id, "grpc": self.grpc, "call_port": self.call_port,
                 "http": self.http, "worker": self.worker}
+
+
+def leased_by(key: bytes, lease: int) -> pb.Compare:
+    """The compare that holds while ``key`` exists and is held by ``lease``."""
+    return pb.Compare(result=pb.Compare.EQUAL, target=pb.Compare.LEASE, key=key, lease=lease)
+
+
+def id_in_use(member_id: str, key: bytes, holder: bytes) -> CurvineError:
+    """Another live member holds ``member_id`` (its record ``holder``)."""
+    try:
+        record = json.loads(holder)
+        where = f"the member at {record.get('grpc', '?')}"
+    except (ValueError, AttributeError):
+        where = "another member"
+    return CurvineError(ErrorKind.EXISTS, (
+        f"master.member_id {member_id!r} is in use by {where}, a live member of the "
+        f"group (etcd key {key.decode(errors='replace')} held by its lease): give every "
+        f"master its own master.member_id"))
 
 
 def not_leader(leader_grpc: str) -> CurvineError:
@@ -73,6 +98,7 @@ class Leadership:
         self.prefix = prefix
         self.leader_key = prefix + b"leader"
         self.members_prefix = prefix + b"members/"
+        self.member_key = self.members_prefix + me.id.encode()
         self.me = me
         self.ttl = max(1, math.ceil(ttl))  # etcd leases are whole seconds
         self.applied = applied
@@ -85,6 +111,10 @@ class Leadership:
         self._drop_lease = False  # revoke the lease in the thread (lost())
         self._no_campaign_until = 0.0  # monotonic; after resign()
         self._failing = False  # etcd calls failing (logged once per outage)
+        self._claimed = False  # members/<id> is held by our lease (module docstring)
+        self._refused_since = 0.0  # monotonic: since when another lease holds it
+        # another live member has our id: we never campaign; the process stops
+        self.duplicate: CurvineError | None = None
         self.leader: dict = {}  # the leader record last seen (ours while we lead)
         self.role = "standby"  # published in members/<id>
         self.stats = {"renewals": 0, "renew_failures": 0, "elected": 0, "lost": 0}
@@ -140,6 +170,33 @@ class Leadership:
         log.warning("lost leadership: %s", reason)
         self.on_change()
 
+    def claim_wait(self) -> float:
+        """How long a key held by a dead member's lease can stand: its lease runs
+        ``ttl`` from the last keepalive etcd received, plus etcd's own expiry rounds."""
+        return 2 * self.ttl + 1.0
+
+    def wait_id_free(self) -> None:
+        """At start, before this member opens anything: return once no lease holds
+        ``members/<id>``; EXISTS (naming master.member_id) if one still does after
+        ``claim_wait`` (a live member with the same id, not this member's previous run,
+        whose lease runs out meanwhile)."""
+        deadline = time.monotonic() + self.claim_wait()
+        waiting = False
+        while True:
+            kv = self.etcd.get(self.member_key)
+            if kv is None:
+                if waiting:
+                    log.info("master.member_id %r is free", self.me.id)
+                return
+            if time.monotonic() >= deadline:
+                raise id_in_use(self.me.id, self.member_key, kv.value)
+            if not waiting:
+                waiting = True
+                log.info("master.member_id %r is held in etcd (this member's previous run, "
+                         "until its lease runs out, or another member): waiting up to "
+                         "%.0f s", self.me.id, self.claim_wait())
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
     # ------------------------------------------------------------------ thread
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="leadership", daemon=True)
@@ -176,10 +233,14 @@ class Leadership:
                 elif now >= next_keepalive:
                     self._keepalive()
                     next_keepalive = now + self.ttl / 3
-                # never a key without our lease (it would outlive us): only with one
-                if self._lease and not self.term and time.monotonic() >= self._no_campaign_until:
+                if self._lease and not self._claimed and self.duplicate is None:
+                    self._claim()
+                # never a key without our lease (it would outlive us): only with one,
+                # and with our id ours
+                if (self._lease and self._claimed and not self.term
+                        and time.monotonic() >= self._no_campaign_until):
                     self._campaign()
-                if self._lease:
+                if self._lease and self._claimed:
                     self._publish()
             except CurvineError as e:
                 self.stats["renew_failures"] += 1
@@ -210,6 +271,7 @@ class Leadership:
         with self._lock:
             self._lease = lease
             self._valid_until = sent + self.ttl
+        self._claimed = False  # a new lease holds nothing yet
 
     def _keepalive(self) -> None:
         sent = time.monotonic()
@@ -242,11 +304,37 @@ class Leadership:
         with self._lock:
             self.leader = leader if isinstance(leader, dict) else {}
 
+    def _record(self) -> bytes:
+        return json.dumps({"id": self.me.id, "grpc": self.me.grpc, "applied": self.applied(),
+                           "role": self.role}).encode()
+
+    def _claim(self) -> None:
+        """Create ``members/<id>`` with our lease where no lease holds it."""
+        reply = self.etcd.txn([created_at(self.member_key, 0)],
+                              [put_op(self.member_key, self._record(), self._lease)],
+                              [get_op(self.member_key)])
+        kvs = () if reply.succeeded else reply.responses[0].response_range.kvs
+        if reply.succeeded or (kvs and kvs[0].lease == self._lease):  # (a lost reply)
+            self._claimed = True
+            if self._refused_since:
+                log.info("master.member_id %r is ours again", self.me.id)
+            self._refused_since = 0.0
+            return
+        now = time.monotonic()
+        if not self._refused_since:
+            self._refused_since = now
+            log.info("master.member_id %r is held in etcd by another lease: not "
+                     "campaigning until it is ours", self.me.id)
+        elif now - self._refused_since > self.claim_wait() and kvs:
+            self.duplicate = id_in_use(self.me.id, self.member_key, kvs[0].value)
+            log.error("%s", self.duplicate.message)
+            self.on_change()
+
     def _publish(self) -> None:
-        record = {"id": self.me.id, "grpc": self.me.grpc, "applied": self.applied(),
-                  "role": self.role}
-        self.etcd.put(self.members_prefix + self.me.id.encode(), json.dumps(record).encode(),
-                      lease=self._lease)
+        reply = self.etcd.txn([leased_by(self.member_key, self._lease)],
+                              [put_op(self.member_key, self._record(), self._lease)])
+        if not reply.succeeded:  # (our lease is gone: the next keepalive finds out)
+            self._claimed = False
 
     def members(self) -> list[dict]:
         """Every live member's record (linearizable read)."""
