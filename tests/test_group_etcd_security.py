@@ -12,7 +12,8 @@ MasterProc), certificates made here (test_tls's helpers):
   group's keys): the group elects, stores and fails over; the user cannot touch keys
   outside the group's prefix; a wrong password stops a master at start, naming
   master.etcd_user; a client whose token expired (--auth-token-ttl 2) while idle
-  authenticates again, without a warning.
+  authenticates again, without a warning; so do the masters when a restarted etcd has
+  forgotten every token.
 """
 
 from __future__ import annotations
@@ -281,3 +282,54 @@ def _cfg(cluster: EtcdCluster, **master) -> Config:
     cfg.cluster.name = "group-test"
     cfg.master = MasterConfig(etcd_endpoints=cluster.endpoints, **master)
     return cfg
+
+
+def test_a_group_with_authentication_goes_on_after_etcd_restarted(tmp_path, auth_etcd):
+    """etcd keeps its simple tokens in memory: restarted, it answers every token the
+    masters hold "invalid auth token"; they authenticate again and go on, without a
+    warning (and the leader keeps its lease: etcd is back within it)."""
+    first, second = start_group(tmp_path, auth_etcd, 2, auth_lines(tmp_path, "s3cret-pw"))
+    try:
+        create(first, b"before")
+        auth_etcd.restart(0)
+        wait_for(lambda: _creates(first, b"after-restart"), TAKEOVER_TIMEOUT,
+                 what="the leader stores again")
+        for i in range(20):
+            create(first, b"during%02d" % i)
+        wait_for(lambda: lookup(second, b"during19"), 10, what="the standby follows")
+        assert first.role() == "leader"
+        elects_stores_and_fails_over(first, second)
+    finally:
+        first.stop()
+        second.stop()
+
+
+def _creates(m: MasterProc, name: bytes) -> bool:
+    try:
+        create(m, name)
+        return True
+    except grpc.RpcError:
+        return False
+
+
+def test_a_user_set_before_etcd_turns_authentication_on(tmp_path, caplog):
+    """The order of a migration to authentication: the masters get master.etcd_user
+    first, while etcd has it off (they work, and warn once), then `auth enable`: the
+    first call refused for its missing token authenticates and is sent again."""
+    cluster = _start(tmp_path / "etcd")
+    try:
+        client = etcd_from_config(_cfg(cluster, **_auth_keys(tmp_path)))
+        try:
+            with caplog.at_level(logging.WARNING, logger="curvine.master.group.etcd"):
+                client.put(PREFIX + b"k", b"v")
+                client.put(PREFIX + b"k", b"w")
+            warned = [r.getMessage() for r in caplog.records]
+            assert len(warned) == 1 and "authentication off" in warned[0], warned
+            assert client.authentications == 0
+            enable_auth(cluster, "curvine", "s3cret-pw", PREFIX)
+            assert client.get(PREFIX + b"k").value == b"w"
+            assert client.authentications == 1
+        finally:
+            client.close()
+    finally:
+        cluster.stop()

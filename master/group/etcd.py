@@ -11,9 +11,9 @@ TLS and authentication (master/group/etcd_access.py builds an Etcd from [master]
 ``credentials`` make every channel a TLS one (etcd's CA, and a client certificate for
 an etcd with --client-cert-auth).  With ``user`` the client authenticates (etcd's Auth
 service) before its first call and sends the token as the gRPC metadata ``token`` on
-every call.  etcd's simple tokens expire after --auth-token-ttl unused and are only
-known to the etcd member that issued them (a restart, another endpoint): a call that
-etcd answers "invalid auth token" authenticates again, once, and is sent again.  The
+every call.  etcd's simple tokens expire after --auth-token-ttl unused and are
+forgotten when etcd restarts (they live in its memory): a call that etcd answers
+"invalid auth token" authenticates again, once, and is sent again.  The
 errors name the [master] key to look at: a TLS handshake that failed, a wrong
 password, a user without the permission.
 """
@@ -44,10 +44,13 @@ MAX_REPLY_BYTES = 160 << 20
 
 
 # etcd's answers (etcdserver/api/v3rpc/rpctypes) that the client acts on
-_INVALID_TOKEN = "invalid auth token"  # expired, or issued by another etcd member
+_INVALID_TOKEN = "invalid auth token"  # expired, or etcd restarted since
 _NO_USER = "user name is empty"  # auth is on and the call carried no token
 _AUTH_FAILED = "authentication failed"  # wrong user or password
 _AUTH_OFF = "authentication is not enabled"
+
+
+_NONE = object()
 
 
 class _AuthenticateFailed(Exception):
@@ -148,7 +151,7 @@ class Etcd:
                     raise
                 log.debug("etcd %s refused the auth token (%s): authenticating again",
                           self.endpoints[i], _details(e))
-                return call(i, self._metadata(i, timeout, stale=md))
+                return call(i, self._metadata(i, timeout, refused=md))
         except (grpc.RpcError, _AuthenticateFailed) as failure:
             e = failure
             if isinstance(failure, _AuthenticateFailed):
@@ -163,13 +166,14 @@ class Etcd:
                                      f"{code.name if code else 'error'}: "
                                      f"{_details(e)}{hint}") from None
 
-    def _metadata(self, i: int, timeout: float | None, stale=None):
+    def _metadata(self, i: int, timeout: float | None, refused=_NONE):
         """The metadata of a call on endpoint i: the auth token, got first if there is
-        none yet or the call's one (``stale``) was refused."""
+        none yet or etcd refused the metadata ``refused`` that is still the current
+        (another thread may have renewed it meanwhile)."""
         if not self.user:
             return None
         with self._auth_lock:
-            if not self._authed or (stale is not None and self._token_md == stale):
+            if not self._authed or (refused is not _NONE and self._token_md == refused):
                 try:
                     self._authenticate(i, timeout)
                 except grpc.RpcError as e:
