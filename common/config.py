@@ -533,8 +533,9 @@ def _problems(cfg: Config):
 
 def _etcd_access_problems(m: MasterConfig):
     """The [master] keys of TLS and authentication to etcd that cannot go together
-    (their files are read by the masters only, at start: master/group/etcd_access.py;
-    a worker sharing this config holds none of them)."""
+    (their files are read by the masters of a group only, at start:
+    master/group/etcd_access.py; a worker sharing this config holds none of them, and a
+    master without master.etcd_endpoints ignores them)."""
     if m.etcd_key_file and not m.etcd_cert_file:
         yield (("master.etcd_key_file",),
                "is set but master.etcd_cert_file is not (a key needs its certificate)")
@@ -551,12 +552,6 @@ def _etcd_access_problems(m: MasterConfig):
         yield (("master.etcd_user",), "must be set when master.etcd_password_file is")
     if m.etcd_user and not all(33 <= ord(ch) <= 126 for ch in m.etcd_user):
         yield ("master.etcd_user",), f"{m.etcd_user!r} is not a user name (printable ASCII)"
-    if not m.etcd_endpoints:
-        for name in ("etcd_ca_file", "etcd_cert_file", "etcd_user"):
-            if getattr(m, name):
-                yield ((f"master.{name}",), "is set but master.etcd_endpoints is empty (no "
-                       "master group)")
-                break
 
 
 def is_host_port(address: str) -> bool:

@@ -113,8 +113,6 @@ def test_other_errors_and_one_master_do_not_move():
      "master.etcd_user: must be set when master.etcd_password_file is"),
     ('[master]\netcd_endpoints = ["e:1"]\netcd_user = "a b"\netcd_password_file = "p"',
      "master.etcd_user: 'a b' is not a user name"),
-    ('[master]\netcd_ca_file = "a"', "master.etcd_ca_file: is set but master.etcd_endpoints "
-     "is empty"),
 ])
 def test_bad_group_settings_are_named(tmp_path, text, message):
     with pytest.raises(ConfigError) as e:
