@@ -26,12 +26,12 @@ class GroupJournal:
     manager that closes its etcd client."""
 
     def __init__(self, cfg: Config):
-        from curvine.master.group.etcd import Etcd
+        from curvine.master.group.etcd_access import etcd_from_config
         from curvine.master.group.etcd_journal import EtcdJournal
         from curvine.master.member import key_prefix
 
         prefix = key_prefix(cfg)
-        self.etcd = Etcd(list(cfg.master.etcd_endpoints))
+        self.etcd = etcd_from_config(cfg)  # with the TLS and user the config names
         try:
             self.journal = EtcdJournal(self.etcd, prefix, prefix + b"leader")  # read-only
         except BaseException:

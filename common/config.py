@@ -165,6 +165,18 @@ class MasterConfig:
     member_id: str = ""
     advertise_addr: str = ""
     ha_lease_ttl: Duration = Duration(3.0)
+    # how the members reach etcd (master/group/etcd_access.py, docs/security.md "The
+    # master group's etcd"); all empty = plaintext and no etcd user (loopback only).
+    # TLS: the CA that etcd's server certificate chains to (etcd --trusted-ca-file's
+    # peer: TLS is on when it is set), and this master's client certificate and key
+    # for an etcd started with --client-cert-auth.  Authentication: the etcd user the
+    # members act as (etcd auth enable) and a file holding its password (never the
+    # password itself here).  The files are read when a master starts.
+    etcd_ca_file: str = ""
+    etcd_cert_file: str = ""
+    etcd_key_file: str = ""
+    etcd_user: str = ""
+    etcd_password_file: str = ""
 
 
 @dataclass
@@ -458,6 +470,7 @@ def _problems(cfg: Config):
         host, sep, port = endpoint.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
             yield ("master.etcd_endpoints",), f"entry {i}: expected host:port, got {endpoint!r}"
+    yield from _etcd_access_problems(m)
     if not 1 <= m.ha_lease_ttl <= 60:
         yield ("master.ha_lease_ttl",), f"must be between 1s and 60s, got {m.ha_lease_ttl:g}s"
     if len(m.member_id) > 128 or any(ch in m.member_id for ch in "/\0"):
@@ -523,6 +536,29 @@ def _problems(cfg: Config):
     # (exit 2).  Nothing to check and nothing read when all are unset.
     for key, message in tls.problems(cfg.security):
         yield (key,), message
+
+
+def _etcd_access_problems(m: MasterConfig):
+    """The [master] keys of TLS and authentication to etcd that cannot go together
+    (their files are read by the masters of a group only, at start:
+    master/group/etcd_access.py; a worker sharing this config holds none of them, and a
+    master without master.etcd_endpoints ignores them)."""
+    if m.etcd_key_file and not m.etcd_cert_file:
+        yield (("master.etcd_key_file",),
+               "is set but master.etcd_cert_file is not (a key needs its certificate)")
+    if m.etcd_cert_file and not m.etcd_key_file:
+        yield (("master.etcd_cert_file",),
+               "is set but master.etcd_key_file is not (a certificate needs its key)")
+    if m.etcd_cert_file and not m.etcd_ca_file:
+        yield (("master.etcd_ca_file",), "must be set when master.etcd_cert_file is (the CA "
+               "that etcd's server certificate chains to: TLS to etcd is on with it)")
+    if m.etcd_user and not m.etcd_password_file:
+        yield (("master.etcd_password_file",), "must be set when master.etcd_user is (a "
+               "file holding the etcd user's password)")
+    if m.etcd_password_file and not m.etcd_user:
+        yield (("master.etcd_user",), "must be set when master.etcd_password_file is")
+    if m.etcd_user and not all(33 <= ord(ch) <= 126 for ch in m.etcd_user):
+        yield ("master.etcd_user",), f"{m.etcd_user!r} is not a user name (printable ASCII)"
 
 
 def is_host_port(address: str) -> bool:

@@ -117,6 +117,24 @@ def load(sec) -> Material | None:
                     server_name=sec.tls_server_name)
 
 
+def load_client(ca: tuple[str, str], cert: tuple[str, str] | None = None,
+                key: tuple[str, str] | None = None) -> Material:
+    """The material of a client of some other TLS service (the master group's etcd:
+    master/group/etcd_access.py), each file given as ``(config key, path)``: the CA
+    that service's certificate chains to and, for a service that asks for client
+    certificates, this process's certificate and key.  Checked like :func:`load`;
+    TLSError naming the config key of the file at fault."""
+    ca_pem = _read_pem(ca[0], ca[1], (_CERT_MARK,), "certificates")
+    _check_certs(ca[0], ca[1], ca_pem)
+    cert_pem = key_pem = None
+    if cert is not None and key is not None:
+        cert_pem = _read_pem(cert[0], cert[1], (_CERT_MARK,), "a certificate")
+        _check_certs(cert[0], cert[1], cert_pem)
+        key_pem = _read_pem(key[0], key[1], _KEY_MARKS, "a private key")
+        _check_pair(cert[1], key[1], key[0])
+    return Material(cert_pem, key_pem, ca_pem, client_auth=False, server_name="")
+
+
 def _read_pem(key: str, path: str, marks: tuple[bytes, ...], what: str) -> bytes:
     try:
         with open(path, "rb") as f:
@@ -125,7 +143,7 @@ def _read_pem(key: str, path: str, marks: tuple[bytes, ...], what: str) -> bytes
         raise TLSError(key, f"cannot read {path}: {e.strerror or e}") from None
     if len(data) > MAX_PEM:
         raise TLSError(key, f"{path} is larger than {MAX_PEM} bytes")
-    if key == "security.tls_key" and any(m in data for m in _ENCRYPTED_KEY_MARKS):
+    if marks is _KEY_MARKS and any(m in data for m in _ENCRYPTED_KEY_MARKS):
         raise TLSError(key, f"{path} is encrypted; gRPC needs an unencrypted key "
                             "(protect it with file mode 0600)")
     if not any(m in data for m in marks):
@@ -142,24 +160,22 @@ def _check_certs(key: str, path: str, data: bytes) -> None:
         raise TLSError(key, f"{path}: cannot parse its certificates ({_reason(e)})") from None
 
 
-def _check_pair(cert_path: str, key_path: str) -> None:
-    """The key parses and is the certificate's key."""
+def _check_pair(cert_path: str, key_path: str, name: str = "security.tls_key") -> None:
+    """The key parses and is the certificate's key (``name``: the key's config key)."""
     def no_password():  # never prompt on a terminal for an encrypted key
-        raise TLSError("security.tls_key", f"{key_path} is encrypted; gRPC needs an "
-                                           "unencrypted key")
+        raise TLSError(name, f"{key_path} is encrypted; gRPC needs an unencrypted key")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         ctx.load_cert_chain(cert_path, key_path, password=no_password)
     except ssl.SSLError as e:
         reason = _reason(e)
         if reason == "KEY_VALUES_MISMATCH":
-            raise TLSError("security.tls_key", f"{key_path} is not the key of the "
-                                               f"certificate in {cert_path}") from None
-        raise TLSError("security.tls_key", f"{key_path}: cannot use the key with "
-                                           f"{cert_path} ({reason})") from None
+            raise TLSError(name, f"{key_path} is not the key of the certificate in "
+                                 f"{cert_path}") from None
+        raise TLSError(name, f"{key_path}: cannot use the key with {cert_path} "
+                             f"({reason})") from None
     except OSError as e:  # a file went away since it was read
-        raise TLSError("security.tls_key", f"cannot read {key_path}: "
-                                           f"{e.strerror or e}") from None
+        raise TLSError(name, f"cannot read {key_path}: {e.strerror or e}") from None
 
 
 def _reason(e: Exception) -> str:

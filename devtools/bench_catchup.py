@@ -44,11 +44,14 @@ def _replay_line(path: str) -> str | None:
 
 def _journal_keys(c: LocalCluster) -> int:
     """How many batches (etcd keys) the journal is in now."""
-    from curvine.master.group.etcd import Etcd, prefix_end
+    from curvine.master.group.etcd import prefix_end
+    from curvine.master.group.etcd_access import etcd_from_config
     from curvine.master.member import key_prefix
     from curvine.common import config as config_mod
-    prefix = key_prefix(config_mod.load(c.client_conf)) + b"journal/"
-    etcd = Etcd(c.etcd_endpoints)
+    # a master's own config: its etcd endpoints, and TLS and user if it has them
+    cfg = config_mod.load(os.path.join(c.base, "conf", "master-0.toml"))
+    prefix = key_prefix(cfg) + b"journal/"
+    etcd = etcd_from_config(cfg)
     try:
         return etcd.range(prefix, prefix_end(prefix), keys_only=True).count
     finally:

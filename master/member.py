@@ -42,7 +42,7 @@ from curvine.journal import JournalError
 from curvine.journal.checkpoint import receive_checkpoint
 from curvine.proto import master_pb2, master_pb2_grpc
 
-from .group.etcd import Etcd
+from .group.etcd_access import etcd_from_config
 from .group.etcd_journal import CHECKPOINT_BYTES_MAX, CHECKPOINT_EVERY_MAX, EtcdJournal
 from .group.etcd_state import EtcdLeaseState, shared_block_key
 from .group.leadership import Leadership, MemberAddress, not_leader
@@ -92,8 +92,7 @@ class Member:
         self.security = security
         self.me = me
         self.prefix = key_prefix(cfg)
-        self.etcd = Etcd(list(cfg.master.etcd_endpoints),
-                         timeout=min(2.0, float(cfg.master.ha_lease_ttl)))
+        self.etcd = etcd_from_config(cfg, timeout=min(2.0, float(cfg.master.ha_lease_ttl)))
         self._closed = False
         self._wake = threading.Event()
         self.failovers = 0

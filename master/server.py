@@ -18,6 +18,7 @@ from curvine.common.errors import ConfigError, CurvineError
 from curvine.common.security import CLIENT, WORKER, Security
 from curvine.journal import JournalError
 
+from .group import etcd_access
 from .master import Master
 from .member import CurrentMaster, Member, member_address
 from .ports import metrics as master_metrics
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_mod.load(args.conf)
         security = Security.load(cfg, role="master")  # the tokens are never logged
         security.check_can_serve()  # before the journal or LMDB is touched
+        if cfg.master.etcd_endpoints:  # the etcd TLS files and password, read at start
+            etcd_access.load(cfg.master)
     except (ConfigError, auth.TokenError) as e:
         print(f"curvine-master: {e}", file=sys.stderr)
         return 2
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     except JournalError as e:
         log.critical("cannot recover the journal: %s", e)
         return 2
-    except CurvineError as e:
+    except (CurvineError, ConfigError) as e:
         log.critical("cannot start: %s", e)
         return 2
     # each mount's lease session and Calls stream hold one server thread each for their

@@ -10,6 +10,16 @@ Fixtures (import them into a test module: ``from etcd_util import etcd  # noqa: 
 ``etcd`` (one member) and ``etcd3`` (three), each stopped at teardown.  Both skip the
 test, saying why, when no etcd binary is installed; nothing else skips.
 
+TLS and authentication (the master group's etcd as deployments run it): pass
+``tls=EtcdTLS(ca, cert, key, client_cert_auth=True)`` and the members serve their
+client port over TLS (with --client-cert-auth, a client certificate signed by ``ca``
+is required); ``client_tls`` is then the (ca, cert, key) files this module's own calls
+use (health checks, ``enable_auth``).  ``auth_token_ttl`` sets etcd's
+--auth-token-ttl (seconds a simple token lives unused).  ``enable_auth(cluster, ...)``
+creates root, a user with a role granted readwrite on one key prefix only, and turns
+authentication on, through etcd's Auth service (what `etcdctl user add`, `role add`,
+`role grant-permission --prefix`, `user grant-role`, `auth enable` do).
+
 etcd's own logs go to ``<base>/etcd-<i>.log``: not a curvine daemon log, so the log
 check of tests/conftest.py leaves them alone (etcd logs a WARNING for a slow fsync
 on a busy machine, which is not the test's business).
@@ -21,10 +31,13 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import time
 import urllib.request
+from dataclasses import dataclass
 
+import grpc
 import pytest
 
 from curvine.devtools.local import free_ports
@@ -42,10 +55,24 @@ def etcd_missing() -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class EtcdTLS:
+    """The files of an etcd serving TLS on its client port."""
+    ca: str  # --trusted-ca-file: the CA of client certificates (and of cert, here)
+    cert: str  # --cert-file: the server certificate (names 127.0.0.1)
+    key: str  # --key-file
+    client_cert_auth: bool = True  # --client-cert-auth
+    # this module's own client certificate (cert, key): needed with client_cert_auth
+    client: tuple[str, str] | None = None
+
+
 class EtcdCluster:
     """``members`` etcd processes forming one cluster, on loopback."""
 
-    def __init__(self, base: str, members: int = 1):
+    def __init__(self, base: str, members: int = 1, tls: EtcdTLS | None = None,
+                 auth_token_ttl: int | None = None):
+        self.tls = tls
+        self.auth_token_ttl = auth_token_ttl
         self.base = os.path.abspath(base)
         ports = free_ports(2 * members)
         self.client_ports = ports[:members]
@@ -60,15 +87,46 @@ class EtcdCluster:
 
     def _argv(self, i: int, state: str) -> list[str]:
         cluster = ",".join(f"{n}=http://{HOST}:{p}" for n, p in zip(self.names, self.peer_ports))
-        client = f"http://{HOST}:{self.client_ports[i]}"
+        client = f"{self._scheme}://{HOST}:{self.client_ports[i]}"
         peer = f"http://{HOST}:{self.peer_ports[i]}"
-        return [ETCD, "--name", self.names[i], "--data-dir", os.path.join(self.base, self.names[i]),
+        argv = [ETCD, "--name", self.names[i], "--data-dir", os.path.join(self.base, self.names[i]),
                 "--listen-client-urls", client, "--advertise-client-urls", client,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", cluster, "--initial-cluster-state", state,
                 "--initial-cluster-token", os.path.basename(self.base),
                 # a leader election within ~1 s on loopback (defaults: 100 ms / 1 s)
                 "--heartbeat-interval", "100", "--election-timeout", "1000"]
+        if self.tls is not None:
+            argv += ["--cert-file", self.tls.cert, "--key-file", self.tls.key,
+                     "--trusted-ca-file", self.tls.ca]
+            if self.tls.client_cert_auth:
+                argv.append("--client-cert-auth")
+        if self.auth_token_ttl is not None:
+            argv += ["--auth-token-ttl", str(self.auth_token_ttl)]
+        return argv
+
+    @property
+    def _scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if self.tls is None:
+            return None
+        ctx = ssl.create_default_context(cafile=self.tls.ca)
+        if self.tls.client is not None:
+            ctx.load_cert_chain(*self.tls.client)
+        return ctx
+
+    def channel(self, i: int = 0) -> grpc.Channel:
+        """A gRPC channel to member ``i`` as this module's own client (TLS with the
+        module's client certificate when the cluster serves TLS)."""
+        target = self.endpoints[i]
+        if self.tls is None:
+            return grpc.insecure_channel(target)
+        read = lambda path: open(path, "rb").read()  # noqa: E731
+        cert, key = self.tls.client or (None, None)
+        return grpc.secure_channel(target, grpc.ssl_channel_credentials(
+            read(self.tls.ca), read(key) if key else None, read(cert) if cert else None))
 
     def _spawn(self, i: int, state: str) -> None:
         os.makedirs(self.base, exist_ok=True)
@@ -93,7 +151,8 @@ class EtcdCluster:
 
     def wait_healthy(self, i: int, timeout: float = START_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
-        url = f"http://{HOST}:{self.client_ports[i]}/health"
+        url = f"{self._scheme}://{HOST}:{self.client_ports[i]}/health"
+        ctx = self._ssl_context()
         last = ""
         while time.monotonic() < deadline:
             proc = self.procs[i]
@@ -101,7 +160,7 @@ class EtcdCluster:
                 raise RuntimeError(f"etcd {self.names[i]} exited with {proc.returncode}; "
                                    f"see {self.base}/etcd-{i}.log")
             try:
-                with urllib.request.urlopen(url, timeout=1.0) as r:
+                with urllib.request.urlopen(url, timeout=1.0, context=ctx) as r:
                     if json.loads(r.read()).get("health") == "true":
                         return
             except (OSError, ValueError) as e:
@@ -144,6 +203,30 @@ class EtcdCluster:
             if log is not None:
                 log.close()
                 self._logs[i] = None
+
+
+def enable_auth(cluster: EtcdCluster, user: str, password: str, prefix: bytes,
+                root_password: str = "root-secret") -> None:
+    """Turn authentication on in ``cluster``: a root user (etcd needs one first), and
+    ``user`` with a role of its name granted readwrite on the keys under ``prefix``
+    only.  The etcdctl equivalent is in docs/operations.md ("Master group")."""
+    from curvine.proto import etcd_auth_pb2 as auth_pb
+    from curvine.proto import etcd_rpc_pb2 as pb
+    from curvine.proto import etcd_rpc_pb2_grpc as pb_grpc
+    channel = cluster.channel()
+    try:
+        a = pb_grpc.AuthStub(channel)
+        a.UserAdd(pb.AuthUserAddRequest(name="root", password=root_password), timeout=5)
+        a.UserGrantRole(pb.AuthUserGrantRoleRequest(user="root", role="root"), timeout=5)
+        a.UserAdd(pb.AuthUserAddRequest(name=user, password=password), timeout=5)
+        a.RoleAdd(pb.AuthRoleAddRequest(name=user), timeout=5)
+        end = prefix[:-1] + bytes([prefix[-1] + 1])
+        a.RoleGrantPermission(pb.AuthRoleGrantPermissionRequest(name=user, perm=auth_pb.Permission(
+            permType=auth_pb.Permission.READWRITE, key=prefix, range_end=end)), timeout=5)
+        a.UserGrantRole(pb.AuthUserGrantRoleRequest(user=user, role=user), timeout=5)
+        a.AuthEnable(pb.AuthEnableRequest(), timeout=5)
+    finally:
+        channel.close()
 
 
 def _etcd_fixture(tmp_path, members: int):

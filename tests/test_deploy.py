@@ -495,7 +495,8 @@ def test_configmap_is_a_valid_config_and_agrees_with_the_manifests(tmp_path):
     assert cfg.master.etcd_endpoints == members(etcd_sts, etcd_svc, client_port)
     etcd_args = " ".join(_container(etcd_sts["spec"]["template"]["spec"], "etcd")["command"])
     for i, peer in enumerate(members(etcd_sts, etcd_svc, 2380)):
-        assert f"curvine-etcd-{i}=http://{peer}" in etcd_args
+        assert f"curvine-etcd-{i}=https://{peer}" in etcd_args
+    assert _etcd_tls_problems(docs, cfg) == []
     master = _container(sts["spec"]["template"]["spec"], "master")
     assert {p["containerPort"] for p in master["ports"]} == {
         cfg.master.port, cfg.master.worker_port, cfg.master.http_port, cfg.master.call_port}
@@ -886,6 +887,133 @@ def test_each_daemon_container_has_the_tokens_its_daemon_needs(tmp_path):
     assert "security.worker_token_file: cannot read" in _refusal("worker", view)
 
 
+# the Secrets of etcd's certificates (etcd.yaml): key in the Secret -> its file in
+# deploy/k8s/etcd-tls/ (kustomization.yaml)
+ETCD_TLS_FILES = {
+    "curvine-etcd-server": {"tls.crt": "server.crt", "tls.key": "server.key", "ca.crt": "ca.crt"},
+    "curvine-etcd-client": {"tls.crt": "master.crt", "tls.key": "master.key", "ca.crt": "ca.crt"},
+}
+# master.etcd_* -> the key of the Secret curvine-etcd-client each must be
+ETCD_CLIENT_KEYS = {"etcd_ca_file": "ca.crt", "etcd_cert_file": "tls.crt",
+                    "etcd_key_file": "tls.key"}
+
+
+def _stand_in_etcd_tls(k8s_dir) -> None:
+    """Stand-ins for the files etcd's Secrets are made from (kustomize only copies them)."""
+    for files in ETCD_TLS_FILES.values():
+        for file in files.values():
+            path = os.path.join(k8s_dir, "etcd-tls", file)
+            with open(path, "w") as f:
+                f.write(f"stand-in {file}\n")
+
+
+def _etcd_tls_problems(docs, cfg: config.Config) -> list[str]:
+    """What keeps etcd from running with TLS and client certificates, the masters from
+    reaching it, or its credentials from staying with etcd and the masters ([] =
+    nothing): etcd's flags name the files of its Secret, mounted read-only; the
+    masters' master.etcd_* name the files of theirs, mounted read-only in the master
+    container only; no other container gets either; probes use the plaintext metrics
+    port."""
+    problems = []
+    server, client = ETCD_TLS_FILES
+    etcd_sts = _one(docs, "StatefulSet", "curvine-etcd")
+    spec = etcd_sts["spec"]["template"]["spec"]
+    etcd = _container(spec, "etcd")
+    args = etcd["command"]
+    flags = dict(a.split("=", 1) for a in args if a.startswith("--") and "=" in a)
+    for flag in ("--client-cert-auth", "--peer-client-cert-auth"):
+        if flag not in args:
+            problems.append(f"etcd runs without {flag}")
+    for flag in ("--listen-client-urls", "--advertise-client-urls", "--listen-peer-urls",
+                 "--initial-advertise-peer-urls"):
+        if not flags.get(flag, "").startswith("https://"):
+            problems.append(f"etcd {flag} is not https: {flags.get(flag)}")
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    mounts = [m for m in etcd.get("volumeMounts", [])
+              if volumes.get(m["name"], {}).get("secret", {}).get("secretName") == server]
+    if len(mounts) != 1 or mounts[0].get("readOnly") is not True:
+        problems.append(f"etcd: {len(mounts)} read-only mounts of the Secret {server}")
+    else:
+        items = {i["path"]: i["key"] for i in volumes[mounts[0]["name"]]["secret"]["items"]}
+        for flag, key in (("--cert-file", "tls.crt"), ("--key-file", "tls.key"),
+                          ("--trusted-ca-file", "ca.crt"), ("--peer-cert-file", "tls.crt"),
+                          ("--peer-key-file", "tls.key"), ("--peer-trusted-ca-file", "ca.crt")):
+            path = flags.get(flag, "")
+            if (os.path.dirname(path) != mounts[0]["mountPath"]
+                    or items.get(os.path.basename(path)) != key):
+                problems.append(f"etcd {flag}={path} is not the Secret's {key}")
+    for probe in ("readinessProbe", "livenessProbe"):
+        check = etcd.get(probe, {})
+        port = (check.get("httpGet") or check.get("tcpSocket") or {}).get("port")
+        if port != "metrics" or not flags.get("--listen-metrics-urls", "").startswith("http://"):
+            problems.append(f"etcd {probe} is not on the plaintext metrics port")
+    m = cfg.master
+    paths = {key: getattr(m, key) for key in ETCD_CLIENT_KEYS}
+    if not all(paths.values()) or len({os.path.dirname(p) for p in paths.values()}) != 1:
+        return problems + [f"master: etcd TLS keys not all set, in one directory: {paths}"]
+    etcd_dir = os.path.dirname(paths["etcd_ca_file"])
+    for pod_name, pod in _pod_specs(docs):
+        vols = {v["name"]: v for v in pod.get("volumes", [])}
+        for c in pod["containers"]:
+            where = f"{pod_name}/{c['name']}"
+            for mount in c.get("volumeMounts", []):
+                name = vols.get(mount["name"], {}).get("secret", {}).get("secretName")
+                if name == server and c is not etcd:
+                    problems.append(f"{where} gets etcd's own certificate")
+                if name != client:
+                    continue
+                if pod_name != "curvine-master" or c["name"] != "master":
+                    problems.append(f"{where} gets the masters' etcd certificate")
+                    continue
+                secret = vols[mount["name"]]["secret"]
+                items = {i["path"]: i["key"] for i in secret["items"]}
+                if mount["mountPath"] != etcd_dir or mount.get("readOnly") is not True:
+                    problems.append(f"{where}: {client} at {mount['mountPath']}, the config "
+                                    f"names {etcd_dir} (read-only)")
+                for key, want in ETCD_CLIENT_KEYS.items():
+                    if items.get(os.path.basename(paths[key])) != want:
+                        problems.append(f"{where}: master.{key} {paths[key]} is not the "
+                                        f"Secret's {want}")
+                if secret.get("defaultMode", 0o644) & 0o007:
+                    problems.append(f"{where}: etcd client key readable by others")
+    master_pod = _one(docs, "StatefulSet", "curvine-master")["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in master_pod.get("volumes", [])}
+    if not any(vols.get(mnt["name"], {}).get("secret", {}).get("secretName") == client
+               for mnt in _container(master_pod, "master").get("volumeMounts", [])):
+        problems.append(f"curvine-master/master does not mount {client}")
+    return problems
+
+
+@pytest.mark.parametrize("name, old, new, problem", [
+    ("etcd.yaml", "            - --client-cert-auth\n", "", "without --client-cert-auth"),
+    ("etcd.yaml", "--listen-client-urls=https://", "--listen-client-urls=http://",
+     "--listen-client-urls is not https"),
+    ("etcd.yaml", "--trusted-ca-file=/etc/etcd-tls/ca.crt",
+     "--trusted-ca-file=/etc/etcd-tls/tls.crt", "is not the Secret's ca.crt"),
+    ("etcd.yaml", "httpGet: {path: /health, port: metrics}",
+     "httpGet: {path: /health, port: client}",
+     "readinessProbe is not on the plaintext metrics port"),
+    ("master.yaml", "{name: etcd-tls, mountPath: /etc/curvine-etcd, readOnly: true}",
+     "{name: etcd-tls, mountPath: /etc/curvine-etcd}", "(read-only)"),
+    ("master.yaml",
+     "            - {name: etcd-tls, mountPath: /etc/curvine-etcd, readOnly: true}\n", "",
+     "does not mount curvine-etcd-client"),
+    ("daemonset.yaml", "      volumes:\n",
+     "      volumes:\n        - {name: etcdx, secret: {secretName: curvine-etcd-client}}\n",
+     None),  # mounted in the worker below
+])
+def test_etcd_tls_checks_catch_a_broken_manifest(tmp_path, name, old, new, problem):
+    text = open(os.path.join(K8S, name)).read()
+    assert text.count(old) == 1, (name, old)
+    docs = _manifests({name: text.replace(old, new)})
+    if problem is None:
+        pod = _one(docs, "DaemonSet", "curvine-node")["spec"]["template"]["spec"]
+        _container(pod, "worker")["volumeMounts"].append({"name": "etcdx", "mountPath": "/x"})
+        problem = "curvine-node/worker gets the masters' etcd certificate"
+    found = _etcd_tls_problems(docs, _config_of(docs, tmp_path))
+    assert any(problem in p for p in found), found
+
+
 def _kustomize(directory) -> subprocess.CompletedProcess:
     # kubectl builds the kustomization offline (apply --dry-run needs an API server)
     return subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True,
@@ -896,16 +1024,21 @@ def test_kustomization_lists_the_cluster_manifests(tmp_path):
     yaml = pytest.importorskip("yaml")
     k = yaml.safe_load(open(os.path.join(K8S, "kustomization.yaml")))
     assert k["resources"] == [f for f in K8S_FILES if f != "example-inference-pod.yaml"]
-    # two Secrets, each from its own file: the client token and the worker token
+    # two Secrets, each from its own file: the client token and the worker token; two
+    # of etcd's certificates (etcd's own, the masters' client one), with the etcd CA
     gens = {g["name"]: g for g in k["secretGenerator"]}
-    assert len(gens) == len(k["secretGenerator"]) == 2
+    assert len(gens) == len(k["secretGenerator"]) == 4
     assert {name: g["files"] for name, g in gens.items()} == {
-        TOKEN_SECRET: ["token"], WORKER_TOKEN_SECRET: ["worker-token"]}
+        TOKEN_SECRET: ["token"], WORKER_TOKEN_SECRET: ["worker-token"],
+        **{name: [f"{key}=etcd-tls/{file}" for key, file in files.items()]
+           for name, files in ETCD_TLS_FILES.items()}}
     for g in gens.values():
         assert g["options"]["disableNameSuffixHash"] is True  # the names the pods mount
     # the token files are never committed
     if shutil.which("git") and os.path.isdir(os.path.join(REPO, ".git")):
-        for path in ("deploy/k8s/token", "deploy/k8s/worker-token"):
+        for path in ("deploy/k8s/token", "deploy/k8s/worker-token",
+                     *{f"deploy/k8s/etcd-tls/{file}" for files in ETCD_TLS_FILES.values()
+                       for file in files.values()}):
             ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO, timeout=30)
             assert ignored.returncode == 0, f"{path} is not ignored by git"
             tracked = subprocess.run(["git", "ls-files", path], cwd=REPO,
@@ -914,7 +1047,8 @@ def test_kustomization_lists_the_cluster_manifests(tmp_path):
     if shutil.which("kubectl") is None:
         return
     work = tmp_path / "k8s"
-    shutil.copytree(K8S, work, ignore=shutil.ignore_patterns("token", "worker-token"))
+    shutil.copytree(K8S, work, ignore=shutil.ignore_patterns("token", "worker-token",
+                                                             "*.crt", "*.key"))
     # without either token file there is nothing to apply: no default token
     out = _kustomize(work)
     assert out.returncode != 0 and "token" in out.stderr
@@ -922,11 +1056,15 @@ def test_kustomization_lists_the_cluster_manifests(tmp_path):
     out = _kustomize(work)
     assert out.returncode != 0 and "worker-token" in out.stderr
     worker_token = auth.write_token_file(str(work / "worker-token"))
+    # nor without etcd's certificates: etcd takes TLS with client certificates only
+    out = _kustomize(work)
+    assert out.returncode != 0 and "etcd-tls" in out.stderr
+    _stand_in_etcd_tls(work)
     out = _kustomize(work)
     assert out.returncode == 0, out.stderr
     built = [d for d in yaml.safe_load_all(out.stdout) if d]
     assert sorted(d["kind"] for d in built) == sorted(
-        [d["kind"] for d in _manifests() if d["kind"] != "Pod"] + ["Secret", "Secret"])
+        [d["kind"] for d in _manifests() if d["kind"] != "Pod"] + ["Secret"] * 4)
     for name, key, value in ((TOKEN_SECRET, "token", token),
                              (WORKER_TOKEN_SECRET, "worker-token", worker_token)):
         secret = _one(built, "Secret", name)
@@ -939,8 +1077,15 @@ def test_kustomization_lists_the_cluster_manifests(tmp_path):
     for _, spec in _pod_specs(built):
         for v in spec.get("volumes", []):
             if "secret" in v:
-                assert v["secret"]["secretName"] in (TOKEN_SECRET, WORKER_TOKEN_SECRET)
-    assert _worker_token_problems(built, _config_of(built, tmp_path)) == []
+                assert v["secret"]["secretName"] in (TOKEN_SECRET, WORKER_TOKEN_SECRET,
+                                                     *ETCD_TLS_FILES)
+    for name in ETCD_TLS_FILES:
+        secret = _one(built, "Secret", name)
+        assert secret["type"] == "kubernetes.io/tls"
+        assert sorted(secret["data"]) == ["ca.crt", "tls.crt", "tls.key"]
+    cfg = _config_of(built, tmp_path)
+    assert _worker_token_problems(built, cfg) == []
+    assert _etcd_tls_problems(built, cfg) == []
 
 
 # ------------------------------------------------------- Kubernetes: TLS (opt-in Component)
@@ -977,6 +1122,7 @@ def _tls_build(tmp_path, tls_files: str, edits: dict[str, tuple[str, str]] | Non
     work = tmp_path / f"build{len(list(tmp_path.glob('build*')))}"
     shutil.copytree(K8S, work / "k8s", ignore=shutil.ignore_patterns(
         "token", "worker-token", *TLS_KEYS.values()))
+    _stand_in_etcd_tls(work / "k8s")
     auth.write_token_file(str(work / "k8s" / "token"), STAND_IN_TOKEN)
     auth.write_token_file(str(work / "k8s" / "worker-token"), STAND_IN_WORKER_TOKEN)
     for name in TLS_KEYS.values():
@@ -1127,6 +1273,7 @@ def _base_docs(tmp_path) -> list[dict]:
     work = tmp_path / "base"
     shutil.copytree(K8S, work, ignore=shutil.ignore_patterns(
         "token", "worker-token", *TLS_KEYS.values()))
+    _stand_in_etcd_tls(work)
     auth.write_token_file(str(work / "token"), STAND_IN_TOKEN)
     auth.write_token_file(str(work / "worker-token"), STAND_IN_WORKER_TOKEN)
     out = _kustomize(work)

@@ -45,10 +45,11 @@ TAKEOVER_TIMEOUT = 15.0  # lease TTL 3 s + campaign round + replay, with room on
 
 
 class MasterProc:
-    """One curvine-master of the group, its config written under ``base``."""
+    """One curvine-master of the group, its config written under ``base`` (with
+    ``master_extra``: more [master] lines, e.g. how it reaches etcd)."""
 
     def __init__(self, base: str, index: int, etcd_endpoints: list[str],
-                 advertise_host: str = "", member_id: str = ""):
+                 advertise_host: str = "", member_id: str = "", master_extra: str = ""):
         self.base = os.path.join(base, f"m{index}")
         os.makedirs(self.base, exist_ok=True)
         self.id = member_id or f"m{index}"
@@ -66,6 +67,7 @@ class MasterProc:
                     f'worker_port = {worker_port}\nhttp_port = {self.http_port}\n'
                     f'call_port = {self.call_port}\nmeta_dir = "{self.meta_dir}"\n'
                     f'etcd_endpoints = [{endpoints}]\nmember_id = "{self.id}"\n{advertise}'
+                    f'{master_extra}'
                     f'[journal]\ndir = "{os.path.join(self.base, "journal")}"\n')
         self.log_path = os.path.join(self.base, "master.log")
         self.proc: subprocess.Popen | None = None

@@ -101,6 +101,19 @@ def test_other_errors_and_one_master_do_not_move():
     ('[master]\netcd_endpoints = ["e:1"]\nha_lease_ttl = "500ms"', "between 1s and 60s"),
     ('[master]\nmember_id = "a/b"', "master.member_id: at most 128 characters, no '/'"),
     ('[master]\nadvertise_addr = "m0"', "master.advertise_addr: expected host:port, got 'm0'"),
+    # how the members reach etcd: keys that cannot go together (files: at a master's start)
+    ('[master]\netcd_endpoints = ["e:1"]\netcd_cert_file = "c"\netcd_key_file = "k"',
+     "master.etcd_ca_file: must be set when master.etcd_cert_file is"),
+    ('[master]\netcd_endpoints = ["e:1"]\netcd_ca_file = "a"\netcd_cert_file = "c"',
+     "master.etcd_cert_file: is set but master.etcd_key_file is not"),
+    ('[master]\netcd_endpoints = ["e:1"]\netcd_ca_file = "a"\netcd_key_file = "k"',
+     "master.etcd_key_file: is set but master.etcd_cert_file is not"),
+    ('[master]\netcd_endpoints = ["e:1"]\netcd_user = "curvine"',
+     "master.etcd_password_file: must be set when master.etcd_user is"),
+    ('[master]\netcd_endpoints = ["e:1"]\netcd_password_file = "p"',
+     "master.etcd_user: must be set when master.etcd_password_file is"),
+    ('[master]\netcd_endpoints = ["e:1"]\netcd_user = "a b"\netcd_password_file = "p"',
+     "master.etcd_user: 'a b' is not a user name"),
 ])
 def test_bad_group_settings_are_named(tmp_path, text, message):
     with pytest.raises(ConfigError) as e:

@@ -2,6 +2,8 @@
 
 - ``etcd.py``: the etcd v3 client (sync gRPC stubs generated from etcd's own protos,
   proto/etcd_import.py), with a deadline on every call and failover between endpoints.
+- ``etcd_access.py``: the Etcd client of a Config: TLS to etcd and the etcd user
+  (``master.etcd_*``), read at a master's start.
 - ``leadership.py``: the election (one leader key held with a lease), the lease's
   keepalive and the leader's own fence timer, the members' records.
 - ``etcd_journal.py``: the journal as etcd keys, appended by the leader in one
