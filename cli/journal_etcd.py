@@ -20,6 +20,8 @@ from curvine.common.config import Config
 from curvine.journal.journal import Damage
 from curvine.journal.segment import JournalCorruption, JournalRecord, decode_frames
 
+from .journal_walk import Walk, replay_problem
+
 
 class GroupJournal:
     """The group's journal in etcd as the config names it (read-only); a context
@@ -53,10 +55,8 @@ class GroupJournal:
 
 
 def walk(group: GroupJournal):
-    """verify's walk over the batches (``journal_cmd.Walk``, a batch counted as a
+    """verify's walk over the batches (``journal_walk.Walk``, a batch counted as a
     segment): the first damage stops it."""
-    from .journal_cmd import Walk, replay_problem
-
     w = Walk()
     commit = group.journal.read_commit()
     expect = None

@@ -101,7 +101,7 @@ def auth_lines(tmp_path, password: str, name: str = "pw") -> str:
 def start_group(tmp_path, cluster: EtcdCluster, n: int, extra: str) -> list[MasterProc]:
     made = []
     for i in range(n):
-        m = MasterProc(str(tmp_path), i, cluster.endpoints, extra)
+        m = MasterProc(str(tmp_path), i, cluster.endpoints, master_extra=extra)
         made.append(m)
         m.start()
         if i == 0:
@@ -170,21 +170,21 @@ def test_a_master_without_a_client_certificate_or_trusting_another_ca_is_refused
     try:
         # no client certificate: etcd's --client-cert-auth refuses the handshake
         log = refused_at_start(MasterProc(str(tmp_path), 1, tls_etcd.endpoints,
-                                          tls_lines(pki["ca"], None)))
+                                          master_extra=tls_lines(pki["ca"], None)))
         assert "cannot start" in log and "master.etcd_cert_file" in log, log[-2000:]
         # another CA: etcd's server certificate does not verify
         log = refused_at_start(MasterProc(str(tmp_path), 2, tls_etcd.endpoints,
-                                          tls_lines(pki["other_ca"], pki["client"])))
+                                          master_extra=tls_lines(pki["other_ca"], pki["client"])))
         assert "cannot start" in log and "master.etcd_ca_file" in log, log[-2000:]
         # a client certificate of another CA: refused by etcd
         log = refused_at_start(MasterProc(str(tmp_path), 3, tls_etcd.endpoints,
-                                          tls_lines(pki["ca"], pki["other_client"])))
+                                          master_extra=tls_lines(pki["ca"], pki["other_client"])))
         assert "cannot start" in log and "master.etcd_cert_file" in log, log[-2000:]
         # plaintext to etcd's TLS port
         log = refused_at_start(MasterProc(str(tmp_path), 4, tls_etcd.endpoints))
         assert "cannot start" in log and "master.etcd_ca_file" in log, log[-2000:]
         # a file that cannot be used stops the master before it reaches etcd (one line)
-        log = refused_at_start(MasterProc(str(tmp_path), 5, tls_etcd.endpoints, tls_lines(
+        log = refused_at_start(MasterProc(str(tmp_path), 5, tls_etcd.endpoints, master_extra=tls_lines(
             pki["ca"], (str(tmp_path / "missing.pem"), pki["client"][1]))))
         assert "master.etcd_cert_file: cannot read" in log, log[-2000:]
         # none of them joined: the leader is still the only member, and leads
@@ -212,7 +212,7 @@ def test_a_group_with_etcd_authentication(tmp_path, auth_etcd):
     try:
         # a wrong password: the master stops at start, naming the key
         log = refused_at_start(MasterProc(str(tmp_path), 2, auth_etcd.endpoints,
-                                          auth_lines(tmp_path, "wrong", "bad-pw")))
+                                          master_extra=auth_lines(tmp_path, "wrong", "bad-pw")))
         assert "master.etcd_user" in log and "authentication failed" in log, log[-2000:]
         # the user may touch the group's keys only
         client = etcd_from_config(_cfg(auth_etcd, **_auth_keys(tmp_path)))
