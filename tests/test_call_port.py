@@ -703,3 +703,55 @@ def test_a_mount_logs_one_outage_of_its_call_port_not_each_reconnect(served, cap
                               f"127.0.0.1:{leader.port} again (after "), info
     assert len([r for r in records if r.levelno == logging.DEBUG]) >= 6
     assert outage.since == 0.0
+
+
+# -- answers handed to the loop (common/loop_inbox.py) ----------------------------------------
+
+def test_answers_handed_to_the_loop_share_its_wake_ups_and_keep_their_order(caplog):
+    """Other threads (the committer, a standby's read index) answer a batch at once:
+    every answer runs in the loop, each thread's in the order posted, with fewer loop
+    wake-ups than answers; one that raises is logged and the rest still run; once the
+    loop is closed a post is dropped, not raised."""
+    import asyncio
+    from curvine.common.loop_inbox import LoopInbox
+
+    loop = asyncio.new_event_loop()
+    wakeups = [0]
+
+    def call_soon_threadsafe(fn, *args):
+        wakeups[0] += 1
+        return loop.call_soon_threadsafe(fn, *args)
+
+    inbox = LoopInbox(call_soon_threadsafe, "a test answer")
+    ran: dict[int, list[int]] = {t: [] for t in range(4)}
+    in_loop: list[bool] = []
+    loop_thread = threading.Thread(target=loop.run_forever)
+    loop_thread.start()
+
+    def note(t: int, i: int) -> None:
+        in_loop.append(threading.current_thread() is loop_thread)
+        ran[t].append(i)
+
+    def producer(t: int) -> None:
+        for i in range(2000):
+            inbox.post(note, t, i)
+            if i == 1000:
+                inbox.post(lambda: 1 / 0)  # a bug in one answer
+
+    threads = [threading.Thread(target=producer, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    done = threading.Event()
+    inbox.post(done.set)
+    assert done.wait(10)
+    loop.call_soon_threadsafe(loop.stop)
+    loop_thread.join(10)
+    assert all(ran[t] == list(range(2000)) for t in range(4))
+    assert all(in_loop) and len(in_loop) == 8000
+    assert wakeups[0] < 8000 + 4 + 1, wakeups[0]  # shared: fewer than one per answer
+    assert caplog.text.count("a test answer handed to the loop failed") == 4
+    loop.close()
+    inbox.post(note, 0, -1)  # closed: dropped, nothing raised
+    assert ran[0][-1] == 1999

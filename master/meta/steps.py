@@ -23,14 +23,12 @@ mutation (GIL hand-offs among a dozen threads), more than the mutation itself.
 from __future__ import annotations
 
 import functools
-import logging
-import threading
 from concurrent import futures
 from typing import Any, Callable, Generator, NamedTuple
 
 from curvine.common.errors import CurvineError
+from curvine.common.loop_inbox import LoopInbox
 
-log = logging.getLogger(__name__)
 
 
 class Submit(NamedTuple):
@@ -91,11 +89,9 @@ class StepRunner:
                  call_soon_threadsafe: Callable, pool: futures.Executor):
         self._submit_async = submit_async
         self._revoke_begin = revoke_begin
-        self._call_soon = call_soon_threadsafe
         self._pool = pool
-        self._lock = threading.Lock()
-        self._inbox: list = []  # (fn, args) posted from other threads
-        self._scheduled = False
+        # what other threads hand back (a durable batch's items at once): one wake-up
+        self._post = LoopInbox(call_soon_threadsafe, "a mutation's step").post
 
     def start(self, gen: Steps, done: Callable[[Any, BaseException | None], None]) -> None:
         """Run ``gen``; ``done(value, None)`` or ``done(None, error)`` in the loop."""
@@ -138,28 +134,3 @@ class StepRunner:
             self._post(self._step, gen, done, None, e)
             return
         self._post(self._step, gen, done, value, None)
-
-    def _post(self, fn: Callable, *args) -> None:
-        """Run ``fn(*args)`` in the loop; one wake-up of the loop for everything posted
-        before it runs (a committed batch's items)."""
-        with self._lock:
-            self._inbox.append((fn, args))
-            if self._scheduled:
-                return
-            self._scheduled = True
-        try:
-            self._call_soon(self._drain)
-        except RuntimeError:  # the loop is closed: the port stopped, nobody to answer
-            with self._lock:
-                self._inbox.clear()
-                self._scheduled = False
-
-    def _drain(self) -> None:
-        with self._lock:
-            posted, self._inbox = self._inbox, []
-            self._scheduled = False
-        for fn, args in posted:
-            try:
-                fn(*args)
-            except Exception:  # noqa: BLE001 - one call's bug must not drop the others
-                log.exception("a mutation's step failed")

@@ -71,6 +71,7 @@ from google.protobuf.message import DecodeError
 
 from curvine.common.call_wire import (ACCEPTED, ANSWER, BUSY, FRAME, HELLO, MAGIC,
                                       UNAUTHENTICATED)
+from curvine.common.loop_inbox import LoopInbox
 from curvine.common.metrics import CONNECTIONS_CUT, RPC_UNAUTHENTICATED, STREAMS_CANCELLED_IDLE
 from curvine.common.stream_guard import QuietLog
 from curvine.proto import master_pb2
@@ -164,6 +165,9 @@ class CallPort:
         self._server: asyncio.base_events.Server | None = None
         self._open: set[_Connection] = set()  # every connection (the loop's)
         self._thread: threading.Thread | None = None
+        # answers other threads hand to the loop (the pool's, a standby's read index's:
+        # every read that shared an etcd round trip at once): one wake-up for a batch
+        self._inbox: LoopInbox | None = None
 
     def start(self) -> int:
         """Bind and serve; returns the bound port.  OSError if the port is taken."""
@@ -191,6 +195,7 @@ class CallPort:
         asyncio.set_event_loop(loop)
         if self._make_mutations is not None:
             self._mutations = self._make_mutations(loop.call_soon_threadsafe)
+        self._inbox = LoopInbox(loop.call_soon_threadsafe, "an answer")
         try:
             self._server = loop.run_until_complete(loop.create_server(
                 lambda: _Connection(self), self._host, self._port, reuse_address=True,
@@ -513,10 +518,7 @@ class _Connection(asyncio.Protocol):
 
     def _call_in_loop(self, fn, *args) -> None:
         """``fn(*args)`` in the loop, from another thread (nothing once it stopped)."""
-        try:
-            self.loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:
-            pass  # the port stopped meanwhile (loop closed): nobody to answer
+        self.port._inbox.post(fn, *args)  # (nothing once the port stopped: nobody to answer)
 
     def _heavy(self, call: master_pb2.Call) -> None:
         self.heavy_busy = True
