@@ -27,6 +27,7 @@ import contextlib
 import os
 import signal
 import statistics
+import tempfile
 import threading
 import time
 from typing import Callable
@@ -134,8 +135,9 @@ class HaBench:
         """Lookups and stores of 16 clients on ``masters`` masters: ops/s and the
         leader's CPU per operation (medians over ``runs``)."""
         from curvine.common.ids import ROOT_INO
-        c = LocalCluster(os.path.join(self.top, f"ha-{masters}"), workers=1, mounts=0,
-                         masters=masters)
+        # a directory of its own each time (a cluster's data stays after ``down``)
+        c = LocalCluster(tempfile.mkdtemp(dir=self.top, prefix=f"ha-{masters}-"), workers=1,
+                         mounts=0, masters=masters)
         c.up()
         try:
             ms = MetaScale(c, self.top, self.say, runs=self.runs, seconds=self.seconds,
