@@ -2,7 +2,10 @@
 and no imports go round in a cycle (master/__init__.py says which layer is which).
 
 Also the journal's record kinds: the table of apply functions names every kind the
-proto defines, in the order of their numbers (master/meta/namespace.py, ``APPLY``).
+proto defines, in the order of their numbers (master/meta/namespace.py, ``APPLY``);
+and, for the whole tree, where metrics are defined: each process's in its own
+package's ``metrics.py``, common/metrics.py only the machinery and the RPC and limit
+metrics every server updates.
 """
 
 from __future__ import annotations
@@ -150,3 +153,59 @@ def test_the_record_table_names_every_kind_in_the_order_of_its_number():
     unlisted = {name for name in vars(Namespace) if name.startswith("_apply_")} - {
         fn.__name__ for fn in APPLY.values()}
     assert unlisted == {"_apply_exchange"}  # the exchange form of a rename record
+
+
+# -- metrics: one module per process defines them ----------------------------------------
+
+# Every package of ours (the folder of each): where metric definitions are looked for.
+TREE = ("common", "journal", "master", "worker", "client", "fuse_client", "connector",
+        "cli", "devtools")
+_METRIC_TYPES = {"Counter", "Gauge", "Histogram", "Summary", "Info", "Enum"}
+
+
+def _metric_definitions(path: pathlib.Path) -> list[tuple[str, int, str]]:
+    """(what is made, line, the name it is bound to or "") of every Prometheus metric
+    or metric family that ``path`` makes: calls of the classes imported from
+    prometheus_client (not, say, collections.Counter)."""
+    tree = ast.parse(path.read_text(), str(path))
+    ours = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("prometheus_client"):
+            for alias in node.names:
+                if alias.name in _METRIC_TYPES or alias.name.endswith("MetricFamily"):
+                    ours[alias.asname or alias.name] = alias.name
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    bound[id(node.value)] = target.id
+    return [(ours[node.func.id], node.lineno, bound.get(id(node), ""))
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in ours]
+
+
+def test_metrics_are_defined_only_in_metrics_modules():
+    """A process's metrics (and the families its collectors yield) are defined in its
+    package's metrics.py, beside the function that assembles its registry, not
+    wherever they are updated."""
+    elsewhere = [f"{path.relative_to(ROOT)}:{line}: {kind}"
+                 for folder in TREE for path in sorted((ROOT / folder).rglob("*.py"))
+                 if path.name != "metrics.py"
+                 for kind, line, _ in _metric_definitions(path)]
+    assert elsewhere == []
+
+
+def test_common_metrics_defines_only_what_every_server_updates():
+    """common/metrics.py is the machinery plus the RPC and limit metrics of every
+    server (RPC_METRICS, LIMIT_METRICS): no process's own metrics."""
+    path = ROOT / "common" / "metrics.py"
+    defined = {name for _, _, name in _metric_definitions(path)}
+    groups = set()
+    for node in ast.parse(path.read_text()).body:
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Tuple)
+                and any(isinstance(t, ast.Name) and t.id in ("RPC_METRICS", "LIMIT_METRICS")
+                        for t in node.targets)):
+            groups |= {e.id for e in node.value.elts if isinstance(e, ast.Name)}
+    assert groups and defined == groups

@@ -20,11 +20,12 @@ from curvine.proto import common_pb2, worker_pb2, worker_pb2_grpc
 
 from curvine.common import checked_service, wire
 from curvine.common.stream_guard import IdleStreams, Watched
-from curvine.common.metrics import (BLOCK_TOKEN_REFUSED, STREAMS_REFUSED_BUSY, WORKER_READ_REMOTE,
-                                    WORKER_WRITTEN_REMOTE, WORKER_WRITTEN_SHORT_CIRCUIT)
+from curvine.common.metrics import STREAMS_REFUSED_BUSY
 from curvine.common.blocks import check_block_id
 
 from .blockstore import READ_CHUNK, BlockStore
+from .metrics import (BLOCK_TOKEN_REFUSED, WORKER_READ_REMOTE, WORKER_WRITTEN_REMOTE,
+                      WORKER_WRITTEN_SHORT_CIRCUIT)
 
 log = logging.getLogger(__name__)
 

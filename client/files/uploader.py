@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from curvine.common.checksum import crc32
 from curvine.common.errors import CurvineError, ErrorKind
-from curvine.common.metrics import CLIENT_WRITTEN_REMOTE, CLIENT_WRITTEN_SHORT_CIRCUIT
 from curvine.proto import common_pb2
 
 from ..blocks import block_client
 from .file_reader import note_written_file
+from .metrics import CLIENT_WRITTEN_REMOTE, CLIENT_WRITTEN_SHORT_CIRCUIT
 from ..blocks.pools import LazyExecutor
 
 if TYPE_CHECKING:
