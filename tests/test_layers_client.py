@@ -5,8 +5,10 @@
   ``blocks`` and ``master``, and those two import neither each other nor ``files``;
 - ``fuse_client`` and ``connector`` build on ``client`` (and ``common``/``proto``), never
   on each other, the CLI, the devtools, the master or the worker;
-- ``cli`` and ``devtools`` do not import each other (``cli/main.py`` names the devtools
-  command groups by module, its composition root, and imports none);
+- ``cli`` and ``devtools`` do not import each other, but for the composition root:
+  ``cli/main.py``'s table of command groups imports the devtools groups (local, demo,
+  bench: COMPOSITION_ROOT, exactly those), each inside its loader function, so that
+  importing the CLI loads none of them;
 - ``common`` imports nothing of ours but ``proto`` and itself;
 - no import cycle among all of these but the known ones below (KNOWN_CYCLES, empty
   now), so that no new one comes and a fixed one is struck off.
@@ -53,6 +55,17 @@ ALLOWED = {
 KNOWN_CYCLES: set[str] = set()
 
 
+# The program's composition root (cli/main.py, COMMAND_GROUPS) and the devtools modules
+# it, and only it, imports: each command group's module, and the package on the way.
+COMPOSITION_ROOT = "curvine.cli.main"
+ROOT_IMPORTS = {"curvine.devtools", "curvine.devtools.local", "curvine.devtools.demo",
+                "curvine.devtools.bench"}
+
+
+def _root_edge(module: str, target: str) -> bool:
+    return module == COMPOSITION_ROOT and target in ROOT_IMPORTS
+
+
 def _under(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
@@ -75,6 +88,8 @@ def test_no_client_side_package_imports_one_it_may_not(graph):
         for target in sorted(targets):
             if _under(target, home) or any(_under(target, p) for p in ALLOWED[home]):
                 continue
+            if _root_edge(module, target):
+                continue  # test_the_composition_root_imports_devtools_lazily
             wrong.append(f"{modules[module].relative_to(modules[module].parents[1])}:"
                          f"{lines[module, target]}: {module} ({home}) imports {target}")
     assert wrong == []
@@ -83,9 +98,38 @@ def test_no_client_side_package_imports_one_it_may_not(graph):
 def test_cli_and_devtools_do_not_import_each_other(graph):
     _, edges, _ = graph
     crossing = [(m, t) for m, targets in edges.items() for t in targets
-                if (_under(m, "curvine.cli") and _under(t, "curvine.devtools"))
+                if (_under(m, "curvine.cli") and _under(t, "curvine.devtools")
+                    and not _root_edge(m, t))
                 or (_under(m, "curvine.devtools") and _under(t, "curvine.cli"))]
     assert crossing == []
+
+
+def test_the_composition_root_imports_devtools_lazily(graph):
+    """cli/main.py imports exactly the devtools command groups, each inside a
+    function (none at module level), and importing it loads no devtools module (the
+    CLI's start-up); every entry of its table is a command group."""
+    import ast
+    import subprocess
+    import sys
+
+    modules, edges, _ = graph
+    assert {t for t in edges[COMPOSITION_ROOT] if _under(t, "curvine.devtools")} == ROOT_IMPORTS
+    tree = ast.parse(modules[COMPOSITION_ROOT].read_text())
+    top = [node.lineno for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+           and any(_under(name, "curvine.devtools")
+                   for name in ([a.name for a in node.names] if isinstance(node, ast.Import)
+                                else [node.module or ""]))]
+    assert top == [], "cli/main.py imports a command group at module level"
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, curvine.cli.main; "
+         "print(sorted(m for m in sys.modules if m.startswith('curvine.devtools')))"],
+        capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    assert loaded == "[]"
+
+    from curvine.cli.main import COMMAND_GROUPS
+    for name, load in COMMAND_GROUPS.items():
+        group = load()
+        assert callable(group.register) and group.HELP and group.DESCRIPTION, name
 
 
 def test_no_import_cycle_on_the_client_side_but_the_known_ones(graph):
