@@ -5,13 +5,16 @@ Also the journal's record kinds: the table of apply functions names every kind t
 proto defines, in the order of their numbers (master/meta/namespace.py, ``APPLY``);
 and, for the whole tree, where metrics are defined: each process's in its own
 package's ``metrics.py``, common/metrics.py only the machinery and the RPC and limit
-metrics every server updates.
+metrics every server updates; and that every path a comment, docstring or doc names
+(``master/meta/store.py``, ``tls/configmap.yaml``) is a file of the tree.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
+import re
 
 from curvine.master.meta.namespace import APPLY, Namespace
 from curvine.proto import journal_pb2
@@ -209,3 +212,80 @@ def test_common_metrics_defines_only_what_every_server_updates():
                         for t in node.targets)):
             groups |= {e.id for e in node.value.elts if isinstance(e, ast.Name)}
     assert groups and defined == groups
+
+
+# -- paths named in the tree ----------------------------------------------------------
+
+# Every ``dir/name.ext`` that a file of the tree names (in code, comments, docstrings,
+# docs, configs, manifests, units) must be a file of the tree, at that path from the
+# root or from some directory of it (a package's docstring says ``meta/store.py``, a
+# page on the manifests ``tls/configmap.yaml``).  Not checked:
+# - text that is not ours to keep: generated protobuf modules (``*_pb2*.py[i]``, protoc's
+#   output), the pyfuse3 patches (``*.patch``: paths of pyfuse3's tree) and CHANGELOG.md
+#   (history: each entry names the paths of its day);
+# - paths outside the tree: one whose first directory is no directory of the tree
+#   (``lmcache/v1/...``, ``BASE/conf/...``, a diff's ``a/src/...``), and one that is the
+#   end of a longer path or URL (after ``/``, ``.`` or a word character);
+# - what the code writes rather than the tree holds: OUTPUTS.
+PATH_EXTENSIONS = ("py", "pyi", "md", "sh", "toml", "yaml", "yml", "proto", "service",
+                   "patch", "json", "txt")
+PATH_REF = re.compile(r"(?<![\w./-])((?:[A-Za-z_][\w-]*/)+[\w.@-]+\.(?:%s))\b"
+                      % "|".join(PATH_EXTENSIONS))
+NOT_SCANNED = re.compile(r"(_pb2(_grpc)?\.pyi?|\.patch|^CHANGELOG\.md)$")
+SKIPPED_DIRS = {".git", ".venv", ".pytest_cache", "__pycache__", "build", "tmp"}
+OUTPUTS = {
+    "conf/client.toml": "a local cluster's client config, BASE/conf/client.toml "
+                        "(devtools/local.py writes it)",
+}
+
+
+def _tree_files(root: pathlib.Path = None) -> list[str]:
+    """Every file of the checkout, relative to its root (no venv, caches, git)."""
+    root = root or ROOT
+    out = []
+    for here, subdirs, names in os.walk(root):
+        subdirs[:] = [d for d in subdirs if d not in SKIPPED_DIRS and not d.endswith(".egg-info")]
+        rel = pathlib.Path(here).relative_to(root)
+        out += [(rel / n).as_posix() for n in names]
+    return sorted(out)
+
+
+def stale_paths(root: pathlib.Path = None) -> list[str]:
+    """"file:line: path" for every path named in the tree that is no file of it."""
+    root = root or ROOT
+    files = _tree_files(root)
+    dirs = {d.as_posix() for f in files for d in pathlib.PurePosixPath(f).parents}
+    dir_names = {pathlib.PurePosixPath(d).name for d in dirs if d != "."}
+    suffixes = set(files) | {f.split("/", i)[-1] for f in files for i in range(1, f.count("/") + 1)}
+    stale = []
+    for f in files:
+        if NOT_SCANNED.search(f) or not f.endswith(tuple("." + e for e in PATH_EXTENSIONS)
+                                                   + ("Dockerfile", ".ci/run")):
+            continue
+        try:
+            text = (root / f).read_text()
+        except UnicodeDecodeError:
+            continue
+        for m in PATH_REF.finditer(text):
+            ref = m.group(1)
+            if ref.split("/")[0] not in dir_names or ref in OUTPUTS or ref in suffixes:
+                continue
+            stale.append(f"{f}:{text.count(chr(10), 0, m.start()) + 1}: {ref}")
+    return stale
+
+
+def test_every_path_named_in_the_tree_is_a_file_of_it():
+    assert stale_paths() == []
+
+
+def test_the_path_check_sees_a_stale_path(tmp_path):
+    """The check finds a moved module named by its old path (and accepts the new one,
+    a path from a package's own directory, an external path and a URL)."""
+    old = "master" + "/store.py"  # not spelt out: this file is checked too
+    (tmp_path / "master" / "meta").mkdir(parents=True)
+    (tmp_path / "master" / "meta" / "store.py").write_text(
+        '"""Keys: see master/meta/store.py and meta/store.py."""\n')
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "page.md").write_text(
+        f"The store (`{old}`) ... lmcache/v1/config.py, https://example.com/{old}\n")
+    assert stale_paths(tmp_path) == [f"notes/page.md:1: {old}"]

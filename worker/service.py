@@ -1,4 +1,5 @@
-"""The worker's gRPC block service (``Worker`` in proto/worker.proto): the data path.
+"""The worker's gRPC block service (``Worker`` in proto/src/curvine/proto/worker.proto):
+the data path.
 
 Thin handlers: validate the request (a bad field is INVALID naming it), call the
 BlockStore, convert the result.  Data travels in messages of at most 1 MiB.
