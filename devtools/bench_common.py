@@ -232,6 +232,9 @@ class CpuMeter:
 
 
 def name_procs(rows: list[dict], mounts: list[str]) -> dict[str, int]:
+    """Label -> pid of the live daemons of a local cluster (``LocalCluster.status()``
+    rows): "master", "worker <i>", and "fuse A" / "fuse B" for the mounts ``mounts``
+    names (the others by index)."""
     names = {}
     for r in rows:
         if not r["alive"]:
