@@ -246,7 +246,7 @@ def _cmd_checkpoint(args, parser) -> int:
 
 def _checkpoint_offline(args) -> int:
     """Open the metadata as the master does at start (recovery and replay,
-    master/metadata.py), then checkpoint.
+    master/meta/metadata.py), then checkpoint.
 
     The journal's directory lock makes this refuse to run next to a live master."""
     from curvine.master.meta.metadata import Metadata, lmdb_dir

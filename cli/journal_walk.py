@@ -65,7 +65,7 @@ def walk(directory: str) -> Walk:
 
 def replay_problem(payload: bytes) -> str | None:
     """Why the master's replay would fail on this record whatever its metadata holds,
-    or None.  The replay (master/committer.py) parses every record as a JournalEntry,
+    or None.  The replay (master/meta/committer.py) parses every record as a JournalEntry,
     then Namespace.remember and Namespace.apply use the record kind that is set; so a
     payload that does not parse, an entry with no record kind set (not a journal entry,
     or a kind this version does not know) and a kind this master has no apply for are

@@ -103,7 +103,7 @@ class MasterConfig:
     # locations (and the files whose only copy it holds) are kept this long: a worker
     # paused (GC, I/O stall, network blip) that comes back within it loses nothing
     lost_grace: Duration = Duration(600.0)
-    # capacity (master/capacity.py): above evict_high (a fraction of the live workers'
+    # capacity (master/cluster/capacity.py): above evict_high (a fraction of the live workers'
     # capacity) the least recently used complete files that no mount has open are
     # evicted down to evict_low, and a block with no room evicts synchronously;
     # every evict_interval the master also removes expired (TTL) files and files whose
@@ -116,7 +116,7 @@ class MasterConfig:
     orphan_block_grace: Duration = Duration(300.0)  # unknown blocks younger than this are kept
     retry_cache_entries: int = 200_000
     # how long a mount may cache a name or a file's attributes without asking (its
-    # lease; mutations by others revoke it first: master/leases.py); 0 = no leases
+    # lease; mutations by others revoke it first: master/cluster/leases.py); 0 = no leases
     lease_time: Duration = Duration(30.0)
     # how long a mount may cache a name's absence (a negative entry, fuse.negative_leases):
     # shorter, since a mount that dies holding one holds back the store of that name
@@ -142,7 +142,7 @@ class MasterConfig:
     # ...and the bytes of one LookupMany reply: past it the reply answers the names
     # before the one that would not fit, and the client asks again for the rest
     lookup_reply_max: Size = Size(4 << 20)
-    # re-replication (master/replication.py): copies in flight per target worker, and
+    # re-replication (master/cluster/replication.py): copies in flight per target worker, and
     # how long one may take before it is given up and tried again
     replication_max_inflight: int = 4
     replication_timeout: Duration = Duration(120.0)

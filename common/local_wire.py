@@ -1,7 +1,7 @@
 """Framing of the worker's domain socket protocol (worker/domain_socket.py, the
 server; client/blocks/domain_socket.py, the client): a 4-byte big-endian length, then a
-protobuf message (LocalRequest or LocalReply, proto/worker.proto).  A reply may carry
-file descriptors (SCM_RIGHTS) on its first byte.
+protobuf message (LocalRequest or LocalReply, proto/src/curvine/proto/worker.proto).
+A reply may carry file descriptors (SCM_RIGHTS) on its first byte.
 
 Every receive has a deadline for the whole message, so a peer that trickles bytes is
 as dead as a silent one; a server may also give the message a shorter time from its

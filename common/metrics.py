@@ -1,11 +1,17 @@
-"""Prometheus metrics and the HTTP endpoint (``/metrics``, ``/healthz``) of each daemon.
+"""Prometheus machinery and the HTTP endpoint (``/metrics``, ``/healthz``) of each daemon.
 
-The metric objects are defined here, at module level and unregistered, so that
-instrumented code anywhere in a process (the RPC handler decorator, the journal, the
-client's readers and writers, the FUSE lookup) updates them without plumbing.  Each
-daemon builds its own ``CollectorRegistry`` from the groups it owns plus collectors
-that read its live state at scrape time (namespace size, pool usage, eviction and
-lease stats), and serves it with :func:`serve`.
+Here: a daemon's registry (``registry``: its groups, the limits every port counts,
+``process_*``), scrape-time collectors (``Collector``), the label children of an RPC
+method (``MethodMetrics``), the endpoint (``serve``, ``MetricsServer``), and the only
+metrics that are no one process's: those the server plumbing of this package updates
+in every server (RPCs: rpc.py, auth.py, stream_guard.py; limits: every port, this
+endpoint too).
+
+Each process's own metrics are defined in its package, at module level and
+unregistered, so that its instrumented code updates them without plumbing, beside the
+one function that assembles its registry: master/ports/metrics.py (with the journal's,
+journal/metrics.py), worker/metrics.py, fuse_client/metrics.py (with the client
+library's, client/files/metrics.py).  docs/metrics.md lists them all.
 
 Hot paths touch only label children resolved once (at import or decoration time):
 one update is one lock inside prometheus_client, never a lookup by label strings.
@@ -13,7 +19,6 @@ one update is one lock inside prometheus_client, never a lookup by label strings
 ``/healthz`` answers 200 ``ok`` when the daemon's health function returns None, and
 503 with the one-line reason it returns otherwise.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -88,75 +93,6 @@ REQUESTS_LIMITED = Counter(
     "was cut short there and the caller asks again for the rest)",
     ["method", "limit"], registry=None)
 LIMIT_METRICS = (CONNECTIONS_CUT, REQUESTS_LIMITED)
-
-# (the journal's own metrics are defined in journal/metrics.py; the master's registry,
-# master/ports/metrics.py, takes them)
-
-# -- data path ------------------------------------------------------------------------
-# path="short_circuit": a block file on this host, read or written without the worker's
-# data stream (reads straight from the file; writes adopted by the local worker);
-# path="remote": bytes carried by a worker's ReadBlock/WriteBlock stream.
-WORKER_READ_BYTES = Counter(
-    "curvine_worker_read_bytes",
-    "Block bytes this worker sent to clients (ReadBlock streams)",
-    ["path"], registry=None)
-WORKER_WRITTEN_BYTES = Counter(
-    "curvine_worker_written_bytes",
-    "Block bytes this worker stored for clients: remote = received on WriteBlock "
-    "streams, short_circuit = staging files written by a client on this host and adopted",
-    ["path"], registry=None)
-BLOCK_TOKEN_REFUSED = Counter(
-    "curvine_block_token_refused",
-    "Block calls this worker refused because the block token was missing, wrong, or "
-    "granted less access (common/block_tokens.py)",
-    registry=None)
-WORKER_IO_METRICS = (WORKER_READ_BYTES, WORKER_WRITTEN_BYTES, BLOCK_TOKEN_REFUSED)
-WORKER_READ_REMOTE = WORKER_READ_BYTES.labels(path="remote")
-WORKER_WRITTEN_REMOTE = WORKER_WRITTEN_BYTES.labels(path="remote")
-WORKER_WRITTEN_SHORT_CIRCUIT = WORKER_WRITTEN_BYTES.labels(path="short_circuit")
-
-CLIENT_READ_BYTES = Counter(
-    "curvine_client_read_bytes",
-    "File bytes this client read from blocks, by path (short_circuit: from the block "
-    "file on this host; remote: streamed from a worker)",
-    ["path"], registry=None)
-CLIENT_WRITTEN_BYTES = Counter(
-    "curvine_client_written_bytes",
-    "Block bytes this client stored, by path (short_circuit: a staging file adopted by "
-    "the worker on this host; remote: streamed to a worker, once per replica)",
-    ["path"], registry=None)
-CLIENT_IO_METRICS = (CLIENT_READ_BYTES, CLIENT_WRITTEN_BYTES)
-CLIENT_READ_SHORT_CIRCUIT = CLIENT_READ_BYTES.labels(path="short_circuit")
-CLIENT_READ_REMOTE = CLIENT_READ_BYTES.labels(path="remote")
-CLIENT_WRITTEN_SHORT_CIRCUIT = CLIENT_WRITTEN_BYTES.labels(path="short_circuit")
-CLIENT_WRITTEN_REMOTE = CLIENT_WRITTEN_BYTES.labels(path="remote")
-
-# -- FUSE client ----------------------------------------------------------------------
-FUSE_LOOKUPS = Counter(
-    "curvine_fuse_lookups",
-    "Name lookups that reached this FUSE client, by result: hit = the name exists, "
-    "miss = it does not (ENOENT; LMCache's miss path), error = anything else",
-    ["result"], registry=None)
-FUSE_LOOKUP_LOCAL = Counter(
-    "curvine_fuse_lookups_answered_locally",
-    "Misses (counted in curvine_fuse_lookups too) answered from a directory listing "
-    "leased to this mount, without asking the master",
-    registry=None)
-FUSE_GETATTR_LOCAL = Counter(
-    "curvine_fuse_getattrs_answered_locally",
-    "Attribute requests answered from the version this mount had just published, under "
-    "its lease, without asking the master",
-    registry=None)
-FUSE_OPEN_WAITS = Counter(
-    "curvine_fuse_opens_waiting_for_readers",
-    "O_TRUNC or O_RDWR opens that waited for other processes' page-cache readers of the "
-    "file on this mount to close (consistency rule 1, docs/consistency.md), by outcome: closed = they all closed, "
-    "timeout = the open went on after fuse_client/filesystem.py CACHED_READERS_WAIT",
-    ["outcome"], registry=None)
-FUSE_METRICS = (FUSE_LOOKUPS, FUSE_LOOKUP_LOCAL, FUSE_GETATTR_LOCAL, FUSE_OPEN_WAITS)
-FUSE_LOOKUP_HIT = FUSE_LOOKUPS.labels(result="hit")
-FUSE_LOOKUP_MISS = FUSE_LOOKUPS.labels(result="miss")
-FUSE_LOOKUP_ERROR = FUSE_LOOKUPS.labels(result="error")
 
 
 class MethodMetrics:

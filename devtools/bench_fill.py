@@ -37,7 +37,7 @@ from typing import Callable
 
 from curvine.client.master.master_client import MasterClient
 
-from .bench import BenchError, CpuMeter, Metric, MiB, _name_procs
+from .bench_common import BenchError, CpuMeter, Metric, MiB, name_procs
 from .demo import SEED, chunk_data
 from .local import ClusterError, LocalCluster, is_mounted, mounted_paths
 
@@ -434,7 +434,7 @@ class FillBench:
             os.mkdir(dir_a)
             if not os.path.isdir(dir_b):
                 raise BenchError(f"{dir_a} made through mount A is not visible as {dir_b}")
-            procs = _name_procs(cluster.status(), [mount_a, mount_b])
+            procs = name_procs(cluster.status(), [mount_a, mount_b])
             cpu = CpuMeter(procs)
             sampler = UsageSampler(mount_a)
             sampler.start()

@@ -48,7 +48,7 @@ import subprocess
 import sys
 from typing import Callable
 
-from .bench import BenchError, CpuMeter, Metric, PageCache
+from .bench_common import BenchError, CpuMeter, Metric, PageCache
 from .demo import format_table
 from . import pod_fork
 from .local import ClusterError, LocalCluster, is_mounted

@@ -36,7 +36,7 @@ import statistics
 import time
 from typing import Callable
 
-from .bench import BenchError, Metric, PageCache
+from .bench_common import BenchError, Metric, PageCache
 from .bench_lmcache import MooseFs
 from .demo import format_table
 from .posix_workload import run_workload

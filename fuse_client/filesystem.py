@@ -37,13 +37,13 @@ from curvine.client.master.master_client import AccessReporter, MasterClient
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.ids import MIB, check_name, host_id
-from curvine.common.metrics import (FUSE_GETATTR_LOCAL, FUSE_LOOKUP_ERROR, FUSE_LOOKUP_HIT,
-                                    FUSE_LOOKUP_LOCAL, FUSE_LOOKUP_MISS)
 from curvine.proto import common_pb2, master_pb2
 
 from .calls import Calls
 from .kernel_cache import KernelCache
 from .listings import LISTING_MAX
+from .metrics import (FUSE_GETATTR_LOCAL, FUSE_LOOKUP_ERROR, FUSE_LOOKUP_HIT, FUSE_LOOKUP_LOCAL,
+                      FUSE_LOOKUP_MISS)
 from .page_cache import WRITERS_SIZE, PageCache, process_of
 
 log = logging.getLogger(__name__)

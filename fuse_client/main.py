@@ -38,6 +38,7 @@ from curvine.common.security import Security
 from curvine.proto import master_pb2, master_pb2_grpc
 
 from . import features
+from . import metrics as fuse_metrics
 from .operations import Operations
 
 log = logging.getLogger("curvine.fuse_client")
@@ -282,8 +283,7 @@ def run(cfg: config_mod.Config, security: Security) -> int:
     # node's worker does (worker.host; 127.0.0.1 by default).
     health = FuseHealth(cfg, security)
     http = metrics.serve("fuse", cfg.worker.host, cfg.fuse.http_port, "fuse.http_port",
-                         metrics.registry(groups=(metrics.CLIENT_IO_METRICS,
-                                                  metrics.FUSE_METRICS)), health)
+                         fuse_metrics.registry(), health)
     code = 0
     try:
         trio.run(serve, cfg, ops, health)

@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from curvine.common.metrics import FUSE_OPEN_WAITS
+from .metrics import FUSE_OPEN_WAITS
 
 log = logging.getLogger(__name__)
 

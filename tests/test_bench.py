@@ -15,7 +15,7 @@ import pytest
 
 from cluster_util import fuse_available
 from curvine.cli.main import build_parser
-from curvine.devtools import bench
+from curvine.devtools import bench, bench_common
 from curvine.devtools.local import mounted_paths
 
 MiB = 1 << 20
@@ -33,17 +33,17 @@ def test_reference_prompt_is_seven_full_chunks_and_a_partial_one():
 
 
 def test_ratio_direction_and_targets():
-    rate = bench.Metric("kv", "write", "write MB/s", "MB/s", "higher",
+    rate = bench_common.Metric("kv", "write", "write MB/s", "MB/s", "higher",
                         curvine=[50.0, 200.0, 100.0], plain=[100.0, 90.0, 110.0])
     assert rate.curvine_median == 100.0 and rate.plain_median == 100.0
     assert rate.ratio == 1.0 and rate.status == "pass"  # target >= 1.0x
     rate.curvine = [99.0]
     assert rate.status == "miss"
-    time_ = bench.Metric("prompt", "cold", "cold ms", "ms", "lower", curvine=[13.0], plain=[10.0])
+    time_ = bench_common.Metric("prompt", "cold", "cold ms", "ms", "lower", curvine=[13.0], plain=[10.0])
     assert time_.ratio == pytest.approx(1.3) and time_.status == "pass"  # <= 1.3x the time
-    rss = bench.Metric("memory", "fuse_read_peak", "rss", "MiB", "lower", curvine=[301.0])
+    rss = bench_common.Metric("memory", "fuse_read_peak", "rss", "MiB", "lower", curvine=[301.0])
     assert rss.ratio is None and rss.status == "miss"  # target on the value: <= 300 MiB
-    untargeted = bench.Metric("kv", "read_p50", "p50", "ms", "lower", curvine=[1.0], plain=[1.0])
+    untargeted = bench_common.Metric("kv", "read_p50", "p50", "ms", "lower", curvine=[1.0], plain=[1.0])
     assert untargeted.status is None
     js = rate.to_json()
     assert js["curvine"]["runs"] == [99.0] and js["target"]["op"] == ">="
@@ -51,10 +51,10 @@ def test_ratio_direction_and_targets():
 
 def test_percentile_and_report_formatting():
     xs = [float(i) for i in range(1, 101)]
-    assert bench._percentile(xs, 50) == pytest.approx(50.5)
-    assert bench._percentile(xs, 99) == pytest.approx(99.01)
-    assert bench._percentile([3.0], 99) == 3.0
-    m = bench.Metric("meta", "stat_1p", "stat, 1 process", "ops/s", "higher",
+    assert bench_common.percentile(xs, 50) == pytest.approx(50.5)
+    assert bench_common.percentile(xs, 99) == pytest.approx(99.01)
+    assert bench_common.percentile([3.0], 99) == 3.0
+    m = bench_common.Metric("meta", "stat_1p", "stat, 1 process", "ops/s", "higher",
                      curvine=[300.0], plain=[700_000.0])
     table = bench.format_report({"meta": [m]})
     assert "3 metadata" in table and "700,000" in table and "0.00043x" in table
@@ -135,7 +135,7 @@ def test_lmcache_workload_report_and_targets(tmp_path):
     the issue's targets as pass/miss, and the reason a path has no figures."""
     from curvine.devtools import bench_lmcache as bl
     lm = bl.LmcacheBench(3, 1925, str(tmp_path / "plain"), (str(tmp_path / "a"),
-                         str(tmp_path / "b")), bench.PageCache(False, []), {}, str(tmp_path),
+                         str(tmp_path / "b")), bench_common.PageCache(False, []), {}, str(tmp_path),
                          lambda *a: None)
     lm.available = {"plain": None, "curvine_fs": None, "connector_sc": None,
                     "connector_remote": None, "moosefs": "skipped: MooseFS not set up"}
@@ -227,7 +227,7 @@ def test_smallio_report_and_targets(tmp_path):
     the plain dir, the 2x-of-MooseFS targets as pass/miss, the per-op latency table."""
     from curvine.devtools import bench_smallio as bs
     sm = bs.SmallIoBench(3, 64 * MiB, 4096, 4, 2000, str(tmp_path), (str(tmp_path / "a"),
-                         str(tmp_path / "b")), bench.PageCache(False, []), lambda *a: None)
+                         str(tmp_path / "b")), bench_common.PageCache(False, []), lambda *a: None)
     sm.available = {"curvine": None, "moosefs": None, "plain": None}
     for side, mbps, secs in (("curvine", 10.0, 20.0), ("moosefs", 40.0, 5.0),
                              ("plain", 100.0, 1.0)):

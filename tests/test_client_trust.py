@@ -29,11 +29,11 @@ from cluster_util import daemon_metric
 from fs_helpers import wait_until
 from curvine.client.blocks import block_client
 from curvine.client.files.fs import CurvineFS
+from curvine.client.files.metrics import (CLIENT_READ_REMOTE, CLIENT_READ_SHORT_CIRCUIT,
+                                          CLIENT_WRITTEN_SHORT_CIRCUIT)
 from curvine.common.blocks import block_relpath
 from curvine.common.config import Config
 from curvine.common.errors import CurvineError, ErrorKind, to_errno
-from curvine.common.metrics import (CLIENT_READ_REMOTE, CLIENT_READ_SHORT_CIRCUIT,
-                                    CLIENT_WRITTEN_SHORT_CIRCUIT)
 
 MIB = 1 << 20
 SIZE = 2 * MIB + 123  # one block

@@ -23,6 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from curvine.common import metrics
+from curvine.fuse_client import metrics as fuse_metrics
 from fs_helpers import MIB, log_text, wait_until
 
 pytestmark = pytest.mark.fuse
@@ -202,7 +203,7 @@ def test_endpoint_health_reasons_and_shutdown():
         return r
 
     server = metrics.serve("test", "127.0.0.1", free_port(), "test.http_port",
-                           metrics.registry(groups=(metrics.FUSE_METRICS,)), health)
+                           metrics.registry(groups=(fuse_metrics.FUSE_METRICS,)), health)
     assert server is not None
     try:
         assert http_get(server.port, "/healthz") == (200, "ok\n")

@@ -32,8 +32,9 @@ from curvine.common import block_tokens
 from curvine.common.blocks import check_block_id
 from curvine.common.data_wire import MAGIC, MAX_TOKEN, REQUEST, data_reply, error_reply
 from curvine.common.errors import CurvineError, ErrorKind, invalid
-from curvine.common.metrics import CONNECTIONS_CUT, WORKER_READ_REMOTE
+from curvine.common.metrics import CONNECTIONS_CUT
 
+from .metrics import WORKER_READ_REMOTE
 from .service import WorkerServicer
 
 log = logging.getLogger(__name__)

@@ -12,13 +12,14 @@ client writes the block into it and asks the worker to finalise it
 (``BlockWriter.finish_external``); the block is then reported to the master like
 any other.  A staging file whose connection closes before FinishWrite is removed.
 
-Wire: 4-byte big-endian length + a ``LocalRequest``/``LocalReply`` (proto/worker.proto,
-common/local_wire.py), one reply per request.  Bounded on every side (docs/security.md,
-"Limits"): ``max_connections`` connections (one thread each; one more gets a BUSY
-reply and is closed at once), at most ``per_peer`` of them of one process (by its pid,
-SO_PEERCRED; BUSY too), a connection that starts no request within ``idle_timeout``
-is dropped, and one whose request is not whole within REQUEST_TIMEOUT of its first
-byte, a request over ``local_wire.MAX_REQUEST`` bytes ends its connection, at most
+Wire: 4-byte big-endian length + a ``LocalRequest``/``LocalReply``
+(proto/src/curvine/proto/worker.proto, common/local_wire.py), one reply per request.
+Bounded on every side (docs/security.md, "Limits"): ``max_connections`` connections
+(one thread each; one more gets a BUSY reply and is closed at once), at most
+``per_peer`` of them of one process (by its pid, SO_PEERCRED; BUSY too), a connection
+that starts no request within ``idle_timeout`` is dropped, and one whose request is
+not whole within REQUEST_TIMEOUT of its first byte, a request over
+``local_wire.MAX_REQUEST`` bytes ends its connection, at most
 ``MAX_WRITES_PER_CONNECTION`` staging files per connection.  Bad input gets an INVALID
 reply naming the field.  Refusals are counted in curvine_worker_fd_refused{reason}.
 

@@ -27,8 +27,6 @@ import threading
 import time
 import uuid
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
 from curvine.common import auth, block_tokens
 from curvine.common import config as config_mod
 from curvine.common import daemon, private_files, stacks
@@ -46,6 +44,7 @@ from curvine.common.blocks import MAX_BLOCK_ID
 from .blockstore import BlockStore
 from .domain_socket import IDLE_TIMEOUT, DomainSocketServer
 from .data_port import DataPortServer
+from . import metrics as worker_metrics
 from .replication import BlockCopier
 from .service import WorkerServicer, add_to_server
 
@@ -430,54 +429,6 @@ def health(link: MasterLink, sockets: DomainSocketServer | None = None) -> str |
     return None
 
 
-def metrics_registry(store: BlockStore, link: MasterLink,
-                     sockets: DomainSocketServer | None = None):
-    def fd_state():
-        yield GaugeMetricFamily("curvine_worker_domain_socket_up", "1 while the domain "
-                                "socket (worker.domain_socket) serves descriptors",
-                                value=int(sockets is not None and sockets.serving is None))
-        if sockets is None:
-            return
-        yield GaugeMetricFamily("curvine_worker_domain_socket_connections",
-                                "Open connections of local clients to the domain socket",
-                                value=sockets.connections)
-        blocks = CounterMetricFamily("curvine_worker_fd_blocks", "Blocks whose descriptor "
-                                     "the domain socket passed to a local client (read: "
-                                     "the block file; write: a staging file finalised)",
-                                     labels=["op"])
-        nbytes = CounterMetricFamily("curvine_worker_fd_bytes", "Bytes of those blocks "
-                                     "(read: their sizes; write: the lengths finalised)",
-                                     labels=["op"])
-        for op, (n, size) in sockets.served.items():
-            blocks.add_metric([op], n)
-            nbytes.add_metric([op], size)
-        refused = CounterMetricFamily("curvine_worker_fd_refused", "Domain socket requests "
-                                      "and connections refused, by reason (busy: too many "
-                                      "connections or writes; idle: dropped for silence; "
-                                      "permission: a missing or wrong block token)",
-                                      labels=["reason"])
-        for reason, n in sockets.refused.items():
-            refused.add_metric([reason], n)
-        yield from (blocks, nbytes, refused)
-
-    def state():
-        capacity, used, blocks = store.stats()
-        yield GaugeMetricFamily("curvine_worker_capacity_bytes",
-                                "Bytes this worker may hold (worker.capacity or the free "
-                                "space of its data dirs)", value=capacity)
-        yield GaugeMetricFamily("curvine_worker_used_bytes", "Bytes of the blocks stored",
-                                value=used)
-        yield GaugeMetricFamily("curvine_worker_blocks", "Blocks stored", value=blocks)
-        yield GaugeMetricFamily("curvine_worker_registered", "1 once registered with the "
-                                "master (and its block report sent)", value=int(link.ready.is_set()))
-        age = time.monotonic() - link.last_contact if link.last_contact else float("nan")
-        yield GaugeMetricFamily("curvine_worker_master_contact_age_seconds", "Seconds since "
-                                "the master last accepted a heartbeat or registration", value=age)
-    return metrics.registry(groups=(metrics.RPC_METRICS, metrics.WORKER_IO_METRICS),
-                            collectors=[metrics.Collector("worker", state),
-                                        metrics.Collector("domain socket", fd_state)])
-
-
 def tune_malloc() -> None:
     """glibc: serve 1 MiB message buffers from the reused heap, not fresh mmaps.
 
@@ -570,7 +521,7 @@ def run(cfg: config_mod.Config, stop: threading.Event, security: Security) -> in
     link.start()
     sockets = start_domain_socket(cfg, servicer, link)
     http = metrics.serve("worker", wc.host, wc.http_port, "worker.http_port",
-                         metrics_registry(store, link, sockets), lambda: health(link, sockets))
+                         worker_metrics.registry(store, link, sockets), lambda: health(link, sockets))
     try:
         next_sweep = time.monotonic() + STAGING_SWEEP_INTERVAL
         while not stop.wait(1.0):

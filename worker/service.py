@@ -1,4 +1,5 @@
-"""The worker's gRPC block service (``Worker`` in proto/worker.proto): the data path.
+"""The worker's gRPC block service (``Worker`` in proto/src/curvine/proto/worker.proto):
+the data path.
 
 Thin handlers: validate the request (a bad field is INVALID naming it), call the
 BlockStore, convert the result.  Data travels in messages of at most 1 MiB.
@@ -20,11 +21,12 @@ from curvine.proto import common_pb2, worker_pb2, worker_pb2_grpc
 
 from curvine.common import checked_service, wire
 from curvine.common.stream_guard import IdleStreams, Watched
-from curvine.common.metrics import (BLOCK_TOKEN_REFUSED, STREAMS_REFUSED_BUSY, WORKER_READ_REMOTE,
-                                    WORKER_WRITTEN_REMOTE, WORKER_WRITTEN_SHORT_CIRCUIT)
+from curvine.common.metrics import STREAMS_REFUSED_BUSY
 from curvine.common.blocks import check_block_id
 
 from .blockstore import READ_CHUNK, BlockStore
+from .metrics import (BLOCK_TOKEN_REFUSED, WORKER_READ_REMOTE, WORKER_WRITTEN_REMOTE,
+                      WORKER_WRITTEN_SHORT_CIRCUIT)
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ import logging
 import mmap
 import os
 import threading
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from curvine.common.checksum import crc32
 from curvine.common.errors import CurvineError, ErrorKind
@@ -48,7 +48,7 @@ from curvine.proto import common_pb2
 from ..blocks import block_client
 from .file_reader import note_written_file, zeros
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the buffers call their uploader; it knows them only as Storable
     from .uploader import Uploader
 
 log = logging.getLogger(__name__)
@@ -58,25 +58,6 @@ WorkerInfo = common_pb2.WorkerInfo
 
 IDLE_BUFFER_BYTES = 256 << 20  # block buffers kept mapped for reuse, per process
 MAX_PIECE = 1 << 20
-
-
-class LocalWorker:
-    """The worker of this host that the master last named (statfs, AddBlock), shared by
-    the writers of one mount or client: where a first block is written before it is
-    placed (see the module docstring).  Only a worker with a data dir that ``dirs``
-    (this process's configuration, ``block_client.LocalDirs``; None: the process's)
-    names is taken: a dir reported over the network is never written to by itself."""
-
-    def __init__(self, host_id: str,
-                 dirs: "block_client.LocalDirs | Iterable[str] | None" = None):
-        self.host_id = host_id
-        self.dirs = block_client.local_dirs(dirs)
-        self.info: WorkerInfo | None = None
-
-    def note(self, workers: Iterable[WorkerInfo]) -> None:
-        for w in workers:
-            if w.host_id == self.host_id and not w.lost and self.dirs.of(w):
-                self.info = w
 
 
 class _BufferPool:

@@ -53,12 +53,12 @@ from curvine.common.checksum import crc32
 from curvine.common.errors import CurvineError, ErrorKind
 from curvine.common.fds import FdClosed, OwnedFd
 from curvine.common.ids import MIB, host_id
-from curvine.common.metrics import CLIENT_READ_REMOTE, CLIENT_READ_SHORT_CIRCUIT
 from curvine.common.security import Security
 from curvine.proto import common_pb2
 
 from ..blocks import block_client
 from ..blocks.pools import LazyExecutor
+from .metrics import CLIENT_READ_REMOTE, CLIENT_READ_SHORT_CIRCUIT
 
 log = logging.getLogger(__name__)
 

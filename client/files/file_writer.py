@@ -27,9 +27,10 @@ from curvine.common.ids import check_file_size
 from curvine.proto import common_pb2
 
 from ..blocks import block_client
-from .block_buffers import LocalWorker, MemoryBuffer, SmallBuffer, first_buffer, placed_buffer
+from .block_buffers import MemoryBuffer, SmallBuffer, first_buffer, placed_buffer
 from .extents import Extent, ExtentMap
 from .file_reader import BlockFetcher, join
+from .local_worker import LocalWorker
 from .uploader import Uploader
 from .write_behind import WriteBehind
 

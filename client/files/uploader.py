@@ -16,19 +16,19 @@ import functools
 import logging
 import os
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from curvine.common.checksum import crc32
 from curvine.common.errors import CurvineError, ErrorKind
-from curvine.common.metrics import CLIENT_WRITTEN_REMOTE, CLIENT_WRITTEN_SHORT_CIRCUIT
 from curvine.proto import common_pb2
 
 from ..blocks import block_client
 from .file_reader import note_written_file
+from .metrics import CLIENT_WRITTEN_REMOTE, CLIENT_WRITTEN_SHORT_CIRCUIT
 from ..blocks.pools import LazyExecutor
 
 if TYPE_CHECKING:
-    from .block_buffers import BlockBuffer, LocalWorker
+    from .local_worker import LocalWorker
     from ..blocks.domain_socket import LocalSockets
     from .file_reader import BlockFetcher
 
@@ -45,6 +45,14 @@ _upload_pool = LazyExecutor(16, "block-upload")
 # A call that does its part of a block on one worker, given the block's crc32 if
 # known (else None), and returns the crc32 (None if it learnt none).
 TargetCall = Callable[[int | None], int | None]
+
+
+class Storable(Protocol):
+    """What the uploader needs of a buffer (``block_buffers.BlockBuffer``): that it
+    stores itself, calling back into the uploader.  A protocol, so that this module
+    does not import the buffers that import it."""
+
+    def store(self, uploader: Uploader) -> Block: ...
 
 
 class Uploader:
@@ -80,11 +88,11 @@ class Uploader:
     def short_circuit(self) -> bool:
         return self._fetcher.short_circuit
 
-    def upload(self, buf: BlockBuffer) -> Block:
+    def upload(self, buf: Storable) -> Block:
         """Store the buffer as a new block on the workers the master picks."""
         return buf.store(self)
 
-    def upload_later(self, buf: BlockBuffer) -> Future:
+    def upload_later(self, buf: Storable) -> Future:
         """``upload`` in a pool thread."""
         return _upload_pool().submit(buf.store, self)
 

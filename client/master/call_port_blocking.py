@@ -1,7 +1,7 @@
-"""A blocking client of the master's call port (master/call_port.py has the protocol),
-for processes that call the master from threads: the LMCache connector's lookups and
-stores, ``curvine`` commands.  The mount has its own client in its trio loop
-(fuse_client/call_port_trio.py).
+"""A blocking client of the master's call port (master/ports/call_port_server.py has
+the protocol), for processes that call the master from threads: the LMCache
+connector's lookups and stores, ``curvine`` commands.  The mount has its own client
+in its trio loop (fuse_client/call_port_trio.py).
 
 Why: a unary call through Python gRPC costs the master ~0.6 ms of CPU (thread
 hand-offs in the sync server), against ~0.15 ms on the call port (issue 16).

@@ -5,7 +5,7 @@ and raises ``CurvineError``.  Each mutating call generates one request id and
 reuses it for all of its retries, so a retry after a lost reply returns the first
 result from the master's retry cache instead of e.g. EEXIST.
 
-A FUSE mount also runs a :class:`LeaseSession` (master/leases.py): while it is up,
+A FUSE mount also runs a :class:`LeaseSession` (master/cluster/leases.py): while it is up,
 ``MasterClient.session`` is set, the ``*_leased`` reads return how long their
 answer may be cached, and mutations name the session so that the master does not
 wait for this mount to drop what it changed itself.
@@ -346,7 +346,7 @@ class MasterClient:
         this caller's reservation it does not publish (with their tokens: freed now)."""
         return self.call(self.requests.put_files(parent, files, abandoned), timeout, wait)
 
-    # -- capacity (master/capacity.py) ------------------------------------------
+    # -- capacity (master/cluster/capacity.py) ----------------------------------
 
     def report_access(self, inos: Sequence[int], timeout: float | None = None,
                       session: int = 0, closed_opens: Sequence[int] = (),
@@ -374,7 +374,7 @@ class MasterClient:
     def capacity_status(self) -> master_pb2.CapacityStatusReply:
         return self._call("CapacityStatus", master_pb2.CapacityStatusRequest())
 
-    # -- admin (master/report.py) ----------------------------------------------
+    # -- admin (master/ports/report.py) ----------------------------------------
 
     def get_group(self, wait: float | None = None) -> master_pb2.GetGroupReply:
         """The master group as a member has it (a single master: itself, as leader)."""

@@ -1,6 +1,6 @@
 """The etcd v3 client of the master group: the few KV and lease calls it needs.
 
-Sync gRPC stubs from etcd 3.4's own protos (proto/etcd_rpc.proto): the committer and
+Sync gRPC stubs from etcd 3.4's own protos (proto/src/curvine/proto/etcd_rpc.proto): the committer and
 the leadership thread are plain threads, and the only maintained Python client of
 etcd v3 (aetcd) is asyncio-only.  Every call carries a deadline.  With several
 endpoints a call that finds its endpoint unreachable moves the next call to the next
