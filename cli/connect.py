@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import tomllib
 
 from curvine.client.files.fs import CurvineFS

@@ -493,7 +493,6 @@ class KVStore:
         local block file whose bytes matched the crc32 before (unchanged since) is read
         in place, else the whole block is read (what the caller does not want into
         scratch memory) and its crc32 compared."""
-        n = sum(len(t) for t in targets)
         if block.block_id == 0:  # inline data (kept by the master), or a hole
             data = memoryview(block.data) if block.HasField("data") else None
             pos = skip

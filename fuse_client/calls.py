@@ -38,7 +38,7 @@ from curvine.common.ids import ROOT_INO
 from curvine.common.rpc import RETRY_MAX
 from curvine.proto import master_pb2
 
-from .call_port_trio import TrioCallPort, PortDown, reply_of
+from .call_port_trio import TrioCallPort, reply_of
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,7 @@ from curvine.common.rpc import RETRY_MAX
 from curvine.common.security import Security
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
-from .call_port_blocking import (MAX_CONNECTIONS as CALL_PORT_CONNECTIONS, BlockingCallPort,
-                                 for_security)
+from .call_port_blocking import MAX_CONNECTIONS as CALL_PORT_CONNECTIONS, for_security
 from .requests import LISTDIR_PAGE, Prepared, Requests
 from .route import Route
 

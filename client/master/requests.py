@@ -23,20 +23,13 @@ Block = common_pb2.Block
 LISTDIR_PAGE = 1000
 
 
-class Prepared(NamedTuple):
-    method: str  # the unary RPC
-    op: str  # its field in master.Call (the call port and the Calls stream)
-    request: Any
-    convert: Callable  # reply -> result
-
-
 def _field(msg, name: str):
     return getattr(msg, name) if msg.HasField(name) else None
 
 
 class Prepared(NamedTuple):
     method: str  # the unary RPC
-    op: str  # its field in master.Call (the Calls stream)
+    op: str  # its field in master.Call (the call port and the Calls stream)
     request: Any
     convert: Callable  # reply -> result
 
