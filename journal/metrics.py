@@ -18,4 +18,9 @@ JOURNAL_BATCH = Histogram(
     "curvine_journal_batch_records",
     "Records made durable by one journal sync (group commit batch size)",
     buckets=BATCH_BUCKETS, registry=None)
-JOURNAL_METRICS = (JOURNAL_FSYNC, JOURNAL_BATCH)
+JOURNAL_ETCD_WRITE = Histogram(
+    "curvine_journal_etcd_write_duration_seconds",
+    "Duration of one leader-guarded etcd Txn of journal records (a master group's "
+    "durability point, in place of the fdatasync)",
+    buckets=FSYNC_BUCKETS, registry=None)
+JOURNAL_METRICS = (JOURNAL_FSYNC, JOURNAL_BATCH, JOURNAL_ETCD_WRITE)

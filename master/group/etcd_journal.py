@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from typing import Callable
 
 from curvine.common.errors import CurvineError, ErrorKind
+from curvine.journal.metrics import JOURNAL_BATCH, JOURNAL_ETCD_WRITE
 from curvine.journal.segment import (MAX_PAYLOAD, JournalCorruption, JournalError,
                                      JournalRecord, decode_frames, encode_frame)
 
@@ -243,6 +244,7 @@ class EtcdJournal:
         st["bytes"] += written
         st["last_batch"] = len(batch)
         st["last_sync_seconds"] = time.monotonic() - started
+        JOURNAL_BATCH.observe(len(batch))
         return len(batch)
 
     def _write(self, first: int, last: int, data: bytes) -> None:
@@ -256,7 +258,9 @@ class EtcdJournal:
                 self._failed = e
                 raise
             try:
+                started = time.perf_counter()
                 reply = self.etcd.txn([created_at(self.leader_key, self.term)], ops)
+                JOURNAL_ETCD_WRITE.observe(time.perf_counter() - started)
             except CurvineError as e:
                 if e.kind != ErrorKind.UNAVAILABLE:
                     self._failed = e
