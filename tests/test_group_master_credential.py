@@ -30,10 +30,7 @@ from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
 from cluster_util import wait_for
 from etcd_util import etcd  # noqa: F401 - the fixture
-from test_group_masters import (TAKEOVER_TIMEOUT, MasterProc, create, group,  # noqa: F401
-                                lookup)
-
-MASTERS_INFO = r"INFO curvine\.master: FetchCheckpoint .* takes the master credential"
+from test_group_masters import create, group, lookup  # noqa: F401 - group: the fixture
 
 
 def tokens(tmp_path, master: bool = True) -> dict[str, str]:
