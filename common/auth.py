@@ -1,13 +1,16 @@
 """Credentials: every RPC carries ``authorization: Bearer <token>``.
 
-Two roles hold different tokens (docs/security.md, "Roles"):
+Three roles hold different tokens (docs/security.md, "Roles"):
 
 - the **client** token (``security.token_file``): every mount, connector and CLI, and
   the daemons themselves; namespace and data calls;
 - the **worker** token (``security.worker_token_file``): masters and workers only;
   the master serves registration, heartbeats and block reports (and so the block-token
   key) on its worker port to this token alone.  Required whenever a client token is
-  set, and must differ from it.
+  set, and must differ from it;
+- the **master** token (``security.master_token_file``, optional): the masters of a
+  group only; the one credential a master's worker port takes for ``FetchCheckpoint``
+  (the whole namespace) when set.  Without it, that call takes the worker token.
 
 The tokens live in files (never on a command line, never logged).  This module reads
 and writes those files and holds the two interceptors: :func:`with_token` makes a
@@ -35,6 +38,8 @@ TOKEN_FILE_KEY = "security.token_file"
 TOKEN_FILE_NAME = "token"  # `curvine local up` writes BASE/token
 WORKER_TOKEN_FILE_KEY = "security.worker_token_file"
 WORKER_TOKEN_FILE_NAME = "worker-token"  # and BASE/worker-token
+MASTER_TOKEN_FILE_KEY = "security.master_token_file"
+MASTER_TOKEN_FILE_NAME = "master-token"  # and, with several masters, BASE/master-token
 
 
 class TokenError(Exception):
@@ -130,28 +135,58 @@ def with_token(channel: grpc.Channel, token: str) -> grpc.Channel:
 # -- server side ----------------------------------------------------------------------
 class TokenServerInterceptor(grpc.ServerInterceptor):
     """Refuses every call (unary and streaming) whose metadata carries none of
-    ``tokens`` (a server accepts the tokens of the roles it serves)."""
+    ``tokens`` (a server accepts the tokens of the roles it serves).
 
-    def __init__(self, tokens):
+    ``methods`` maps full method names (``/package.Service/Method``) to the tokens
+    that method takes instead, and the credential they are, as a message names it
+    ("the master credential (security.master_token_file)").  A call carrying a token
+    this server knows, but not one its method takes, is PERMISSION_DENIED saying
+    which credential it needs; a call carrying none of them is UNAUTHENTICATED."""
+
+    def __init__(self, tokens, methods=None):
         tokens = [tokens] if isinstance(tokens, str) else [t for t in tokens if t]
         if not tokens or not all(tokens):
             raise ValueError("TokenServerInterceptor needs non-empty tokens")
         self._expected = [(SCHEME + t).encode() for t in tokens]
+        self._methods = {}
+        for name, (taken, what) in (methods or {}).items():
+            taken = [t for t in taken if t]
+            if not taken:
+                raise ValueError(f"TokenServerInterceptor: no token for {name}")
+            self._methods[name] = ([(SCHEME + t).encode() for t in taken], what)
+        known = list(self._expected)
+        for taken, _ in self._methods.values():
+            known += [t for t in taken if t not in known]
+        self._known = known
+        self._only = ", ".join(sorted(n.rsplit("/", 1)[-1] for n in self._methods))
 
-    def _authorized(self, metadata) -> bool:
+    @staticmethod
+    def _matches(got: bytes | None, expected) -> bool:
+        # every candidate compared: the time taken says nothing of which matched
+        return got is not None and sum(hmac.compare_digest(got, e) for e in expected) > 0
+
+    @staticmethod
+    def _presented(metadata) -> bytes | None:
         for key, value in metadata or ():
             if key == METADATA_KEY:
-                got = value.encode() if isinstance(value, str) else bytes(value)
-                # every candidate compared: the time taken says nothing of which matched
-                return sum(hmac.compare_digest(got, e) for e in self._expected) > 0
-        return False
+                return value.encode() if isinstance(value, str) else bytes(value)
+        return None
 
     def intercept_service(self, continuation, handler_call_details):
-        if self._authorized(handler_call_details.invocation_metadata):
+        got = self._presented(handler_call_details.invocation_metadata)
+        full = handler_call_details.method
+        expected, what = self._methods.get(full, (self._expected, ""))
+        if self._matches(got, expected):
             return continuation(handler_call_details)
         handler = continuation(handler_call_details)
+        method = full.rsplit("/", 1)[-1] if handler else "unknown"
+        if self._matches(got, self._known):  # a credential of this server, another role's
+            if what:
+                message = f"{method} takes {what} only"
+            else:
+                message = f"this credential is taken here for {self._only} only"
+            return _refusal(handler, _denier(message))
         # Label by known method only: random names must not grow the metric.
-        method = handler_call_details.method.rsplit("/", 1)[-1] if handler else "unknown"
         RPC_UNAUTHENTICATED.labels(method=method).inc()
         return _refusal(handler)
 
@@ -162,13 +197,19 @@ def _refuse(request_or_iterator, context):
                   f"see {TOKEN_FILE_KEY})")
 
 
-def _refusal(handler) -> grpc.RpcMethodHandler:
+def _denier(message: str):
+    def deny(request_or_iterator, context):
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, message)
+    return deny
+
+
+def _refusal(handler, refuse=_refuse) -> grpc.RpcMethodHandler:
     """A handler of the same shape as ``handler`` that only refuses (the request, which
     may be large or endless, is never read)."""
     if handler is None or not (handler.request_streaming or handler.response_streaming):
-        return grpc.unary_unary_rpc_method_handler(_refuse)
+        return grpc.unary_unary_rpc_method_handler(refuse)
     if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(_refuse)
+        return grpc.stream_stream_rpc_method_handler(refuse)
     if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(_refuse)
-    return grpc.unary_stream_rpc_method_handler(_refuse)
+        return grpc.stream_unary_rpc_method_handler(refuse)
+    return grpc.unary_stream_rpc_method_handler(refuse)

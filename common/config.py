@@ -265,6 +265,10 @@ class SecurityConfig:
     # the worker credential (registration, heartbeats, block reports, the block-token
     # key): only masters and workers hold it; required with token_file
     worker_token_file: str = ""
+    # the master credential: FetchCheckpoint between the masters of a group (the whole
+    # namespace); only the masters hold it; optional (without it, that call takes the
+    # worker credential); needs token_file and worker_token_file
+    master_token_file: str = ""
     # TLS on gRPC (common/tls.py): on when tls_ca is set
     tls_cert: str = ""
     tls_key: str = ""
@@ -527,7 +531,8 @@ def _problems(cfg: Config):
             yield ("security.token_file",), str(e).removeprefix("security.token_file: ")
     # security.worker_token_file is read only by masters and workers (Security.load,
     # role "master"/"worker"): one config file may name it for a node's worker and
-    # mount, and the mount, which never holds that file, still starts.
+    # mount, and the mount, which never holds that file, still starts.  Likewise
+    # security.master_token_file, read by masters only.
     if not 0 < cfg.master.max_lost_share <= 1:
         yield ("master.max_lost_share",), "must be in (0, 1]"
     if cfg.cluster.master_worker_addr and not is_host_port(cfg.cluster.master_worker_addr):

@@ -22,13 +22,13 @@ import random
 import threading
 import time
 from concurrent import futures
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import grpc
 
 from . import auth, metrics, tls
 from .errors import ERROR_KIND_KEY, LEADER_KEY, CurvineError, ErrorKind, from_rpc_error, status_code
-from .security import CLIENT, Role, Security
+from .security import CLIENT, CREDENTIAL_KEYS, Role, Security
 
 log = logging.getLogger(__name__)
 
@@ -191,16 +191,25 @@ def _is_abort(e: Exception) -> bool:
 def make_server(threads: int, interceptors: list | None = None,
                 max_concurrent: int | None = None, *, security: Security,
                 accept: Iterable[Role] = (CLIENT,),
+                accept_methods: Mapping[str, Iterable[Role]] | None = None,
                 max_message: int = MESSAGE_LIMIT, max_age: bool = True) -> grpc.Server:
-    """A server for the calls of the roles ``accept`` ("client", "worker"): with tokens
-    in ``security``, every method refuses calls that carry none of those roles' tokens
-    (common/auth.py).  ``max_message``: the largest message it receives (a larger one
-    is refused RESOURCE_EXHAUSTED from its length prefix, before it is buffered).
-    ``max_age``: close connections CONNECTION_AGE_MS after they opened (see there)."""
+    """A server for the calls of the roles ``accept`` ("client", "worker", "master"):
+    with tokens in ``security``, every method refuses calls that carry none of those
+    roles' tokens (common/auth.py).  ``accept_methods``: full method names
+    (``/package.Service/Method``) that take the tokens of other roles instead (a token
+    of the server's that its method does not take: PERMISSION_DENIED).
+    ``max_message``: the largest message it receives (a larger one is refused
+    RESOURCE_EXHAUSTED from its length prefix, before it is buffered).  ``max_age``:
+    close connections CONNECTION_AGE_MS after they opened (see there)."""
     interceptors = list(interceptors or [])
     accepted = security.accepted(accept)
     if accepted:
-        interceptors.insert(0, auth.TokenServerInterceptor(accepted))
+        methods = {}
+        for name, roles in (accept_methods or {}).items():
+            roles = tuple(roles)
+            what = " or ".join(f"the {r} credential ({CREDENTIAL_KEYS[r]})" for r in roles)
+            methods[name] = (security.accepted(roles), what)
+        interceptors.insert(0, auth.TokenServerInterceptor(accepted, methods))
     options = [(k, max_message if k == "grpc.max_receive_message_length" else v)
                for k, v in SERVER_OPTIONS
                if max_age or not k.startswith("grpc.max_connection_age")]
@@ -229,8 +238,9 @@ def bind(server: grpc.Server, host: str, port: int, security: Security) -> int:
 
 def make_channel(address: str, security: Security) -> grpc.Channel:
     """The one place channels are made: TLS when ``security`` has it, and each call
-    sends ``security.token`` (the client token, or the worker token of
-    ``security.as_worker()``; none in an open cluster)."""
+    sends ``security.token`` (the client token, the worker token of
+    ``security.as_worker()``, the master token of ``security.as_master()``; none in an
+    open cluster)."""
     if security.channel_credentials is None:
         channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
     else:

@@ -674,6 +674,11 @@ class LocalCluster:
             wtoken = self._path(auth.WORKER_TOKEN_FILE_NAME)
             auth.write_token_file(wtoken)
             cfg.security = dataclasses.replace(cfg.security, worker_token_file=wtoken)
+        if self.token_file and self.n_masters > 1 and not cfg.security.master_token_file:
+            # the master credential (FetchCheckpoint between members): masters' configs only
+            mtoken = self._path(auth.MASTER_TOKEN_FILE_NAME)
+            auth.write_token_file(mtoken)
+            cfg.security = dataclasses.replace(cfg.security, master_token_file=mtoken)
         if self.tls and not cfg.security.tls_ca:
             cfg.security = dataclasses.replace(cfg.security, tls_client_auth=True,
                                                **make_tls_files(self._path("tls")))
@@ -714,6 +719,8 @@ class LocalCluster:
                 cfg.cluster, master_addr=self.master_addr))
             if role not in ("master", "worker"):  # clients never hold the worker token
                 c.security = dataclasses.replace(cfg.security, worker_token_file="")
+            if role != "master":  # nor the master token, which workers do not hold either
+                c.security = dataclasses.replace(c.security, master_token_file="")
             return c
 
         def conf_file(role: str, index: int, **section_values) -> str:

@@ -140,7 +140,8 @@ class Member:
             raise CurvineError(ErrorKind.UNAVAILABLE, "this member is behind the journal "
                                                       "in etcd and no other member leads to "
                                                       "take a checkpoint from")
-        channel = rpc.make_channel(address, self.security.as_worker())
+        # the master credential (the worker one in a group without it: masters_role)
+        channel = rpc.make_channel(address, self.security.as_master())
         try:
             stream = master_pb2_grpc.MasterStub(channel).FetchCheckpoint(
                 master_pb2.FetchCheckpointRequest(min_seq=min_seq), timeout=FETCH_TIMEOUT)

@@ -15,7 +15,7 @@ import threading
 from curvine.common import config as config_mod
 from curvine.common import auth, daemon, log as log_mod, metrics as metrics_mod, rpc, stacks, tls
 from curvine.common.errors import ConfigError, CurvineError
-from curvine.common.security import CLIENT, WORKER, Security
+from curvine.common.security import CLIENT, MASTER, WORKER, Security
 from curvine.journal import JournalError
 
 from .group import etcd_access
@@ -23,7 +23,8 @@ from .master import Master
 from .member import CurrentMaster, Member, member_address
 from .ports import metrics as master_metrics
 from .ports.call_port_server import CallPort
-from .ports.service import HEAVY_READS, READ_CALLS, MasterServicer, add_to_server
+from .ports.service import (HEAVY_READS, MASTER_METHODS, READ_CALLS, MasterServicer,
+                            add_to_server, method_path)
 
 log = logging.getLogger("curvine.master")
 
@@ -112,10 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     add_to_server(servicer, server, "client")
     # Workers' registrations, heartbeats and block reports have a server of their own
     # (port, threads, credential): a flood of client calls or streams cannot delay
-    # them and so make the master declare healthy workers lost.
+    # them and so make the master declare healthy workers lost.  The other masters of
+    # a group fetch checkpoints there too, with the master credential if there is one.
     wthreads = cfg.master.worker_rpc_threads
-    worker_server = rpc.make_server(wthreads, max_concurrent=wthreads * 4,
-                                    security=security, accept=(WORKER,))
+    masters = security.masters_role
+    worker_server = rpc.make_server(
+        wthreads, max_concurrent=wthreads * 4, security=security, accept=(WORKER,),
+        accept_methods={method_path(m): (masters,) for m in MASTER_METHODS})
+    if member is not None and security.client_token:
+        _log_masters_credential(masters)
     add_to_server(servicer, worker_server, "worker")
     try:
         port = rpc.bind(server, cfg.master.host, cfg.master.port, security)
@@ -173,6 +179,19 @@ def main(argv: list[str] | None = None) -> int:
     (member or master).close()
     log.info("master stopped")
     return code
+
+
+def _log_masters_credential(role: str) -> None:
+    """Say once, at start, which credential the group's checkpoint fetches take
+    (docs/security.md, "Roles"): without a master credential, every worker's."""
+    if role == MASTER:
+        log.info("FetchCheckpoint (the whole namespace, to another member of the group) "
+                 "takes the master credential (security.master_token_file) only")
+    else:
+        log.info("FetchCheckpoint (the whole namespace, to another member of the group) "
+                 "takes the worker credential, which every worker holds: set "
+                 "security.master_token_file on every master of the group to keep it "
+                 "to the masters")
 
 
 CALL_PORT_CONNECTIONS_PER_SESSION = 4

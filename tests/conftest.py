@@ -46,7 +46,7 @@ LAYERS = {
                  "test_master_put", "test_master_posix", "test_security", "test_data_port",
                  "test_request_limits"},
     "daemons": {
-        "test_auth", "test_bench", "test_group_etcd_security", "test_group_masters", "test_call_port_mounts", "test_bigdir", "test_block_garbage", "test_block_report", "test_block_tokens",
+        "test_auth", "test_bench", "test_group_etcd_security", "test_group_master_credential", "test_group_masters", "test_call_port_mounts", "test_bigdir", "test_block_garbage", "test_block_report", "test_block_tokens",
         "test_capacity", "test_capacity_defaults", "test_cli_admin", "test_cli_cluster", "test_client_trust",
         "test_concurrency_stress",
         "test_config", "test_connector", "test_crash", "test_deploy", "test_domain_socket", "test_fio", "test_fs_lmcache",

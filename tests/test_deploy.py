@@ -379,7 +379,8 @@ def _container(pod_spec: dict, name: str) -> dict:
 
 
 # [security] keys naming token files -> the Secret each must be, and its key
-TOKEN_KEYS = {"token_file": "token", "worker_token_file": "worker-token"}
+TOKEN_KEYS = {"token_file": "token", "worker_token_file": "worker-token",
+              "master_token_file": "master-token"}
 # [security] keys naming TLS files -> the key of the Secret curvine-tls each must be
 TLS_KEYS = {"tls_ca": "ca.crt", "tls_cert": "tls.crt", "tls_key": "tls.key"}
 
@@ -673,6 +674,10 @@ WORKER_TOKEN_SECRET = "curvine-worker-token"  # made by the kustomization from d
 # the only containers that may read the worker token: whoever holds it can register
 # fake workers (never the FUSE container, whose mount inference pods use, nor those pods)
 WORKER_TOKEN_HOLDERS = {"curvine-master/master", "curvine-node/worker"}
+MASTER_TOKEN_SECRET = "curvine-master-token"  # from deploy/k8s/master-token
+# the only containers that may read the master token: whoever holds it can fetch a
+# master's checkpoint, the whole namespace (FetchCheckpoint)
+MASTER_TOKEN_HOLDERS = {"curvine-master/master"}
 
 
 def _containers(spec: dict) -> list[dict]:
@@ -702,49 +707,68 @@ def _worker_token_problems(docs, cfg: config.Config) -> list[str]:
     the client token's), readable by its user and by no one else, in the master's and
     the workers' containers; no other container (the FUSE client, an inference pod)
     can read it in any way."""
-    wdir, wname = os.path.split(cfg.security.worker_token_file)
+    return _token_secret_problems(docs, cfg, "worker_token_file", WORKER_TOKEN_SECRET,
+                                  WORKER_TOKEN_HOLDERS, "worker token")
+
+
+def _master_token_problems(docs, cfg: config.Config) -> list[str]:
+    """The same for the master token (security.master_token_file, the Secret
+    curvine-master-token): in the master containers only."""
+    return _token_secret_problems(docs, cfg, "master_token_file", MASTER_TOKEN_SECRET,
+                                  MASTER_TOKEN_HOLDERS, "master token")
+
+
+def _token_secret_problems(docs, cfg: config.Config, key: str, secret_name: str,
+                           allowed: set[str], what: str) -> list[str]:
+    """What is wrong with where the token of ``security.<key>`` (the Secret
+    ``secret_name``, its key the file's name in TOKEN_KEYS) goes: mounted read-only
+    where the key points (its own directory, not the client token's), readable by its
+    user and by no one else, in the containers ``allowed``; no other container can
+    read it in any way."""
+    path = getattr(cfg.security, key)
+    wdir, wname = os.path.split(path)
+    item = TOKEN_KEYS[key]
     if not (wdir and wname):
-        return ["the ConfigMap sets no security.worker_token_file"]
+        return [f"the ConfigMap sets no security.{key}"]
     if wdir == os.path.dirname(cfg.security.token_file):
-        return [f"security.worker_token_file {cfg.security.worker_token_file} is in the "
+        return [f"security.{key} {path} is in the "
                 "client token's directory (where the client token Secret is mounted)"]
     problems, holders = [], set()
     for pod_name, spec in _pod_specs(docs):
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         for c in _containers(spec):
             where = f"{pod_name}/{c['name']}"
-            if WORKER_TOKEN_SECRET not in _secrets_seen(spec, c):
+            if secret_name not in _secrets_seen(spec, c):
                 continue
             holders.add(where)
-            if where not in WORKER_TOKEN_HOLDERS:
-                problems.append(f"{where} can read the worker token")
+            if where not in allowed:
+                problems.append(f"{where} can read the {what}")
                 continue
             mounts = [m for m in c.get("volumeMounts", []) if volumes.get(m["name"], {}).get(
-                "secret", {}).get("secretName") == WORKER_TOKEN_SECRET]
+                "secret", {}).get("secretName") == secret_name]
             if len(mounts) != 1:
-                problems.append(f"{where}: {len(mounts)} mounts of the worker token Secret")
+                problems.append(f"{where}: {len(mounts)} mounts of the {what} Secret")
                 continue
             [m] = mounts
             if m["mountPath"] != wdir or "subPath" in m:
-                problems.append(f"{where}: the worker token at {m['mountPath']} "
+                problems.append(f"{where}: the {what} at {m['mountPath']} "
                                 f"{m.get('subPath', '')}, the config names {wdir}")
             if m.get("readOnly") is not True:
-                problems.append(f"{where}: the worker token is not mounted read-only")
+                problems.append(f"{where}: the {what} is not mounted read-only")
             secret = volumes[m["name"]]["secret"]
             # the key is required (a Secret without it keeps the pod from starting)
-            if secret.get("items") != [{"key": "worker-token", "path": wname}]:
+            if secret.get("items") != [{"key": item, "path": wname}]:
                 problems.append(f"{where}: items {secret.get('items')}, not the Secret's key "
-                                f"worker-token at {wname}")
+                                f"{item} at {wname}")
             mode = secret.get("defaultMode", 0o644)
             if mode & 0o007:
-                problems.append(f"{where}: worker token readable by others ({mode:o})")
+                problems.append(f"{where}: {what} readable by others ({mode:o})")
             user = (c.get("securityContext", {}).get("runAsUser")
                     or spec.get("securityContext", {}).get("runAsUser") or 0)
             if user != 0 and not (spec.get("securityContext", {}).get("fsGroup")
                                   and mode & 0o040):
-                problems.append(f"{where}: uid {user} cannot read the worker token ({mode:o})")
-    problems += [f"{where} does not get the worker token"
-                 for where in sorted(WORKER_TOKEN_HOLDERS - holders)]
+                problems.append(f"{where}: uid {user} cannot read the {what} ({mode:o})")
+    problems += [f"{where} does not get the {what}" for where in sorted(allowed - holders)]
     return problems
 
 
@@ -813,6 +837,60 @@ def test_worker_token_checks_catch_a_broken_manifest(tmp_path, case):
     assert any(caught in p for p in problems), problems
 
 
+def test_master_token_goes_to_the_masters_only(tmp_path):
+    """The master token Secret is mounted read-only, where security.master_token_file
+    points, into the master containers, and can be read by no other container: not
+    the worker's (every GPU node has one), not the FUSE client's, not an inference
+    pod's."""
+    docs = _manifests()
+    cfg = _config_of(docs, tmp_path)
+    assert cfg.security.master_token_file
+    assert _master_token_problems(docs, cfg) == []
+    pod = _one(docs, "DaemonSet", "curvine-node")["spec"]["template"]["spec"]
+    assert MASTER_TOKEN_SECRET not in _secrets_seen(pod, _container(pod, "worker"))
+
+
+# the master token's manifests broken one way each: (file, old, new, what catches it)
+MASTER_TOKEN_BROKEN = {
+    "worker mounts it": ("daemonset.yaml",
+                         "            - {name: worker-token, mountPath: /etc/curvine-worker-token,"
+                         " readOnly: true}\n",
+                         "            - {name: worker-token, mountPath: /etc/curvine-worker-token,"
+                         " readOnly: true}\n"
+                         "            - {name: mt, mountPath: /etc/curvine-master-token}\n",
+                         None),  # its volume added below
+    "master lacks it": ("master.yaml",
+                        "            - {name: master-token, mountPath: /etc/curvine-master-token,"
+                        " readOnly: true}\n", "",
+                        "curvine-master/master does not get the master token"),
+    "writable": ("master.yaml", "{name: master-token, mountPath: /etc/curvine-master-token, "
+                 "readOnly: true}", "{name: master-token, mountPath: /etc/curvine-master-token, "
+                 "readOnly: false}", "curvine-master/master: the master token is not mounted "
+                 "read-only"),
+    "wrong key": ("master.yaml", "items: [{key: master-token, path: master-token}]",
+                  "items: [{key: worker-token, path: master-token}]",
+                  "curvine-master/master: items"),
+    "readable by others": ("master.yaml", "items: [{key: master-token, path: master-token}]\n"
+                           "            defaultMode: 0440", "items: [{key: master-token, "
+                           "path: master-token}]\n            defaultMode: 0444",
+                           "curvine-master/master: master token readable by others"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MASTER_TOKEN_BROKEN))
+def test_master_token_checks_catch_a_broken_manifest(tmp_path, case):
+    name, old, new, caught = MASTER_TOKEN_BROKEN[case]
+    text = open(os.path.join(K8S, name)).read()
+    assert text.count(old) == 1, (name, old)
+    docs = _manifests({name: text.replace(old, new)})
+    if caught is None:
+        pod = _one(docs, "DaemonSet", "curvine-node")["spec"]["template"]["spec"]
+        pod["volumes"].append({"name": "mt", "secret": {"secretName": MASTER_TOKEN_SECRET}})
+        caught = "curvine-node/worker can read the master token"
+    problems = _master_token_problems(docs, _config_of(docs, tmp_path))
+    assert any(caught in p for p in problems), problems
+
+
 def _daemon_role(c: dict) -> str:
     """The role of the curvine daemon container ``c`` runs ("" = none)."""
     command = " ".join([*c.get("command", []), *c.get("args", [])])
@@ -827,12 +905,14 @@ def _view_of(docs, directory, spec: dict, c: dict) -> str:
     """The ConfigMap's curvine.toml as the container ``c`` of the pod ``spec`` has it,
     written in ``directory``: each token file the config names is a stand-in holding
     the token of the Secret the container mounts there (STAND_IN_TOKEN,
-    STAND_IN_WORKER_TOKEN), or, where it mounts none, a path that does not exist."""
+    STAND_IN_WORKER_TOKEN, STAND_IN_MASTER_TOKEN), or, where it mounts none, a path that
+    does not exist."""
     directory.mkdir()
     text = _one(docs, "ConfigMap", "curvine-config")["data"]["curvine.toml"]
     sec = tomllib.loads(text).get("security", {})
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
-    tokens = {TOKEN_SECRET: STAND_IN_TOKEN, WORKER_TOKEN_SECRET: STAND_IN_WORKER_TOKEN}
+    tokens = {TOKEN_SECRET: STAND_IN_TOKEN, WORKER_TOKEN_SECRET: STAND_IN_WORKER_TOKEN,
+              MASTER_TOKEN_SECRET: STAND_IN_MASTER_TOKEN}
     for key in TOKEN_KEYS:
         pod_path = sec.get(key, "")
         if not pod_path:
@@ -1024,19 +1104,21 @@ def test_kustomization_lists_the_cluster_manifests(tmp_path):
     yaml = pytest.importorskip("yaml")
     k = yaml.safe_load(open(os.path.join(K8S, "kustomization.yaml")))
     assert k["resources"] == [f for f in K8S_FILES if f != "example-inference-pod.yaml"]
-    # two Secrets, each from its own file: the client token and the worker token; two
-    # of etcd's certificates (etcd's own, the masters' client one), with the etcd CA
+    # three Secrets, each from its own file: the client, the worker and the master
+    # token; two of etcd's certificates (etcd's own, the masters' client one), with the
+    # etcd CA
     gens = {g["name"]: g for g in k["secretGenerator"]}
-    assert len(gens) == len(k["secretGenerator"]) == 4
+    assert len(gens) == len(k["secretGenerator"]) == 5
     assert {name: g["files"] for name, g in gens.items()} == {
         TOKEN_SECRET: ["token"], WORKER_TOKEN_SECRET: ["worker-token"],
+        MASTER_TOKEN_SECRET: ["master-token"],
         **{name: [f"{key}=etcd-tls/{file}" for key, file in files.items()]
            for name, files in ETCD_TLS_FILES.items()}}
     for g in gens.values():
         assert g["options"]["disableNameSuffixHash"] is True  # the names the pods mount
     # the token files are never committed
     if shutil.which("git") and os.path.isdir(os.path.join(REPO, ".git")):
-        for path in ("deploy/k8s/token", "deploy/k8s/worker-token",
+        for path in ("deploy/k8s/token", "deploy/k8s/worker-token", "deploy/k8s/master-token",
                      *{f"deploy/k8s/etcd-tls/{file}" for files in ETCD_TLS_FILES.values()
                        for file in files.values()}):
             ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO, timeout=30)
@@ -1048,7 +1130,7 @@ def test_kustomization_lists_the_cluster_manifests(tmp_path):
         return
     work = tmp_path / "k8s"
     shutil.copytree(K8S, work, ignore=shutil.ignore_patterns("token", "worker-token",
-                                                             "*.crt", "*.key"))
+                                                             "master-token", "*.crt", "*.key"))
     # without either token file there is nothing to apply: no default token
     out = _kustomize(work)
     assert out.returncode != 0 and "token" in out.stderr
@@ -1056,6 +1138,9 @@ def test_kustomization_lists_the_cluster_manifests(tmp_path):
     out = _kustomize(work)
     assert out.returncode != 0 and "worker-token" in out.stderr
     worker_token = auth.write_token_file(str(work / "worker-token"))
+    out = _kustomize(work)
+    assert out.returncode != 0 and "master-token" in out.stderr
+    master_token = auth.write_token_file(str(work / "master-token"))
     # nor without etcd's certificates: etcd takes TLS with client certificates only
     out = _kustomize(work)
     assert out.returncode != 0 and "etcd-tls" in out.stderr
@@ -1064,9 +1149,10 @@ def test_kustomization_lists_the_cluster_manifests(tmp_path):
     assert out.returncode == 0, out.stderr
     built = [d for d in yaml.safe_load_all(out.stdout) if d]
     assert sorted(d["kind"] for d in built) == sorted(
-        [d["kind"] for d in _manifests() if d["kind"] != "Pod"] + ["Secret"] * 4)
+        [d["kind"] for d in _manifests() if d["kind"] != "Pod"] + ["Secret"] * 5)
     for name, key, value in ((TOKEN_SECRET, "token", token),
-                             (WORKER_TOKEN_SECRET, "worker-token", worker_token)):
+                             (WORKER_TOKEN_SECRET, "worker-token", worker_token),
+                             (MASTER_TOKEN_SECRET, "master-token", master_token)):
         secret = _one(built, "Secret", name)
         assert secret["metadata"]["namespace"] == _one(built, "Namespace")["metadata"]["name"]
         assert list(secret["data"]) == [key]
@@ -1078,6 +1164,7 @@ def test_kustomization_lists_the_cluster_manifests(tmp_path):
         for v in spec.get("volumes", []):
             if "secret" in v:
                 assert v["secret"]["secretName"] in (TOKEN_SECRET, WORKER_TOKEN_SECRET,
+                                                     MASTER_TOKEN_SECRET,
                                                      *ETCD_TLS_FILES)
     for name in ETCD_TLS_FILES:
         secret = _one(built, "Secret", name)
@@ -1085,6 +1172,7 @@ def test_kustomization_lists_the_cluster_manifests(tmp_path):
         assert sorted(secret["data"]) == ["ca.crt", "tls.crt", "tls.key"]
     cfg = _config_of(built, tmp_path)
     assert _worker_token_problems(built, cfg) == []
+    assert _master_token_problems(built, cfg) == []
     assert _etcd_tls_problems(built, cfg) == []
 
 
@@ -1094,6 +1182,7 @@ TLS_SECRET = "curvine-tls"  # made by the Component deploy/k8s/tls from its thre
 TLS_COMPONENT = os.path.join(K8S, "tls")
 STAND_IN_TOKEN = auth.new_token()  # one for every build here, so that builds compare
 STAND_IN_WORKER_TOKEN = auth.new_token()  # and the worker token's stand-in
+STAND_IN_MASTER_TOKEN = auth.new_token()  # and the master token's
 needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None,
                                    reason="kubectl is not installed (kubectl kustomize)")
 
@@ -1121,10 +1210,11 @@ def _tls_build(tmp_path, tls_files: str, edits: dict[str, tuple[str, str]] | Non
     deploy/k8s: (old, new)} to break the copy; ``missing``: a TLS file left out."""
     work = tmp_path / f"build{len(list(tmp_path.glob('build*')))}"
     shutil.copytree(K8S, work / "k8s", ignore=shutil.ignore_patterns(
-        "token", "worker-token", *TLS_KEYS.values()))
+        "token", "worker-token", "master-token", *TLS_KEYS.values()))
     _stand_in_etcd_tls(work / "k8s")
     auth.write_token_file(str(work / "k8s" / "token"), STAND_IN_TOKEN)
     auth.write_token_file(str(work / "k8s" / "worker-token"), STAND_IN_WORKER_TOKEN)
+    auth.write_token_file(str(work / "k8s" / "master-token"), STAND_IN_MASTER_TOKEN)
     for name in TLS_KEYS.values():
         if name != missing:
             shutil.copy(os.path.join(tls_files, name), work / "k8s" / "tls" / name)
@@ -1230,6 +1320,7 @@ def test_tls_component_mounts_its_secret_where_the_config_points(tmp_path, tls_f
     assert cfg.security.tls_ca and cfg.security.tls_client_auth
     assert _tls_problems(docs, cfg) == []
     assert _worker_token_problems(docs, cfg) == []  # still the master's and workers' only
+    assert _master_token_problems(docs, cfg) == []  # and the masters' alone
     secret = _one(docs, "Secret", TLS_SECRET)
     assert secret["metadata"]["namespace"] == _one(docs, "Namespace")["metadata"]["name"]
     for name in TLS_KEYS.values():  # what the pods get is what the files hold
@@ -1272,10 +1363,11 @@ def _base_docs(tmp_path) -> list[dict]:
     yaml = pytest.importorskip("yaml")
     work = tmp_path / "base"
     shutil.copytree(K8S, work, ignore=shutil.ignore_patterns(
-        "token", "worker-token", *TLS_KEYS.values()))
+        "token", "worker-token", "master-token", *TLS_KEYS.values()))
     _stand_in_etcd_tls(work)
     auth.write_token_file(str(work / "token"), STAND_IN_TOKEN)
     auth.write_token_file(str(work / "worker-token"), STAND_IN_WORKER_TOKEN)
+    auth.write_token_file(str(work / "master-token"), STAND_IN_MASTER_TOKEN)
     out = _kustomize(work)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
@@ -1416,10 +1508,12 @@ def test_tls_names_let_a_client_dial_a_server_by_ip(tmp_path):
     port, worker_port, http_port, wport, whttp_port = free_ports(5)
     auth.write_token_file(str(tmp_path / "token"), STAND_IN_TOKEN)
     auth.write_token_file(str(tmp_path / "worker-token"), STAND_IN_WORKER_TOKEN)
+    auth.write_token_file(str(tmp_path / "master-token"), STAND_IN_MASTER_TOKEN)
     for old, new in [("/etc/curvine-tls/", f"{pki}/"),
                      ("/etc/curvine-token/token", str(tmp_path / "token")),
                      # the client's view: no such file (the FUSE container has none)
                      ("/etc/curvine-worker-token/", f"{tmp_path}/absent/"),
+                     ("/etc/curvine-master-token/", f"{tmp_path}/absent/"),
                      ("worker_port = 8996", f"worker_port = {worker_port}"),
                      ("http_port = 9001", f"http_port = {http_port}"),
                      ("http_port = 9002", f"http_port = {whttp_port}")]:
@@ -1440,7 +1534,8 @@ def test_tls_names_let_a_client_dial_a_server_by_ip(tmp_path):
     # the master's and the worker's view: the worker token Secret mounted
     daemon_conf = tmp_path / "daemon.toml"
     daemon_conf.write_text(text.replace(f"{tmp_path}/absent/worker-token",
-                                        str(tmp_path / "worker-token")))
+                                        str(tmp_path / "worker-token")).replace(
+        f"{tmp_path}/absent/master-token", str(tmp_path / "master-token")))
     assert not (tmp_path / "absent").exists()
     bin_ = lambda name: os.path.join(VENV_BIN, name)  # noqa: E731
     procs = {}

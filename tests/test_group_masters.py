@@ -29,6 +29,7 @@ import lmdb
 import pytest
 
 from curvine.client.master.call_port_blocking import BlockingCallPort
+from curvine.common import auth
 from curvine.common.errors import LEADER_KEY, CurvineError, ErrorKind, from_rpc_error
 from curvine.common.master_group import GroupRpc
 from curvine.common.security import NO_SECURITY
@@ -46,10 +47,12 @@ TAKEOVER_TIMEOUT = 15.0  # lease TTL 3 s + campaign round + replay, with room on
 
 class MasterProc:
     """One curvine-master of the group, its config written under ``base`` (with
-    ``master_extra``: more [master] lines, e.g. how it reaches etcd)."""
+    ``master_extra``: more [master] lines, e.g. how it reaches etcd; ``extra``: more
+    sections, e.g. [security]).  ``token``: the client token its channel sends."""
 
     def __init__(self, base: str, index: int, etcd_endpoints: list[str],
-                 advertise_host: str = "", member_id: str = "", master_extra: str = ""):
+                 advertise_host: str = "", member_id: str = "", master_extra: str = "",
+                 extra: str = "", token: str = ""):
         self.base = os.path.join(base, f"m{index}")
         os.makedirs(self.base, exist_ok=True)
         self.id = member_id or f"m{index}"
@@ -68,10 +71,16 @@ class MasterProc:
                     f'call_port = {self.call_port}\nmeta_dir = "{self.meta_dir}"\n'
                     f'etcd_endpoints = [{endpoints}]\nmember_id = "{self.id}"\n{advertise}'
                     f'{master_extra}'
-                    f'[journal]\ndir = "{os.path.join(self.base, "journal")}"\n')
+                    f'[journal]\ndir = "{os.path.join(self.base, "journal")}"\n{extra}')
+        self.worker_addr = f"127.0.0.1:{worker_port}"
         self.log_path = os.path.join(self.base, "master.log")
         self.proc: subprocess.Popen | None = None
-        self.channel = grpc.insecure_channel(self.addr)
+        self.token = token
+        self.connect()
+
+    def connect(self) -> None:
+        """A channel to its client port (again, after ``stop``)."""
+        self.channel = auth.with_token(grpc.insecure_channel(self.addr), self.token)
         self.stub = master_pb2_grpc.MasterStub(self.channel)
 
     def start(self) -> None:

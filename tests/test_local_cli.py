@@ -123,6 +123,26 @@ def test_client_config_reaches_the_cluster_without_the_worker_token(tmp_path):
         LocalCluster.client_conf_of(str(tmp_path / "none"))
 
 
+def test_a_group_gets_a_master_token_for_its_masters_only(tmp_path):
+    """`curvine local up --masters 3` writes BASE/master-token (0600) beside the other
+    two and names it in the masters' configs only; one master gets none."""
+    c = _planned(tmp_path, workers=1, mounts=1, masters=3)
+    path = f"{c.base}/master-token"
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    token = open(path).read().strip()
+    assert token and token not in (open(f"{c.base}/token").read(),
+                                   open(f"{c.base}/worker-token").read())
+    confs = sorted(os.listdir(f"{c.base}/conf"))
+    assert [n for n in confs if n.startswith("master")] == [f"master-{i}.toml" for i in range(3)]
+    for name in confs:
+        cfg = config.load(f"{c.base}/conf/{name}")
+        assert cfg.security.master_token_file == (path if name.startswith("master") else ""), \
+            name
+    single = _planned(tmp_path / "one", workers=1, mounts=0)
+    assert not os.path.exists(f"{single.base}/master-token")
+    assert config.load(f"{single.base}/conf/master-0.toml").security.master_token_file == ""
+
+
 def test_user_config_is_copied_and_passed_on(tmp_path):
     conf = tmp_path / "my.toml"
     conf.write_text('[cluster]\nblock_size = "32MiB"\n[fuse]\nattr_timeout = "5s"\n')

@@ -640,11 +640,14 @@ class CallMutations:
         return True
 
 
-# Served on the master's worker port only (master.worker_port, the worker credential):
-# client traffic can neither call them nor take the threads that answer them.
-# (FetchCheckpoint: another master of the group, which holds the worker credential)
-WORKER_METHODS = frozenset(("RegisterWorker", "BlockReport", "WorkerHeartbeat",
-                            "FetchCheckpoint"))
+# Served on the master's worker port only (master.worker_port): client traffic can
+# neither call them nor take the threads that answer them.  The workers' calls take the
+# worker credential; MASTER_METHODS, another master of the group's, take the master
+# credential (security.master_token_file), or the worker credential in a group
+# without one (Security.masters_role; master/server.py makes the port).
+MASTER_METHODS = frozenset(("FetchCheckpoint",))  # a checkpoint: the whole namespace
+WORKER_METHODS = frozenset(("RegisterWorker", "BlockReport", "WorkerHeartbeat")) \
+    | MASTER_METHODS
 
 
 class _ClientPort:
@@ -686,11 +689,22 @@ def _gated(servicer: MasterServicer, name: str):
 
 
 def _worker_only(name: str):
+    credential = ("the master credential (security.master_token_file; the worker "
+                  "credential, security.worker_token_file, where that is unset)"
+                  if name in MASTER_METHODS
+                  else "the worker credential (security.worker_token_file)")
+
     def refuse(req, ctx):
         ctx.abort(grpc.StatusCode.PERMISSION_DENIED,
                   f"{name} is served on the master's worker port (master.worker_port), "
-                  "to the worker credential (security.worker_token_file) only")
+                  f"to {credential} only")
     return refuse
+
+
+def method_path(name: str) -> str:
+    """The full gRPC name of the Master method ``name`` (what a server's interceptors
+    see)."""
+    return f"/{master_pb2.DESCRIPTOR.services_by_name['Master'].full_name}/{name}"
 
 
 def add_to_server(servicer: MasterServicer, server: grpc.Server, port: str = "client") -> None:
