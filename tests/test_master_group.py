@@ -206,7 +206,12 @@ def _list_all(mc, parent: int) -> list:
         after = page[-1].name
 
 
-@pytest.mark.expect_log(WORKER_LOST_MASTER)
+# the member killed may be etcd's own leader: until the other two elect one (1-2 s, more
+# on a loaded machine) etcd answers no lease keepalive, and the master's 3 s lease may
+# run out first; it steps down and is elected again (seen: 2.1 s of DEADLINE_EXCEEDED)
+@pytest.mark.expect_log(WORKER_LOST_MASTER,
+                        r"WARNING curvine\.master\.group\.leadership: lost leadership: "
+                        r"no answer from etcd")
 def test_one_etcd_member_of_three_killed(etcd3, make_cluster, tmp_path):  # noqa: F811
     """Two etcd members of three are a quorum: mutations go on, and so does a failover."""
     c = _group(make_cluster, tmp_path, etcd3, workers=1, mounts=0)
