@@ -28,9 +28,9 @@ import pytest
 from curvine.common import auth
 from curvine.proto import common_pb2, master_pb2, master_pb2_grpc
 
-from cluster_util import wait_for
 from etcd_util import etcd  # noqa: F401 - the fixture
-from test_group_masters import create, group, lookup  # noqa: F401 - group: the fixture
+from test_group_masters import (TAKES_THE_CHECKPOINT, create, group,  # noqa: F401
+                                restart_behind_the_journal)  # group: the fixture
 
 
 def tokens(tmp_path, master: bool = True) -> dict[str, str]:
@@ -78,28 +78,11 @@ def read(path: str) -> str:
     return auth.read_token_file(path)
 
 
-# the member restarted behind the compacted journal restores the leader's checkpoint
-@pytest.mark.expect_log(r"WARNING curvine\.master\.member: took the checkpoint at seq",
-                        r"WARNING curvine\.master\.meta\.metadata: metadata at seq \d+ is "
-                        r"older than the journal",
-                        r"WARNING curvine\.master\.meta\.metadata: previous metadata moved",
-                        r"WARNING curvine\.master\.meta\.metadata: restoring checkpoint")
+@pytest.mark.expect_log(*TAKES_THE_CHECKPOINT)
 def test_a_member_behind_the_journal_takes_the_checkpoint_with_the_master_credential(
         group, tmp_path):  # noqa: F811
     leader, standby = group(2, **secured(tmp_path))
-    create(leader, b"early")
-    wait_for(lambda: lookup(standby, b"early"), 10, what="the standby has the first name")
-    standby.stop()
-    for i in range(100):
-        create(leader, b"g%03d" % i)
-    # with the standby gone, the leader's checkpoint retires every journal key before it
-    assert leader.stub.Checkpoint(master_pb2.CheckpointRequest(), timeout=30).retired_segments
-    standby.connect()
-    standby.start()  # behind: it fetches the leader's checkpoint before it serves
-    create(leader, b"late")
-    for name in (b"early", b"g000", b"g099", b"late"):
-        assert lookup(standby, name), name
-    assert standby.role() == "standby"
+    restart_behind_the_journal(leader, standby)  # its fetch sends the master token
     log = open(standby.log_path).read()
     assert "took the checkpoint at seq" in log
     for m in (leader, standby):  # each said once which credential the fetch takes
