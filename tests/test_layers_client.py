@@ -137,20 +137,26 @@ def test_no_import_cycle_on_the_client_side_but_the_known_ones(graph):
     assert set(_cycles(edges)) == KNOWN_CYCLES
 
 
+def _client_graph_at(root) -> dict:
+    """The import edges of a ``client`` package made under ``root`` (a check's own
+    test: the graph is read from there instead of the tree)."""
+    import test_layers
+    real = test_layers.ROOT
+    test_layers.ROOT = root
+    try:
+        return _graph({"curvine.client": "client"}, EVERYTHING)[1]
+    finally:
+        test_layers.ROOT = real
+
+
 def test_the_check_sees_an_upward_import(tmp_path):
     """A check that cannot fail is no check: the graph of a module that imports the
     mount from the client holds that edge, and the rule rejects it."""
-    import test_layers
     pkg = tmp_path / "client"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "bad.py").write_text("from curvine.fuse_client import operations\n")
-    real = test_layers.ROOT
-    test_layers.ROOT = tmp_path
-    try:
-        _, edges, _ = _graph({"curvine.client": "client"}, EVERYTHING)
-    finally:
-        test_layers.ROOT = real
+    edges = _client_graph_at(tmp_path)
     target = "curvine.fuse_client.operations"
     assert target in edges["curvine.client.bad"]
     assert not any(_under(target, p) for p in ALLOWED[_home("curvine.client.bad")])
@@ -160,19 +166,13 @@ def test_the_check_sees_a_cycle(tmp_path):
     """Nor can the cycle check pass on a graph that has one: two modules that import
     each other, one of them only for type names (under TYPE_CHECKING, as the block
     buffers and their uploader did), make a cycle that KNOWN_CYCLES does not hold."""
-    import test_layers
     pkg = tmp_path / "client"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from . import b\n")
     (pkg / "b.py").write_text("from typing import TYPE_CHECKING\n"
                               "if TYPE_CHECKING:\n    from .a import Thing\n")
-    real = test_layers.ROOT
-    test_layers.ROOT = tmp_path
-    try:
-        _, edges, _ = _graph({"curvine.client": "client"}, EVERYTHING)
-    finally:
-        test_layers.ROOT = real
+    edges = _client_graph_at(tmp_path)
     cycles = set(_cycles(edges))
     assert cycles == {"curvine.client.a -> curvine.client.b -> curvine.client.a"}
     assert cycles != KNOWN_CYCLES
