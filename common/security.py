@@ -45,9 +45,8 @@ class Security:
     client_token: str = ""
     worker_token: str = ""  # masters and workers only
     material: tls.Material | None = None  # None: plaintext
-    sends_worker_token: bool = False  # set by as_worker()
     master_token: str = ""  # masters only, and only when security.master_token_file is set
-    sends_master_token: bool = False  # set by as_master()
+    sends: Role = CLIENT  # whose token its channels send (as_worker(), as_master())
     # Built once per value (and kept by as_worker()): channels with the same
     # credentials object share their connections to a server.
     channel_credentials: grpc.ChannelCredentials | None = field(default=None, compare=False)
@@ -105,9 +104,11 @@ class Security:
     @property
     def token(self) -> str:
         """What this value's channels send ("" in an open cluster)."""
-        if self.sends_master_token:
-            return self.master_token
-        return self.worker_token if self.sends_worker_token else self.client_token
+        return self._tokens()[self.sends]
+
+    def _tokens(self) -> dict[Role, str]:
+        return {CLIENT: self.client_token, WORKER: self.worker_token,
+                MASTER: self.master_token}
 
     @property
     def masters_role(self) -> Role:
@@ -123,7 +124,7 @@ class Security:
         if self.client_token and not self.worker_token:
             raise ValueError("no worker token: load the Security with role "
                              "'master' or 'worker'")
-        return dataclasses.replace(self, sends_worker_token=True, sends_master_token=False)
+        return dataclasses.replace(self, sends=WORKER)
 
     def as_master(self) -> "Security":
         """The same credentials, with channels that send what another master of the
@@ -131,14 +132,13 @@ class Security:
         token when there is none.  ValueError where ``as_worker`` would raise it."""
         if not self.master_token:
             return self.as_worker()
-        return dataclasses.replace(self, sends_worker_token=False, sends_master_token=True)
+        return dataclasses.replace(self, sends=MASTER)
 
     def accepted(self, roles: Iterable[Role]) -> tuple[str, ...]:
         """The tokens a server for the calls of ``roles`` accepts; () in an open cluster
         (no checks).  ValueError when one of the roles' tokens is missing: such a server
         would take calls without that credential."""
-        tokens = {CLIENT: self.client_token, WORKER: self.worker_token,
-                  MASTER: self.master_token}
+        tokens = self._tokens()
         roles = tuple(roles)
         unknown = [r for r in roles if r not in tokens]
         if unknown or not roles:
@@ -162,19 +162,14 @@ class Security:
             tls.server_credentials(self.material)
 
     def __repr__(self) -> str:
-        held = [name for name, t in (("client", self.client_token),
-                                     ("worker", self.worker_token),
-                                     ("master", self.master_token)) if t]
-        sends = ("master" if self.sends_master_token
-                 else "worker" if self.sends_worker_token else "client")
+        held = [role for role, t in self._tokens().items() if t]
         return (f"Security(tokens={'+'.join(held) or 'none'}, "
-                f"tls={'on' if self.material is not None else 'off'}, sends={sends})")
+                f"tls={'on' if self.material is not None else 'off'}, sends={self.sends})")
 
     def __reduce__(self):
         # for spawned processes: the credentials object is made again on the other side
         return (type(self), (self.client_token, self.worker_token, self.material,
-                             self.sends_worker_token, self.master_token,
-                             self.sends_master_token))
+                             self.master_token, self.sends))
 
 
 NO_SECURITY = Security()
