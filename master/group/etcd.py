@@ -288,6 +288,11 @@ def created_at(key: bytes, revision: int) -> pb.Compare:
                       create_revision=revision)
 
 
+def leased_by(key: bytes, lease: int) -> pb.Compare:
+    """The compare that holds while ``key`` exists and is held by ``lease``."""
+    return pb.Compare(result=pb.Compare.EQUAL, target=pb.Compare.LEASE, key=key, lease=lease)
+
+
 def put_op(key: bytes, value: bytes, lease: int = 0) -> pb.RequestOp:
     return pb.RequestOp(request_put=pb.PutRequest(key=key, value=value, lease=lease))
 

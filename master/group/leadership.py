@@ -39,9 +39,8 @@ from typing import Callable
 
 from curvine.common.errors import CurvineError, ErrorKind
 
-from curvine.proto import etcd_rpc_pb2 as pb
 
-from .etcd import Etcd, created_at, get_op, put_op, prefix_end
+from .etcd import Etcd, created_at, get_op, leased_by, put_op, prefix_end
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +58,6 @@ class MemberAddress:
     def record(self) -> dict:
         return {"id": self.id, "grpc": self.grpc, "call_port": self.call_port,
                 "http": self.http, "worker": self.worker}
-
-
-def leased_by(key: bytes, lease: int) -> pb.Compare:
-    """The compare that holds while ``key`` exists and is held by ``lease``."""
-    return pb.Compare(result=pb.Compare.EQUAL, target=pb.Compare.LEASE, key=key, lease=lease)
 
 
 def id_in_use(member_id: str, key: bytes, holder: bytes) -> CurvineError:
