@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from curvine.common.config import parse_size
+from curvine.common.config import is_host_port, parse_size
 
 
 def _int(text: str) -> int:
@@ -45,3 +45,10 @@ def replicas(text: str) -> int:
     if not 1 <= n <= 8:
         raise argparse.ArgumentTypeError(f"{n} is not between 1 and 8")
     return n
+
+
+def host_port(text: str) -> str:
+    """``host:port`` (``[v6]:port`` too), as the config's addresses are checked."""
+    if not is_host_port(text):
+        raise argparse.ArgumentTypeError(f"expected host:port, got {text!r}")
+    return text

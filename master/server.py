@@ -13,7 +13,7 @@ import sys
 import threading
 
 from curvine.common import config as config_mod
-from curvine.common import auth, daemon, log as log_mod, metrics as metrics_mod, rpc, stacks, tls
+from curvine.common import argtypes, auth, daemon, log as log_mod, metrics as metrics_mod, rpc, stacks, tls
 from curvine.common.errors import ConfigError, CurvineError
 from curvine.common.security import CLIENT, MASTER, WORKER, Security
 from curvine.journal import JournalError
@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--conf", help="TOML config file (default: $CURVINE_CONF or /etc/curvine/curvine.toml)")
     p.add_argument("--host", help="address to bind (config master.host)")
     p.add_argument("--port", type=int, help="gRPC port (config master.port)")
-    p.add_argument("--advertise", metavar="HOST:PORT",
+    p.add_argument("--advertise", metavar="HOST:PORT", type=argtypes.host_port,
                    help="this master's gRPC address as clients know it, in a group "
                         "(config master.advertise_addr; default host:port)")
     p.add_argument("--worker-port", type=int,
@@ -60,10 +60,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.port is not None:
         cfg.master.port = args.port
     if args.advertise:
-        if not config_mod.is_host_port(args.advertise):
-            print(f"curvine-master: --advertise: expected host:port, got {args.advertise!r}",
-                  file=sys.stderr)
-            return 2
         cfg.master.advertise_addr = args.advertise
     if args.worker_port is not None:
         cfg.master.worker_port = args.worker_port

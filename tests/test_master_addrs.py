@@ -230,3 +230,12 @@ def test_a_call_on_a_closed_client_is_unavailable_not_a_crash(members):
     with pytest.raises(CurvineError) as e:
         _statfs(one, wait=0)
     assert "is closed" in str(e.value)
+
+
+def test_a_bad_advertised_address_on_the_command_line_is_a_usage_error(capsys):
+    from curvine.master.server import parse_args
+    assert parse_args(["--advertise", "m0.masters:8995"]).advertise == "m0.masters:8995"
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--advertise", "m0"])
+    assert e.value.code == 2
+    assert "--advertise: expected host:port, got 'm0'" in capsys.readouterr().err
