@@ -22,18 +22,10 @@ import time
 
 from curvine.common.ids import ROOT_INO
 
+from .bench_meta_scale import cluster_client
 from .local import LocalCluster
 
 THREADS = 16  # the leader's group commit puts many records in one etcd key
-
-
-def _client(c: LocalCluster, index: int | None = None):
-    from curvine.client.master.master_client import MasterClient
-    from curvine.common import config as config_mod
-    from curvine.common.security import Security
-    cfg = config_mod.load(c.client_conf)
-    addrs = config_mod.master_addrs(cfg) if index is None else [c.master_addrs[index]]
-    return MasterClient(addrs, timeout=30, wait=60, security=Security.load(cfg))
 
 
 def _replay_line(path: str) -> str | None:
@@ -65,7 +57,7 @@ def run(top: str, mutations: int, threads: int = THREADS) -> dict[str, float]:
         leader = c.leader()
         standby = 1 - leader
         c.kill("master", standby, sig=signal.SIGTERM)
-        mc = _client(c)
+        mc = cluster_client(c)
         try:
             parent = mc.mkdir(ROOT_INO, b"catchup").ino
             names = [b"n%07d" % i for i in range(mutations)]
@@ -83,7 +75,7 @@ def run(top: str, mutations: int, threads: int = THREADS) -> dict[str, float]:
             mc.close()
         started = time.monotonic()
         c.start("master", standby)
-        direct = _client(c, standby)
+        direct = cluster_client(c, standby)
         try:
             direct.lookup(parent, names[-1])  # a read index: everything applied
             served = time.monotonic() - started

@@ -35,7 +35,7 @@ from typing import Callable
 
 from curvine.common.errors import CurvineError
 
-from .bench_meta_scale import HITS, MetaScale
+from .bench_meta_scale import HITS, MetaScale, cluster_client
 from .local import LocalCluster
 
 KILLS = 10
@@ -70,7 +70,7 @@ class HaBench:
 
     def _kill_leaders(self, c: LocalCluster) -> list[float]:
         from curvine.common.ids import ROOT_INO
-        mc = _group_client(c)
+        mc = cluster_client(c, call_port=True)
         acked: list[float] = []  # monotonic times of acknowledged stores
         stop = threading.Event()
         parent = mc.mkdir(ROOT_INO, b"failover").ino
@@ -147,7 +147,7 @@ class HaBench:
             ms.watch_master(c.leader())
             ms.others = [r["pid"] for r in c.status()
                          if r["role"] in ("master", "etcd") and r["pid"] != ms.master_pid]
-            mc = _group_client(c)
+            mc = cluster_client(c, call_port=True)
             try:
                 top = mc.mkdir(ROOT_INO, b"ha")
                 look = mc.mkdir(top.ino, b"lookups")
@@ -196,15 +196,6 @@ class HaBench:
                 out[f"group / one master, {what} ops/s"] = statistics.median(
                     g / o for g, o in zip(group, one))
         return out
-
-
-def _group_client(c: LocalCluster):
-    from curvine.client.master.master_client import MasterClient
-    from curvine.common import config as config_mod
-    from curvine.common.security import Security
-    cfg = config_mod.load(c.client_conf)
-    return MasterClient(config_mod.master_addrs(cfg), timeout=30, wait=60,
-                        security=Security.load(cfg), call_port=cfg.client.call_port)
 
 
 def report(medians: dict[str, float]) -> str:

@@ -71,6 +71,19 @@ def _cpu(pid: int) -> float:
 
 # -- client processes (spawned: each imports the client and opens its own channel) ----------
 
+def cluster_client(c: LocalCluster, index: int | None = None, call_port: bool = False):
+    """A path client of ``c``'s masters (every member of a group, following the leader;
+    only member ``index`` when given); ``call_port``: namespace calls on the masters'
+    call port as the cluster's config says, else unary gRPC."""
+    from curvine.client.master.master_client import MasterClient
+    from curvine.common import config as config_mod
+    from curvine.common.security import Security
+    cfg = config_mod.load(c.client_conf)
+    addrs = config_mod.master_addrs(cfg) if index is None else [c.master_addrs[index]]
+    return MasterClient(addrs, timeout=30, wait=60, security=Security.load(cfg),
+                        call_port=call_port and cfg.client.call_port)
+
+
 def _client_loop(conf: str, what: str, parent: int, seconds: float, start, seed: int, out):
     from curvine.client.master.master_client import MasterClient
     from curvine.common import config as config_mod
@@ -442,13 +455,9 @@ class MetaScale:
 
     # -- all --------------------------------------------------------------------------
     def run(self) -> dict[str, float]:
-        from curvine.client.master.master_client import MasterClient
-        from curvine.common import config as config_mod
         from curvine.common.ids import ROOT_INO
-        from curvine.common.security import Security
 
-        cfg = config_mod.load(self.cluster.client_conf)
-        mc = MasterClient(config_mod.master_addrs(cfg), security=Security.load(cfg))
+        mc = cluster_client(self.cluster)
         try:
             top = mc.mkdir(ROOT_INO, self.tag.encode())
             look = mc.mkdir(top.ino, b"lookups")

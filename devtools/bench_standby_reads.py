@@ -19,8 +19,7 @@ import tempfile
 
 from curvine.common.ids import ROOT_INO
 
-from .bench_meta_scale import HITS, MetaScale
-from .bench_catchup import _client
+from .bench_meta_scale import HITS, MetaScale, cluster_client
 from .local import LocalCluster
 
 CLIENTS = 16
@@ -36,7 +35,7 @@ def run(top: str, masters: int, runs: int, seconds: float, clients: int) -> dict
         ms = MetaScale(c, top, print, runs=runs, seconds=seconds, clients=(clients,),
                        mount_procs=())
         ms.watch_master(reader)
-        mc = _client(c)
+        mc = cluster_client(c)
         try:
             look = mc.mkdir(ROOT_INO, b"lookups")
             for i in range(HITS):
