@@ -9,6 +9,7 @@ fence timer ran out is refused before it reaches etcd.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -37,13 +38,23 @@ def _writer(client: Etcd, lead: Leadership) -> EtcdJournal:
                        on_fenced=lead.lost)
 
 
-def test_batches_are_appended_in_order_and_read_by_another_member(etcd):  # noqa: F811
-    client = Etcd(etcd.endpoints)
+@contextlib.contextmanager
+def _leading(endpoints: list[str], within: float = 5.0):
+    """(client, leadership, its journal) of a member "m1" elected on ``endpoints``;
+    both closed after."""
+    client = Etcd(endpoints)
     lead = _leader(client, "m1")
     lead.start()
     try:
-        wait_for(lead.leading, 5, what="m1 leads")
-        journal = _writer(client, lead)
+        wait_for(lead.leading, within, what="m1 leads")
+        yield client, lead, _writer(client, lead)
+    finally:
+        lead.close()
+        client.close()
+
+
+def test_batches_are_appended_in_order_and_read_by_another_member(etcd):  # noqa: F811
+    with _leading(etcd.endpoints) as (client, lead, journal):
         payloads = [b"r%d" % i for i in range(10)]
         for p in payloads[:3]:
             journal.append(7, p)
@@ -63,9 +74,6 @@ def test_batches_are_appended_in_order_and_read_by_another_member(etcd):  # noqa
         assert reader.records(3) is not None
         with pytest.raises(JournalError, match="compacted"):
             reader.records(2)
-    finally:
-        lead.close()
-        client.close()
 
 
 def test_many_batches_are_read_in_pages_from_any_seq(etcd):  # noqa: F811
@@ -73,12 +81,7 @@ def test_many_batches_are_read_in_pages_from_any_seq(etcd):  # noqa: F811
     reader starting inside the long batch, or at any later batch, gets every record
     after its seq once and in order; retire keeps the batch holding the next record."""
     from curvine.master.group.etcd_journal import BATCH_SPAN, PAGE
-    client = Etcd(etcd.endpoints)
-    lead = _leader(client, "m1")
-    lead.start()
-    try:
-        wait_for(lead.leading, 5, what="m1 leads")
-        journal = _writer(client, lead)
+    with _leading(etcd.endpoints) as (client, lead, journal):
         long_batch = BATCH_SPAN + 100
         for i in range(long_batch):
             journal.append(7, b"%d" % i)
@@ -94,9 +97,6 @@ def test_many_batches_are_read_in_pages_from_any_seq(etcd):  # noqa: F811
         assert journal.retire(long_batch + 10) == 11  # the long one and 10 single ones
         assert [r.seq for r in reader.records(long_batch + 10)] == list(
             range(long_batch + 11, last + 1))
-    finally:
-        lead.close()
-        client.close()
 
 
 def test_a_revoked_lease_fences_the_old_leader(etcd):  # noqa: F811
@@ -137,12 +137,7 @@ def test_a_revoked_lease_fences_the_old_leader(etcd):  # noqa: F811
 
 @pytest.mark.expect_log(r"WARNING curvine\.master\.group\.leadership: lost leadership")
 def test_the_fence_timer_refuses_before_etcd_is_asked(etcd):  # noqa: F811
-    client = Etcd(etcd.endpoints)
-    lead = _leader(client, "m1")
-    lead.start()
-    try:
-        wait_for(lead.leading, 5, what="m1 leads")
-        journal = _writer(client, lead)
+    with _leading(etcd.endpoints) as (client, lead, journal):
         lead._valid_until = time.monotonic() - 1  # as if no keepalive was answered for the TTL
         journal.append(1, b"x")
         with pytest.raises(CurvineError) as err:
@@ -150,18 +145,10 @@ def test_the_fence_timer_refuses_before_etcd_is_asked(etcd):  # noqa: F811
         assert err.value.kind == ErrorKind.NOT_LEADER
         assert journal.stats["txns"] == 0
         assert EtcdJournal(client, PREFIX, lead.leader_key).durable_seq == 0
-    finally:
-        lead.close()
-        client.close()
 
 
 def test_the_journal_and_the_lease_survive_the_etcd_member_in_use(etcd3):  # noqa: F811
-    client = Etcd(etcd3.endpoints)
-    lead = _leader(client, "m1")
-    lead.start()
-    try:
-        wait_for(lead.leading, 10, what="m1 leads")
-        journal = _writer(client, lead)
+    with _leading(etcd3.endpoints, within=10) as (client, lead, journal):
         journal.append(1, b"one")
         journal.sync()
         etcd3.kill(0)  # the member this client talks to
@@ -171,9 +158,6 @@ def test_the_journal_and_the_lease_survive_the_etcd_member_in_use(etcd3):  # noq
         assert lead.leading()
         seen = [r.payload for r in EtcdJournal(client, PREFIX, lead.leader_key).records(0)]
         assert seen == [b"one", b"two"]
-    finally:
-        lead.close()
-        client.close()
 
 
 def test_a_second_member_with_the_same_id_never_campaigns(etcd):  # noqa: F811
